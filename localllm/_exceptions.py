@@ -1,0 +1,134 @@
+"""Every error localllm raises on purpose.
+
+The hierarchy, so callers can catch exactly what they can handle::
+
+    LocalLLMError                  base of all below; ``str(err)`` is a one-line message for people
+    ├── SettingsError              a LOCALLLM_* variable holds a value that cannot be used
+    ├── InvalidNameError           a model name breaks the grammar or could escape the store
+    ├── ModelNotFoundError         a valid name that the store does not hold
+    ├── StoreError                 the model store cannot do what was asked
+    │   ├── DigestMismatchError    bytes whose sha256 is not the digest they were promised under
+    │   ├── InvalidDigestError     a string that is not ``sha256:<64 hex>`` / ``sha256-<64 hex>``
+    │   ├── BlobNotFoundError      a digest with no blob behind it
+    │   └── DiskFullError          the disk filled up while writing; nothing complete was removed
+    ├── GGUFError                  a file that is not a usable GGUF (not GGUF, truncated, absurd)
+    ├── QuantizeError              llama.cpp could not quantize a model
+    ├── PullError                  a model could not be downloaded
+    │   ├── RemoteNotFoundError    the repository, model, tag or file does not exist upstream
+    │   ├── AuthRequiredError      the source wants credentials we do not have
+    │   └── NetworkError           the source could not be reached
+    └── DaemonError                talking to the daemon failed
+        ├── DaemonUnavailableError no daemon answers and none could be started
+        └── APIError               the daemon answered with an error status (``status_code``)
+
+Messages are written for the person at the terminal: say what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APIError",
+    "AuthRequiredError",
+    "BlobNotFoundError",
+    "DaemonError",
+    "DaemonUnavailableError",
+    "DigestMismatchError",
+    "DiskFullError",
+    "GGUFError",
+    "InvalidDigestError",
+    "InvalidNameError",
+    "LocalLLMError",
+    "ModelNotFoundError",
+    "NetworkError",
+    "PullError",
+    "QuantizeError",
+    "RemoteNotFoundError",
+    "SettingsError",
+    "StoreError",
+]
+
+
+class LocalLLMError(Exception):
+    """Base class of every error localllm raises deliberately."""
+
+
+class SettingsError(LocalLLMError):
+    """A ``LOCALLLM_*`` environment variable holds a value that cannot be used."""
+
+
+class InvalidNameError(LocalLLMError, ValueError):
+    """A model name that breaks the name grammar or could reach outside the store."""
+
+
+class ModelNotFoundError(LocalLLMError, LookupError):
+    """A well-formed model name that the store does not hold."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f'model "{name}" not found, try `localllm pull {name}`')
+
+
+class StoreError(LocalLLMError):
+    """The model store cannot do what was asked."""
+
+
+class DigestMismatchError(StoreError):
+    """Bytes whose sha256 differs from the digest they were expected to have."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"digest mismatch: expected {expected}, got {actual}")
+
+
+class InvalidDigestError(StoreError, ValueError):
+    """A digest string that is not ``sha256:`` (or ``sha256-``) followed by 64 hex digits."""
+
+
+class BlobNotFoundError(StoreError, LookupError):
+    """A digest with no blob behind it in the store."""
+
+
+class DiskFullError(StoreError, OSError):
+    """The disk filled up during a write; partial output was removed, complete files kept."""
+
+
+class GGUFError(LocalLLMError):
+    """A file that is not a usable GGUF model: wrong magic, truncated, or absurd sizes."""
+
+
+class QuantizeError(LocalLLMError):
+    """llama.cpp could not quantize a model, or the request cannot be quantized."""
+
+
+class PullError(LocalLLMError):
+    """A model could not be downloaded."""
+
+
+class RemoteNotFoundError(PullError, LookupError):
+    """The repository, model, tag or file does not exist at the source."""
+
+
+class AuthRequiredError(PullError):
+    """The source wants credentials (a token) that were not given or were refused."""
+
+
+class NetworkError(PullError, ConnectionError):
+    """The source could not be reached or the connection kept failing."""
+
+
+class DaemonError(LocalLLMError):
+    """Talking to the localllm daemon failed."""
+
+
+class DaemonUnavailableError(DaemonError, ConnectionError):
+    """No daemon answers on the configured address and none could be started."""
+
+
+class APIError(DaemonError):
+    """The daemon answered a request with an error status."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        self.status_code = status_code
+        self.message = message
+        super().__init__(message)

@@ -1,0 +1,67 @@
+"""Numbers and times for people: ``98 MB``, ``3 minutes ago``, ``in 4 minutes``."""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["human_duration", "human_since", "human_size", "human_until", "table"]
+
+
+def human_size(size: float) -> str:
+    """Decimal units as Ollama prints them: ``98 MB``, ``4.7 GB``."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(size) < 1000 or unit == "TB":
+            if unit == "B":
+                return f"{int(size)} B"
+            return f"{size:.1f} {unit}" if abs(size) < 10 else f"{size:.0f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float) -> str:
+    """``45 seconds``, ``3 minutes``, ``2 hours``, ``5 days``."""
+    seconds = abs(seconds)
+    scales = (
+        (60, "second", 1),
+        (3600, "minute", 60),
+        (86400, "hour", 3600),
+        (86400 * 7, "day", 86400),
+        (86400 * 30, "week", 86400 * 7),
+        (86400 * 365, "month", 86400 * 30),
+        (float("inf"), "year", 86400 * 365),
+    )
+    _, unit, divisor = next(scale for scale in scales if seconds < scale[0])
+    count = int(seconds // divisor)
+    if unit == "second" and count < 2:
+        return "a moment" if count < 1 else "1 second"
+    return f"{count} {unit}{'s' if count != 1 else ''}"
+
+
+def human_since(timestamp: float, now: float | None = None) -> str:
+    """``3 minutes ago``."""
+    elapsed = (time.time() if now is None else now) - timestamp
+    if elapsed < 1:
+        return "Less than a second ago"
+    return f"{human_duration(elapsed)} ago"
+
+
+def human_until(timestamp: float | None, now: float | None = None) -> str:
+    """``4 minutes from now``; ``Forever`` for ``None``; ``Stopping...`` once past."""
+    if timestamp is None:
+        return "Forever"
+    remaining = timestamp - (time.time() if now is None else now)
+    if remaining <= 0:
+        return "Stopping..."
+    return f"{human_duration(remaining)} from now"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns separated by at least three spaces, like Ollama's tables."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = []
+    for row in [headers, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        lines.append("    ".join(cells).rstrip())
+    return "\n".join(lines)

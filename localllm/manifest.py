@@ -1,0 +1,142 @@
+"""Manifests and digests in Ollama's (OCI-like) format.
+
+A manifest names a config blob and a list of layers, each a content digest with a media type.
+Parsing is defensive: manifests come from registries and from disk, and every digest in one is
+validated before it can become a path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._exceptions import InvalidDigestError, StoreError
+
+__all__ = [
+    "MEDIA_ADAPTER",
+    "MEDIA_CONFIG",
+    "MEDIA_LICENSE",
+    "MEDIA_MANIFEST",
+    "MEDIA_MESSAGES",
+    "MEDIA_MODEL",
+    "MEDIA_PARAMS",
+    "MEDIA_PROJECTOR",
+    "MEDIA_SYSTEM",
+    "MEDIA_TEMPLATE",
+    "Layer",
+    "Manifest",
+    "normalize_digest",
+]
+
+MEDIA_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MEDIA_CONFIG = "application/vnd.docker.container.image.v1+json"
+MEDIA_MODEL = "application/vnd.ollama.image.model"
+MEDIA_TEMPLATE = "application/vnd.ollama.image.template"
+MEDIA_SYSTEM = "application/vnd.ollama.image.system"
+MEDIA_PARAMS = "application/vnd.ollama.image.params"
+MEDIA_LICENSE = "application/vnd.ollama.image.license"
+MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
+MEDIA_ADAPTER = "application/vnd.ollama.image.adapter"
+MEDIA_PROJECTOR = "application/vnd.ollama.image.projector"
+
+_DIGEST_RE = re.compile(r"sha256[:\-]([0-9a-f]{64})")
+# Manifests are small JSON documents; anything bigger is not one.
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_LAYERS = 256
+
+
+def normalize_digest(digest: str) -> str:
+    """Return ``sha256:<hex>`` for ``sha256:<hex>`` or ``sha256-<hex>``; raise otherwise."""
+    if isinstance(digest, str):
+        match = _DIGEST_RE.fullmatch(digest.strip().lower())
+        if match:
+            return f"sha256:{match.group(1)}"
+    raise InvalidDigestError(f"invalid digest {digest!r}: expected sha256:<64 hex digits>")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One content-addressed piece of a model: a GGUF, a template, parameters..."""
+
+    media_type: str
+    """What the blob holds (``application/vnd.ollama.image.model`` and friends)."""
+    digest: str
+    """``sha256:<hex>`` of the blob."""
+    size: int
+    """Size of the blob in bytes."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The layer as it appears in a manifest."""
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Layer:
+        """Validate and build a layer from manifest JSON."""
+        if not isinstance(data, dict):
+            raise StoreError("malformed manifest: a layer is not an object")
+        media_type = data.get("mediaType")
+        size = data.get("size")
+        if not isinstance(media_type, str) or not media_type:
+            raise StoreError("malformed manifest: a layer has no mediaType")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise StoreError("malformed manifest: a layer has no valid size")
+        return cls(
+            media_type=media_type, digest=normalize_digest(data.get("digest", "")), size=size
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A model: a config blob and its layers."""
+
+    config: Layer
+    """The config blob (model format, family, file type)."""
+    layers: tuple[Layer, ...] = field(default_factory=tuple)
+    """The model's layers in order."""
+
+    def layer(self, media_type: str) -> Layer | None:
+        """The first layer of ``media_type``, if any."""
+        return next((layer for layer in self.layers if layer.media_type == media_type), None)
+
+    @property
+    def digests(self) -> set[str]:
+        """Every blob the manifest references, config included."""
+        return {self.config.digest, *(layer.digest for layer in self.layers)}
+
+    @property
+    def size(self) -> int:
+        """Bytes of all layers and the config."""
+        return self.config.size + sum(layer.size for layer in self.layers)
+
+    def to_bytes(self) -> bytes:
+        """Serialised manifest, as written to disk and served by registries."""
+        document = {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": self.config.to_json(),
+            "layers": [layer.to_json() for layer in self.layers],
+        }
+        return json.dumps(document, indent=None, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Manifest:
+        """Parse and validate a manifest document."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise StoreError("malformed manifest: larger than 1 MiB")
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise StoreError(f"malformed manifest: not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise StoreError("malformed manifest: not a JSON object")
+        if data.get("schemaVersion") != 2:
+            raise StoreError("malformed manifest: schemaVersion is not 2")
+        layers = data.get("layers")
+        if not isinstance(layers, list) or len(layers) > MAX_LAYERS:
+            raise StoreError("malformed manifest: layers is not a list of at most 256 entries")
+        return cls(
+            config=Layer.from_json(data.get("config")),
+            layers=tuple(Layer.from_json(item) for item in layers),
+        )

@@ -1,0 +1,303 @@
+"""Models as people see them: a name in the store plus its GGUF, template, system prompt, params.
+
+This module joins the store (bytes and manifests) with GGUF inspection (what the bytes mean).
+It creates models from local GGUF files or existing blobs and describes them for ``show``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import GGUFError, LocalLLMError, StoreError
+from .gguf_info import GGUFInfo, inspect_gguf
+from .manifest import (
+    MEDIA_CONFIG,
+    MEDIA_LICENSE,
+    MEDIA_MESSAGES,
+    MEDIA_MODEL,
+    MEDIA_PARAMS,
+    MEDIA_SYSTEM,
+    MEDIA_TEMPLATE,
+    Layer,
+    Manifest,
+    normalize_digest,
+)
+from .names import ModelName, parse_name
+from .store import ModelEntry, Store
+
+__all__ = [
+    "LocalModel",
+    "ModelOptions",
+    "create_model",
+    "load_model",
+    "parse_parameters",
+    "render_modelfile",
+]
+
+# Options a params layer may carry, with the type each must have (Ollama's option names).
+OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
+    "num_ctx": int,
+    "num_predict": int,
+    "num_keep": int,
+    "num_batch": int,
+    "num_gpu": int,
+    "main_gpu": int,
+    "num_thread": int,
+    "seed": int,
+    "top_k": int,
+    "repeat_last_n": int,
+    "temperature": (int, float),
+    "top_p": (int, float),
+    "min_p": (int, float),
+    "typical_p": (int, float),
+    "repeat_penalty": (int, float),
+    "presence_penalty": (int, float),
+    "frequency_penalty": (int, float),
+    "use_mmap": bool,
+    "stop": list,
+}
+ModelOptions = dict[str, Any]
+
+
+def parse_parameters(parameters: dict[str, Any] | None) -> ModelOptions:
+    """Validate model parameters (Ollama's ``options``); raise naming the bad key."""
+    if not parameters:
+        return {}
+    if not isinstance(parameters, dict):
+        raise LocalLLMError("parameters must be an object of option names to values")
+    clean: ModelOptions = {}
+    for key, value in parameters.items():
+        expected = OPTION_TYPES.get(key)
+        if expected is None:
+            raise LocalLLMError(f"unknown parameter {key!r}")
+        if key == "stop":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+                raise LocalLLMError("parameter 'stop' must be a string or a list of strings")
+        elif expected is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        elif expected is bool and isinstance(value, str):
+            value = value.lower() in ("true", "1", "yes")
+        if (isinstance(value, bool) and expected is not bool) or not isinstance(value, expected):
+            raise LocalLLMError(f"parameter {key!r} has the wrong type: {value!r}")
+        clean[key] = value
+    return clean
+
+
+@dataclass
+class LocalModel:
+    """A model in the store with its layers resolved."""
+
+    entry: ModelEntry
+    """The store's record: name, manifest, digest, modified time."""
+    store: Store = field(repr=False)
+    """The store it lives in."""
+
+    @property
+    def name(self) -> ModelName:
+        """The model's name."""
+        return self.entry.name
+
+    @property
+    def model_layer(self) -> Layer:
+        """The GGUF layer."""
+        layer = self.entry.manifest.layer(MEDIA_MODEL)
+        if layer is None:
+            raise StoreError(f"{self.name} has no model layer")
+        return layer
+
+    @property
+    def gguf_path(self) -> Path:
+        """Path of the GGUF blob."""
+        return self.store.blob_path(self.model_layer.digest)
+
+    @cached_property
+    def info(self) -> GGUFInfo:
+        """The GGUF's inspected header."""
+        return inspect_gguf(self.gguf_path)
+
+    def _text(self, media_type: str) -> str | None:
+        layer = self.entry.manifest.layer(media_type)
+        if layer is None:
+            return None
+        return self.store.read_blob(layer.digest).decode("utf-8", errors="replace")
+
+    @cached_property
+    def template(self) -> str | None:
+        """The template layer if the model has one, else the GGUF's chat template."""
+        return self._text(MEDIA_TEMPLATE) or self.info.chat_template
+
+    @cached_property
+    def system(self) -> str | None:
+        """Default system prompt."""
+        return self._text(MEDIA_SYSTEM)
+
+    @cached_property
+    def license(self) -> str | None:
+        """License text, from the license layer or the GGUF."""
+        return self._text(MEDIA_LICENSE) or self.info.license
+
+    @cached_property
+    def parameters(self) -> ModelOptions:
+        """Default options from the params layer."""
+        raw = self._text(MEDIA_PARAMS)
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @cached_property
+    def messages(self) -> list[dict[str, Any]]:
+        """Example conversation (Modelfile MESSAGE lines) prepended to chats."""
+        raw = self._text(MEDIA_MESSAGES)
+        if not raw:
+            return []
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return []
+        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+    def details(self) -> dict[str, Any]:
+        """Ollama's ``details`` object."""
+        info = self.info
+        return {
+            "parent_model": "",
+            "format": "gguf",
+            "family": info.architecture,
+            "families": [info.architecture],
+            "parameter_size": info.parameter_size,
+            "quantization_level": info.file_type,
+        }
+
+    def capabilities(self) -> list[str]:
+        """What the model can do: ``completion``, ``embedding``, ``insert`` (FIM)."""
+        if self.info.is_embedding_only:
+            return ["embedding"]
+        capabilities = ["completion"]
+        if any(k.startswith("tokenizer.ggml.fim_") for k in self.info.metadata):
+            capabilities.append("insert")
+        return capabilities
+
+
+def load_model(store: Store, name: ModelName | str) -> LocalModel:
+    """Resolve ``name`` in ``store``; raises ``ModelNotFoundError``."""
+    return LocalModel(entry=store.get(name), store=store)
+
+
+def _config_blob(store: Store, info: GGUFInfo, layers: list[Layer]) -> Layer:
+    config = {
+        "model_format": "gguf",
+        "model_family": info.architecture,
+        "model_families": [info.architecture],
+        "model_type": info.parameter_size,
+        "file_type": info.file_type,
+        "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(
+            platform.machine(), platform.machine()
+        ),
+        "os": platform.system().lower(),
+        "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]},
+    }
+    return store.write_blob_bytes(json.dumps(config).encode(), MEDIA_CONFIG)
+
+
+def create_model(
+    store: Store,
+    name: ModelName | str,
+    *,
+    gguf_file: Path | None = None,
+    gguf_digest: str | None = None,
+    base: ModelName | str | None = None,
+    template: str | None = None,
+    system: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    license: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+) -> ModelEntry:
+    """Create (or replace) ``name`` from exactly one of a GGUF file, a blob digest or a model.
+
+    Layers not given are inherited from ``base``; with a file or digest they are absent (the
+    GGUF's own chat template is used). The GGUF is validated before anything is written.
+    """
+    target = parse_name(name) if isinstance(name, str) else name
+    sources = [s for s in (gguf_file, gguf_digest, base) if s is not None]
+    if len(sources) != 1:
+        raise LocalLLMError(
+            "create needs exactly one source: a GGUF file, a blob digest or a model"
+        )
+    options = parse_parameters(parameters)
+
+    with store.writing():
+        inherited: dict[str, Layer] = {}
+        merged_options: ModelOptions = {}
+        if base is not None:
+            parent = load_model(store, base)
+            model_layer = parent.model_layer
+            inherited = {layer.media_type: layer for layer in parent.entry.manifest.layers}
+            info = parent.info
+            merged_options = dict(parent.parameters)
+        elif gguf_file is not None:
+            info = inspect_gguf(gguf_file)  # refuse non-GGUF before copying gigabytes
+            model_layer = store.import_file(Path(gguf_file), MEDIA_MODEL)
+        else:
+            assert gguf_digest is not None
+            if not store.has_blob(gguf_digest):
+                raise StoreError(f"blob {gguf_digest} not found; upload it first (POST /api/blobs)")
+            path = store.blob_path(gguf_digest)
+            try:
+                info = inspect_gguf(path)
+            except GGUFError as exc:
+                raise GGUFError(f"blob {gguf_digest} is not a usable GGUF: {exc}") from None
+            model_layer = Layer(MEDIA_MODEL, normalize_digest(gguf_digest), path.stat().st_size)
+
+        layers = [model_layer]
+        text_layers = (
+            (MEDIA_TEMPLATE, template),
+            (MEDIA_SYSTEM, system),
+            (MEDIA_LICENSE, license),
+        )
+        for media_type, text in text_layers:
+            if text is not None:
+                layers.append(store.write_blob_bytes(text.encode(), media_type))
+            elif media_type in inherited:
+                layers.append(inherited[media_type])
+        merged_options.update(options)
+        if merged_options:
+            layers.append(store.write_blob_bytes(json.dumps(merged_options).encode(), MEDIA_PARAMS))
+        if messages is not None:
+            layers.append(store.write_blob_bytes(json.dumps(messages).encode(), MEDIA_MESSAGES))
+        elif MEDIA_MESSAGES in inherited:
+            layers.append(inherited[MEDIA_MESSAGES])
+
+        config = _config_blob(store, info, layers)
+        store.write_manifest(target, Manifest(config=config, layers=tuple(layers)))
+    return store.get(target)
+
+
+def render_modelfile(model: LocalModel) -> str:
+    """A Modelfile that recreates ``model`` (what ``show --modelfile`` prints)."""
+    lines = [
+        f"# Modelfile generated by localllm for {model.name}",
+        f"FROM {model.gguf_path}",
+    ]
+    if model.entry.manifest.layer(MEDIA_TEMPLATE) is not None and model.template:
+        lines.append(f'TEMPLATE """{model.template}"""')
+    if model.system:
+        lines.append(f'SYSTEM """{model.system}"""')
+    for key, value in model.parameters.items():
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"PARAMETER {key} {json.dumps(item) if isinstance(item, str) else item}")
+    for message in model.messages:
+        lines.append(f"MESSAGE {message.get('role', 'user')} {message.get('content', '')}")
+    if model.entry.manifest.layer(MEDIA_LICENSE) is not None and model.license:
+        lines.append(f'LICENSE """{model.license}"""')
+    return "\n".join(lines) + "\n"

