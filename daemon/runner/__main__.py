@@ -1,0 +1,124 @@
+"""``python -m localllm.daemon.runner --model PATH --socket PATH``: serve one model."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .protocol import RunnerConfig
+
+# How often the runner checks that the daemon that started it is still alive.
+_PARENT_CHECK_S = 1.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The runner's command line."""
+    parser = argparse.ArgumentParser(prog="python -m localllm.daemon.runner", description=__doc__)
+    parser.add_argument("--model", required=True, help="GGUF file to load")
+    parser.add_argument("--socket", required=True, help="Unix socket to listen on")
+    parser.add_argument("--slots", type=int, default=4, help="parallel sequences")
+    parser.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot")
+    parser.add_argument("--batch", type=int, default=512, help="tokens per llama_decode")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
+    parser.add_argument(
+        "--gpu-layers", type=int, default=-1, help="-1 = all when a GPU backend exists"
+    )
+    parser.add_argument("--kv-cache-type", choices=["f16", "q8_0", "q4_0"], default="f16")
+    parser.add_argument("--flash-attention", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument(
+        "--chat-template", default=None, help="Jinja template overriding the GGUF's"
+    )
+    parser.add_argument("--log-file", default=None, help="where llama.cpp and the runner log")
+    parser.add_argument(
+        "--ready-fd", type=int, default=None, help="write 'ready' here once serving"
+    )
+    parser.add_argument("--debug", action="store_true", help="log llama.cpp debug output")
+    return parser.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    from .model import LlamaModel, ModelLoadError
+    from .server import RunnerServer
+
+    config = RunnerConfig(
+        model_path=args.model,
+        n_slots=args.slots,
+        n_ctx_per_slot=args.ctx_per_slot,
+        n_batch=args.batch,
+        n_threads=args.threads,
+        n_gpu_layers=args.gpu_layers,
+        kv_cache_type=args.kv_cache_type,
+        flash_attention=args.flash_attention,
+        chat_template=args.chat_template,
+        log_path=args.log_file,
+    )
+    try:
+        model = await asyncio.to_thread(LlamaModel, config)
+    except ModelLoadError as exc:
+        logging.getLogger("localllm.runner").error("%s", exc)
+        return 2
+    engine = Engine(model)
+    engine.start()
+    server = RunnerServer(model, engine, Path(args.socket))
+    await server.start()
+    logging.getLogger("localllm.runner").info(
+        "serving %s: %d slots x %d tokens, %d threads, %d GPU layers",
+        model.describe(),
+        model.n_slots,
+        model.n_ctx_per_slot,
+        model.n_threads,
+        model.n_gpu_layers,
+    )
+    if args.ready_fd is not None:
+        os.write(args.ready_fd, b"ready\n")
+        os.close(args.ready_fd)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    parent = os.getppid()
+
+    async def watch_parent() -> None:
+        # The daemon may die without stopping us (SIGKILL); an orphan runner would hold
+        # memory forever, so exit once we are re-parented.
+        while os.getppid() == parent:
+            await asyncio.sleep(_PARENT_CHECK_S)
+        stop.set()
+
+    watcher = asyncio.create_task(watch_parent())
+    await stop.wait()
+    watcher.cancel()
+    await server.close()
+    await asyncio.to_thread(engine.stop)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a runner until SIGTERM."""
+    args = parse_args(argv)
+    stream = open(args.log_file, "a", buffering=1) if args.log_file else sys.stderr  # noqa: SIM115
+    logging.basicConfig(
+        stream=stream,
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from .model import route_llama_log
+
+    route_llama_log(stream, debug=args.debug)
+    try:
+        return asyncio.run(_serve(args))
+    finally:
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

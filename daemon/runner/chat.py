@@ -1,0 +1,90 @@
+"""Chat templates: the GGUF's Jinja template, rendered in a sandbox.
+
+Templates come from downloaded files, so they are rendered with Jinja's immutable sandbox
+(as llama-cpp-python's ``Jinja2ChatFormatter`` and Hugging Face's tokenizers do): no attribute
+access to internals, no mutation of arguments, bounded ``range``. Any failure becomes a
+:class:`TemplateRenderError` for that request only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+__all__ = ["TemplateRenderError", "render_chat"]
+
+# A rendered prompt larger than this is a broken or hostile template, not a conversation.
+MAX_RENDERED_CHARS = 16 << 20
+_GO_TEMPLATE = re.compile(r"\{\{-?\s*(\.|if \.|range \.)")
+
+
+class TemplateRenderError(ValueError):
+    """The chat template failed to render (syntax, a raised exception, a sandbox violation)."""
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateRenderError(f"the chat template raised: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, **_: Any) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    environment.filters["tojson"] = _tojson
+    return environment.from_string(template)
+
+
+def render_chat(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """Render ``messages`` with a Jinja chat template, safely."""
+    if _GO_TEMPLATE.search(template):
+        raise TemplateRenderError(
+            "this template uses Go template syntax (Ollama's TEMPLATE); localllm renders Jinja "
+            "chat templates like the ones in GGUF files"
+        )
+    try:
+        rendered = _compile(template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools,
+            date_string=datetime.date.today().strftime("%d %b %Y"),
+        )
+    except TemplateRenderError:
+        raise
+    except jinja2.exceptions.SecurityError as exc:
+        raise TemplateRenderError(f"the chat template tried something unsafe: {exc}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateRenderError(f"the chat template has a syntax error: {exc}") from None
+    except Exception as exc:  # a template can raise anything from its expressions
+        raise TemplateRenderError(
+            f"the chat template failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if len(rendered) > MAX_RENDERED_CHARS:
+        raise TemplateRenderError("the chat template produced an absurdly large prompt")
+    return rendered

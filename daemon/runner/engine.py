@@ -1,0 +1,538 @@
+"""The engine: continuous batching over llama.cpp sequences, on one thread.
+
+Each step is one ``llama_decode`` of one batch holding
+
+1. one token for every slot that is generating, then
+2. prompt chunks of slots still prefilling, oldest request first, until the batch is full
+   (chunked prefill: a long prompt never stalls other streams).
+
+Prefix caching: a slot keeps its KV cells after its request ends. A new request takes the free
+slot whose cached tokens share the longest prefix with its prompt and prefills only the rest
+(at least one token is always evaluated, for fresh logits). Across slots, a prompt prefix that
+another sequence already holds is shared into the new sequence with ``llama_memory_seq_cp``
+(the cache is unified, so the cells are tagged, not copied). A request whose prefix an older
+request is prefilling right now waits for it instead of computing the same prefix twice.
+
+Everything here runs on the engine thread; other threads talk to it through :meth:`submit`,
+:meth:`cancel`, :meth:`embed` and read :meth:`stats`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import LlamaModel
+from .protocol import SamplingOptions, SlotStats, Stats, Timings
+from .sampling import GrammarError, Sampler
+from .text import TextStream
+
+__all__ = ["EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
+
+log = logging.getLogger("localllm.runner.engine")
+
+Emit = Callable[[dict[str, Any]], None]
+# Window over which the tokens/s gauges are computed.
+_RATE_WINDOW_S = 3.0
+# Waiting for another request's prefill only pays off for a prefix of some length.
+_MIN_SHARED_WAIT = 16
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix (bisection over C-speed slice comparisons)."""
+    low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass
+class GenerationJob:
+    """A prepared generation request: prompt tokens and sampling, plus where events go."""
+
+    id: str
+    prompt: list[int]
+    options: SamplingOptions
+    grammar: str | None
+    emit: Emit
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+
+
+@dataclass
+class EmbeddingJob:
+    """Token sequences to embed."""
+
+    id: str
+    inputs: list[list[int]]
+    normalize: bool
+    emit: Emit
+    arrived: float = field(default_factory=time.perf_counter)
+
+
+class Slot:
+    """One llama.cpp sequence and the request it serves."""
+
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id = seq_id
+        self.cache: list[int] = []
+        """Tokens whose KV cells this sequence holds, at positions 0..len-1."""
+        self.shared = 0
+        """Leading cells obtained from another sequence (for the KV-use estimate)."""
+        self.job: GenerationJob | None = None
+        self.sampler: Sampler | None = None
+        self.text: TextStream | None = None
+        self.pending: int | None = None
+        """Sampled token not yet evaluated (the next decode input)."""
+        self.batch_index = -1
+        """Where this slot's logits are in the current batch, or -1."""
+        self.chunk = 0
+        """Prompt tokens this slot put in the current batch."""
+        self.last_used = 0.0
+        self.reused = 0
+        self.generated = 0
+        self.admitted = 0.0
+        self.first_token_at = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.job is not None and self.pending is None and self.first_token_at == 0.0
+
+    @property
+    def decoding(self) -> bool:
+        return self.job is not None and self.pending is not None
+
+
+class Engine:
+    """Continuous batching over a :class:`LlamaModel`'s sequences."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self.slots = [Slot(i) for i in range(model.n_slots)]
+        self.waiting: collections.deque[GenerationJob] = collections.deque()
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._rates: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._rates_lock = threading.Lock()
+        self.requests_total = 0
+        self.stopped = threading.Event()
+        """Set once the engine thread has freed the model."""
+
+    # -- the outside world's interface (any thread) ---------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread.start()
+
+    def submit(self, job: GenerationJob) -> None:
+        """Queue a generation; it starts as soon as a slot is free."""
+        self._inbox.put(("generate", job))
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a waiting or running generation; it ends with done_reason ``cancel``."""
+        self._inbox.put(("cancel", job_id))
+
+    def embed(self, job: EmbeddingJob) -> None:
+        """Queue an embedding job (run between generation steps)."""
+        self._inbox.put(("embed", job))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel everything, free llama.cpp resources and end the thread."""
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout)
+
+    def stats(self) -> Stats:
+        """A snapshot of the gauges (approximate while the engine runs)."""
+        slots = []
+        for slot in self.slots:
+            job = slot.job
+            state = "idle" if job is None else ("prefill" if slot.prefilling else "decode")
+            slots.append(
+                SlotStats(
+                    id=slot.seq_id,
+                    state=state,
+                    request_id=job.id if job else None,
+                    cached_tokens=len(slot.cache),
+                    prompt_tokens=len(job.prompt) if job else 0,
+                    prefilled_tokens=min(len(slot.cache), len(job.prompt)) if job else 0,
+                    generated_tokens=slot.generated if job else 0,
+                )
+            )
+        now = time.perf_counter()
+        with self._rates_lock:
+            while self._rates and self._rates[0][0] < now - _RATE_WINDOW_S:
+                self._rates.popleft()
+            decoded = sum(r[1] for r in self._rates)
+            prefilled = sum(r[2] for r in self._rates)
+        used = sum(len(s.cache) - s.shared for s in self.slots)
+        return Stats(
+            slots=slots,
+            waiting=len(self.waiting),
+            kv_cells_used=max(0, used),
+            kv_cells_total=self.model.n_ctx,
+            decode_tokens_per_s=decoded / _RATE_WINDOW_S,
+            prefill_tokens_per_s=prefilled / _RATE_WINDOW_S,
+            requests_total=self.requests_total,
+        )
+
+    # -- the engine thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                idle = not self.waiting and not any(slot.busy for slot in self.slots)
+                if not self._drain_inbox(block=idle):
+                    break
+                self._admit()
+                if any(slot.busy for slot in self.slots):
+                    self._step()
+        except Exception:
+            log.exception("engine thread crashed")
+            for slot in self.slots:
+                if slot.job is not None:
+                    self._fail(slot, "internal error in the engine (see the runner log)")
+            raise
+        finally:
+            self._shutdown()
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Handle queued commands; returns False when asked to stop."""
+        while True:
+            try:
+                kind, payload = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if kind == "generate":
+                self.waiting.append(payload)
+            elif kind == "cancel":
+                self._cancel(payload)
+            elif kind == "embed":
+                self._run_embedding(payload)
+            elif kind == "stop":
+                return False
+
+    def _cancel(self, job_id: str) -> None:
+        for job in list(self.waiting):
+            if job.id == job_id:
+                self.waiting.remove(job)
+                now = time.perf_counter()
+                timings = Timings(
+                    queued_ms=(now - job.arrived) * 1000, total_ms=(now - job.arrived) * 1000
+                )
+                timings.prompt_tokens = len(job.prompt)
+                job.emit(_done(job.id, "", "cancel", timings))
+                return
+        for slot in self.slots:
+            if slot.job is not None and slot.job.id == job_id:
+                self._finish(slot, "cancel")
+                return
+
+    def _admit(self) -> None:
+        """Give waiting requests free slots, each the one with the longest cached prefix."""
+        while self.waiting:
+            free = [slot for slot in self.slots if not slot.busy]
+            if not free:
+                return
+            job = self.waiting.popleft()
+            # Longest common prefix first; among equals the least recently used slot, so
+            # other slots' caches survive for the prompts that want them.
+            scored = [
+                (common_prefix_length(slot.cache, job.prompt), -slot.last_used, slot)
+                for slot in free
+            ]
+            reuse, _, slot = max(scored, key=lambda item: (item[0], item[1]))
+            reuse = min(reuse, len(job.prompt) - 1)
+            try:
+                sampler = Sampler(
+                    self.model.vocab,
+                    self.model.n_vocab,
+                    job.options,
+                    job.grammar,
+                    self.model.n_ctx_per_slot,
+                )
+            except GrammarError as exc:
+                job.emit(
+                    {"event": "error", "id": job.id, "message": str(exc), "code": "bad_request"}
+                )
+                continue
+            last_n = job.options.repeat_last_n
+            sampler.learn_prompt(
+                job.prompt if last_n < 0 else job.prompt[-last_n:] if last_n else []
+            )
+            self.model.seq_remove(slot.seq_id, reuse)
+            slot.cache = slot.cache[:reuse]
+            slot.shared = min(slot.shared, reuse)
+            slot.job = job
+            slot.sampler = sampler
+            slot.text = TextStream(job.options.stop)
+            slot.pending = None
+            slot.reused = reuse
+            slot.generated = 0
+            slot.admitted = time.perf_counter()
+            slot.first_token_at = 0.0
+
+    def _share_prefixes(self) -> set[int]:
+        """Copy prompt prefixes other sequences hold; return slots that should wait this step."""
+        waiting: set[int] = set()
+        prefilling = [slot for slot in self.slots if slot.prefilling]
+        if not prefilling:
+            return waiting
+        for slot in sorted(prefilling, key=lambda s: s.job.arrived):  # type: ignore[union-attr]
+            job = slot.job
+            assert job is not None
+            limit = len(job.prompt) - 1
+            best, source = len(slot.cache), None
+            for other in self.slots:
+                if other is slot or not other.cache:
+                    continue
+                shared = min(common_prefix_length(other.cache, job.prompt), limit)
+                if shared > best:
+                    best, source = shared, other
+            if source is not None:
+                start = len(slot.cache)
+                self.model.seq_copy(source.seq_id, slot.seq_id, start, best)
+                slot.cache.extend(job.prompt[start:best])
+                slot.shared = best if slot.shared == start else slot.shared + best - start
+                slot.reused += best - start
+            # An older request still prefilling a prefix we share: let it finish that part
+            # and copy it next step rather than compute it twice.
+            for other in prefilling:
+                if other is slot or other.job is None or other.job.arrived >= job.arrived:
+                    continue
+                shared = min(common_prefix_length(other.job.prompt, job.prompt), limit)
+                if shared >= len(slot.cache) + _MIN_SHARED_WAIT and len(other.cache) < shared:
+                    waiting.add(slot.seq_id)
+                    break
+        return waiting
+
+    def _step(self) -> None:
+        model = self.model
+        batch = model.batch
+        waiting = self._share_prefixes()
+        prefill_budget = batch.capacity
+        while True:
+            batch.clear()
+            decoding = [slot for slot in self.slots if slot.decoding]
+            for slot in decoding:
+                slot.batch_index = batch.add(slot.pending, len(slot.cache), slot.seq_id, True)  # type: ignore[arg-type]
+                slot.chunk = 0
+            prefilling = sorted(
+                (s for s in self.slots if s.prefilling and s.seq_id not in waiting),
+                key=lambda s: s.job.arrived,  # type: ignore[union-attr]
+            )
+            budget = min(batch.free, prefill_budget)
+            for slot in prefilling:
+                slot.batch_index, slot.chunk = -1, 0
+                if budget <= 0:
+                    continue
+                prompt = slot.job.prompt  # type: ignore[union-attr]
+                start = len(slot.cache)
+                count = min(len(prompt) - start, budget)
+                last = len(prompt) - 1
+                for position in range(start, start + count):
+                    index = batch.add(prompt[position], position, slot.seq_id, position == last)
+                slot.chunk = count
+                budget -= count
+                if start + count == len(prompt):
+                    slot.batch_index = index
+            if batch.size == 0:
+                return
+            status = model.decode()
+            if status == 0:
+                break
+            if status == 1 and self._make_room(prefill_budget):
+                prefill_budget = max(1, prefill_budget // 2)
+                continue
+            self._fail_batch(f"llama_decode failed with status {status}")
+            return
+
+        now = time.perf_counter()
+        decoded = prefilled = 0
+        for slot in self.slots:
+            if slot.job is None:
+                continue
+            if slot.decoding and slot.batch_index >= 0 and slot.chunk == 0:
+                slot.cache.append(slot.pending)  # type: ignore[arg-type]
+                decoded += 1
+            elif slot.chunk:
+                start = len(slot.cache)
+                slot.cache.extend(slot.job.prompt[start : start + slot.chunk])
+                prefilled += slot.chunk
+        with self._rates_lock:
+            self._rates.append((now, decoded, prefilled))
+        for slot in self.slots:
+            if slot.job is not None and slot.batch_index >= 0:
+                self._sample(slot, now)
+            slot.batch_index = -1
+            slot.chunk = 0
+
+    def _make_room(self, prefill_budget: int) -> bool:
+        """llama_decode found no KV room: free idle caches, then shrink prefill; False if stuck."""
+        freed = False
+        for slot in self.slots:
+            if not slot.busy and slot.cache:
+                self.model.seq_remove(slot.seq_id, 0)
+                slot.cache, slot.shared = [], 0
+                freed = True
+        if freed or prefill_budget > 1:
+            return True
+        # Only decode tokens and still no room: end the longest sequence (its context is full).
+        busiest = max((s for s in self.slots if s.busy), key=lambda s: len(s.cache), default=None)
+        if busiest is None:
+            return False
+        self._finish(busiest, "length")
+        return True
+
+    def _sample(self, slot: Slot, now: float) -> None:
+        job, sampler, text = slot.job, slot.sampler, slot.text
+        assert job is not None and sampler is not None and text is not None
+        token = sampler.sample(self.model.ctx, slot.batch_index)
+        if slot.first_token_at == 0.0:
+            slot.first_token_at = now
+        slot.generated += 1
+        if self.model.is_end_of_generation(token):
+            self._finish(slot, "stop")
+            return
+        piece = text.push(self.model.piece(token))
+        if piece:
+            job.emit({"event": "token", "id": job.id, "text": piece})
+        options = job.options
+        if text.stopped:
+            self._finish(slot, "stop")
+        elif (
+            0 < options.num_predict <= slot.generated
+            or len(slot.cache) + 1 >= self.model.n_ctx_per_slot
+        ):
+            self._finish(slot, "length")
+        else:
+            slot.pending = token
+
+    def _timings(self, slot: Slot, now: float) -> Timings:
+        job = slot.job
+        assert job is not None
+        first = slot.first_token_at or now
+        evaluated = len(job.prompt) - slot.reused
+        prompt_s = max(first - slot.admitted, 1e-9)
+        decode_s = now - first
+        return Timings(
+            queued_ms=(slot.admitted - job.arrived) * 1000,
+            ttft_ms=(first - job.arrived) * 1000 if slot.first_token_at else 0.0,
+            prompt_tokens=len(job.prompt),
+            cached_tokens=slot.reused,
+            prompt_ms=prompt_s * 1000,
+            prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
+            completion_tokens=slot.generated,
+            decode_ms=decode_s * 1000,
+            decode_tokens_per_s=(slot.generated - 1) / decode_s
+            if slot.generated > 1 and decode_s > 0
+            else 0.0,
+            total_ms=(now - job.arrived) * 1000,
+        )
+
+    def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
+        job, text = slot.job, slot.text
+        assert job is not None
+        now = time.perf_counter()
+        if text is not None and error is None:
+            tail = text.finish()
+            if tail and reason != "cancel":
+                job.emit({"event": "token", "id": job.id, "text": tail})
+        timings = self._timings(slot, now)
+        full_text = text.text if text is not None else ""
+        job.emit(_done(job.id, full_text, reason, timings, error))
+        if slot.sampler is not None:
+            slot.sampler.close()
+        slot.job, slot.sampler, slot.text, slot.pending = None, None, None, None
+        slot.last_used = now
+        self.requests_total += 1
+
+    def _fail(self, slot: Slot, message: str) -> None:
+        self._finish(slot, "error", message)
+
+    def _fail_batch(self, message: str) -> None:
+        """A decode error: fail the requests in the batch and drop their uncertain KV state."""
+        for slot in self.slots:
+            if slot.job is not None and (slot.batch_index >= 0 or slot.chunk or slot.decoding):
+                self.model.seq_remove(slot.seq_id, 0)
+                slot.cache, slot.shared = [], 0
+                self._fail(slot, message)
+            slot.batch_index, slot.chunk = -1, 0
+
+    def _run_embedding(self, job: EmbeddingJob) -> None:
+        try:
+            vectors = []
+            for tokens in job.inputs:
+                vector = self.model.embed(tokens)
+                if job.normalize:
+                    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+                    vector = [v / norm for v in vector]
+                vectors.append(vector)
+        except Exception as exc:
+            log.exception("embedding failed")
+            job.emit(
+                {
+                    "event": "error",
+                    "id": job.id,
+                    "message": f"embedding failed: {exc}",
+                    "code": "internal",
+                }
+            )
+            return
+        job.emit(
+            {
+                "event": "embedding",
+                "id": job.id,
+                "result": {
+                    "id": job.id,
+                    "embeddings": vectors,
+                    "prompt_tokens": sum(len(t) for t in job.inputs),
+                    "total_ms": (time.perf_counter() - job.arrived) * 1000,
+                },
+            }
+        )
+
+    def _shutdown(self) -> None:
+        for job in list(self.waiting):
+            job.emit(_done(job.id, "", "cancel", Timings(prompt_tokens=len(job.prompt))))
+        self.waiting.clear()
+        for slot in self.slots:
+            if slot.job is not None:
+                self._finish(slot, "cancel")
+        self.model.close()
+        self.stopped.set()
+
+
+def _done(
+    job_id: str, text: str, reason: str, timings: Timings, error: str | None = None
+) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "event": "done",
+        "id": job_id,
+        "result": {
+            "id": job_id,
+            "text": text,
+            "done_reason": reason,
+            "timings": asdict(timings),
+            "error": error,
+        },
+    }

@@ -1,0 +1,313 @@
+"""llama.cpp, loaded: one model, one generation context, the batch, tokenization.
+
+This is the only module of the runner that calls llama.cpp's model/context functions (the
+sampler chain lives in :mod:`.sampling`). Everything here runs in the runner process; the
+generation context is used from the engine thread only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import llama_cpp
+
+from .protocol import RunnerConfig
+
+__all__ = ["Batch", "LlamaModel", "ModelLoadError", "default_threads", "route_llama_log"]
+
+_KV_TYPES = {
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+}
+_FLASH = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_LOG_LEVELS = {0: "NONE", 1: "INFO", 2: "WARN", 3: "ERROR", 4: "DEBUG", 5: "CONT"}
+
+
+class ModelLoadError(RuntimeError):
+    """llama.cpp refused to load the model or create its context."""
+
+
+def default_threads() -> int:
+    """Physical cores available to this process (llama.cpp gains nothing from SMT siblings)."""
+    available = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
+    try:
+        smt_active = Path("/sys/devices/system/cpu/smt/active").read_text().strip() == "1"
+    except OSError:
+        smt_active = False
+    return max(1, available // 2 if smt_active and available > 1 else available)
+
+
+# The C callback must stay referenced for as long as llama.cpp may call it.
+_log_state: dict[str, object] = {}
+
+
+def route_llama_log(stream: IO[str], debug: bool = False) -> None:
+    """Send llama.cpp's log to ``stream`` (the runner's log file) instead of the terminal."""
+    lock = threading.Lock()
+    last_level = [1]
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        effective = last_level[0] if level == 5 else level
+        last_level[0] = effective
+        if effective == 4 and not debug:
+            return
+        with lock:
+            stream.write(text.decode("utf-8", errors="replace"))
+            stream.flush()
+
+    _log_state["callback"] = callback
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+
+
+class Batch:
+    """A ``llama_batch`` with a Python-side fill pointer."""
+
+    def __init__(self, capacity: int, n_seq_max: int) -> None:
+        self.capacity = capacity
+        """Most tokens one batch holds (n_batch)."""
+        self.raw = llama_cpp.llama_batch_init(capacity, 0, n_seq_max)
+        self.size = 0
+        """Tokens added since the last :meth:`clear`."""
+
+    def clear(self) -> None:
+        """Empty the batch."""
+        self.size = 0
+        self.raw.n_tokens = 0
+
+    @property
+    def free(self) -> int:
+        """Room left."""
+        return self.capacity - self.size
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        """Append one token; returns its index in the batch (for reading its logits)."""
+        index = self.size
+        raw = self.raw
+        raw.token[index] = token
+        raw.pos[index] = pos
+        raw.n_seq_id[index] = 1
+        raw.seq_id[index][0] = seq_id
+        raw.logits[index] = logits
+        self.size = index + 1
+        raw.n_tokens = self.size
+        return index
+
+    def close(self) -> None:
+        """Free the C arrays."""
+        if self.raw is not None:
+            llama_cpp.llama_batch_free(self.raw)
+            self.raw = None
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    """Fill-in-the-middle control tokens, when the vocabulary has them."""
+
+    prefix: int
+    suffix: int
+    middle: int
+
+
+class LlamaModel:
+    """A loaded model with its generation context and batch."""
+
+    def __init__(self, config: RunnerConfig) -> None:
+        llama_cpp.llama_backend_init()
+        self.config = config
+        """How it was loaded."""
+        self.n_threads = config.n_threads or default_threads()
+        """CPU threads used for decoding and prefill."""
+        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+        """Whether this llama.cpp build has a GPU backend."""
+
+        model_params = llama_cpp.llama_model_default_params()
+        if config.n_gpu_layers < 0:
+            self.n_gpu_layers = 999 if self.gpu_offload else 0
+        else:
+            self.n_gpu_layers = config.n_gpu_layers if self.gpu_offload else 0
+        model_params.n_gpu_layers = self.n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), model_params)
+        if not self.model:
+            raise ModelLoadError(
+                f"llama.cpp could not load {config.model_path} (see the log above)"
+            )
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
+        self.n_embd = int(llama_cpp.llama_model_n_embd(self.model))
+        self.n_slots = config.n_slots
+        """Parallel sequences."""
+        self.n_ctx_per_slot = config.n_ctx_per_slot
+        """Tokens each slot may hold."""
+
+        params = self._context_params(config.n_ctx_per_slot * config.n_slots, config.n_slots)
+        params.n_batch = config.n_batch
+        params.n_ubatch = config.n_batch
+        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelLoadError("llama.cpp could not create the context (out of memory?)")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        """KV cells in total (shared by all slots: the cache is unified)."""
+        self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
+        self.batch = Batch(self.n_batch, config.n_slots)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos_id = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self.eos_id = int(llama_cpp.llama_vocab_eos(self.vocab))
+        fim = (
+            int(llama_cpp.llama_vocab_fim_pre(self.vocab)),
+            int(llama_cpp.llama_vocab_fim_suf(self.vocab)),
+            int(llama_cpp.llama_vocab_fim_mid(self.vocab)),
+        )
+        self.fim = FimTokens(*fim) if min(fim) >= 0 else None
+        """FIM tokens, or ``None`` when the model cannot fill in the middle."""
+        self._piece_buffer = ctypes.create_string_buffer(256)
+        self._embedding_ctx: llama_cpp.llama_context_p | None = None
+        self._embedding_batch: Batch | None = None
+
+    def _context_params(self, n_ctx: int, n_seq: int) -> llama_cpp.llama_context_params:
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_seq_max = n_seq
+        params.n_threads = self.n_threads
+        params.n_threads_batch = self.n_threads
+        # One cache for all sequences: shared prefixes occupy their cells once
+        # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
+        params.kv_unified = True
+        params.type_k = _KV_TYPES[self.config.kv_cache_type]
+        params.type_v = _KV_TYPES[self.config.kv_cache_type]
+        params.flash_attn_type = _FLASH[self.config.flash_attention]
+        params.no_perf = True
+        return params
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def chat_template(self) -> str | None:
+        """The GGUF's ``tokenizer.chat_template``."""
+        raw = llama_cpp.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry of ``token`` as text (for bos/eos in templates)."""
+        if token < 0:
+            return ""
+        return self.piece(token, special=True).decode("utf-8", errors="replace")
+
+    def describe(self) -> str:
+        """llama.cpp's one-line model description (architecture, size, type)."""
+        buffer = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.model, buffer, len(buffer))
+        return buffer.value.decode("utf-8", errors="replace")
+
+    # -- tokens --------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """Tokenize ``text``; ``add_special`` adds BOS when the model wants one."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama_cpp.llama_token * capacity)()
+        count = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), tokens, capacity, add_special, parse_special
+        )
+        if count < 0:
+            capacity = -count
+            tokens = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(
+                self.vocab, data, len(data), tokens, capacity, add_special, parse_special
+            )
+        return list(tokens[:count])
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """Bytes of one token (possibly part of a UTF-8 character)."""
+        buffer = self._piece_buffer
+        count = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, special)
+        if count < 0:
+            buffer = ctypes.create_string_buffer(-count)
+            count = llama_cpp.llama_token_to_piece(
+                self.vocab, token, buffer, len(buffer), 0, special
+            )
+        return buffer.raw[:count]
+
+    def is_end_of_generation(self, token: int) -> bool:
+        """EOS, EOT and the like."""
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # -- the KV cache --------------------------------------------------------------------
+
+    def seq_remove(self, seq_id: int, start: int, end: int = -1) -> bool:
+        """Drop cells of ``seq_id`` with positions in ``[start, end)`` (end -1 = to the end)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end))
+
+    def seq_copy(self, source: int, destination: int, start: int, end: int) -> None:
+        """Make cells ``[start, end)`` of ``source`` belong to ``destination`` too (no copying)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
+
+    def decode(self) -> int:
+        """Run the batch through the model; 0 ok, 1 no KV room, other values errors."""
+        return int(llama_cpp.llama_decode(self.ctx, self.batch.raw))
+
+    # -- embeddings ----------------------------------------------------------------------
+
+    def embed(self, tokens: list[int]) -> list[float]:
+        """Mean-pooled embedding of one token sequence (created on first use)."""
+        if self._embedding_ctx is None:
+            params = self._context_params(self.n_ctx_per_slot, 1)
+            params.embeddings = True
+            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            params.n_batch = self.n_ctx_per_slot
+            params.n_ubatch = self.n_ctx_per_slot
+            params.type_k = llama_cpp.GGML_TYPE_F16
+            params.type_v = llama_cpp.GGML_TYPE_F16
+            ctx = llama_cpp.llama_init_from_model(self.model, params)
+            if not ctx:
+                raise ModelLoadError("llama.cpp could not create the embedding context")
+            self._embedding_ctx = ctx
+            self._embedding_batch = Batch(self.n_ctx_per_slot, 1)
+        ctx = self._embedding_ctx
+        batch = self._embedding_batch
+        assert batch is not None
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        batch.clear()
+        for position, token in enumerate(tokens):
+            batch.add(token, position, 0, True)
+        if llama_cpp.llama_model_has_encoder(self.model):
+            status = llama_cpp.llama_encode(ctx, batch.raw)
+        else:
+            status = llama_cpp.llama_decode(ctx, batch.raw)
+        if status != 0:
+            raise RuntimeError(f"llama.cpp failed to embed (status {status})")
+        pointer = llama_cpp.llama_get_embeddings_seq(ctx, 0)
+        if not pointer:
+            raise RuntimeError("llama.cpp returned no pooled embedding")
+        return list(pointer[: self.n_embd])
+
+    # -- teardown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free batch, contexts and model, in that order (samplers are freed by their owners)."""
+        for batch in (self.batch, self._embedding_batch):
+            if batch is not None:
+                batch.close()
+        if self._embedding_ctx is not None:
+            llama_cpp.llama_free(self._embedding_ctx)
+            self._embedding_ctx = None
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None

@@ -1,0 +1,140 @@
+"""Per-request sampling on llama.cpp's sampler chain.
+
+The chain follows llama.cpp's usual order: penalties → top-k → typical → top-p → min-p →
+temperature → distribution (or penalties → greedy at temperature 0). A grammar is kept as a
+separate sampler: the penalties must learn the prompt's tokens, and feeding those to a grammar
+would advance it, so the two are accepted separately.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from .protocol import SamplingOptions
+
+__all__ = ["GrammarError", "Sampler", "grammar_for"]
+
+_TOKEN_DATA = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
+
+
+class GrammarError(ValueError):
+    """The grammar or JSON schema cannot be used."""
+
+
+def grammar_for(options: SamplingOptions) -> str | None:
+    """The GBNF grammar a request asks for: explicit GBNF, a JSON schema, or any JSON."""
+    if options.grammar:
+        return options.grammar
+    if options.json_schema is not None:
+        try:
+            return json_schema_to_gbnf(json.dumps(options.json_schema))
+        except Exception as exc:  # the converter raises assorted types on bad schemas
+            raise GrammarError(f"unsupported JSON schema: {exc}") from None
+    if options.json_mode:
+        return JSON_GBNF
+    return None
+
+
+class Sampler:
+    """A request's sampler chain (and optional grammar)."""
+
+    def __init__(
+        self,
+        vocab: Any,
+        n_vocab: int,
+        options: SamplingOptions,
+        grammar: str | None,
+        context_length: int,
+    ) -> None:
+        self.n_vocab = n_vocab
+        self.chain = llama_cpp.llama_sampler_chain_init(
+            llama_cpp.llama_sampler_chain_default_params()
+        )
+        self.grammar = None
+        if grammar is not None:
+            self.grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+            if not self.grammar:
+                self.close()
+                raise GrammarError("the grammar could not be parsed (see the runner log)")
+        add = self._add
+        o = options
+        last_n = context_length if o.repeat_last_n < 0 else o.repeat_last_n
+        if last_n and (o.repeat_penalty != 1.0 or o.frequency_penalty or o.presence_penalty):
+            add(
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty
+                )
+            )
+        if o.temperature <= 0:
+            add(llama_cpp.llama_sampler_init_greedy())
+        else:
+            if o.top_k > 0:
+                add(llama_cpp.llama_sampler_init_top_k(o.top_k))
+            if 0 < o.typical_p < 1:
+                add(llama_cpp.llama_sampler_init_typical(o.typical_p, 1))
+            if 0 < o.top_p < 1:
+                add(llama_cpp.llama_sampler_init_top_p(o.top_p, 1))
+            if o.min_p > 0:
+                add(llama_cpp.llama_sampler_init_min_p(o.min_p, 1))
+            add(llama_cpp.llama_sampler_init_temp(o.temperature))
+            seed = o.seed if o.seed >= 0 else random.getrandbits(32)
+            add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self._token_data: np.ndarray | None = None
+        self._token_array: Any = None
+
+    def _add(self, sampler: Any) -> None:
+        llama_cpp.llama_sampler_chain_add(self.chain, sampler)
+
+    def learn_prompt(self, tokens: list[int]) -> None:
+        """Let the penalties see the prompt (the grammar must not)."""
+        for token in tokens:
+            llama_cpp.llama_sampler_accept(self.chain, token)
+
+    def sample(self, ctx: Any, batch_index: int) -> int:
+        """Pick the next token from the logits at ``batch_index`` and accept it."""
+        if self.grammar is None:
+            # Fast path: the whole chain runs in C and accepts the token itself.
+            return int(llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index))
+        logits = np.ctypeslib.as_array(
+            llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(self.n_vocab,)
+        )
+        data, array = self._candidates()
+        data["id"] = np.arange(self.n_vocab, dtype=np.intc)
+        data["logit"] = logits
+        data["p"] = 0.0
+        array.size = self.n_vocab
+        array.selected = -1
+        array.sorted = False
+        pointer = ctypes.byref(array)
+        llama_cpp.llama_sampler_apply(self.grammar, pointer)
+        llama_cpp.llama_sampler_apply(self.chain, pointer)
+        token = int(data["id"][array.selected])
+        llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return token
+
+    def _candidates(self) -> tuple[np.ndarray, Any]:
+        if self._token_data is None:
+            storage = (llama_cpp.llama_token_data * self.n_vocab)()
+            self._storage = storage
+            self._token_data = np.frombuffer(storage, dtype=_TOKEN_DATA)
+            self._token_array = llama_cpp.llama_token_data_array(
+                data=storage, size=self.n_vocab, selected=-1, sorted=False
+            )
+        return self._token_data, self._token_array
+
+    def close(self) -> None:
+        """Free the samplers."""
+        if self.chain:
+            llama_cpp.llama_sampler_free(self.chain)
+            self.chain = None
+        if self.grammar:
+            llama_cpp.llama_sampler_free(self.grammar)
+            self.grammar = None
