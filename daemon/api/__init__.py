@@ -1,1 +1,1 @@
-"""Placeholder; filled in by a later issue."""
+"""The daemon's HTTP routes: :mod:`.ollama` (``/api/*``) and :mod:`.openai` (``/v1/*``)."""

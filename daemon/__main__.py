@@ -1,0 +1,26 @@
+"""``python -m localllm.daemon``: run the daemon in the foreground (``localllm serve`` does too).
+
+Configuration comes from the ``LOCALLLM_*`` environment variables (see ``localllm.settings``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from localllm._exceptions import LocalLLMError
+from localllm.settings import Settings
+
+from .server import serve
+
+
+def main() -> int:
+    """Start the daemon; a configuration problem is one line on stderr and exit status 1."""
+    try:
+        return serve(Settings.from_env())
+    except LocalLLMError as exc:
+        print(f"localllm: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

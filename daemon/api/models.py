@@ -1,0 +1,350 @@
+"""Model management routes of the Ollama API: tags, show, copy, delete, blobs, create, pull.
+
+Store work (hashing, copying gigabytes, downloads) runs in worker threads so the event loop
+keeps serving generations meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from localllm._exceptions import LocalLLMError
+from localllm.gguf_info import ArrayInfo
+from localllm.manifest import MEDIA_MODEL, normalize_digest
+from localllm.models import LocalModel, create_model, parse_parameters, render_modelfile
+from localllm.names import parse_name
+
+from ..errors import HTTPProblem, problem_from
+from ..generation import resolve_model
+from ..state import DaemonState, StateDep
+from .schemas_ollama import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
+from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
+
+__all__ = ["router", "safe_details"]
+
+log = logging.getLogger("localllm.daemon")
+
+router = APIRouter()
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).isoformat().replace("+00:00", "Z")
+
+
+def safe_details(model: LocalModel) -> dict[str, Any]:
+    """Ollama's ``details``; a model whose GGUF cannot be read gets placeholders, not a 500."""
+    try:
+        return model.details()
+    except Exception:
+        return {
+            "parent_model": "",
+            "format": "gguf",
+            "family": "unknown",
+            "families": None,
+            "parameter_size": "",
+            "quantization_level": "",
+        }
+
+
+@router.get("/api/tags", summary="List local models")
+async def tags(state: StateDep) -> dict[str, Any]:
+    """Every model in the store, newest first."""
+    entries = await run_in_threadpool(state.store.list)
+    models = []
+    for entry in entries:
+        model = LocalModel(entry=entry, store=state.store)
+        models.append(
+            {
+                "name": entry.name.short,
+                "model": entry.name.short,
+                "modified_at": _iso(entry.modified),
+                "size": entry.size,
+                "digest": entry.digest.removeprefix("sha256:"),
+                "details": await run_in_threadpool(safe_details, model),
+            }
+        )
+    return {"models": models}
+
+
+def _json_value(value: Any, verbose: bool) -> Any:
+    if isinstance(value, ArrayInfo):
+        return None
+    if isinstance(value, list):
+        return value if verbose or len(value) <= 64 else None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    return value
+
+
+def _parameters_text(parameters: dict[str, Any]) -> str:
+    lines = []
+    for key, value in parameters.items():
+        for item in value if isinstance(value, list) else [value]:
+            shown = f'"{item}"' if isinstance(item, str) else str(item)
+            lines.append(f"{key:<30} {shown}")
+    return "\n".join(lines)
+
+
+def _show(model: LocalModel, verbose: bool) -> dict[str, Any]:
+    info = model.info
+    model_info = {k: _json_value(v, verbose) for k, v in info.metadata.items()}
+    model_info["general.parameter_count"] = info.parameter_count
+    body: dict[str, Any] = {
+        "license": model.license or "",
+        "modelfile": render_modelfile(model),
+        "parameters": _parameters_text(model.parameters),
+        "template": model.template or "",
+        "details": model.details(),
+        "model_info": model_info,
+        "capabilities": model.capabilities(),
+        "modified_at": _iso(model.entry.modified),
+    }
+    if model.system:
+        body["system"] = model.system
+    if model.messages:
+        body["messages"] = model.messages
+    return body
+
+
+@router.post("/api/show", summary="Show a model's details")
+async def show(body: ShowRequest, state: StateDep) -> JSONResponse:
+    """Modelfile, parameters, template, details, GGUF metadata and capabilities."""
+    model = resolve_model(state, body.model_name())
+    return JSONResponse(await run_in_threadpool(_show, model, bool(body.verbose)))
+
+
+@router.post("/api/copy", summary="Copy a model")
+async def copy(body: CopyRequest, state: StateDep) -> Response:
+    """Give a model a second name; 404 if the source does not exist."""
+    source = resolve_model(state, body.source, "source").name
+    if not body.destination:
+        raise HTTPProblem(400, "destination is required", param="destination")
+    try:
+        destination = parse_name(body.destination)
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, str(exc), param="destination") from None
+    await run_in_threadpool(state.store.copy, source, destination)
+    return Response(status_code=200)
+
+
+@router.delete("/api/delete", summary="Delete a model")
+async def delete(body: DeleteRequest, state: StateDep) -> Response:
+    """Remove a model (unloading it first); 404 if it does not exist."""
+    model = resolve_model(state, body.model_name())
+    await state.scheduler.unload(model.name.full)
+    await run_in_threadpool(state.store.delete, model.name)
+    return Response(status_code=200)
+
+
+def _digest(value: str) -> str:
+    try:
+        return normalize_digest(value)
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, str(exc), param="digest") from None
+
+
+@router.head("/api/blobs/{digest}", summary="Check a blob")
+async def blob_exists(digest: str, state: StateDep) -> Response:
+    """200 when the store has the blob, 404 otherwise."""
+    exists = state.store.has_blob(_digest(digest))
+    return Response(status_code=200 if exists else 404)
+
+
+@router.post("/api/blobs/{digest}", summary="Upload a blob", status_code=201)
+async def blob_upload(digest: str, request: Request, state: StateDep) -> Response:
+    """Store the request body as a blob; 400 if its sha256 is not ``digest``."""
+    expected = _digest(digest)
+    if state.store.has_blob(expected):
+        return Response(status_code=201)
+    writer = await run_in_threadpool(state.store.blob_writer, expected)
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                await run_in_threadpool(writer.write, chunk)
+        await run_in_threadpool(writer.commit)
+    except BaseException:
+        writer.abort()
+        raise
+    return Response(status_code=201)
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.startswith(("/", "./", "../", "~")) or value.lower().endswith(".gguf")
+
+
+def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
+    if body.from_:
+        if _looks_like_path(body.from_):
+            path = Path(body.from_).expanduser()
+            if not path.is_file():
+                raise HTTPProblem(400, f"{body.from_}: no such file", param="from")
+            return {"gguf_file": path}
+        return {"base": resolve_model(state, body.from_, "from").name}
+    if body.files:
+        digests = [_digest(d) for d in body.files.values()]
+        for digest in digests:
+            if not state.store.has_blob(digest):
+                raise HTTPProblem(
+                    400,
+                    f"blob {digest} not found; upload it first (POST /api/blobs)",
+                    param="files",
+                )
+        ggufs = [d for name, d in body.files.items() if name.lower().endswith(".gguf")]
+        if len(body.files) > 1 and len(ggufs) != 1:
+            raise HTTPProblem(400, "files must name exactly one .gguf model file", param="files")
+        return {"gguf_digest": _digest(ggufs[0]) if ggufs else digests[0]}
+    raise HTTPProblem(400, "neither 'from' nor 'files' was specified", param="from")
+
+
+def _quantizer() -> Callable[..., Any] | None:
+    try:
+        module = importlib.import_module("localllm.quantize")
+    except ImportError:
+        return None
+    return getattr(module, "quantize_model", None)
+
+
+@router.post("/api/create", summary="Create a model")
+async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
+    """Create a model from a blob digest (``files``), a GGUF path or a model (``from``)."""
+    if not body.model_name():
+        raise HTTPProblem(400, "model is required", param="model")
+    try:
+        target = parse_name(body.model_name())
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, str(exc), param="model") from None
+    sources = _create_sources(body, state)
+    try:
+        parameters = parse_parameters(body.parameters)
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, str(exc), param="parameters") from None
+    license_text = "\n".join(body.license) if isinstance(body.license, list) else body.license
+    messages = (
+        [{"role": m.role, "content": m.content or ""} for m in body.messages]
+        if body.messages is not None
+        else None
+    )
+    quantize = body.quantize
+    quantizer = _quantizer() if quantize else None
+    if quantize and quantizer is None:
+        raise HTTPProblem(501, "quantization is not available in this build", param="quantize")
+
+    statuses: list[str] = ["gathering model components"]
+
+    def work() -> None:
+        nonlocal sources
+        if quantize and quantizer is not None:
+            statuses.append(f"quantizing model to {quantize}")
+            sources = quantizer(state.store, sources=sources, target=quantize)
+        entry = create_model(
+            state.store,
+            target,
+            template=body.template,
+            system=body.system,
+            parameters=parameters or None,
+            license=license_text,
+            messages=messages,
+            **sources,
+        )
+        for layer in entry.manifest.layers:
+            verb = "using existing layer" if layer.media_type == MEDIA_MODEL else "creating layer"
+            statuses.append(f"{verb} {layer.digest}")
+        statuses.append("writing manifest")
+
+    try:
+        await run_in_threadpool(work)
+    except LocalLLMError as exc:
+        raise problem_from(exc) from None
+    statuses.append("success")
+    if body.stream is False:
+        return JSONResponse({"status": "success"})
+
+    async def lines() -> AsyncIterator[bytes]:
+        for status in statuses:
+            yield ndjson_line({"status": status})
+
+    return ClosingStreamingResponse(lines(), media_type=NDJSON)
+
+
+def _puller() -> Callable[..., Any] | None:
+    try:
+        module = importlib.import_module("localllm.sources")
+    except ImportError:
+        return None
+    return getattr(module, "pull", None)
+
+
+@router.post("/api/pull", summary="Pull a model")
+async def pull(body: PullRequest, request: Request, state: StateDep) -> Response:
+    """Download a model; NDJSON progress lines as Ollama sends them."""
+    if not body.model_name():
+        raise HTTPProblem(400, "model is required", param="model")
+    try:
+        name = parse_name(body.model_name())
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, str(exc), param="model") from None
+    puller = _puller()
+    if puller is None:
+        raise HTTPProblem(501, "pulling models is not available in this build yet")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+    cancel = threading.Event()
+
+    def on_progress(event: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, dict(event))
+
+    def work() -> None:
+        try:
+            puller(state.store, name, state.settings, on_progress=on_progress, cancel=cancel)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    task = loop.run_in_executor(None, work)
+
+    async def events() -> AsyncIterator[dict[str, Any] | BaseException]:
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            yield item
+
+    if body.stream is False:
+        last: dict[str, Any] = {"status": "success"}
+        try:
+            async for item in events():
+                if isinstance(item, BaseException):
+                    raise problem_from(item) from None
+                last = item
+        finally:
+            cancel.set()
+        return JSONResponse({"status": last.get("status", "success")})
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for item in events():
+                if isinstance(item, BaseException):
+                    yield ndjson_line({"error": problem_from(item).message})
+                    return
+                yield ndjson_line(item)
+        finally:
+            cancel.set()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(task)
+
+    return ClosingStreamingResponse(lines(), media_type=NDJSON)

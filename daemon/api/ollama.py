@@ -1,0 +1,497 @@
+"""The Ollama-compatible API: ``/api/*`` and ``/``.
+
+Streams are NDJSON; durations are nanoseconds; errors are ``{"error": "..."}`` with Ollama's
+status codes. The final chunk of a generation also carries localllm's own fields
+(``ttft_duration``, ``prompt_cached_count``, ``prompt_eval_rate``, ``eval_rate``...), which
+Ollama clients ignore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from localllm import __version__
+from localllm.models import LocalModel
+
+from ..errors import HTTPProblem, problem_from
+from ..generation import (
+    Job,
+    Outcome,
+    embed,
+    load_only,
+    parse_keep_alive,
+    resolve_model,
+    start,
+    timing_fields,
+)
+from ..options import merge_options, runner_config, sampling_options
+from ..runner.protocol import GenerationRequest, SamplingOptions
+from ..state import DaemonState, StateDep
+from . import models as model_routes
+from .schemas_ollama import (
+    ChatMessage,
+    ChatRequest,
+    EmbeddingsRequest,
+    EmbedRequest,
+    GenerateRequest,
+    Options,
+)
+from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
+
+__all__ = ["router"]
+
+log = logging.getLogger("localllm.daemon")
+
+router = APIRouter()
+router.include_router(model_routes.router)
+
+
+def now_rfc3339() -> str:
+    """The current time as Ollama writes ``created_at``."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _options_dict(options: Options | None) -> dict[str, Any]:
+    return options.model_dump(exclude_none=True) if options is not None else {}
+
+
+def apply_format(sampling: SamplingOptions, value: str | dict[str, Any] | None) -> None:
+    """``format``: ``"json"`` for any JSON, a JSON schema object for structured output."""
+    if value is None or value == "":
+        return
+    if value == "json":
+        sampling.json_mode = True
+    elif isinstance(value, dict):
+        sampling.json_schema = value
+    else:
+        raise HTTPProblem(400, 'format must be "json" or a JSON schema object', param="format")
+
+
+def _check_unsupported(model: LocalModel, images: Any, think: Any) -> None:
+    if images:
+        raise HTTPProblem(400, f"{model.name.short} does not support images", param="images")
+    if think not in (None, False, "", "false", "none"):
+        raise HTTPProblem(400, f"{model.name.short} does not support thinking", param="think")
+
+
+def _check_generates(model: LocalModel) -> None:
+    if "completion" not in model.capabilities():
+        raise HTTPProblem(400, f"{model.name.short} does not support generate", param="model")
+
+
+def _jinja_override(text: str | None) -> str | None:
+    # Ollama's template layers are Go templates ({{ .Prompt }}); only Jinja can go to the
+    # runner, which otherwise renders the GGUF's own chat template.
+    if not text or "{{ ." in text or "{{." in text or "{{- ." in text:
+        return None
+    return text
+
+
+def _model_template(model: LocalModel) -> str | None:
+    from localllm.manifest import MEDIA_TEMPLATE
+
+    layer = model.entry.manifest.layer(MEDIA_TEMPLATE)
+    return _jinja_override(model.template) if layer is not None else None
+
+
+def chat_messages(
+    model: LocalModel, messages: list[ChatMessage], system: str | None = None
+) -> list[dict[str, Any]]:
+    """The conversation the runner renders: system prompt, the model's MESSAGEs, the chat."""
+    out: list[dict[str, Any]] = []
+    has_system = any(m.role == "system" for m in messages)
+    system_text = system if system is not None else model.system
+    if system_text and not has_system:
+        out.append({"role": "system", "content": system_text})
+    for example in model.messages:
+        out.append(
+            {"role": str(example.get("role", "user")), "content": example.get("content", "")}
+        )
+    for index, message in enumerate(messages):
+        if message.images:
+            raise HTTPProblem(
+                400, f"{model.name.short} does not support images", param=f"messages[{index}]"
+            )
+        item: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.tool_calls:
+            item["tool_calls"] = message.tool_calls
+        if message.tool_name:
+            item["tool_name"] = message.tool_name
+        out.append(item)
+    return out
+
+
+def _final(model: str, outcome: Outcome, extra: dict[str, Any]) -> dict[str, Any]:
+    result = outcome.result
+    done_reason = result.done_reason if result.done_reason in ("stop", "length") else "stop"
+    return {
+        "model": model,
+        "created_at": now_rfc3339(),
+        **extra,
+        "done": True,
+        "done_reason": done_reason,
+        **timing_fields(outcome),
+    }
+
+
+async def _run(
+    state: DaemonState,
+    request: Request,
+    job: Job,
+    stream: bool,
+    name: str,
+    piece: Any,
+    final_extra: Any,
+) -> Response:
+    """Run ``job`` and answer as NDJSON (stream) or one JSON object."""
+    generation = await start(state, request, job)
+    if not stream:
+        try:
+            text, outcome = await _collect(request, generation)
+        except Exception as exc:
+            raise problem_from(exc, name) from exc
+        if outcome.result.done_reason == "error":
+            raise HTTPProblem(500, outcome.result.error or "generation failed")
+        return JSONResponse(_final(name, outcome, final_extra(text)))
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for event in generation.events():
+                if isinstance(event, Outcome):
+                    if event.result.done_reason == "error":
+                        yield ndjson_line({"error": event.result.error or "generation failed"})
+                    else:
+                        yield ndjson_line(_final(name, event, final_extra("")))
+                else:
+                    yield ndjson_line(
+                        {"model": name, "created_at": now_rfc3339(), **piece(event), "done": False}
+                    )
+        except Exception as exc:
+            problem = problem_from(exc, name)
+            if problem.status >= 500:
+                log.warning("%s: stream failed: %s", name, exc, exc_info=problem.code == "internal")
+            yield ndjson_line({"error": problem.message})
+
+    return ClosingStreamingResponse(body(), media_type=NDJSON, on_close=generation.close)
+
+
+async def _collect(request: Request, generation: Any) -> tuple[str, Outcome]:
+    from ..generation import until_disconnect
+
+    return await until_disconnect(request, generation.collect())
+
+
+def _load_response(name: str, done_reason: str, extra: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(
+        {
+            "model": name,
+            "created_at": now_rfc3339(),
+            **extra,
+            "done": True,
+            "done_reason": done_reason,
+        }
+    )
+
+
+async def _load_or_unload(
+    state: DaemonState,
+    request: Request,
+    model: LocalModel,
+    options: dict[str, Any],
+    keep_alive: float | None,
+    extra: dict[str, Any],
+) -> JSONResponse:
+    name = model.name.short
+    if keep_alive == 0:
+        await state.scheduler.unload(model.name.full)
+        return _load_response(name, "unload", extra)
+    config = runner_config(state.settings, model, options)
+    await load_only(state, request, model, config, keep_alive)
+    return _load_response(name, "load", extra)
+
+
+@router.post("/api/generate", summary="Generate a completion")
+async def generate(body: GenerateRequest, request: Request, state: StateDep) -> Response:
+    """Ollama's /api/generate: a prompt (templated unless ``raw``), optional ``suffix``."""
+    model = resolve_model(state, body.model_name())
+    name = model.name.short
+    keep_alive = parse_keep_alive(body.keep_alive)
+    options = merge_options(model, _options_dict(body.options))
+    _check_unsupported(model, body.images, body.think)
+    _check_generates(model)
+    if not body.prompt and not body.suffix:
+        return await _load_or_unload(state, request, model, options, keep_alive, {"response": ""})
+    sampling = sampling_options(options)
+    apply_format(sampling, body.format)
+    runner_request = GenerationRequest(id="", options=sampling)
+    if body.raw:
+        runner_request.prompt = body.prompt or ""
+        runner_request.raw = True
+        runner_request.suffix = body.suffix
+    elif body.suffix:
+        runner_request.prompt = body.prompt or ""
+        runner_request.suffix = body.suffix
+    else:
+        user = [ChatMessage(role="user", content=body.prompt)]
+        runner_request.messages = chat_messages(model, user, body.system)
+        runner_request.template = _jinja_override(body.template) or _model_template(model)
+    job = Job(
+        model=model,
+        config=runner_config(state.settings, model, options),
+        request=runner_request,
+        keep_alive=keep_alive,
+        api="ollama",
+    )
+    return await _run(
+        state,
+        request,
+        job,
+        body.stream is not False,
+        name,
+        lambda text: {"response": text},
+        lambda text: {"response": text},
+    )
+
+
+@router.post("/api/chat", summary="Chat with a model")
+async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response:
+    """Ollama's /api/chat: messages rendered with the model's chat template."""
+    model = resolve_model(state, body.model_name())
+    name = model.name.short
+    keep_alive = parse_keep_alive(body.keep_alive)
+    options = merge_options(model, _options_dict(body.options))
+    _check_unsupported(model, None, body.think)
+    _check_generates(model)
+    if body.tools:
+        raise HTTPProblem(400, f"{name} does not support tools", param="tools")
+    empty_message = {"message": {"role": "assistant", "content": ""}}
+    if not body.messages:
+        return await _load_or_unload(state, request, model, options, keep_alive, empty_message)
+    sampling = sampling_options(options)
+    apply_format(sampling, body.format)
+    runner_request = GenerationRequest(
+        id="",
+        messages=chat_messages(model, body.messages),
+        template=_model_template(model),
+        options=sampling,
+    )
+    job = Job(
+        model=model,
+        config=runner_config(state.settings, model, options),
+        request=runner_request,
+        keep_alive=keep_alive,
+        api="ollama",
+    )
+    return await _run(
+        state,
+        request,
+        job,
+        body.stream is not False,
+        name,
+        lambda text: {"message": {"role": "assistant", "content": text}},
+        lambda text: {"message": {"role": "assistant", "content": text}},
+    )
+
+
+def _shorten(vector: list[float], dimensions: int | None) -> list[float]:
+    if dimensions is None or dimensions >= len(vector):
+        return vector
+    cut = vector[:dimensions]
+    norm = math.sqrt(sum(x * x for x in cut)) or 1.0
+    return [x / norm for x in cut]
+
+
+@router.post("/api/embed", summary="Embed text")
+async def embed_route(body: EmbedRequest, request: Request, state: StateDep) -> JSONResponse:
+    """Ollama's /api/embed: one normalised vector per input."""
+    model = resolve_model(state, body.model_name())
+    keep_alive = parse_keep_alive(body.keep_alive)
+    options = merge_options(model, _options_dict(body.options))
+    inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+    if not [text for text in inputs if text]:
+        config = runner_config(state.settings, model, options)
+        load_seconds = await load_only(state, request, model, config, keep_alive)
+        return JSONResponse(
+            {
+                "model": model.name.short,
+                "embeddings": [],
+                "load_duration": int(load_seconds * 1e9),
+            }
+        )
+    try:
+        result, load_seconds, total = await embed(
+            state,
+            request,
+            model,
+            runner_config(state.settings, model, options),
+            inputs,
+            truncate=body.truncate is not False,
+            keep_alive=keep_alive,
+        )
+    except HTTPProblem:
+        raise
+    except Exception as exc:
+        raise problem_from(exc, model.name.short) from exc
+    return JSONResponse(
+        {
+            "model": model.name.short,
+            "embeddings": [_shorten(v, body.dimensions) for v in result.embeddings],
+            "total_duration": int(total * 1e9),
+            "load_duration": int(load_seconds * 1e9),
+            "prompt_eval_count": result.prompt_tokens,
+        }
+    )
+
+
+@router.post("/api/embeddings", summary="Embed text (legacy)")
+async def embeddings_route(
+    body: EmbeddingsRequest, request: Request, state: StateDep
+) -> JSONResponse:
+    """Ollama's legacy /api/embeddings: ``{"embedding": [...]}`` for one prompt."""
+    model = resolve_model(state, body.model_name())
+    keep_alive = parse_keep_alive(body.keep_alive)
+    options = merge_options(model, _options_dict(body.options))
+    config = runner_config(state.settings, model, options)
+    if not body.prompt:
+        await load_only(state, request, model, config, keep_alive)
+        return JSONResponse({"embedding": []})
+    try:
+        result, _, _ = await embed(
+            state, request, model, config, [body.prompt], truncate=True, keep_alive=keep_alive
+        )
+    except HTTPProblem:
+        raise
+    except Exception as exc:
+        raise problem_from(exc, model.name.short) from exc
+    return JSONResponse({"embedding": result.embeddings[0] if result.embeddings else []})
+
+
+@router.get("/api/version", summary="The daemon's version")
+async def version() -> dict[str, str]:
+    """``{"version": "..."}``."""
+    return {"version": __version__}
+
+
+@router.get("/", summary="Liveness", response_class=PlainTextResponse)
+@router.head("/", include_in_schema=False, response_class=PlainTextResponse)
+async def root() -> PlainTextResponse:
+    """Plain text saying the daemon runs (no API key needed)."""
+    return PlainTextResponse("localllm is running")
+
+
+@router.get("/api/ps", summary="Loaded models")
+async def ps(state: StateDep) -> dict[str, Any]:
+    """Ollama's /api/ps, plus localllm's slot count and runner process id."""
+    from localllm.gguf_info import estimate_memory
+
+    models = []
+    for loaded in state.scheduler.loaded():
+        model = loaded.model
+        n_ctx_total = loaded.config.n_ctx_per_slot * loaded.config.n_slots
+        try:
+            size = estimate_memory(model.info, n_ctx_total, loaded.config.kv_cache_type)["total"]
+            blocks = (model.info.block_count or 0) + 1
+        except Exception:
+            size, blocks = model.entry.size, 1
+        gpu_layers = int(loaded.health.get("gpu_layers", 0) or 0)
+        size_vram = size if gpu_layers >= blocks else size * max(gpu_layers, 0) // blocks
+        expires = loaded.expires_at
+        models.append(
+            {
+                "name": model.name.short,
+                "model": model.name.short,
+                "size": size,
+                "digest": model.entry.digest.removeprefix("sha256:"),
+                "details": model_routes.safe_details(model),
+                "expires_at": (
+                    datetime.fromtimestamp(expires, UTC).isoformat().replace("+00:00", "Z")
+                    if expires is not None
+                    else "9999-12-31T23:59:59Z"
+                ),
+                "size_vram": size_vram,
+                "context_length": loaded.context_length,
+                "slots": loaded.config.n_slots,
+                "active_requests": loaded.active,
+                "queued_requests": loaded.pending,
+                "runner_pid": loaded.pid,
+                "loaded_at": datetime.fromtimestamp(loaded.loaded_at, UTC)
+                .isoformat()
+                .replace("+00:00", "Z"),
+            }
+        )
+    return {"models": models}
+
+
+async def _snapshot(state: DaemonState) -> dict[str, Any]:
+    loaded = state.scheduler.loaded()
+    stats = await asyncio.gather(*(state.scheduler.stats(m, timeout=1.0) for m in loaded))
+    models = []
+    for model, stat in zip(loaded, stats, strict=True):
+        entry: dict[str, Any] = {
+            "name": model.name,
+            "runner_pid": model.pid,
+            "slots_total": model.config.n_slots,
+            "context_length": model.context_length,
+            "active_requests": model.active,
+            "queued_requests": model.pending,
+            "expires_at": model.expires_at,
+            "keep_alive": model.keep_alive,
+            "recent": [vars(r) for r in list(model.recent)[-16:]],
+        }
+        if stat is not None:
+            entry.update(
+                {
+                    "slots": [vars(s) for s in stat.slots],
+                    "runner_waiting": stat.waiting,
+                    "kv_cells_used": stat.kv_cells_used,
+                    "kv_cells_total": stat.kv_cells_total,
+                    "decode_tokens_per_s": stat.decode_tokens_per_s,
+                    "prefill_tokens_per_s": stat.prefill_tokens_per_s,
+                    "requests_total": stat.requests_total,
+                }
+            )
+        models.append(entry)
+    return {
+        "time": datetime.now(UTC).timestamp(),
+        "queue_depth": state.scheduler.queued,
+        "max_queue": state.settings.max_queue,
+        "models": models,
+    }
+
+
+@router.get("/api/stats", summary="Live stats of loaded models (localllm)")
+async def stats(
+    request: Request,
+    state: StateDep,
+    stream: bool = False,
+    interval: float = 0.25,
+) -> Response:
+    """A snapshot of every loaded model's slots, KV use and rates; ``stream=true`` sends one
+    NDJSON line every ``interval`` seconds (0.05-10) until the client goes away."""
+    if not stream:
+        return JSONResponse(await _snapshot(state))
+    if not (0.05 <= interval <= 10) or interval != interval:
+        raise HTTPProblem(400, "interval must be between 0.05 and 10 seconds", param="interval")
+
+    async def body() -> AsyncIterator[bytes]:
+        while True:
+            yield ndjson_line(await _snapshot(state))
+            await asyncio.sleep(interval)
+
+    return ClosingStreamingResponse(body(), media_type=NDJSON)
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+async def metrics(state: StateDep) -> Response:
+    """Prometheus text exposition."""
+    from ..metrics import CONTENT_TYPE_LATEST
+
+    return Response(await state.metrics.render(state.scheduler), media_type=CONTENT_TYPE_LATEST)

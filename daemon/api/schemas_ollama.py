@@ -1,0 +1,167 @@
+"""Request bodies of the Ollama-compatible API (``/api/*``), as pydantic models.
+
+Field names and defaults follow Ollama's api/types.go. Unknown fields are ignored, so newer
+clients keep working; known fields with a wrong type are a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatMessage",
+    "ChatRequest",
+    "CopyRequest",
+    "CreateRequest",
+    "DeleteRequest",
+    "EmbedRequest",
+    "EmbeddingsRequest",
+    "GenerateRequest",
+    "Options",
+    "PullRequest",
+    "ShowRequest",
+]
+
+KeepAlive = str | float | None
+Format = str | dict[str, Any] | None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class Options(BaseModel):
+    """Ollama's ``options`` (documented here; validated in :mod:`localllm.daemon.options`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_ctx: int | None = Field(None, description="Context length per request slot (tokens).")
+    num_predict: int | None = Field(None, description="Maximum tokens to generate; -1 no limit.")
+    temperature: float | None = Field(None, description="Sampling temperature; 0 is greedy.")
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    num_keep: int | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    use_mmap: bool | None = None
+    num_thread: int | None = None
+
+
+class _ModelBody(_Body):
+    model: str = Field("", description="Model name, e.g. smollm2:135m.")
+    name: str | None = Field(None, description="Deprecated alias of model.")
+
+    def model_name(self) -> str:
+        """``model``, falling back to the deprecated ``name``."""
+        return self.model or self.name or ""
+
+
+class GenerateRequest(_ModelBody):
+    """POST /api/generate."""
+
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = Field(None, description="Deprecated; ignored.")
+    stream: bool | None = True
+    raw: bool | None = False
+    format: Format = None
+    images: list[str] | None = None
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    think: bool | str | None = None
+
+
+class ChatMessage(_Body):
+    """One chat message."""
+
+    role: str
+    content: str | None = ""
+    images: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_name: str | None = None
+    thinking: str | None = None
+
+
+class ChatRequest(_ModelBody):
+    """POST /api/chat."""
+
+    messages: list[ChatMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
+    stream: bool | None = True
+    format: Format = None
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    think: bool | str | None = None
+
+
+class EmbedRequest(_ModelBody):
+    """POST /api/embed."""
+
+    input: str | list[str] = ""
+    truncate: bool | None = True
+    dimensions: int | None = Field(None, ge=1)
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+
+
+class EmbeddingsRequest(_ModelBody):
+    """POST /api/embeddings (legacy)."""
+
+    prompt: str = ""
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+
+
+class ShowRequest(_ModelBody):
+    """POST /api/show."""
+
+    verbose: bool | None = False
+
+
+class CopyRequest(_Body):
+    """POST /api/copy."""
+
+    source: str
+    destination: str
+
+
+class DeleteRequest(_ModelBody):
+    """DELETE /api/delete."""
+
+
+class PullRequest(_ModelBody):
+    """POST /api/pull."""
+
+    insecure: bool | None = False
+    stream: bool | None = True
+
+
+class CreateRequest(_ModelBody):
+    """POST /api/create."""
+
+    from_: str | None = Field(
+        None,
+        alias="from",
+        description="An existing model's name, or a path to a GGUF file the daemon can read.",
+    )
+    files: dict[str, str] | None = Field(None, description="File name → blob digest.")
+    template: str | None = None
+    system: str | None = None
+    license: str | list[str] | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[ChatMessage] | None = None
+    quantize: str | None = None
+    stream: bool | None = True

@@ -1,0 +1,100 @@
+"""Request bodies of the OpenAI-compatible API (``/v1/*``), as pydantic models.
+
+Only what a local model can honour is declared; other fields OpenAI SDKs send (``user``,
+``metadata``, ``tools``...) are accepted and ignored. Ranges follow OpenAI's documentation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "ContentPart",
+    "EmbeddingRequest",
+    "Message",
+    "ResponseFormat",
+    "StreamOptions",
+]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Body):
+    """A piece of message content; only text parts are supported."""
+
+    type: str
+    text: str | None = None
+
+
+class Message(_Body):
+    """A chat message."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Body):
+    """``stream_options``."""
+
+    include_usage: bool | None = False
+
+
+class JSONSchemaFormat(_Body):
+    """``response_format.json_schema``."""
+
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """``response_format``: text, json_object or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class _Sampling(_Body):
+    model: str = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    messages: list[Message] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] = ""
+    suffix: str | None = None
+    echo: bool | None = False
+
+
+class EmbeddingRequest(_Body):
+    """POST /v1/embeddings."""
+
+    model: str = Field(..., min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = "float"
+    dimensions: int | None = Field(None, ge=1)

@@ -1,0 +1,104 @@
+"""The daemon's error vocabulary: one exception that carries an HTTP status, and the mapping
+from every other error the daemon can meet (store, names, runner) onto it.
+
+Each API renders :class:`HTTPProblem` in its own shape (``{"error": "..."}`` for Ollama,
+``{"error": {"message", "type", "param", "code"}}`` for OpenAI); see :mod:`.app`.
+"""
+
+from __future__ import annotations
+
+from localllm._exceptions import (
+    BlobNotFoundError,
+    DigestMismatchError,
+    DiskFullError,
+    GGUFError,
+    InvalidDigestError,
+    InvalidNameError,
+    LocalLLMError,
+    ModelNotFoundError,
+    PullError,
+    QuantizeError,
+    RemoteNotFoundError,
+    StoreError,
+)
+
+from .runner.client import RunnerDiedError, RunnerError, RunnerStartError
+
+__all__ = [
+    "BUSY_MESSAGE",
+    "ClientGone",
+    "HTTPProblem",
+    "QueueFullError",
+    "problem_from",
+]
+
+# Ollama's wording, which clients and users already recognise.
+BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+
+
+class HTTPProblem(Exception):
+    """An error with the status code and message a client should see."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        """The request field at fault, when there is one (OpenAI's ``param``)."""
+        self.code = code
+        """A short machine-readable code (OpenAI's ``code``)."""
+        self.headers = headers or {}
+
+
+class QueueFullError(HTTPProblem):
+    """The wait queue is full: 503 with ``Retry-After``."""
+
+    def __init__(self) -> None:
+        super().__init__(503, BUSY_MESSAGE, code="server_busy", headers={"Retry-After": "1"})
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the answer was ready."""
+
+
+def problem_from(exc: BaseException, model: str | None = None) -> HTTPProblem:
+    """The :class:`HTTPProblem` a client should see for ``exc`` (never a traceback)."""
+    if isinstance(exc, HTTPProblem):
+        return exc
+    if isinstance(exc, ModelNotFoundError):
+        return HTTPProblem(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, InvalidNameError):
+        return HTTPProblem(400, str(exc), param="model", code="invalid_model_name")
+    if isinstance(exc, DigestMismatchError | InvalidDigestError):
+        return HTTPProblem(400, str(exc), param="digest", code="invalid_digest")
+    if isinstance(exc, BlobNotFoundError | RemoteNotFoundError):
+        return HTTPProblem(404, str(exc), code="not_found")
+    if isinstance(exc, DiskFullError):
+        return HTTPProblem(507, str(exc), code="disk_full")
+    if isinstance(exc, GGUFError):
+        return HTTPProblem(400, f"not a usable GGUF model: {exc}", code="invalid_model")
+    if isinstance(exc, RunnerStartError):
+        name = f" {model}" if model else ""
+        return HTTPProblem(500, f"failed to load model{name}: {exc}", code="load_failed")
+    if isinstance(exc, RunnerDiedError):
+        name = f" for {model}" if model else ""
+        return HTTPProblem(
+            500,
+            f"the model runner{name} stopped unexpectedly ({exc}); "
+            "it will be started again on the next request",
+            code="runner_died",
+        )
+    if isinstance(exc, RunnerError):
+        status = 400 if exc.code in ("bad_request", "context_overflow", "unsupported") else 500
+        return HTTPProblem(status, str(exc), code=exc.code)
+    if isinstance(exc, QuantizeError | PullError | StoreError | LocalLLMError):
+        return HTTPProblem(400, str(exc), code="bad_request")
+    return HTTPProblem(500, "internal error; see the daemon log for details", code="internal")

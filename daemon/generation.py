@@ -1,0 +1,267 @@
+"""Running one generation for either API: resolve the model, get a slot, stream, account.
+
+Both API modules build a :class:`Job` and call :func:`start`, which loads the model and waits
+for a slot *before* the HTTP response starts (so 404, 503 and load failures still get their
+status code), and gives up as soon as the client disconnects. :meth:`Generation.events` then
+yields text pieces and finally an :class:`Outcome`; the slot is given back before the
+outcome is yielded, so a client that reads the final chunk and asks ``/api/ps`` sees the
+effect of ``keep_alive: 0`` already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from localllm._exceptions import SettingsError
+from localllm.models import LocalModel, load_model
+from localllm.names import parse_name
+from localllm.settings import parse_duration
+
+from .errors import ClientGone, HTTPProblem
+from .runner.client import TokenChunk
+from .runner.protocol import EmbeddingRequest, EmbeddingResult, GenerationRequest, RunnerConfig
+from .runner.protocol import GenerationResult as Result
+from .scheduler import Lease
+from .state import DaemonState
+
+__all__ = [
+    "Generation",
+    "Job",
+    "Outcome",
+    "embed",
+    "parse_keep_alive",
+    "resolve_model",
+    "start",
+    "until_disconnect",
+]
+
+log = logging.getLogger("localllm.daemon")
+
+T = TypeVar("T")
+
+
+def resolve_model(state: DaemonState, name: str | None, field: str = "model") -> LocalModel:
+    """The store's model called ``name``: 400 for a missing or malformed name, 404 if absent."""
+    if not name:
+        raise HTTPProblem(400, f"{field} is required", param=field)
+    parsed = parse_name(name)  # InvalidNameError → 400
+    return load_model(state.store, parsed)  # ModelNotFoundError → 404
+
+
+def parse_keep_alive(value: str | float | int | None, field: str = "keep_alive") -> float | None:
+    """Seconds from Ollama's keep_alive (``"5m"``, ``300``, ``-1``); None when not given."""
+    if value is None or value == "":
+        return None
+    try:
+        seconds = parse_duration(value)
+    except (SettingsError, TypeError, ValueError):
+        raise HTTPProblem(
+            400, f"{field} must be a duration like 5m, 1h or a number of seconds", param=field
+        ) from None
+    if seconds != seconds or abs(seconds) == float("inf"):
+        raise HTTPProblem(400, f"{field} must be a finite duration", param=field)
+    return seconds
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable``, cancelling it if the client disconnects first (→ ClientGone)."""
+    work = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+        watcher.cancel()
+        with contextlib.suppress(BaseException):
+            await watcher
+    if work.cancelled():
+        raise ClientGone()
+    return work.result()
+
+
+@dataclass
+class Job:
+    """A generation to run."""
+
+    model: LocalModel
+    """The model."""
+    config: RunnerConfig
+    """How its runner must be loaded."""
+    request: GenerationRequest
+    """What to ask the runner."""
+    keep_alive: float | None
+    """The request's keep_alive (None: the setting)."""
+    api: str
+    """``ollama`` or ``openai`` (metrics label)."""
+
+
+@dataclass
+class Outcome:
+    """How a generation ended."""
+
+    result: Result
+    """The runner's result with timings."""
+    load_seconds: float
+    """Time spent loading the model for this request."""
+    total_seconds: float
+    """From arrival at the daemon to the end."""
+
+
+class Generation:
+    """A generation holding a slot; iterate :meth:`events` once."""
+
+    def __init__(self, state: DaemonState, job: Job, lease: Lease, started: float) -> None:
+        self.state = state
+        self.job = job
+        self.lease = lease
+        self.started = started
+
+    @property
+    def model_name(self) -> str:
+        """The model's name as people write it."""
+        return self.job.model.name.short
+
+    async def events(self) -> AsyncIterator[str | Outcome]:
+        """Generated text pieces, then one :class:`Outcome`. Runner errors propagate."""
+        result: Result | None = None
+        try:
+            async with self.lease:
+                async for item in self.lease.client.generate(self.job.request):
+                    if isinstance(item, TokenChunk):
+                        if item.text:
+                            yield item.text
+                    else:
+                        result = item
+                self.lease.record(result)  # type: ignore[arg-type]
+        finally:
+            if result is None:
+                log.info("%s: request ended early (client gone or error)", self.model_name)
+        assert result is not None
+        self.state.metrics.observe_generation(self.model_name, self.job.api, result)
+        t = result.timings
+        log.info(
+            "%s %s: %s, prompt %d (cached %d) in %.0fms, %d tokens at %.1f tok/s, ttft %.0fms",
+            self.job.api,
+            self.model_name,
+            result.done_reason,
+            t.prompt_tokens,
+            t.cached_tokens,
+            t.prompt_ms,
+            t.completion_tokens,
+            t.decode_tokens_per_s,
+            t.ttft_ms,
+        )
+        yield Outcome(
+            result=result,
+            load_seconds=self.lease.load_seconds,
+            total_seconds=time.monotonic() - self.started,
+        )
+
+    def close(self) -> None:
+        """Give the slot back if :meth:`events` never ran (idempotent)."""
+        self.lease.release()
+
+    async def collect(self) -> tuple[str, Outcome]:
+        """Run to the end: the whole text and the outcome."""
+        pieces: list[str] = []
+        outcome: Outcome | None = None
+        try:
+            async for event in self.events():
+                if isinstance(event, Outcome):
+                    outcome = event
+                else:
+                    pieces.append(event)
+        finally:
+            self.close()
+        assert outcome is not None
+        return "".join(pieces), outcome
+
+
+async def start(state: DaemonState, request: Request, job: Job) -> Generation:
+    """Load the model and take a slot for ``job``; gives up if the client goes away."""
+    started = time.monotonic()
+    lease = await until_disconnect(
+        request, state.scheduler.acquire(job.model, job.config, job.keep_alive)
+    )
+    lease.keep_alive = job.keep_alive
+    return Generation(state, job, lease, started)
+
+
+async def load_only(
+    state: DaemonState,
+    request: Request,
+    model: LocalModel,
+    config: RunnerConfig,
+    keep_alive: float | None,
+) -> float:
+    """Load ``model`` (an empty prompt's meaning); returns the seconds spent loading."""
+    lease = await until_disconnect(request, state.scheduler.acquire(model, config, keep_alive))
+    lease.keep_alive = keep_alive
+    lease.release()
+    return lease.load_seconds
+
+
+async def embed(
+    state: DaemonState,
+    request: Request,
+    model: LocalModel,
+    config: RunnerConfig,
+    inputs: list[str],
+    *,
+    truncate: bool,
+    keep_alive: float | None,
+) -> tuple[EmbeddingResult, float, float]:
+    """Embed ``inputs``: (result, load seconds, total seconds)."""
+    started = time.monotonic()
+
+    async def run() -> tuple[EmbeddingResult, float]:
+        lease = await state.scheduler.acquire(model, config, keep_alive)
+        lease.keep_alive = keep_alive
+        async with lease:
+            result = await lease.client.embed(
+                EmbeddingRequest(id="", inputs=inputs, truncate=truncate)
+            )
+        return result, lease.load_seconds
+
+    result, load_seconds = await until_disconnect(request, run())
+    state.metrics.embedded_tokens.labels(model.name.short).inc(result.prompt_tokens)
+    return result, load_seconds, time.monotonic() - started
+
+
+def timing_fields(outcome: Outcome) -> dict[str, Any]:
+    """Ollama's final-chunk metrics in nanoseconds, plus localllm's own fields."""
+    t = outcome.result.timings
+    evaluated = max(t.prompt_tokens - t.cached_tokens, 0)
+    return {
+        "total_duration": int(outcome.total_seconds * 1e9),
+        "load_duration": int(outcome.load_seconds * 1e9),
+        "prompt_eval_count": t.prompt_tokens,
+        "prompt_eval_duration": int(t.prompt_ms * 1e6),
+        "eval_count": t.completion_tokens,
+        "eval_duration": int(t.decode_ms * 1e6),
+        # localllm extras: TTFT and the two phases apart; clients ignore unknown keys.
+        "ttft_duration": int(t.ttft_ms * 1e6),
+        "queue_duration": int(t.queued_ms * 1e6),
+        "prompt_cached_count": t.cached_tokens,
+        "prompt_evaluated_count": evaluated,
+        "prompt_eval_rate": round(t.prompt_tokens_per_s, 2),
+        "eval_rate": round(t.decode_tokens_per_s, 2),
+    }

@@ -1,0 +1,165 @@
+"""Prometheus metrics: counters and histograms fed by finished requests, gauges read at scrape.
+
+One :class:`Metrics` per app (its own ``CollectorRegistry``), so several daemons in one test
+process do not share counters. Prefill and decode are measured apart, as are TTFT and queueing.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from .runner.protocol import GenerationResult, Stats
+from .scheduler import LoadedModel, Scheduler
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    """The daemon's metrics registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        """Everything this daemon exports."""
+        r = self.registry
+        self.http_requests = Counter(
+            "localllm_http_requests",
+            "HTTP requests answered, by route and status code.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "localllm_requests",
+            "Generation requests finished, by model, API and done reason.",
+            ["model", "api", "done_reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "localllm_prompt_tokens",
+            "Prompt tokens, by model: evaluated (prefilled) or reused from the KV cache.",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "localllm_generated_tokens", "Tokens generated, by model.", ["model"], registry=r
+        )
+        self.embedded_tokens = Counter(
+            "localllm_embedding_tokens", "Tokens embedded, by model.", ["model"], registry=r
+        )
+        self.ttft = Histogram(
+            "localllm_time_to_first_token_seconds",
+            "Time from arrival at the runner to the first generated token.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "localllm_queue_wait_seconds",
+            "Time a request waited in the runner for a slot.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill = Histogram(
+            "localllm_prefill_duration_seconds",
+            "Time spent evaluating prompt tokens.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "localllm_decode_duration_seconds",
+            "Time from the first generated token to the last.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.load = Histogram(
+            "localllm_model_load_seconds",
+            "Time to start a runner and load its model.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "localllm_queue_depth", "Requests waiting for a slot in the daemon.", registry=r
+        )
+        self.loaded_models = Gauge("localllm_loaded_models", "Models loaded now.", registry=r)
+        self.busy_slots = Gauge(
+            "localllm_busy_slots", "Slots prefilling or decoding.", ["model"], registry=r
+        )
+        self.total_slots = Gauge("localllm_slots", "Slots of each model.", ["model"], registry=r)
+        self.runner_waiting = Gauge(
+            "localllm_runner_waiting", "Requests waiting inside a runner.", ["model"], registry=r
+        )
+        self.kv_used = Gauge(
+            "localllm_kv_cells_used", "KV cache cells in use.", ["model"], registry=r
+        )
+        self.kv_total = Gauge("localllm_kv_cells", "KV cache size in cells.", ["model"], registry=r)
+        self.decode_rate = Gauge(
+            "localllm_decode_tokens_per_second",
+            "Generated tokens per second over the last seconds, all slots.",
+            ["model"],
+            registry=r,
+        )
+        self.prefill_rate = Gauge(
+            "localllm_prefill_tokens_per_second",
+            "Prompt tokens per second over the last seconds.",
+            ["model"],
+            registry=r,
+        )
+        self._per_model_gauges = (
+            self.busy_slots,
+            self.total_slots,
+            self.runner_waiting,
+            self.kv_used,
+            self.kv_total,
+            self.decode_rate,
+            self.prefill_rate,
+        )
+
+    def observe_load(self, loaded: LoadedModel) -> None:
+        """A model finished loading."""
+        self.load.labels(loaded.name).observe(loaded.load_seconds)
+
+    def observe_generation(self, model: str, api: str, result: GenerationResult) -> None:
+        """A generation request ended."""
+        t = result.timings
+        self.requests.labels(model, api, result.done_reason).inc()
+        self.prompt_tokens.labels(model, "evaluated").inc(max(t.prompt_tokens - t.cached_tokens, 0))
+        self.prompt_tokens.labels(model, "cached").inc(t.cached_tokens)
+        self.generated_tokens.labels(model).inc(t.completion_tokens)
+        if t.completion_tokens:
+            self.ttft.labels(model).observe(t.ttft_ms / 1000)
+            self.decode.labels(model).observe(t.decode_ms / 1000)
+        self.queue_wait.labels(model).observe(t.queued_ms / 1000)
+        self.prefill.labels(model).observe(t.prompt_ms / 1000)
+
+    async def render(self, scheduler: Scheduler) -> bytes:
+        """Refresh the gauges from the scheduler and runners, then the exposition text."""
+        self.queue_depth.set(scheduler.queued)
+        loaded = scheduler.loaded()
+        self.loaded_models.set(len(loaded))
+        for gauge in self._per_model_gauges:
+            gauge.clear()  # models unloaded since the last scrape disappear
+        for model in loaded:
+            stats: Stats | None = await scheduler.stats(model)
+            name = model.name
+            self.total_slots.labels(name).set(model.config.n_slots)
+            if stats is None:
+                continue
+            self.busy_slots.labels(name).set(sum(s.state != "idle" for s in stats.slots))
+            self.runner_waiting.labels(name).set(stats.waiting)
+            self.kv_used.labels(name).set(stats.kv_cells_used)
+            self.kv_total.labels(name).set(stats.kv_cells_total)
+            self.decode_rate.labels(name).set(stats.decode_tokens_per_s)
+            self.prefill_rate.labels(name).set(stats.prefill_tokens_per_s)
+        return generate_latest(self.registry)

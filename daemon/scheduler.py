@@ -1,0 +1,456 @@
+"""The scheduler: which runner serves a request, when models load and unload, who waits.
+
+* A model loads on first use (its runner process starts); concurrent first requests for the
+  same model share one load (a per-model lock).
+* Each loaded model has one slot permit per runner slot. A request that finds no free slot
+  waits, counted in the daemon's wait queue; when ``max_queue`` requests already wait, it gets
+  :class:`~.errors.QueueFullError` (503 + Retry-After) at once.
+* ``keep_alive`` (per request, else the setting) decides when an idle model unloads: 0 at once
+  after the request, negative never, otherwise that many seconds after its last request.
+* At most ``max_loaded_models`` runners; loading another unloads the least recently used idle
+  one, or waits until one is idle.
+* A request whose load options (context, batch, GPU layers, threads) differ from the loaded
+  runner's waits for that runner to go idle and reloads it, as Ollama does.
+* A runner that died is noticed on the next request and started again; the requests it was
+  serving fail with their own error (the runner client raises ``RunnerDiedError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localllm.models import LocalModel
+from localllm.settings import Settings
+
+from .errors import QueueFullError
+from .runner.client import RunnerClient, RunnerProcess
+from .runner.protocol import GenerationResult, RunnerConfig, Stats
+
+__all__ = ["Lease", "LoadedModel", "RequestRecord", "Scheduler"]
+
+log = logging.getLogger("localllm.daemon")
+
+_MAX_SOCKET_PATH = 100
+_RECENT = 64
+
+
+@dataclass
+class RequestRecord:
+    """Timings of one finished request, kept for the dashboard."""
+
+    finished_at: float
+    """Wall-clock time (seconds since the epoch)."""
+    ttft_ms: float
+    """Time to first token as the runner measured it."""
+    prompt_tokens: int
+    """Prompt length."""
+    cached_tokens: int
+    """Prompt tokens reused from the KV cache."""
+    prompt_tokens_per_s: float
+    """Prefill speed (evaluated tokens only)."""
+    completion_tokens: int
+    """Tokens generated."""
+    decode_tokens_per_s: float
+    """Decode speed."""
+    done_reason: str
+    """stop, length, cancel or error."""
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    """A running runner for one model."""
+
+    key: str
+    """The model's full name."""
+    model: LocalModel
+    """The model it serves."""
+    config: RunnerConfig
+    """How it was loaded."""
+    process: RunnerProcess
+    """The child process."""
+    client: RunnerClient
+    """The connection to it."""
+    health: dict[str, Any]
+    """What the runner said about itself once loaded."""
+    load_seconds: float
+    """How long loading took."""
+    keep_alive: float
+    """Seconds to stay loaded once idle (the most recent request's choice)."""
+    slots: asyncio.Semaphore = field(init=False)
+    active: int = 0
+    """Requests holding a slot."""
+    pending: int = 0
+    """Requests waiting for a slot."""
+    last_used: float = field(default_factory=time.time)
+    """When the last request ended (or the model loaded)."""
+    loaded_at: float = field(default_factory=time.time)
+    """When loading finished."""
+    closing: bool = False
+    """Set once the model is being unloaded; no request may start on it."""
+    recent: deque[RequestRecord] = field(default_factory=lambda: deque(maxlen=_RECENT))
+    """The latest finished requests."""
+    expiry: asyncio.TimerHandle | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.config.n_slots)
+        self.idle.set()
+
+    @property
+    def name(self) -> str:
+        """The model's name as people write it."""
+        return self.model.name.short
+
+    def alive(self) -> bool:
+        """True while the process runs and its connection is open."""
+        return not self.closing and self.process.alive() and self.client.alive
+
+    def busy(self) -> bool:
+        """True while requests use or wait for it."""
+        return self.active + self.pending > 0
+
+    def update_idle(self) -> None:
+        """Keep the ``idle`` event in step with the counters."""
+        if self.busy():
+            self.idle.clear()
+        else:
+            self.idle.set()
+
+    @property
+    def expires_at(self) -> float | None:
+        """When it will unload (epoch seconds), or None for never."""
+        if self.keep_alive < 0:
+            return None
+        base = time.time() if self.busy() else self.last_used
+        return base + self.keep_alive
+
+    @property
+    def context_length(self) -> int:
+        """Context per slot."""
+        return int(self.health.get("n_ctx_per_slot", self.config.n_ctx_per_slot))
+
+    @property
+    def pid(self) -> int | None:
+        """The runner's process id."""
+        return self.process.pid
+
+
+class Lease:
+    """A slot on a loaded model, held for one request. Release it exactly once (idempotent)."""
+
+    def __init__(self, scheduler: Scheduler, loaded: LoadedModel, load_seconds: float) -> None:
+        self._scheduler = scheduler
+        self.loaded = loaded
+        """The model serving the request."""
+        self.load_seconds = load_seconds
+        """Time this request spent loading the model (0 when it was loaded already)."""
+        self.keep_alive: float | None = None
+        """The request's keep_alive, applied on release."""
+        self._released = False
+
+    @property
+    def client(self) -> RunnerClient:
+        """The runner connection."""
+        return self.loaded.client
+
+    def record(self, result: GenerationResult) -> None:
+        """Remember a finished request's timings for the dashboard and metrics."""
+        t = result.timings
+        self.loaded.recent.append(
+            RequestRecord(
+                finished_at=time.time(),
+                ttft_ms=t.ttft_ms,
+                prompt_tokens=t.prompt_tokens,
+                cached_tokens=t.cached_tokens,
+                prompt_tokens_per_s=t.prompt_tokens_per_s,
+                completion_tokens=t.completion_tokens,
+                decode_tokens_per_s=t.decode_tokens_per_s,
+                done_reason=result.done_reason,
+            )
+        )
+
+    def release(self) -> None:
+        """Give the slot back and apply keep_alive."""
+        if self._released:
+            return
+        self._released = True
+        self._scheduler._release(self.loaded, self.keep_alive)
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class Scheduler:
+    """Loads, shares and unloads runners; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        on_load: Callable[[LoadedModel], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._models: dict[str, LoadedModel] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._changed = asyncio.Condition()
+        self._background: set[asyncio.Task[None]] = set()
+        self._on_load = on_load
+        self.queued = 0
+        """Requests waiting for a slot, over all models."""
+        self.closed = False
+
+    # -- queries ------------------------------------------------------------------------
+
+    def loaded(self) -> list[LoadedModel]:
+        """Models loaded now (dead runners left out), most recently used first."""
+        models = [m for m in self._models.values() if m.alive()]
+        return sorted(models, key=lambda m: m.last_used, reverse=True)
+
+    def get(self, key: str) -> LoadedModel | None:
+        """The loaded model called ``key`` (full name), if any."""
+        loaded = self._models.get(key)
+        return loaded if loaded is not None and loaded.alive() else None
+
+    async def stats(self, loaded: LoadedModel, timeout: float = 2.0) -> Stats | None:
+        """The runner's gauges, or None when it does not answer in time."""
+        try:
+            return await asyncio.wait_for(loaded.client.stats(), timeout)
+        except Exception:
+            return None
+
+    # -- acquiring -------------------------------------------------------------------------
+
+    async def acquire(
+        self, model: LocalModel, config: RunnerConfig, keep_alive: float | None = None
+    ) -> Lease:
+        """A slot on ``model`` loaded with ``config``; loads or reloads it when needed.
+
+        Raises QueueFullError when no slot is free and the wait queue is full, RunnerStartError
+        when the model cannot be loaded.
+        """
+        if self.closed:
+            raise RuntimeError("the daemon is shutting down")
+        key = model.name.full
+        load_seconds = 0.0
+        while True:
+            loaded, spent = await self._ensure_loaded(key, model, config, keep_alive)
+            load_seconds += spent
+            self._cancel_expiry(loaded)
+            loaded.pending += 1
+            loaded.update_idle()
+            try:
+                if loaded.slots.locked():
+                    if self.queued >= self.settings.max_queue:
+                        raise QueueFullError()
+                    self.queued += 1
+                    try:
+                        await loaded.slots.acquire()
+                    finally:
+                        self.queued -= 1
+                else:
+                    await loaded.slots.acquire()
+            except BaseException:
+                loaded.pending -= 1
+                loaded.update_idle()
+                self._after_idle(loaded)
+                raise
+            loaded.pending -= 1
+            if loaded.alive() and self._models.get(key) is loaded:
+                loaded.active += 1
+                loaded.update_idle()
+                return Lease(self, loaded, load_seconds)
+            # The runner died or was replaced while this request waited: try again.
+            loaded.slots.release()
+            loaded.update_idle()
+
+    def _release(self, loaded: LoadedModel, keep_alive: float | None) -> None:
+        loaded.active -= 1
+        loaded.slots.release()
+        loaded.last_used = time.time()
+        if keep_alive is not None:
+            loaded.keep_alive = keep_alive
+        loaded.update_idle()
+        self._after_idle(loaded)
+
+    def _after_idle(self, loaded: LoadedModel) -> None:
+        self._spawn(self._notify())
+        if loaded.busy() or loaded.closing:
+            return
+        if not loaded.alive() or loaded.keep_alive == 0:
+            self._begin_unload(loaded)
+        elif loaded.keep_alive > 0:
+            self._cancel_expiry(loaded)
+            loop = asyncio.get_running_loop()
+            loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
+
+    def _expire(self, loaded: LoadedModel) -> None:
+        loaded.expiry = None
+        if not loaded.busy() and not loaded.closing:
+            log.info("unloading %s: keep_alive expired", loaded.name)
+            self._begin_unload(loaded)
+
+    @staticmethod
+    def _cancel_expiry(loaded: LoadedModel) -> None:
+        if loaded.expiry is not None:
+            loaded.expiry.cancel()
+            loaded.expiry = None
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- loading and unloading ---------------------------------------------------------
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    async def _ensure_loaded(
+        self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
+    ) -> tuple[LoadedModel, float]:
+        async with self._lock(key):
+            existing = self._models.get(key)
+            if existing is not None and existing.alive() and existing.config == config:
+                return existing, 0.0
+            if existing is not None:
+                if existing.alive():
+                    log.info("reloading %s with new options", existing.name)
+                    await existing.idle.wait()
+                else:
+                    log.warning("runner for %s is gone; starting it again", existing.name)
+                await self._unload(existing)
+            await self._make_room(key)
+            started = time.monotonic()
+            loaded = await self._start(key, model, config, keep_alive)
+            spent = time.monotonic() - started
+            loaded.load_seconds = spent
+            self._models[key] = loaded
+            log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, spent, loaded.pid)
+            if self._on_load is not None:
+                self._on_load(loaded)
+            return loaded, spent
+
+    def _runner_socket(self) -> Path:
+        runtime = self.settings.runtime_dir
+        token = secrets.token_hex(6)
+        natural = runtime / f"runner-{token}.sock"
+        if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
+            return natural
+        tag = hashlib.sha256(os.fsencode(runtime)).hexdigest()[:8]
+        return Path("/tmp") / f"localllm-{os.getuid()}-{tag}-{token}.sock"
+
+    def _runner_log(self, model: LocalModel) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.name.short)
+        return self.settings.log_dir / f"runner-{safe}.log"
+
+    async def _start(
+        self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
+    ) -> LoadedModel:
+        process = RunnerProcess(config, self._runner_socket(), self._runner_log(model))
+        log.info("loading %s (%s)", model.name.short, config)
+        client = await process.start()
+        try:
+            health = await client.health()
+        except BaseException:
+            await client.close()
+            await process.stop()
+            raise
+        return LoadedModel(
+            key=key,
+            model=model,
+            config=config,
+            process=process,
+            client=client,
+            health=health,
+            load_seconds=0.0,
+            keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
+        )
+
+    async def _make_room(self, key: str) -> None:
+        limit = self.settings.max_loaded_models
+        async with self._changed:
+            while True:
+                others = [m for k, m in self._models.items() if k != key]
+                if len(others) < limit:
+                    return
+                idle = [m for m in others if not m.busy()]
+                if idle:
+                    victim = min(idle, key=lambda m: m.last_used)
+                    log.info("unloading %s to make room (max %d loaded)", victim.name, limit)
+                    await self._unload(victim)
+                    continue
+                await self._changed.wait()
+
+    def _begin_unload(self, loaded: LoadedModel) -> None:
+        # Drop it from the table now, so /api/ps stops listing it at once; stop it in the
+        # background (stopping a process takes a moment).
+        loaded.closing = True
+        self._cancel_expiry(loaded)
+        if self._models.get(loaded.key) is loaded:
+            del self._models[loaded.key]
+        self._spawn(self._stop(loaded))
+
+    async def _unload(self, loaded: LoadedModel) -> None:
+        loaded.closing = True
+        self._cancel_expiry(loaded)
+        if self._models.get(loaded.key) is loaded:
+            del self._models[loaded.key]
+        await self._stop(loaded)
+
+    async def _stop(self, loaded: LoadedModel) -> None:
+        with contextlib.suppress(Exception):
+            await loaded.client.close()
+        with contextlib.suppress(Exception):
+            await loaded.process.stop()
+        log.info("unloaded %s", loaded.name)
+        # Not awaited: _make_room unloads while holding the condition's lock.
+        self._spawn(self._notify())
+
+    async def unload(self, key: str) -> bool:
+        """Unload ``key`` now if idle, else as soon as its requests finish. True if loaded."""
+        loaded = self._models.get(key)
+        if loaded is None:
+            return False
+        loaded.keep_alive = 0
+        if not loaded.busy():
+            await self._unload(loaded)
+        return True
+
+    def set_keep_alive(self, key: str, keep_alive: float) -> None:
+        """Change when an idle loaded model unloads (a load request's keep_alive)."""
+        loaded = self._models.get(key)
+        if loaded is None:
+            return
+        loaded.keep_alive = keep_alive
+        self._after_idle(loaded)
+
+    async def close(self) -> None:
+        """Stop every runner (daemon shutdown)."""
+        self.closed = True
+        models = list(self._models.values())
+        self._models.clear()
+        for loaded in models:
+            loaded.closing = True
+            self._cancel_expiry(loaded)
+        await asyncio.gather(*(self._stop(m) for m in models), return_exceptions=True)
+        for task in list(self._background):
+            with contextlib.suppress(BaseException):
+                await task

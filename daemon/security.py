@@ -1,0 +1,149 @@
+"""Security defaults: loopback Host headers, CORS for local origins only, optional API key.
+
+* DNS rebinding: a web page on ``evil.example`` that re-points its name at 127.0.0.1 can make a
+  browser send requests to the daemon, but with ``Host: evil.example``. Only loopback host
+  names are accepted (403 otherwise), unless the daemon deliberately listens beyond loopback,
+  which needs an API key.
+* CORS: requests carrying an ``Origin`` that is not a localhost origin or one listed in
+  ``LOCALLLM_ORIGINS`` are refused with 403 (as Ollama's CORS layer does), which also stops
+  "simple" cross-site POSTs that a browser sends without a preflight.
+* API key: with ``LOCALLLM_API_KEY`` set, every route except ``/`` needs
+  ``Authorization: Bearer <key>``, compared in constant time.
+
+Plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so streaming responses and client
+disconnects pass through untouched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import re
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from localllm._exceptions import SettingsError
+from localllm.settings import Settings
+
+__all__ = [
+    "LOCAL_ORIGIN_REGEX",
+    "GuardMiddleware",
+    "check_bind_allowed",
+    "is_loopback_host",
+    "origin_regex",
+]
+
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+# Browsers' own origins for pages served from this machine, and the desktop webview schemes
+# Ollama allows by default.
+LOCAL_ORIGIN_REGEX = (
+    r"(https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0|[a-z0-9-]+\.localhost)(:\d+)?"
+    r"|app://[^/]*|file://.*|tauri://[^/]*|vscode-webview://[^/]*|vscode-file://[^/]*)"
+)
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for names and addresses that can only mean this machine."""
+    name = host.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_allowed(settings: Settings) -> None:
+    """Refuse a non-loopback listen address without an API key (raises SettingsError)."""
+    if not is_loopback_host(settings.bind_host) and not settings.api_key:
+        raise SettingsError(
+            f"refusing to listen on {settings.host}: it is not a loopback address; "
+            "set LOCALLLM_API_KEY so remote clients must authenticate, or use 127.0.0.1"
+        )
+
+
+def origin_regex(extra: Iterable[str]) -> str:
+    """A regex that matches allowed ``Origin`` values (``*`` in extra origins is a wildcard)."""
+    patterns = [LOCAL_ORIGIN_REGEX]
+    for origin in extra:
+        patterns.append(".*" if origin == "*" else ".*".join(map(re.escape, origin.split("*"))))
+    return "^(" + "|".join(patterns) + ")$"
+
+
+def _split_host(value: str) -> str:
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class GuardMiddleware:
+    """Host check, origin check and API key, before anything else sees the request."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.api_key = settings.api_key
+        self.open_bind = not is_loopback_host(settings.bind_host)
+        self.origin = re.compile(origin_regex(settings.origins), re.IGNORECASE)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        path = scope.get("path", "")
+        host = headers.get("host")
+        server = scope.get("server")
+        over_unix = server is None or server[1] is None  # uvicorn: (socket path, None)
+        if not self.open_bind:
+            if host is None:
+                if not over_unix:
+                    await _deny(send, path, 403, "a Host header is required")
+                    return
+            elif not is_loopback_host(_split_host(host)):
+                await _deny(send, path, 403, f"host {host!r} is not allowed")
+                return
+        origin = headers.get("origin")
+        if origin is not None and not self.origin.match(origin):
+            await _deny(send, path, 403, f"origin {origin!r} is not allowed; see LOCALLLM_ORIGINS")
+            return
+        if self.api_key and not _public(scope) and scope["method"] != "OPTIONS":
+            supplied = headers.get("authorization", "")
+            scheme, _, token = supplied.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.api_key.encode()
+            ):
+                await _deny(
+                    send,
+                    path,
+                    401,
+                    "missing or invalid API key: send 'Authorization: Bearer <LOCALLLM_API_KEY>'",
+                    {"www-authenticate": "Bearer"},
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+def _public(scope: Scope) -> bool:
+    return scope.get("path") == "/" and scope.get("method") in ("GET", "HEAD")
+
+
+async def _deny(
+    send: Send, path: str, status: int, message: str, extra: dict[str, str] | None = None
+) -> None:
+    if path.startswith("/v1"):
+        kind = "authentication_error" if status == 401 else "permission_error"
+        body: dict[str, object] = {
+            "error": {"message": message, "type": kind, "param": None, "code": None}
+        }
+    else:
+        body = {"error": message}
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

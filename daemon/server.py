@@ -1,0 +1,203 @@
+"""Running the daemon: one app on the Unix socket and on TCP, in one process and event loop.
+
+:func:`serve` takes the per-home lock (a second daemon for the same home refuses to start and
+says which process holds it), binds both listeners itself (so a busy port is reported
+clearly), runs two uvicorn servers on one loop, and on SIGTERM/SIGINT stops accepting, lets
+streams finish for a few seconds (then cancels them, which cancels them in the runners), stops
+every runner and removes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from localllm import __version__
+from localllm._exceptions import SettingsError
+from localllm.settings import Settings
+from localllm.starter import ensure_starter
+
+from .app import create_app
+from .security import check_bind_allowed
+from .state import DaemonState
+
+__all__ = ["DaemonLockedError", "serve", "setup_logging"]
+
+log = logging.getLogger("localllm.daemon")
+
+# Streams still running at shutdown get this long to finish before they are cancelled.
+_GRACEFUL_SECONDS = 5
+
+
+class DaemonLockedError(SettingsError):
+    """Another daemon already serves this home."""
+
+
+def setup_logging(settings: Settings) -> Path:
+    """Send the daemon's and uvicorn's logs (requests included) to ``daemon.log``."""
+    settings.log_dir.mkdir(parents=True, exist_ok=True)
+    path = settings.log_dir / "daemon.log"
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=20 << 20, backupCount=3)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    level = logging.DEBUG if settings.debug else logging.INFO
+    for name in ("localllm", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.setLevel(level)
+        logger.propagate = False
+    return path
+
+
+@contextlib.contextmanager
+def _daemon_lock(settings: Settings) -> Iterator[None]:
+    runtime = settings.runtime_dir
+    runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = runtime / "daemon.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise DaemonLockedError(
+                f"another localllm daemon (pid {holder}) is already running for "
+                f"{settings.data_dir}; stop it first, or set LOCALLLM_HOME for a separate one"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _unix_socket(path: Path) -> socket.socket:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket from a crashed daemon; the lock says none runs now
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _tcp_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SettingsError(
+                f"{host}:{port} is already in use (another daemon or program?); "
+                "set LOCALLLM_HOST to another port"
+            ) from None
+        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to :func:`serve` (two share one loop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _config(app: object, settings: Settings) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        lifespan="off",
+        log_config=None,
+        access_log=True,
+        timeout_graceful_shutdown=_GRACEFUL_SECONDS,
+        timeout_keep_alive=30,
+        server_header=False,
+        proxy_headers=False,
+    )
+
+
+async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.socket) -> None:
+    state = DaemonState.create(settings)
+    # The bundled starter model appears on first use of a store, with no network.
+    await asyncio.to_thread(ensure_starter, state.store)
+    app = create_app(settings, state)
+    servers = [_Server(_config(app, settings)), _Server(_config(app, settings))]
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+
+    def request_stop(signum: int) -> None:
+        log.info("received %s; shutting down", signal.Signals(signum).name)
+        if stop_requested.is_set():
+            for server in servers:
+                server.force_exit = True
+        stop_requested.set()
+        for server in servers:
+            server.should_exit = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, request_stop, signum)
+    try:
+        await asyncio.gather(servers[0].serve([unix_sock]), servers[1].serve([tcp_sock]))
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        await state.scheduler.close()
+        log.info("daemon stopped")
+
+
+def serve(settings: Settings, *, announce: bool = True) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT. Returns an exit status.
+
+    Raises SettingsError (including :class:`DaemonLockedError`) when it cannot start: a
+    non-loopback address without an API key, another daemon for this home, a busy port.
+    """
+    check_bind_allowed(settings)
+    log_path = setup_logging(settings)
+    socket_path = settings.socket_path
+    with _daemon_lock(settings):
+        tcp_sock = _tcp_socket(settings.bind_host, settings.bind_port)
+        unix_sock = _unix_socket(socket_path)
+        log.info(
+            "localllm %s daemon (pid %d) listening on %s and %s",
+            __version__,
+            os.getpid(),
+            socket_path,
+            settings.base_url,
+        )
+        if announce:
+            print(
+                f"localllm daemon listening on {settings.base_url} and {socket_path} "
+                f"(log: {log_path})",
+                file=sys.stderr,
+                flush=True,
+            )
+        try:
+            asyncio.run(_run(settings, unix_sock, tcp_sock))
+        finally:
+            unix_sock.close()
+            tcp_sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                socket_path.unlink()
+    return 0

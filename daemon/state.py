@@ -1,0 +1,54 @@
+"""What every route handler shares: settings, the store, the scheduler and the metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from localllm.settings import Settings
+from localllm.store import Store
+
+from .metrics import Metrics
+from .scheduler import Scheduler
+
+__all__ = ["DaemonState", "StateDep", "get_state"]
+
+
+@dataclass
+class DaemonState:
+    """The daemon's long-lived objects."""
+
+    settings: Settings
+    """Configuration."""
+    store: Store
+    """The model store."""
+    scheduler: Scheduler
+    """Runners and their slots."""
+    metrics: Metrics
+    """Prometheus registry."""
+    started_at: float = field(default_factory=time.time)
+    """When the daemon started."""
+
+    @classmethod
+    def create(cls, settings: Settings) -> DaemonState:
+        """Build the state for ``settings`` (no runner is started yet)."""
+        metrics = Metrics()
+        return cls(
+            settings=settings,
+            store=Store(settings.data_dir),
+            scheduler=Scheduler(settings, on_load=metrics.observe_load),
+            metrics=metrics,
+        )
+
+
+def get_state(request: Request) -> DaemonState:
+    """FastAPI dependency: the daemon's state."""
+    state: DaemonState = request.app.state.daemon
+    return state
+
+
+StateDep = Annotated[DaemonState, Depends(get_state)]
+"""Route parameter type that receives the daemon's state."""
