@@ -44,6 +44,8 @@ __all__ = [
 
 # Lines can carry a whole embedding batch; allow large ones.
 _LINE_LIMIT = 64 << 20
+# A cancelled request is confirmed at the engine's next step; don't wait forever for it.
+_CANCEL_CONFIRM_S = 10.0
 
 
 class RunnerError(Exception):
@@ -176,8 +178,8 @@ class RunnerClient:
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         """Stream a generation: :class:`TokenChunk` items, then one :class:`GenerationResult`.
 
-        Leaving the iteration early (``break``, cancellation, ``aclose()``) cancels the request
-        in the runner, which frees its slot at the next step.
+        Leaving the iteration early (``aclose()``, or cancelling the task) cancels the request
+        in the runner; ``aclose()`` returns once the runner has freed the slot.
         """
         if not request.id:
             request.id = self._next_id("gen")
@@ -204,10 +206,17 @@ class RunnerClient:
                     finished = True
                     self._raise_for(event)
         finally:
-            self._queues.pop(request_id, None)
             if not finished and self.alive:
-                with contextlib.suppress(RunnerError, ConnectionError):
-                    await asyncio.shield(self._send({"op": "cancel", "id": request_id}))
+                await asyncio.shield(self._cancel(request_id, queue))
+            self._queues.pop(request_id, None)
+
+    async def _cancel(self, request_id: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        """Cancel in the runner and wait until it confirms, so the slot is free on return."""
+        with contextlib.suppress(RunnerError, ConnectionError, TimeoutError):
+            await self._send({"op": "cancel", "id": request_id})
+            async with asyncio.timeout(_CANCEL_CONFIRM_S):
+                while (await queue.get()).get("event") not in ("done", "error", "died"):
+                    pass
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Embed texts with the runner's embedding context."""

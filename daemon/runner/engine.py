@@ -451,18 +451,19 @@ class Engine:
         job, text = slot.job, slot.text
         assert job is not None
         now = time.perf_counter()
-        if text is not None and error is None:
-            tail = text.finish()
-            if tail and reason != "cancel":
-                job.emit({"event": "token", "id": job.id, "text": tail})
+        tail = text.finish() if text is not None and error is None else ""
         timings = self._timings(slot, now)
         full_text = text.text if text is not None else ""
-        job.emit(_done(job.id, full_text, reason, timings, error))
         if slot.sampler is not None:
             slot.sampler.close()
+        # Free the slot before telling anyone: a client that reacts to "done" by asking for
+        # stats must see the slot idle.
         slot.job, slot.sampler, slot.text, slot.pending = None, None, None, None
         slot.last_used = now
         self.requests_total += 1
+        if tail:
+            job.emit({"event": "token", "id": job.id, "text": tail})
+        job.emit(_done(job.id, full_text, reason, timings, error))
 
     def _fail(self, slot: Slot, message: str) -> None:
         self._finish(slot, "error", message)

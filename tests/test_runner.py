@@ -1,0 +1,263 @@
+"""The runner on the tiny GGUF: batching, chunked prefill, prefix cache, stops, cancel, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from localllm.daemon.runner import (
+    EmbeddingRequest,
+    GenerationRequest,
+    RunnerConfig,
+    RunnerDiedError,
+    RunnerError,
+    TokenChunk,
+)
+from runner_harness import RunnerHarness, greedy
+
+CTX = 2048
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerHarness]:
+    """A tiny-model runner with small batches, so prefill takes many steps."""
+    config = RunnerConfig(
+        model_path=str(tiny_gguf), n_slots=3, n_ctx_per_slot=CTX, n_batch=32, n_threads=2
+    )
+    harness = RunnerHarness(config, tmp_path_factory.mktemp("tiny-runner"))
+    yield harness
+    harness.close()
+
+
+def raw(prompt: str, **options: object) -> GenerationRequest:
+    return GenerationRequest(id="", prompt=prompt, raw=True, options=greedy(**options))  # type: ignore[arg-type]
+
+
+def test_health_reports_the_configuration(runner: RunnerHarness) -> None:
+    health = runner.run(runner.client.health())
+    assert health["n_slots"] == 3
+    assert health["n_ctx_per_slot"] == CTX
+    assert health["fill_in_the_middle"] is True
+    assert health["chat_template"] is True
+
+
+def test_concurrent_greedy_equals_sequential(runner: RunnerHarness) -> None:
+    prompts = [f"concurrency check {i}: the sky is" for i in range(5)]  # more prompts than slots
+    together = runner.generate_many([raw(p) for p in prompts])
+    alone = [runner.generate(raw(p)) for p in prompts]
+    assert [text for text, _ in together] == [text for text, _ in alone]
+    assert all(result.timings.completion_tokens > 0 for _, result in together)
+
+
+def test_prefix_cache_reuses_tokens_and_changes_nothing(runner: RunnerHarness) -> None:
+    prompt = "prefix cache check: " + "the blue sky is at the top " * 20
+    n_prompt = len(runner.run(runner.client.tokenize(prompt)))
+    first_text, first = runner.generate(raw(prompt))
+    second_text, second = runner.generate(raw(prompt))
+    assert first.timings.cached_tokens == 0
+    assert second.timings.cached_tokens == n_prompt - 1  # one token is always evaluated again
+    assert second.timings.prompt_tokens == n_prompt
+    assert second_text == first_text
+
+    longer = prompt + "and then"
+    _, third = runner.generate(raw(longer))
+    assert third.timings.cached_tokens >= n_prompt - 1
+
+
+def test_simultaneous_requests_share_one_prefill(runner: RunnerHarness) -> None:
+    system = "shared prefix check: " + "a long shared system prompt about the sky " * 25
+    n_system = len(runner.run(runner.client.tokenize(system)))
+    prompts = [f"{system} question {i}" for i in range(3)]
+    together = runner.generate_many([raw(p) for p in prompts])
+    cached = sorted(result.timings.cached_tokens for _, result in together)
+    # One request computes the shared prefix; the others get it through llama_memory_seq_cp.
+    assert cached[0] < n_system // 2
+    assert all(c >= n_system - 2 for c in cached[1:])
+    alone = [runner.generate(raw(p)) for p in prompts]
+    assert [t for t, _ in together] == [t for t, _ in alone]
+
+
+def test_chunked_prefill_keeps_other_streams_flowing(runner: RunnerHarness) -> None:
+    long_prompt = "chunked prefill check: " + "the sky is blue " * 200  # ~1,400 tokens, 32 per step
+    events: list[str] = []
+
+    async def scenario() -> None:
+        streaming = runner.client.generate(raw("stream that keeps going:", num_predict=1500))
+        async for event in streaming:
+            if isinstance(event, TokenChunk):
+                break
+        long_request = asyncio.create_task(runner.collect(raw(long_prompt, num_predict=4)))
+        long_request.add_done_callback(lambda _: events.append("long-done"))
+        async for _event in streaming:
+            events.append("stream")
+            if long_request.done():
+                break
+        await streaming.aclose()
+        await long_request
+
+    runner.run(scenario())
+    streamed_while_prefilling = events.index("long-done")
+    # ~30 steps of prefill, each carrying one token of the running stream.
+    assert streamed_while_prefilling >= 10, events[:40]
+
+
+def test_stop_string_spanning_tokens_is_cut(runner: RunnerHarness) -> None:
+    prompt = "stop string check: the sky"
+    text, _ = runner.generate(raw(prompt, num_predict=40))
+    stop = text[12:15]
+    assert len(stop) == 3
+    expected = text[: text.find(stop)]
+    stopped_text, result = runner.generate(raw(prompt, num_predict=40, stop=[stop]))
+    assert stopped_text == expected
+    assert stop not in stopped_text
+    assert result.done_reason == "stop"
+
+
+def test_num_predict_limits_length(runner: RunnerHarness) -> None:
+    _, result = runner.generate(raw("length check", num_predict=7))
+    assert result.done_reason in ("length", "stop")
+    assert result.timings.completion_tokens <= 7
+
+
+def test_prompt_longer_than_context(runner: RunnerHarness) -> None:
+    too_long = "overflow check " + "sky " * 3000
+    with pytest.raises(RunnerError) as info:
+        runner.generate(raw(too_long))
+    assert info.value.code == "context_overflow"
+    assert "context" in str(info.value)
+    request = raw(too_long, num_predict=8)
+    request.truncate = True
+    _, result = runner.generate(request)
+    assert result.timings.prompt_tokens < CTX
+
+
+def test_chat_template_and_hostile_templates(runner: RunnerHarness) -> None:
+    chat = GenerationRequest(
+        id="", messages=[{"role": "user", "content": "hello"}], options=greedy(8)
+    )
+    _, result = runner.generate(chat)
+    assert result.done_reason in ("stop", "length")
+
+    hostile = {
+        "{{ ().__class__.__base__.__subclasses__() }}": "unsafe",
+        "{{ messages.append(1) }}": "unsafe",
+        "{% for m in messages %}{{ raise_exception('no way') }}{% endfor %}": "no way",
+        "{% if %}": "syntax",
+        "{{ .Prompt }}": "Go template",
+    }
+    for template, fragment in hostile.items():
+        request = GenerationRequest(
+            id="", messages=[{"role": "user", "content": "x"}], template=template
+        )
+        with pytest.raises(RunnerError) as info:
+            runner.generate(request)
+        assert info.value.code == "bad_request"
+        assert fragment in str(info.value)
+    _, after = runner.generate(chat)  # the runner is unharmed
+    assert after.done_reason in ("stop", "length")
+
+
+def test_fill_in_the_middle(runner: RunnerHarness) -> None:
+    request = GenerationRequest(
+        id="", prompt="def add(a, b):\n    return", suffix="\n\nprint(add(1, 2))", options=greedy(8)
+    )
+    _, result = runner.generate(request)
+    assert result.timings.prompt_tokens > 5
+    assert result.timings.completion_tokens > 0
+
+
+def test_grammar_constrains_output(runner: RunnerHarness) -> None:
+    request = raw("grammar check", num_predict=10)
+    request.options.grammar = 'root ::= ("yes" | "no") "."'
+    text, _ = runner.generate(request)
+    assert text in ("yes.", "no.")
+    bad = raw("bad grammar")
+    bad.options.grammar = "root ::= ???"
+    with pytest.raises(RunnerError) as info:
+        runner.generate(bad)
+    assert info.value.code == "bad_request"
+
+
+def test_cancel_frees_the_slot(runner: RunnerHarness) -> None:
+    async def scenario() -> list[str]:
+        streams = [
+            runner.client.generate(raw(f"cancel check {i}", num_predict=100000)) for i in range(3)
+        ]
+        for stream in streams:  # all three slots busy
+            async for event in stream:
+                if isinstance(event, TokenChunk):
+                    break
+        waiting = asyncio.create_task(runner.collect(raw("cancel check: waiting", num_predict=5)))
+        stats = await runner.client.stats()
+        busy = sum(slot.state != "idle" for slot in stats.slots)
+        await streams[0].aclose()  # cancels in the runner
+        _, result = await waiting
+        for stream in streams[1:]:
+            await stream.aclose()
+        return [str(busy), result.done_reason]
+
+    busy, reason = runner.run(scenario())
+    assert busy == "3"
+    assert reason in ("length", "stop")
+    # aclose() returns once the runner confirmed the cancellation: the slots are free now.
+    stats = runner.run(runner.client.stats())
+    assert [slot.state for slot in stats.slots] == ["idle"] * 3, stats
+    assert stats.waiting == 0
+
+
+def test_stats_while_streaming(runner: RunnerHarness) -> None:
+    async def scenario() -> tuple[int, float]:
+        # A prompt whose greedy continuation is known to run long on the tiny model.
+        stream = runner.client.generate(raw("stream that keeps going:", num_predict=400))
+        seen = 0
+        stats = None
+        async for event in stream:
+            seen += isinstance(event, TokenChunk)
+            if seen == 20:
+                stats = await runner.client.stats()
+                break
+        assert stats is not None, "the stream ended early"
+        await stream.aclose()
+        decoding = sum(slot.state == "decode" for slot in stats.slots)
+        return decoding, stats.decode_tokens_per_s
+
+    decoding, rate = runner.run(scenario())
+    assert decoding >= 1
+    assert rate > 0
+
+
+def test_embeddings(runner: RunnerHarness) -> None:
+    result = runner.run(
+        runner.client.embed(EmbeddingRequest(id="", inputs=["the sky", "the sky", "blue"]))
+    )
+    first, again, other = result.embeddings
+    assert len(first) == 256
+    assert math.isclose(math.sqrt(sum(v * v for v in first)), 1.0, rel_tol=1e-4)
+    assert first == again
+    assert first != other
+    assert result.prompt_tokens > 0
+
+
+def test_killed_runner_gives_a_clear_error(tiny_gguf: Path, tmp_path: Path) -> None:
+    harness = RunnerHarness(
+        RunnerConfig(model_path=str(tiny_gguf), n_slots=1, n_ctx_per_slot=4096), tmp_path
+    )
+    try:
+
+        async def scenario() -> None:
+            async for event in harness.client.generate(raw("doomed", num_predict=100000)):
+                if isinstance(event, TokenChunk):
+                    os.kill(harness.process.pid, signal.SIGKILL)  # type: ignore[arg-type]
+
+        with pytest.raises(RunnerDiedError, match="runner"):
+            harness.run(scenario())
+        assert not harness.client.alive
+        with pytest.raises(RunnerDiedError):
+            harness.run(harness.client.stats())
+    finally:
+        harness.loop.call_soon_threadsafe(harness.loop.stop)
