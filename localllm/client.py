@@ -1,0 +1,942 @@
+"""The one client for the localllm daemon, synchronous (:class:`Client`) and asynchronous
+(:class:`AsyncClient`), used by the CLI and the terminal UI alike.
+
+It reaches the daemon over its Unix socket by default, and over TCP when ``LOCALLLM_HOST`` is
+set (or when asked with ``base_url=`` / ``use_tcp=True``). Every daemon route has a method;
+streaming methods yield parsed chunks as they arrive, and leaving such an iteration early
+closes the connection, which cancels the request in the daemon::
+
+    from localllm.client import Client
+
+    with Client() as client:
+        for chunk in client.chat_stream("smollm2:135m", [{"role": "user", "content": "Hi"}]):
+            print(chunk["message"]["content"], end="", flush=True)
+        print(chunk["ttft_duration"] / 1e6, "ms to the first token")
+
+Errors: :class:`~localllm.DaemonUnavailableError` when no daemon answers (or the connection
+drops), :class:`~localllm.APIError` with ``status_code`` and the daemon's message otherwise
+(also for an error reported in the middle of a stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
+
+import httpx
+
+from ._exceptions import APIError, DaemonUnavailableError
+from .settings import Settings
+
+__all__ = [
+    "AsyncClient",
+    "ChatChunk",
+    "ChatMessage",
+    "Client",
+    "EmbedResponse",
+    "GenerateChunk",
+    "LoadedModelInfo",
+    "ModelDetails",
+    "ModelSummary",
+    "ProgressLine",
+    "ShowResponse",
+    "StatsSnapshot",
+]
+
+
+# -- response shapes -------------------------------------------------------------------------
+
+
+class ModelDetails(TypedDict, total=False):
+    """``details`` of a model."""
+
+    parent_model: str
+    format: str
+    family: str
+    families: list[str] | None
+    parameter_size: str
+    quantization_level: str
+
+
+class ModelSummary(TypedDict, total=False):
+    """One entry of :meth:`Client.list_models`."""
+
+    name: str
+    model: str
+    modified_at: str
+    size: int
+    digest: str
+    details: ModelDetails
+
+
+class LoadedModelInfo(TypedDict, total=False):
+    """One entry of :meth:`Client.ps`; ``slots``, ``active_requests``, ``queued_requests`` and
+    ``runner_pid`` are localllm's additions."""
+
+    name: str
+    model: str
+    size: int
+    size_vram: int
+    digest: str
+    details: ModelDetails
+    expires_at: str
+    context_length: int
+    slots: int
+    active_requests: int
+    queued_requests: int
+    runner_pid: int
+    loaded_at: str
+
+
+class ShowResponse(TypedDict, total=False):
+    """:meth:`Client.show`."""
+
+    license: str
+    modelfile: str
+    parameters: str
+    template: str
+    system: str
+    details: ModelDetails
+    model_info: dict[str, Any]
+    capabilities: list[str]
+    modified_at: str
+    messages: list[dict[str, Any]]
+
+
+class ChatMessage(TypedDict, total=False):
+    """A chat message."""
+
+    role: str
+    content: str
+    images: list[str]
+
+
+class _Final(TypedDict, total=False):
+    done: bool
+    done_reason: str
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+    prompt_eval_duration: int
+    eval_count: int
+    eval_duration: int
+    ttft_duration: int
+    queue_duration: int
+    prompt_cached_count: int
+    prompt_evaluated_count: int
+    prompt_eval_rate: float
+    eval_rate: float
+
+
+class GenerateChunk(_Final, total=False):
+    """A chunk of :meth:`Client.generate_stream`; the last (``done``) one has the timings:
+    Ollama's nanosecond fields plus ``ttft_duration``, ``prompt_cached_count``,
+    ``prompt_eval_rate`` and ``eval_rate``."""
+
+    model: str
+    created_at: str
+    response: str
+
+
+class ChatChunk(_Final, total=False):
+    """A chunk of :meth:`Client.chat_stream` (same timing fields as :class:`GenerateChunk`)."""
+
+    model: str
+    created_at: str
+    message: ChatMessage
+
+
+class ProgressLine(TypedDict, total=False):
+    """A status line of :meth:`Client.pull` or :meth:`Client.create`."""
+
+    status: str
+    digest: str
+    total: int
+    completed: int
+
+
+class EmbedResponse(TypedDict, total=False):
+    """:meth:`Client.embed`."""
+
+    model: str
+    embeddings: list[list[float]]
+    total_duration: int
+    load_duration: int
+    prompt_eval_count: int
+
+
+class StatsSnapshot(TypedDict, total=False):
+    """:meth:`Client.stats`: each loaded model's slots, KV use and rates, and the queue."""
+
+    time: float
+    queue_depth: int
+    max_queue: int
+    models: list[dict[str, Any]]
+
+
+# -- shared plumbing ---------------------------------------------------------------------------
+
+_RENAMES = {"from_": "from", "input_": "input"}
+
+
+def _payload(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
+    """A JSON body from a method's arguments: ``self`` and None values dropped."""
+    body = {_RENAMES.get(k, k): v for k, v in values.items() if k != "self" and v is not None}
+    body.update(fixed)
+    return body
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text.strip() or f"HTTP {response.status_code}"
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    if error:
+        return str(error)
+    return response.text.strip() or f"HTTP {response.status_code}"
+
+
+def _check_line(data: Any) -> Any:
+    if isinstance(data, dict) and "error" in data and len(data) <= 2:
+        error = data["error"]
+        message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+        raise APIError(500, message)
+    return data
+
+
+def _parse_ndjson(line: str) -> Any | None:
+    line = line.strip()
+    return _check_line(json.loads(line)) if line else None
+
+
+def _parse_sse(line: str) -> Any | None:
+    """The JSON of one ``data:`` line, ``None`` for anything else; ``[DONE]`` → StopIteration."""
+    if not line.startswith("data:"):
+        return None
+    text = line[5:].strip()
+    if text == "[DONE]":
+        raise StopIteration
+    return _check_line(json.loads(text))
+
+
+def _digest_of(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            hasher.update(chunk)
+    return f"sha256:{hasher.hexdigest()}"
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as handle:
+        yield from iter(lambda: handle.read(1 << 20), b"")
+
+
+async def _afile_chunks(path: Path) -> AsyncIterator[bytes]:
+    for chunk in _file_chunks(path):
+        yield chunk
+
+
+class _Config:
+    """Where and how to reach the daemon (shared by both clients)."""
+
+    def __init__(
+        self,
+        settings: Settings | None,
+        base_url: str | None,
+        socket_path: str | Path | None,
+        use_tcp: bool | None,
+        api_key: str | None,
+        timeout: float,
+    ) -> None:
+        settings = settings if settings is not None else Settings.from_env()
+        self.uds: str | None = None
+        if base_url is not None:
+            self.base_url = base_url.rstrip("/")
+        elif socket_path is None and (use_tcp or (use_tcp is None and settings.host_from_env)):
+            self.base_url = settings.base_url
+        else:
+            self.uds = str(socket_path or settings.socket_path)
+            self.base_url = "http://localhost"
+        self.address = self.uds or self.base_url
+        key = api_key if api_key is not None else settings.api_key
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.timeout = httpx.Timeout(timeout, connect=5.0)
+
+    def unavailable(self, exc: Exception) -> DaemonUnavailableError:
+        where = f"socket {self.uds}" if self.uds else self.base_url
+        return DaemonUnavailableError(
+            f"no localllm daemon answers at {where} ({exc.__class__.__name__}); "
+            "start one with `localllm serve`"
+        )
+
+    def lost(self, exc: Exception) -> DaemonUnavailableError:
+        return DaemonUnavailableError(f"lost the connection to the localllm daemon ({exc})")
+
+
+# Generation can wait minutes for a model to load and then stream for long: no read timeout.
+_NO_READ_TIMEOUT = httpx.Timeout(None, connect=5.0)
+
+
+# -- synchronous client ------------------------------------------------------------------------
+
+
+class Client:
+    """Synchronous client for every daemon route.
+
+    By default it reads ``LOCALLLM_*`` settings: the Unix socket, or TCP when
+    ``LOCALLLM_HOST`` is set, and ``LOCALLLM_API_KEY``. ``base_url`` forces TCP to that URL,
+    ``socket_path`` a socket, ``use_tcp=True`` TCP to ``settings.host``. ``timeout`` (seconds)
+    bounds the non-streaming management calls; generation has no read timeout.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        base_url: str | None = None,
+        socket_path: str | Path | None = None,
+        use_tcp: bool | None = None,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self._config = _Config(settings, base_url, socket_path, use_tcp, api_key, timeout)
+        transport = httpx.HTTPTransport(uds=self._config.uds) if self._config.uds else None
+        self._http = httpx.Client(
+            base_url=self._config.base_url,
+            transport=transport,
+            headers=self._config.headers,
+            timeout=self._config.timeout,
+        )
+
+    @property
+    def address(self) -> str:
+        """The socket path or URL this client talks to."""
+        return self._config.address
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- transport -----------------------------------------------------------------------
+
+    def _request(
+        self, method: str, path: str, body: Any = None, *, timeout: Any = None, **kwargs: Any
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                path,
+                json=body,
+                timeout=timeout if timeout is not None else self._config.timeout,
+                **kwargs,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._config.unavailable(exc) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise self._config.lost(exc) from None
+        if response.status_code >= 400:
+            raise APIError(response.status_code, _error_message(response))
+        return response
+
+    def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        return self._request(method, path, body, **kwargs).json()
+
+    def _stream(
+        self, method: str, path: str, body: Any, parse: Any, params: Any = None
+    ) -> Iterator[Any]:
+        try:
+            with self._http.stream(
+                method, path, json=body, params=params, timeout=_NO_READ_TIMEOUT
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise APIError(response.status_code, _error_message(response))
+                for line in response.iter_lines():
+                    try:
+                        item = parse(line)
+                    except StopIteration:
+                        return
+                    if item is not None:
+                        yield item
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._config.unavailable(exc) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise self._config.lost(exc) from None
+
+    # -- daemon --------------------------------------------------------------------------
+
+    def is_running(self) -> bool:
+        """True when a daemon answers (never raises)."""
+        try:
+            return self._http.get("/", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
+        """Wait until a daemon answers (after starting one); False if none did in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.is_running():
+                return True
+            time.sleep(interval)
+        return self.is_running()
+
+    def version(self) -> str:
+        """The daemon's version."""
+        return str(self._json("GET", "/api/version")["version"])
+
+    # -- models --------------------------------------------------------------------------
+
+    def list_models(self) -> list[ModelSummary]:
+        """Models in the store, newest first (``/api/tags``)."""
+        return list(self._json("GET", "/api/tags")["models"])
+
+    def show(self, model: str, *, verbose: bool = False) -> ShowResponse:
+        """A model's Modelfile, parameters, template, details, metadata, capabilities."""
+        return self._json("POST", "/api/show", {"model": model, "verbose": verbose})
+
+    def ps(self) -> list[LoadedModelInfo]:
+        """Loaded models."""
+        return list(self._json("GET", "/api/ps")["models"])
+
+    def copy(self, source: str, destination: str) -> None:
+        """Give ``source`` a second name."""
+        self._request("POST", "/api/copy", {"source": source, "destination": destination})
+
+    def delete(self, model: str) -> None:
+        """Remove a model (unloading it first)."""
+        self._request("DELETE", "/api/delete", {"model": model})
+
+    def pull(self, model: str, *, insecure: bool = False) -> Iterator[ProgressLine]:
+        """Download a model; yields Ollama's progress lines up to ``{"status": "success"}``."""
+        yield from self._stream(
+            "POST", "/api/pull", _payload({"model": model, "insecure": insecure}), _parse_ndjson
+        )
+
+    def create(
+        self,
+        model: str,
+        *,
+        from_: str | None = None,
+        files: dict[str, str] | None = None,
+        template: str | None = None,
+        system: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        messages: Sequence[ChatMessage] | None = None,
+        license: str | list[str] | None = None,
+        quantize: str | None = None,
+    ) -> Iterator[ProgressLine]:
+        """Create a model from another (``from_``), a GGUF path the daemon can read
+        (``from_``), or uploaded blobs (``files``: name → digest); yields status lines."""
+        body = _payload(locals())
+        yield from self._stream("POST", "/api/create", body, _parse_ndjson)
+
+    def blob_exists(self, digest: str) -> bool:
+        """True if the daemon's store holds the blob."""
+        try:
+            self._request("HEAD", f"/api/blobs/{digest}")
+        except APIError as exc:
+            if exc.status_code == 404:
+                return False
+            raise
+        return True
+
+    def upload_blob(self, path: str | Path) -> str:
+        """Upload a file as a blob (skipped when already there); returns its digest."""
+        path = Path(path)
+        digest = _digest_of(path)
+        if not self.blob_exists(digest):
+            self._request(
+                "POST",
+                f"/api/blobs/{digest}",
+                content=_file_chunks(path),
+                timeout=_NO_READ_TIMEOUT,
+            )
+        return digest
+
+    # -- generation ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        suffix: str | None = None,
+        system: str | None = None,
+        template: str | None = None,
+        raw: bool | None = None,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> GenerateChunk:
+        """A whole completion (``/api/generate`` without streaming)."""
+        body = _payload(locals(), stream=False)
+        return self._json("POST", "/api/generate", body, timeout=_NO_READ_TIMEOUT)
+
+    def generate_stream(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        suffix: str | None = None,
+        system: str | None = None,
+        template: str | None = None,
+        raw: bool | None = None,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> Iterator[GenerateChunk]:
+        """A completion streamed chunk by chunk; the last chunk has ``done`` and timings."""
+        body = _payload(locals(), stream=True)
+        yield from self._stream("POST", "/api/generate", body, _parse_ndjson)
+
+    def chat(
+        self,
+        model: str,
+        messages: Sequence[ChatMessage],
+        *,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> ChatChunk:
+        """A whole chat answer (``/api/chat`` without streaming)."""
+        body = _payload(locals(), stream=False)
+        return self._json("POST", "/api/chat", body, timeout=_NO_READ_TIMEOUT)
+
+    def chat_stream(
+        self,
+        model: str,
+        messages: Sequence[ChatMessage],
+        *,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> Iterator[ChatChunk]:
+        """A chat answer streamed chunk by chunk; the last chunk has ``done`` and timings."""
+        body = _payload(locals(), stream=True)
+        yield from self._stream("POST", "/api/chat", body, _parse_ndjson)
+
+    def load(self, model: str, *, keep_alive: str | float | None = None) -> GenerateChunk:
+        """Load a model without generating (an empty prompt)."""
+        body = _payload(locals(), stream=False)
+        return self._json("POST", "/api/generate", body, timeout=_NO_READ_TIMEOUT)
+
+    def unload(self, model: str) -> GenerateChunk:
+        """Unload a model now (or once its running requests end)."""
+        body = {"model": model, "keep_alive": 0, "stream": False}
+        return self._json("POST", "/api/generate", body, timeout=_NO_READ_TIMEOUT)
+
+    def embed(
+        self,
+        model: str,
+        input_: str | Sequence[str],
+        *,
+        truncate: bool | None = None,
+        dimensions: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> EmbedResponse:
+        """Normalised embeddings, one per input (``/api/embed``)."""
+        body = _payload(locals())
+        return self._json("POST", "/api/embed", body, timeout=_NO_READ_TIMEOUT)
+
+    def embeddings(self, model: str, prompt: str) -> list[float]:
+        """One embedding (the legacy ``/api/embeddings``)."""
+        body = {"model": model, "prompt": prompt}
+        data = self._json("POST", "/api/embeddings", body, timeout=_NO_READ_TIMEOUT)
+        return list(data["embedding"])
+
+    # -- observability -------------------------------------------------------------------
+
+    def stats(self) -> StatsSnapshot:
+        """Every loaded model's slots, KV use, rates and recent requests, once."""
+        return self._json("GET", "/api/stats")
+
+    def stats_stream(self, interval: float = 0.25) -> Iterator[StatsSnapshot]:
+        """:meth:`stats` every ``interval`` seconds until the iteration is left."""
+        params = {"stream": "true", "interval": interval}
+        yield from self._stream("GET", "/api/stats", None, _parse_ndjson, params=params)
+
+    def metrics(self) -> str:
+        """The Prometheus exposition text."""
+        return self._request("GET", "/metrics").text
+
+    # -- OpenAI-compatible routes ------------------------------------------------------------
+
+    def openai_models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``."""
+        return list(self._json("GET", "/v1/models")["data"])
+
+    def openai_model(self, model: str) -> dict[str, Any]:
+        """``GET /v1/models/{model}``."""
+        return self._json("GET", f"/v1/models/{model}")
+
+    def openai_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/chat/completions`` (``stream`` forced off)."""
+        return self._json(
+            "POST", "/v1/chat/completions", {**body, "stream": False}, timeout=_NO_READ_TIMEOUT
+        )
+
+    def openai_chat_stream(self, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        """``POST /v1/chat/completions`` streamed: the SSE chunks, without ``[DONE]``."""
+        yield from self._stream(
+            "POST", "/v1/chat/completions", {**body, "stream": True}, _parse_sse
+        )
+
+    def openai_completion(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/completions`` (``stream`` forced off)."""
+        return self._json(
+            "POST", "/v1/completions", {**body, "stream": False}, timeout=_NO_READ_TIMEOUT
+        )
+
+    def openai_completion_stream(self, body: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        """``POST /v1/completions`` streamed."""
+        yield from self._stream("POST", "/v1/completions", {**body, "stream": True}, _parse_sse)
+
+    def openai_embeddings(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/embeddings``."""
+        return self._json("POST", "/v1/embeddings", dict(body), timeout=_NO_READ_TIMEOUT)
+
+
+# -- asynchronous client -----------------------------------------------------------------------
+
+
+class AsyncClient:
+    """Asynchronous twin of :class:`Client` (same constructor, same methods, awaitable;
+    streaming methods are async iterators)."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        base_url: str | None = None,
+        socket_path: str | Path | None = None,
+        use_tcp: bool | None = None,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self._config = _Config(settings, base_url, socket_path, use_tcp, api_key, timeout)
+        transport = httpx.AsyncHTTPTransport(uds=self._config.uds) if self._config.uds else None
+        self._http = httpx.AsyncClient(
+            base_url=self._config.base_url,
+            transport=transport,
+            headers=self._config.headers,
+            timeout=self._config.timeout,
+        )
+
+    @property
+    def address(self) -> str:
+        """The socket path or URL this client talks to."""
+        return self._config.address
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- transport -----------------------------------------------------------------------
+
+    async def _request(
+        self, method: str, path: str, body: Any = None, *, timeout: Any = None, **kwargs: Any
+    ) -> httpx.Response:
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                json=body,
+                timeout=timeout if timeout is not None else self._config.timeout,
+                **kwargs,
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._config.unavailable(exc) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise self._config.lost(exc) from None
+        if response.status_code >= 400:
+            raise APIError(response.status_code, _error_message(response))
+        return response
+
+    async def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        return (await self._request(method, path, body, **kwargs)).json()
+
+    async def _stream(
+        self, method: str, path: str, body: Any, parse: Any, params: Any = None
+    ) -> AsyncIterator[Any]:
+        try:
+            async with self._http.stream(
+                method, path, json=body, params=params, timeout=_NO_READ_TIMEOUT
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise APIError(response.status_code, _error_message(response))
+                async for line in response.aiter_lines():
+                    try:
+                        item = parse(line)
+                    except StopIteration:
+                        return
+                    if item is not None:
+                        yield item
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise self._config.unavailable(exc) from None
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise self._config.lost(exc) from None
+
+    # -- daemon --------------------------------------------------------------------------
+
+    async def is_running(self) -> bool:
+        """True when a daemon answers (never raises)."""
+        try:
+            return (await self._http.get("/", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
+        """Wait until a daemon answers; False if none did in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.is_running():
+                return True
+            await asyncio.sleep(interval)
+        return await self.is_running()
+
+    async def version(self) -> str:
+        """The daemon's version."""
+        return str((await self._json("GET", "/api/version"))["version"])
+
+    # -- models --------------------------------------------------------------------------
+
+    async def list_models(self) -> list[ModelSummary]:
+        """Models in the store, newest first."""
+        return list((await self._json("GET", "/api/tags"))["models"])
+
+    async def show(self, model: str, *, verbose: bool = False) -> ShowResponse:
+        """A model's details (see :meth:`Client.show`)."""
+        return await self._json("POST", "/api/show", {"model": model, "verbose": verbose})
+
+    async def ps(self) -> list[LoadedModelInfo]:
+        """Loaded models."""
+        return list((await self._json("GET", "/api/ps"))["models"])
+
+    async def copy(self, source: str, destination: str) -> None:
+        """Give ``source`` a second name."""
+        await self._request("POST", "/api/copy", {"source": source, "destination": destination})
+
+    async def delete(self, model: str) -> None:
+        """Remove a model (unloading it first)."""
+        await self._request("DELETE", "/api/delete", {"model": model})
+
+    async def pull(self, model: str, *, insecure: bool = False) -> AsyncIterator[ProgressLine]:
+        """Download a model; yields progress lines. Leaving the iteration cancels the pull."""
+        body = _payload({"model": model, "insecure": insecure})
+        async for item in self._stream("POST", "/api/pull", body, _parse_ndjson):
+            yield item
+
+    async def create(
+        self,
+        model: str,
+        *,
+        from_: str | None = None,
+        files: dict[str, str] | None = None,
+        template: str | None = None,
+        system: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        messages: Sequence[ChatMessage] | None = None,
+        license: str | list[str] | None = None,
+        quantize: str | None = None,
+    ) -> AsyncIterator[ProgressLine]:
+        """Create a model (see :meth:`Client.create`); yields status lines."""
+        body = _payload(locals())
+        async for item in self._stream("POST", "/api/create", body, _parse_ndjson):
+            yield item
+
+    async def blob_exists(self, digest: str) -> bool:
+        """True if the daemon's store holds the blob."""
+        try:
+            await self._request("HEAD", f"/api/blobs/{digest}")
+        except APIError as exc:
+            if exc.status_code == 404:
+                return False
+            raise
+        return True
+
+    async def upload_blob(self, path: str | Path) -> str:
+        """Upload a file as a blob (skipped when already there); returns its digest."""
+        path = Path(path)
+        digest = await asyncio.to_thread(_digest_of, path)
+        if not await self.blob_exists(digest):
+            await self._request(
+                "POST",
+                f"/api/blobs/{digest}",
+                content=_afile_chunks(path),
+                timeout=_NO_READ_TIMEOUT,
+            )
+        return digest
+
+    # -- generation ----------------------------------------------------------------------
+
+    async def generate(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        suffix: str | None = None,
+        system: str | None = None,
+        template: str | None = None,
+        raw: bool | None = None,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> GenerateChunk:
+        """A whole completion."""
+        body = _payload(locals(), stream=False)
+        return await self._json("POST", "/api/generate", body, timeout=_NO_READ_TIMEOUT)
+
+    async def generate_stream(
+        self,
+        model: str,
+        prompt: str = "",
+        *,
+        suffix: str | None = None,
+        system: str | None = None,
+        template: str | None = None,
+        raw: bool | None = None,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> AsyncIterator[GenerateChunk]:
+        """A completion streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
+        body = _payload(locals(), stream=True)
+        async for item in self._stream("POST", "/api/generate", body, _parse_ndjson):
+            yield item
+
+    async def chat(
+        self,
+        model: str,
+        messages: Sequence[ChatMessage],
+        *,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> ChatChunk:
+        """A whole chat answer."""
+        body = _payload(locals(), stream=False)
+        return await self._json("POST", "/api/chat", body, timeout=_NO_READ_TIMEOUT)
+
+    async def chat_stream(
+        self,
+        model: str,
+        messages: Sequence[ChatMessage],
+        *,
+        format: str | dict[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> AsyncIterator[ChatChunk]:
+        """A chat answer streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
+        body = _payload(locals(), stream=True)
+        async for item in self._stream("POST", "/api/chat", body, _parse_ndjson):
+            yield item
+
+    async def load(self, model: str, *, keep_alive: str | float | None = None) -> GenerateChunk:
+        """Load a model without generating."""
+        body = _payload(locals(), stream=False)
+        return await self._json("POST", "/api/generate", body, timeout=_NO_READ_TIMEOUT)
+
+    async def unload(self, model: str) -> GenerateChunk:
+        """Unload a model now (or once its running requests end)."""
+        body = {"model": model, "keep_alive": 0, "stream": False}
+        return await self._json("POST", "/api/generate", body, timeout=_NO_READ_TIMEOUT)
+
+    async def embed(
+        self,
+        model: str,
+        input_: str | Sequence[str],
+        *,
+        truncate: bool | None = None,
+        dimensions: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> EmbedResponse:
+        """Normalised embeddings, one per input."""
+        body = _payload(locals())
+        return await self._json("POST", "/api/embed", body, timeout=_NO_READ_TIMEOUT)
+
+    async def embeddings(self, model: str, prompt: str) -> list[float]:
+        """One embedding (legacy route)."""
+        body = {"model": model, "prompt": prompt}
+        data = await self._json("POST", "/api/embeddings", body, timeout=_NO_READ_TIMEOUT)
+        return list(data["embedding"])
+
+    # -- observability -------------------------------------------------------------------
+
+    async def stats(self) -> StatsSnapshot:
+        """Every loaded model's slots, KV use, rates and recent requests, once."""
+        return await self._json("GET", "/api/stats")
+
+    async def stats_stream(self, interval: float = 0.25) -> AsyncIterator[StatsSnapshot]:
+        """:meth:`stats` every ``interval`` seconds until the iteration is closed."""
+        params = {"stream": "true", "interval": interval}
+        async for item in self._stream("GET", "/api/stats", None, _parse_ndjson, params=params):
+            yield item
+
+    async def metrics(self) -> str:
+        """The Prometheus exposition text."""
+        return (await self._request("GET", "/metrics")).text
+
+    # -- OpenAI-compatible routes ------------------------------------------------------------
+
+    async def openai_models(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``."""
+        return list((await self._json("GET", "/v1/models"))["data"])
+
+    async def openai_model(self, model: str) -> dict[str, Any]:
+        """``GET /v1/models/{model}``."""
+        return await self._json("GET", f"/v1/models/{model}")
+
+    async def openai_chat(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/chat/completions`` (``stream`` forced off)."""
+        return await self._json(
+            "POST", "/v1/chat/completions", {**body, "stream": False}, timeout=_NO_READ_TIMEOUT
+        )
+
+    async def openai_chat_stream(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """``POST /v1/chat/completions`` streamed: the SSE chunks, without ``[DONE]``."""
+        payload = {**body, "stream": True}
+        async for item in self._stream("POST", "/v1/chat/completions", payload, _parse_sse):
+            yield item
+
+    async def openai_completion(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/completions`` (``stream`` forced off)."""
+        return await self._json(
+            "POST", "/v1/completions", {**body, "stream": False}, timeout=_NO_READ_TIMEOUT
+        )
+
+    async def openai_completion_stream(
+        self, body: Mapping[str, Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """``POST /v1/completions`` streamed."""
+        payload = {**body, "stream": True}
+        async for item in self._stream("POST", "/v1/completions", payload, _parse_sse):
+            yield item
+
+    async def openai_embeddings(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/embeddings``."""
+        return await self._json("POST", "/v1/embeddings", dict(body), timeout=_NO_READ_TIMEOUT)
