@@ -1,0 +1,294 @@
+"""The Ollama API of a real daemon, driven by the official ``ollama`` Python package.
+
+One daemon for the module, on a temporary home with the bundled SmolLM2 (imported as
+``smollm2:135m`` on first use) and the tiny test model created through the API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import ollama
+import pytest
+from test_daemon_support import Daemon, running_daemon
+
+SMOL = "smollm2:135m"
+FEW = {"num_predict": 8, "temperature": 0}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with running_daemon(tmp_path_factory.mktemp("ollama") / "home", num_parallel=4) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def client(daemon: Daemon) -> ollama.Client:
+    return ollama.Client(host=daemon.url)
+
+
+@pytest.fixture(scope="module")
+def tiny(client: ollama.Client, tiny_gguf: Path) -> str:
+    """The tiny model, created from a GGUF path the daemon can read."""
+    client.create(model="tiny:test", from_=str(tiny_gguf))
+    return "tiny:test"
+
+
+def test_list_show_version(client: ollama.Client, daemon: Daemon) -> None:
+    names = [m.model for m in client.list().models]
+    assert SMOL in names
+    shown = client.show(SMOL)
+    assert shown.details.family == "llama"
+    assert shown.details.quantization_level == "Q4_1"
+    assert "completion" in (shown.capabilities or [])
+    assert shown.modelinfo["llama.context_length"] == 8192
+    assert "stop" in (shown.parameters or "")
+    assert shown.modelfile.startswith("# Modelfile")
+    with daemon.http() as http:
+        assert http.get("/api/version").json()["version"]
+        assert http.get("/").text == "localllm is running"
+
+
+def test_chat_not_streamed_has_timings(client: ollama.Client, daemon: Daemon) -> None:
+    response = client.chat(
+        model=SMOL, messages=[{"role": "user", "content": "Say hello."}], options=FEW
+    )
+    assert response.done is True
+    assert response.message.role == "assistant"
+    assert response.message.content
+    assert response.eval_count == 8
+    assert response.done_reason == "length"
+    assert response.prompt_eval_count > 5
+    assert response.total_duration >= response.eval_duration > 0
+    # localllm's own fields (the ollama package drops unknown keys, so read them raw)
+    with daemon.http() as http:
+        body = {"model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "options": FEW}
+        extra = http.post("/api/chat", json={**body, "stream": False}).json()
+    assert extra["ttft_duration"] > 0
+    assert extra["ttft_duration"] <= extra["total_duration"]
+    assert extra["prompt_cached_count"] >= 0
+    assert extra["prompt_eval_rate"] > 0
+    assert extra["eval_rate"] > 0
+
+
+def test_chat_streamed(client: ollama.Client) -> None:
+    chunks = list(
+        client.chat(
+            model=SMOL,
+            messages=[{"role": "user", "content": "Name a colour."}],
+            options=FEW,
+            stream=True,
+        )
+    )
+    assert all(not c.done for c in chunks[:-1])
+    final = chunks[-1]
+    assert final.done and final.eval_count == 8
+    text = "".join(c.message.content for c in chunks)
+    assert text.strip()
+
+
+def test_greedy_generation_is_repeatable_and_prefix_cached(daemon: Daemon) -> None:
+    body = {"model": SMOL, "prompt": "Write one sentence about the sea.", "options": FEW}
+    with daemon.http() as http:
+        first = http.post("/api/generate", json={**body, "stream": False}).json()
+        second = http.post("/api/generate", json={**body, "stream": False}).json()
+    assert first["response"] == second["response"]
+    assert second["prompt_cached_count"] > 0
+
+
+def test_generate_streamed_and_stop(client: ollama.Client) -> None:
+    pieces = list(
+        client.generate(
+            model=SMOL,
+            prompt="1, 2, 3, 4, 5,",
+            raw=True,
+            options={"num_predict": 16, "temperature": 0, "stop": [","]},
+            stream=True,
+        )
+    )
+    text = "".join(p.response for p in pieces)
+    assert "," not in text
+    assert pieces[-1].done_reason == "stop"
+
+
+def test_generate_raw_and_system(client: ollama.Client) -> None:
+    raw = client.generate(model=SMOL, prompt="The capital of France is", raw=True, options=FEW)
+    assert raw.response
+    with_system = client.generate(model=SMOL, prompt="Hi", system="Answer in French.", options=FEW)
+    assert with_system.eval_count == 8
+
+
+def test_format_json_and_schema(client: ollama.Client) -> None:
+    answer = client.chat(
+        model=SMOL,
+        messages=[{"role": "user", "content": "Give a JSON object with a name."}],
+        format="json",
+        options={"num_predict": 40, "temperature": 0},
+    )
+    # Grammar-constrained: whatever was generated is the start of a JSON value.
+    assert answer.message.content.lstrip()[:1] in ("{", "[", '"', "-", "t", "f", "n", *"0123456789")
+    schema = {
+        "type": "object",
+        "properties": {"age": {"type": "integer"}},
+        "required": ["age"],
+    }
+    answer = client.chat(
+        model=SMOL,
+        messages=[{"role": "user", "content": "How old is the universe? Reply in JSON."}],
+        format=schema,
+        options={"num_predict": 60, "temperature": 0},
+    )
+    data = json.loads(answer.message.content)
+    assert isinstance(data["age"], int)
+
+
+def test_embed_and_legacy_embeddings(client: ollama.Client) -> None:
+    result = client.embed(model=SMOL, input=["a cat", "a dog"])
+    assert len(result.embeddings) == 2
+    norm = sum(x * x for x in result.embeddings[0]) ** 0.5
+    assert abs(norm - 1) < 1e-3
+    assert result.prompt_eval_count > 0
+    legacy = client.embeddings(model=SMOL, prompt="a cat")
+    assert len(legacy.embedding) == len(result.embeddings[0])
+    short = client.embed(model=SMOL, input="a cat", dimensions=16)
+    assert len(short.embeddings[0]) == 16
+
+
+def test_ps_after_use(client: ollama.Client) -> None:
+    client.generate(model=SMOL, prompt="Hi", options=FEW, keep_alive="10m")
+    loaded = {m.model: m for m in client.ps().models}
+    assert SMOL in loaded
+    entry = loaded[SMOL]
+    assert entry.context_length == 4096
+    assert entry.size > 0
+    assert entry.expires_at is not None
+
+
+def test_copy_delete_create(client: ollama.Client, daemon: Daemon, tiny: str) -> None:
+    client.copy(SMOL, "copied:one")
+    assert "copied:one" in [m.model for m in client.list().models]
+    client.delete("copied:one")
+    assert "copied:one" not in [m.model for m in client.list().models]
+    with pytest.raises(ollama.ResponseError) as info:
+        client.delete("copied:one")
+    assert info.value.status_code == 404
+
+    # create from a model, with parameters, a system prompt and messages
+    client.create(
+        model="smol-pirate",
+        from_=SMOL,
+        system="You are a pirate.",
+        parameters={"temperature": 0, "num_predict": 4},
+    )
+    shown = client.show("smol-pirate")
+    assert "pirate" in shown.modelfile
+    answer = client.generate(model="smol-pirate", prompt="Hello")
+    assert answer.eval_count == 4  # the model's num_predict parameter applies
+    assert tiny in [m.model for m in client.list().models]
+
+
+def test_create_from_uploaded_blob(client: ollama.Client, tiny_gguf: Path) -> None:
+    digest = client.create_blob(tiny_gguf)
+    assert digest.startswith("sha256:")
+    client.create(model="tiny-blob", files={"tiny.gguf": digest}, template=None)
+    answer = client.generate(model="tiny-blob", prompt="abc", raw=True, options=FEW)
+    assert answer.eval_count == 8
+
+
+def test_fill_in_the_middle_with_suffix(client: ollama.Client, tiny: str) -> None:
+    answer = client.generate(model=tiny, prompt="def f(", suffix="return x", options=FEW)
+    assert answer.done
+    with pytest.raises(ollama.ResponseError) as info:
+        client.generate(model=SMOL, prompt="def f(", suffix="return x", options=FEW)
+    assert info.value.status_code == 400
+    assert "fill-in-the-middle" in info.value.error
+
+
+def test_unknown_model_names_pull(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as info:
+        client.chat(model="nosuchmodel", messages=[{"role": "user", "content": "x"}])
+    assert info.value.status_code == 404
+    assert "localllm pull" in info.value.error
+
+
+def test_load_then_keep_alive_zero_unloads(client: ollama.Client, tiny: str) -> None:
+    loaded = client.generate(model=tiny, prompt="")
+    assert loaded.done_reason == "load"
+    assert tiny in [m.model for m in client.ps().models]
+    client.generate(model=tiny, prompt="x", raw=True, options=FEW, keep_alive=0)
+    assert tiny not in [m.model for m in client.ps().models]
+    client.generate(model=tiny, prompt="")
+    unloaded = client.generate(model=tiny, prompt="", keep_alive=0)
+    assert unloaded.done_reason == "unload"
+    assert tiny not in [m.model for m in client.ps().models]
+
+
+def test_concurrent_streams_from_several_clients(daemon: Daemon) -> None:
+    prompts = ["Name a fruit.", "Name a city.", "Name a fruit.", "Name a river."]
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def run(index: int) -> None:
+        try:
+            own = ollama.Client(host=daemon.url)
+            text = "".join(
+                c.message.content
+                for c in own.chat(
+                    model=SMOL,
+                    messages=[{"role": "user", "content": prompts[index]}],
+                    options={"num_predict": 12, "temperature": 0},
+                    stream=True,
+                )
+            )
+            results[index] = text
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    assert len(results) == 4 and all(results.values())
+    assert results[0] == results[2]  # greedy: the same prompt gives the same text in a batch
+    alone = ollama.Client(host=daemon.url).chat(
+        model=SMOL,
+        messages=[{"role": "user", "content": prompts[1]}],
+        options={"num_predict": 12, "temperature": 0},
+    )
+    assert alone.message.content == results[1]
+
+
+def test_killed_runner_fails_its_request_and_recovers(
+    client: ollama.Client, daemon: Daemon
+) -> None:
+    client.generate(model=SMOL, prompt="")
+    pid = next(m for m in daemon.client().ps() if m["model"] == SMOL)["runner_pid"]
+    with (
+        httpx.Client(base_url=daemon.url, timeout=120) as http,
+        http.stream(
+            "POST",
+            "/api/generate",
+            json={"model": SMOL, "prompt": "Tell a long story.", "options": {"num_predict": 4000}},
+        ) as response,
+    ):
+        lines = response.iter_lines()
+        first = json.loads(next(lines))
+        assert first["done"] is False
+        os.kill(pid, signal.SIGKILL)
+        rest = [json.loads(line) for line in lines if line]
+    assert "error" in rest[-1]
+    assert "stopped unexpectedly" in rest[-1]["error"]
+    answer = client.generate(model=SMOL, prompt="Hi", options=FEW)
+    assert answer.eval_count == 8
+    new_pid = next(m for m in daemon.client().ps() if m["model"] == SMOL)["runner_pid"]
+    assert new_pid != pid

@@ -1,0 +1,135 @@
+"""Helpers for the daemon tests: start a real daemon process on a temporary home.
+
+Each test module starts its own daemon (module-scoped fixture) with the settings it needs;
+the daemon is a real ``python -m localllm.daemon`` subprocess on a free TCP port and its own
+Unix socket. Stopping it checks the clean shutdown (exit status 0, socket removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localllm.client import Client
+from localllm.settings import Settings
+
+__all__ = ["Daemon", "free_port", "running_daemon", "start_daemon", "wait_for_stats"]
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Daemon:
+    """A running daemon subprocess."""
+
+    def __init__(self, home: Path, env: dict[str, str], process: subprocess.Popen[str]) -> None:
+        self.home = home
+        self.env = env
+        self.process = process
+        self.settings = Settings.from_env(env)
+        self.url = self.settings.base_url
+
+    def client(self, **kwargs: Any) -> Client:
+        """A localllm client over the Unix socket (or TCP with ``use_tcp=True``)."""
+        return Client(self.settings, **kwargs)
+
+    def http(self, **kwargs: Any) -> httpx.Client:
+        """A plain httpx client on TCP."""
+        return httpx.Client(base_url=self.url, timeout=120, **kwargs)
+
+    def log(self) -> str:
+        """The daemon's log so far."""
+        path = self.settings.log_dir / "daemon.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL (cleanup after a failed test)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_daemon(home: Path, **settings: Any) -> Daemon:
+    """Start ``python -m localllm.daemon`` for ``home``; ``settings`` become LOCALLLM_* vars.
+
+    Returns once the daemon announced that it listens (its sockets accept from then on).
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+    env["LOCALLLM_HOME"] = str(home)
+    env.setdefault("LOCALLLM_HOST", f"127.0.0.1:{free_port()}")
+    for key, value in settings.items():
+        env[f"LOCALLLM_{key.upper()}"] = str(value)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "localllm.daemon"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stderr is not None
+    line = process.stderr.readline()  # the announcement, or an error before exiting
+    if "listening" not in line:
+        rest = process.stderr.read()
+        process.wait(30)
+        raise RuntimeError(f"daemon did not start: {line}{rest}")
+    return Daemon(home, env, process)
+
+
+@contextlib.contextmanager
+def running_daemon(home: Path, **settings: Any) -> Iterator[Daemon]:
+    """Start a daemon, yield it, and check it shuts down cleanly."""
+    daemon = start_daemon(home, **settings)
+    try:
+        yield daemon
+    except BaseException:
+        daemon.kill()
+        raise
+    status = daemon.stop()
+    assert status == 0, f"daemon exited with {status}:\n{daemon.log()[-3000:]}"
+    assert not daemon.settings.socket_path.exists(), "the socket was not removed"
+
+
+def wait_for_stats(daemon: Daemon, condition: Any, timeout: float = 60) -> dict[str, Any]:
+    """Read the live stats stream until ``condition(snapshot)`` holds; returns that snapshot."""
+    deadline = time.monotonic() + timeout
+    with (
+        httpx.Client(base_url=daemon.url, timeout=timeout) as http,
+        http.stream("GET", "/api/stats", params={"stream": "true", "interval": 0.05}) as response,
+    ):
+        for line in response.iter_lines():
+            if not line:
+                continue
+            snapshot = json.loads(line)
+            if condition(snapshot):
+                return snapshot
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not met within {timeout}s: {snapshot}")
+    raise AssertionError("the stats stream ended before the condition held")
