@@ -17,6 +17,7 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   ├── RemoteNotFoundError    the repository, model, tag or file does not exist upstream
     │   ├── AuthRequiredError      the source wants credentials we do not have
     │   └── NetworkError           the source could not be reached
+    ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
         └── APIError               the daemon answered with an error status (``status_code``)
@@ -40,6 +41,7 @@ __all__ = [
     "LocalLLMError",
     "ModelNotFoundError",
     "NetworkError",
+    "OperationCancelledError",
     "PullError",
     "QuantizeError",
     "RemoteNotFoundError",
@@ -115,6 +117,10 @@ class AuthRequiredError(PullError):
 
 class NetworkError(PullError, ConnectionError):
     """The source could not be reached or the connection kept failing."""
+
+
+class OperationCancelledError(LocalLLMError):
+    """The caller set the cancel event of a pull or quantization; partial downloads are kept."""
 
 
 class DaemonError(LocalLLMError):

@@ -175,6 +175,24 @@ class Settings:
         "https://registry.ollama.ai",
         "Base URL of the Ollama-protocol registry used for plain model names.",
     )
+    hf_endpoint: str = _setting(
+        "HF_ENDPOINT",
+        "https://huggingface.co",
+        "Hugging Face Hub used for hf.co/<user>/<repo> names. The same variable huggingface_hub "
+        "reads, read here too because huggingface_hub reads it only once, at import.",
+    )
+    pull_stall_timeout: float = _setting(
+        "LOCALLLM_PULL_STALL_TIMEOUT",
+        30.0,
+        "Seconds a download may go without receiving a byte before the connection is dropped "
+        "and the download resumes on a new one (accepts 30s, 1m).",
+    )
+    pull_retries: int = _setting(
+        "LOCALLLM_PULL_RETRIES",
+        6,
+        "Failed download attempts in a row (no byte gained) before a pull gives up; each retry "
+        "waits longer (1 s, doubling, at most 30 s) and resumes where the last one stopped.",
+    )
     debug: bool = _setting(
         "LOCALLLM_DEBUG", False, "Verbose logging in the daemon and runner logs."
     )
@@ -243,6 +261,18 @@ class Settings:
             values["api_key"] = raw
         if (raw := get("LOCALLLM_REGISTRY")) is not None:
             values["registry"] = raw if "://" in raw else f"https://{raw}"
+        if (raw := get("HF_ENDPOINT")) is not None:
+            values["hf_endpoint"] = raw.rstrip("/")
+        if (raw := get("LOCALLLM_PULL_STALL_TIMEOUT")) is not None:
+            try:
+                stall = parse_duration(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_PULL_STALL_TIMEOUT: {exc}") from None
+            if stall <= 0:
+                raise SettingsError(f"LOCALLLM_PULL_STALL_TIMEOUT must be positive, got {raw!r}")
+            values["pull_stall_timeout"] = stall
+        if (number := as_int("LOCALLLM_PULL_RETRIES", 0)) is not None:
+            values["pull_retries"] = number
         if (raw := get("LOCALLLM_DEBUG")) is not None:
             values["debug"] = raw.lower() not in ("0", "false", "no", "off")
         return cls(**values)

@@ -1,1 +1,27 @@
-"""Placeholder; filled in by a later issue."""
+"""How models arrive: pulling from Hugging Face and Ollama-protocol registries.
+
+The API the daemon and the CLI use::
+
+    from localllm.sources import pull, PullProgress
+
+    entry = pull(store, "hf.co/bartowski/SmolLM2-135M-Instruct-GGUF:Q8_0", settings,
+                 on_progress=lambda event: print(event.to_json()), cancel=threading.Event())
+
+Modules, one job each:
+
+* :mod:`.pull` — :func:`pull`, the entry point (dispatch by name, checks, manifest writing);
+* :mod:`.progress` — :class:`PullProgress`, the ``/api/pull`` NDJSON event;
+* :mod:`.huggingface` and :mod:`.gguf_files` — the Hub source and which file a tag means;
+* :mod:`.registry` — the Ollama registry protocol (manifests, blobs, bearer tokens);
+* :mod:`.transfer` — the resumable, verified, shared download engine both sources use;
+* :mod:`.splits` — split GGUF models: their blob paths, and names llama.cpp can open;
+* :mod:`.assemble`, :mod:`.blobfile`, :mod:`.plan`, :mod:`.http` — the small pieces between.
+"""
+
+from __future__ import annotations
+
+from .progress import ProgressCallback, PullProgress
+from .pull import pull
+from .splits import linked_splits, model_paths
+
+__all__ = ["ProgressCallback", "PullProgress", "linked_splits", "model_paths", "pull"]

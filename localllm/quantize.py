@@ -1,0 +1,368 @@
+"""Quantization with llama.cpp's ``llama_model_quantize``, in a child process.
+
+The child (``python -m localllm.quantize``) loads llama.cpp, routes its log through
+``llama_log_set`` and reports each finished tensor as a JSON line on a pipe; the parent turns
+them into progress events in bytes (``quantizing F16 model to Q4_K_M``, total/completed, as
+Ollama's ``/api/create`` streams). A crash of llama.cpp (a bad file, a bug, memory) kills only the
+child: the caller gets :class:`QuantizeError`, the daemon lives on. Cancelling kills the child.
+
+Targets: q4_0, q4_K_S, q4_K_M (alias q4_K), q5_K_M, q6_K, q8_0, f16, f32 (case-insensitive).
+The source must be F32, F16 or BF16 unless ``allow_requantize`` is set, as in Ollama.
+
+This module and the runner are the only places that touch llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ._exceptions import DiskFullError, InvalidNameError, OperationCancelledError, QuantizeError
+from ._format import human_size
+from .gguf_info import inspect_gguf
+from .manifest import MEDIA_MODEL, Layer
+from .names import ModelName, parse_name
+from .sources.assemble import assemble_model
+from .sources.blobfile import hash_file, publish_file
+from .sources.progress import PullProgress
+from .sources.splits import linked_splits, model_paths
+from .store import ModelEntry, Store
+
+__all__ = [
+    "QUANTIZABLE_SOURCE_TYPES",
+    "QUANT_TYPES",
+    "REQUANTIZE_MESSAGE",
+    "check_quantizable",
+    "normalize_quant",
+    "quantize_file",
+    "quantize_model",
+]
+
+# Target name → llama_ftype (llama.h). Bits per weight are for the disk-space estimate.
+QUANT_TYPES: dict[str, int] = {
+    "Q4_0": 2,
+    "Q4_K_S": 14,
+    "Q4_K_M": 15,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+    "Q8_0": 7,
+    "F16": 1,
+    "F32": 0,
+}
+_BITS_PER_WEIGHT = {
+    "Q4_0": 4.5,
+    "Q4_K_S": 4.6,
+    "Q4_K_M": 4.9,
+    "Q5_K_M": 5.7,
+    "Q6_K": 6.6,
+    "Q8_0": 8.5,
+    "F16": 16.0,
+    "F32": 32.0,
+}
+_ALIASES = {"Q4_K": "Q4_K_M"}
+QUANTIZABLE_SOURCE_TYPES = ("F32", "F16", "BF16")
+REQUANTIZE_MESSAGE = "quantization is only supported for F16, BF16 and F32 models"
+# ggml_log_level: an ERROR line is kept for the error message.
+_LOG_LEVEL_ERROR = 4
+_LOG_LEVEL_CONT = 5
+_TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
+_POLL = 0.2
+
+ProgressCallback = Callable[[PullProgress], None]
+
+
+def normalize_quant(quant: str) -> str:
+    """Canonical name of a target (``q4_k`` → ``Q4_K_M``); raises :class:`QuantizeError`."""
+    key = quant.strip().upper()
+    key = _ALIASES.get(key, key)
+    if key not in QUANT_TYPES:
+        raise QuantizeError(
+            f"unsupported quantization type {quant!r}; use one of q4_0, q4_K_S, q4_K_M (q4_K), "
+            "q5_K_M, q6_K, q8_0, f16, f32"
+        )
+    return key
+
+
+def check_quantizable(file_type: str | None, what: str, *, allow_requantize: bool = False) -> None:
+    """Refuse (Ollama's message) to quantize a model that is already quantized.
+
+    ``file_type`` ``None`` (unknown) passes; the file is checked again once it is local.
+    """
+    if allow_requantize or file_type is None or file_type.upper() in QUANTIZABLE_SOURCE_TYPES:
+        return
+    raise QuantizeError(
+        f"{REQUANTIZE_MESSAGE} ({what} is {file_type}; --allow-requantize quantizes it anyway, "
+        "at a loss of quality)"
+    )
+
+
+def _child_command(arguments: dict[str, Any]) -> list[str]:
+    # A function of its own so tests can stand in a child that crashes.
+    return [sys.executable, "-m", "localllm.quantize", json.dumps(arguments)]
+
+
+def quantize_file(
+    source: Path,
+    output: Path,
+    quant: str,
+    *,
+    allow_requantize: bool = False,
+    threads: int = 0,
+    on_progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> None:
+    """Quantize the GGUF ``source`` (one file, or a split model's first part with the others
+    beside it) into the new file ``output``, in a child process.
+
+    Progress events (``quantizing F16 model to Q4_K_M``, total/completed in bytes of source
+    tensors) go to ``on_progress`` on the calling thread. ``threads`` <= 0 lets llama.cpp use
+    every core. Raises :class:`QuantizeError` (with llama.cpp's message, or the signal that
+    killed the child) or :class:`OperationCancelledError`; ``output`` is removed on failure.
+    """
+    target = normalize_quant(quant)
+    info = inspect_gguf(source)
+    check_quantizable(info.file_type, source.name, allow_requantize=allow_requantize)
+    sizes = {tensor.name: tensor.n_bytes for tensor in info.tensors}
+    _add_split_tensors(source, info.metadata.get("split.count"), sizes)
+    total = sum(sizes.values())
+    status = f"quantizing {info.file_type} model to {target}"
+    emit = on_progress or (lambda event: None)
+    emit(PullProgress(status, total=total, completed=0))
+
+    arguments = {
+        "source": str(source),
+        "output": str(output),
+        "ftype": QUANT_TYPES[target],
+        "allow_requantize": allow_requantize,
+        "threads": threads,
+    }
+    read_fd, write_fd = os.pipe()
+    errors: list[str] = []
+    done = 0
+    result: int | None = None
+    with tempfile.TemporaryFile() as child_output:
+        try:
+            process = subprocess.Popen(
+                [*_child_command(arguments), str(write_fd)],
+                pass_fds=(write_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=child_output,
+                stderr=child_output,
+            )
+        finally:
+            os.close(write_fd)
+        try:
+            for event in _events(read_fd, cancel):
+                if "tensor" in event:
+                    done += sizes.get(str(event.get("name")), 0)
+                    emit(PullProgress(status, total=total, completed=min(done, total)))
+                elif "error" in event:
+                    errors.append(str(event["error"]))
+                elif "result" in event:
+                    result = int(event["result"])
+            returncode = process.wait()
+        except BaseException:
+            process.kill()
+            process.wait()
+            output.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(read_fd)
+        if returncode != 0 or result != 0:
+            output.unlink(missing_ok=True)
+            child_output.seek(0)
+            tail = child_output.read()[-2000:].decode("utf-8", "replace").strip()
+            raise QuantizeError(_failure_message(returncode, errors, tail, target))
+    emit(PullProgress(status, total=total, completed=total))
+
+
+def _add_split_tensors(first: Path, count: Any, sizes: dict[str, int]) -> None:
+    # The other parts of a split model sit beside the first (see sources.splits).
+    if not isinstance(count, int) or count <= 1:
+        return
+    match = re.match(r"^(.*)-00001-of-(\d{5})\.gguf$", first.name)
+    if not match:
+        return
+    for index in range(2, count + 1):
+        part = first.with_name(f"{match.group(1)}-{index:05d}-of-{match.group(2)}.gguf")
+        sizes.update({t.name: t.n_bytes for t in inspect_gguf(part).tensors})
+
+
+def _events(fd: int, cancel: threading.Event | None) -> Any:
+    """JSON events from the child's pipe until it closes; kills nothing itself."""
+    pending = b""
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise OperationCancelledError("quantization cancelled")
+        ready, _, _ = select.select([fd], [], [], _POLL)
+        if not ready:
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            return
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    yield event
+
+
+def _failure_message(returncode: int, errors: list[str], tail: str, target: str) -> str:
+    if returncode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"llama.cpp crashed ({name}) while quantizing to {target}; the source is unchanged"
+    reason = "; ".join(e for e in errors if e) or (tail.splitlines()[-1] if tail else "")
+    reason = reason.removeprefix("llama_model_quantize: ").strip()
+    return f"quantizing to {target} failed: {reason or f'exit status {returncode}'}"
+
+
+def _resolve_source(
+    store: Store, source: ModelName | str | Path
+) -> tuple[list[Path], list[Layer], str]:
+    """(GGUF paths, layers to keep, description) for a model name or a GGUF file."""
+    if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise QuantizeError(f"{path}: no such file")
+        return [path], [], path.name
+    try:
+        entry = store.get(source)
+    except InvalidNameError:
+        raise QuantizeError(f"{source}: no such GGUF file or model") from None
+    keep = [layer for layer in entry.manifest.layers if layer.media_type != MEDIA_MODEL]
+    return model_paths(store, entry.manifest), keep, entry.name.short
+
+
+def quantize_model(
+    store: Store,
+    source: ModelName | str | Path,
+    target_name: ModelName | str,
+    quant: str,
+    *,
+    allow_requantize: bool = False,
+    threads: int = 0,
+    on_progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> ModelEntry:
+    """Quantize a model (a name in ``store``) or a GGUF file into the new model ``target_name``.
+
+    The result keeps the source model's template, system, params, license and messages layers.
+    ``target_name`` may equal the source's name (the model is replaced). Emits the progress of
+    :func:`quantize_file`, then ``writing manifest``; raises :class:`QuantizeError`,
+    :class:`DiskFullError`, :class:`ModelNotFoundError` or :class:`OperationCancelledError`.
+    """
+    target = normalize_quant(quant)
+    name = parse_name(target_name) if isinstance(target_name, str) else target_name
+    with store.writing():
+        paths, keep, what = _resolve_source(store, source)
+        info = inspect_gguf(paths[0])
+        check_quantizable(info.file_type, what, allow_requantize=allow_requantize)
+        weights = sum(inspect_gguf(path).parameter_count for path in paths)
+        estimate = int(weights * _BITS_PER_WEIGHT[target] / 8)
+        free = store.free_space()
+        if estimate > free:
+            raise DiskFullError(
+                f"not enough disk space to quantize {what} to {target}: about "
+                f"{human_size(estimate)} needed, {human_size(free)} free"
+            )
+        store.partial_dir.mkdir(parents=True, exist_ok=True)
+        output = store.partial_dir / f"tmp-{os.getpid()}-{secrets.token_hex(8)}.gguf"
+        try:
+            with linked_splits(paths) as first:
+                quantize_file(
+                    first,
+                    output,
+                    target,
+                    allow_requantize=allow_requantize,
+                    threads=threads,
+                    on_progress=on_progress,
+                    cancel=cancel,
+                )
+            produced = inspect_gguf(output).file_type
+            if produced != target:
+                raise QuantizeError(f"llama.cpp wrote a {produced} model, not {target}")
+            if on_progress is not None:
+                on_progress(PullProgress("writing manifest"))
+            digest = hash_file(output)
+            size = output.stat().st_size
+            publish_file(store, output, digest)
+        finally:
+            output.unlink(missing_ok=True)
+        return assemble_model(store, name, [Layer(MEDIA_MODEL, digest, size)], keep)
+
+
+# -- the child process -------------------------------------------------------------------------
+
+
+def _child_main(argv: list[str]) -> int:
+    """Run one quantization; report tensors and errors as JSON lines on the given fd."""
+    import ctypes
+
+    arguments = json.loads(argv[0])
+    events = os.fdopen(int(argv[1]), "w", buffering=1)
+
+    def send(event: dict[str, Any]) -> None:
+        events.write(json.dumps(event) + "\n")
+
+    import llama_cpp
+
+    pending: list[str] = []
+    line_level = [0]
+
+    def on_log(level: int, text: bytes | None, _user_data: Any) -> None:
+        piece = text.decode("utf-8", "replace") if text else ""
+        if not pending and level != _LOG_LEVEL_CONT:
+            line_level[0] = level
+        pending.append(piece)
+        if "\n" not in piece:
+            return
+        *lines, rest = "".join(pending).split("\n")
+        pending[:] = [rest] if rest else []
+        for line in lines:
+            match = _TENSOR_LINE.match(line)
+            if match:
+                send(
+                    {
+                        "tensor": int(match.group(1)),
+                        "of": int(match.group(2)),
+                        "name": match.group(3),
+                    }
+                )
+            elif line_level[0] == _LOG_LEVEL_ERROR and line.strip():
+                send({"error": line.strip()})
+
+    callback = llama_cpp.llama_log_callback(on_log)  # referenced until exit: C keeps the pointer
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = int(arguments["ftype"])
+    params.nthread = int(arguments["threads"])
+    params.allow_requantize = bool(arguments["allow_requantize"])
+    result = llama_cpp.llama_model_quantize(
+        arguments["source"].encode(), arguments["output"].encode(), ctypes.byref(params)
+    )
+    send({"result": int(result)})
+    events.close()
+    return 0 if result == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

@@ -1,0 +1,102 @@
+"""HTTP plumbing shared by the sources: the client, transient errors, redirect and range helpers."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+
+import httpx
+
+from ..settings import Settings
+
+__all__ = [
+    "TransientError",
+    "content_range_start",
+    "is_transport_error",
+    "make_client",
+    "same_host",
+    "same_origin",
+    "transient_status",
+]
+
+# Redirect chains longer than this are a loop or an attack, not a CDN.
+MAX_REDIRECTS = 10
+
+
+class TransientError(Exception):
+    """A failure worth retrying (a dropped connection, a 5xx, an expired CDN link).
+
+    Sources raise it from :meth:`BlobSource.open`; the download engine retries with backoff and
+    turns it into a :class:`~localllm.NetworkError` once the retries are spent.
+    """
+
+
+def make_client(settings: Settings) -> httpx.Client:
+    """An httpx client for registries and CDNs.
+
+    The read timeout is the stall timeout: a connection that delivers no byte for that long
+    raises ``ReadTimeout``, and the download resumes on a new connection. Redirects are never
+    followed implicitly; each source decides which ones it trusts.
+    """
+    from .. import __version__
+
+    stall = settings.pull_stall_timeout
+    return httpx.Client(
+        timeout=httpx.Timeout(connect=min(stall, 30.0), read=stall, write=stall, pool=stall),
+        follow_redirects=False,
+        headers={"User-Agent": f"localllm/{__version__}", "Accept-Encoding": "identity"},
+    )
+
+
+@functools.cache
+def _transport_error_types() -> tuple[type[BaseException], ...]:
+    # huggingface_hub 1.x speaks httpx, 2.x httpx2 and 0.x requests: a network failure inside it
+    # surfaces as whichever of these it uses.
+    types: list[type[BaseException]] = [httpx.TransportError, ConnectionError, TimeoutError]
+    for module_name, attrs in (
+        ("httpx2", ("TransportError",)),
+        ("requests.exceptions", ("ConnectionError", "Timeout")),
+    ):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        types.extend(getattr(module, attr) for attr in attrs if hasattr(module, attr))
+    return tuple(types)
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    """True for connection-level failures (refused, reset, DNS, timeouts) of any HTTP stack."""
+    return isinstance(exc, _transport_error_types())
+
+
+def transient_status(status: int) -> bool:
+    """Statuses a later attempt may well not get: timeouts, rate limits, server errors."""
+    return status in (408, 425, 429) or 500 <= status < 600
+
+
+def same_host(a: str | httpx.URL, b: str | httpx.URL) -> bool:
+    """Whether two URLs name the same host (ports aside, as Ollama compares them)."""
+    return httpx.URL(str(a)).host.lower() == httpx.URL(str(b)).host.lower()
+
+
+def same_origin(a: str | httpx.URL, b: str | httpx.URL) -> bool:
+    """Whether two URLs share scheme, host and port (where a token may be sent)."""
+    first, second = httpx.URL(str(a)), httpx.URL(str(b))
+    return (first.scheme, first.host.lower(), first.port) == (
+        second.scheme,
+        second.host.lower(),
+        second.port,
+    )
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+
+def content_range_start(value: str | None) -> int | None:
+    """First byte of a ``Content-Range: bytes a-b/n`` header, ``None`` if absent or malformed."""
+    if not value:
+        return None
+    match = _CONTENT_RANGE.fullmatch(value.strip())
+    return int(match.group(1)) if match else None

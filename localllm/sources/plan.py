@@ -1,0 +1,40 @@
+"""What a source resolved a name to: the blobs to fetch and how to record the model after."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..store import ModelEntry
+from .transfer import BlobSource
+
+__all__ = ["PlannedBlob", "PullPlan"]
+
+
+@dataclass(frozen=True)
+class PlannedBlob:
+    """One blob to have in the store before the model can be written."""
+
+    digest: str
+    """``sha256:<hex>`` the bytes must hash to."""
+    size: int
+    """Bytes promised by the source."""
+    source: BlobSource
+    """Where to download it from."""
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """A resolved pull: fetch :attr:`blobs`, then call :attr:`finish` to write the manifest."""
+
+    blobs: tuple[PlannedBlob, ...]
+    """Every blob of the model, in download order."""
+    finish: Callable[[], ModelEntry]
+    """Writes the model's manifest (all blobs exist by then) and returns its entry."""
+    file_type: str | None
+    """Quantization of the model (``Q4_K_M``, ``F16``...) when the source says, else ``None``."""
+
+    @property
+    def size(self) -> int:
+        """Bytes of all blobs."""
+        return sum(blob.size for blob in self.blobs)

@@ -1,0 +1,1 @@
+"""Loopback fakes of the services localllm talks to (Hugging Face Hub, Ollama registry)."""
