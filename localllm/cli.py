@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .names import ModelName
     from .settings import Settings
-    from .store import Store
+    from .store import ModelEntry, Store
 
 __all__ = ["main"]
 
@@ -168,7 +169,7 @@ def cmd_cp(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    """Create a model from a local GGUF file or another model."""
+    """Create a model from a local GGUF file or another model, optionally quantizing it."""
     from .gguf_info import inspect_gguf
     from .models import create_model
     from .names import parse_name
@@ -181,16 +182,68 @@ def cmd_create(args: argparse.Namespace) -> int:
     looks_like_file = (
         source_path.suffix.lower() == ".gguf" or "/" in args.source or source_path.exists()
     )
-    if looks_like_file and source_path.exists():
+    if looks_like_file and not source_path.exists() and args.source.lower().endswith(".gguf"):
+        raise _UsageError(f"{args.source}: no such file")
+    is_file = looks_like_file and source_path.exists()
+    if args.quantize is not None:
+        entry = _quantize(store, source_path if is_file else args.source, name, args)
+    elif is_file:
         info = inspect_gguf(source_path)
         facts = f"{info.architecture}, {info.parameter_size}, {info.file_type}"
         print(f"importing {source_path.name} ({facts})")
         entry = create_model(store, name, gguf_file=source_path)
-    elif looks_like_file and args.source.lower().endswith(".gguf"):
-        raise _UsageError(f"{args.source}: no such file")
     else:
         entry = create_model(store, name, base=args.source)
     print(f"created '{entry.name.short}' ({entry.id})")
+    return EXIT_OK
+
+
+def _quantize(
+    store: Store, source: Path | str, name: ModelName, args: argparse.Namespace
+) -> ModelEntry:
+    from .progress_display import ProgressView
+    from .quantize import quantize_model
+
+    with ProgressView() as view:
+        return quantize_model(
+            store,
+            source,
+            name,
+            args.quantize,
+            allow_requantize=args.allow_requantize,
+            threads=_settings().num_threads,
+            on_progress=view.update,
+        )
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Quantize a model or a GGUF file into a new model."""
+    from .names import parse_name
+
+    store = _store()
+    source_path = Path(args.source).expanduser()
+    source: Path | str = source_path if source_path.is_file() else args.source
+    entry = _quantize(store, source, parse_name(args.target), args)
+    print(f"created '{entry.name.short}' ({entry.id})")
+    return EXIT_OK
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download a model from Hugging Face or an Ollama registry."""
+    from .progress_display import ProgressView
+    from .sources import pull
+
+    settings = _settings()
+    store = _store(settings)
+    with ProgressView() as view:
+        pull(
+            store,
+            args.model,
+            settings,
+            on_progress=view.update,
+            quantize=args.quantize,
+            insecure=args.insecure,
+        )
     return EXIT_OK
 
 
@@ -207,6 +260,20 @@ class _UsageError(Exception):
 
 
 # -- parser --------------------------------------------------------------------------------
+
+
+_QUANT_HELP = "q4_0, q4_K_S, q4_K_M (q4_K), q5_K_M, q6_K, q8_0, f16, f32"
+
+
+def _add_quantize_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--quantize", "-q", metavar="QUANT", required=required, help=f"target: {_QUANT_HELP}"
+    )
+    parser.add_argument(
+        "--allow-requantize",
+        action="store_true",
+        help="quantize an already quantized model (loses quality)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,6 +322,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--from", dest="source", metavar="FILE|MODEL", help="a .gguf file or a model name"
     )
+    _add_quantize_arguments(sub, required=False)
+
+    sub = add("pull", cmd_pull, "Pull a model from Hugging Face (hf.co/...) or a registry")
+    sub.add_argument("model", help="model name: smollm2:135m, hf.co/<user>/<repo>[:<quant>]")
+    sub.add_argument(
+        "--quantize", "-q", metavar="QUANT", help="quantize after pulling (F16/BF16/F32 sources)"
+    )
+    sub.add_argument(
+        "--insecure", action="store_true", help="allow plain HTTP to the model's registry"
+    )
+
+    sub = add("quantize", cmd_quantize, "Quantize a model or a GGUF file into a new model")
+    sub.add_argument("source", metavar="SOURCE", help="a model name or a .gguf file")
+    sub.add_argument("target", metavar="TARGET", help="name of the new model")
+    _add_quantize_arguments(sub, required=True)
 
     add("version", cmd_version, "Show the version")
     return parser
