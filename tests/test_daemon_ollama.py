@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with running_daemon(tmp_path_factory.mktemp("ollama") / "home", num_parallel=4) as d:
+    with running_daemon(
+        tmp_path_factory.mktemp("ollama") / "home", num_parallel=4, num_threads=1
+    ) as d:
         yield d
 
 
