@@ -340,17 +340,18 @@ class _Transfer:
                     pending += piece
                     if len(pending) >= _CHUNK or part.offset + len(pending) >= self.size:
                         self._write(part, pending)
-                        pending.clear()
                         if part.offset >= self.size:
                             break  # anything more than promised: the digest check decides
             finally:
-                if pending and not self.stopping:
+                if pending:
                     self._write(part, pending)
         finally:
             response.close()
 
-    def _write(self, part: _PartialFile, data: bytearray) -> None:
-        part.append(bytes(data[: self.size - part.offset]), self.digest)
+    def _write(self, part: _PartialFile, pending: bytearray) -> None:
+        data = bytes(pending[: self.size - part.offset])
+        pending.clear()
+        part.append(data, self.digest)
         self._set_completed(part.offset)
 
 

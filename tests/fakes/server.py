@@ -131,6 +131,8 @@ class LoopbackServer:
         self.body_bytes: dict[str, int] = {}
         """Body bytes sent per URL path, over all responses."""
         self.faults: list[Fault] = []
+        self.fail_status: int | None = None
+        """When set, every file request is answered with this status instead."""
         self.on_request: Callable[[Recorded], None] | None = None
 
     @property
@@ -190,6 +192,9 @@ class LoopbackServer:
         self, handler: RequestHandler, data: bytes, headers: dict[str, str] | None = None
     ) -> None:
         """Serve ``data`` honouring one ``Range: bytes=a-[b]``, with the armed faults."""
+        if self.fail_status is not None:
+            handler.send_empty(self.fail_status)
+            return
         size = len(data)
         start, end, status = 0, size, 200
         match = _RANGE.match(handler.headers.get("Range", "").strip())
