@@ -8,7 +8,8 @@ import queue
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,23 +61,31 @@ def registry_config(file_type: str) -> bytes:
     ).encode()
 
 
-@dataclass
 class EventLog:
-    """Collects progress events (thread-safe), with an event per status seen."""
+    """Collects progress events (thread-safe); tests can wait for one that matches."""
 
-    events: list[PullProgress] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    seen_digest: threading.Event = field(default_factory=threading.Event)
+    def __init__(self) -> None:
+        self.events: list[PullProgress] = []
+        self._cond = threading.Condition()
+        self.seen_digest = threading.Event()
+        """Set at the first event about a blob."""
 
     def __call__(self, event: PullProgress) -> None:
-        with self._lock:
+        with self._cond:
             self.events.append(event)
+            self._cond.notify_all()
         if event.digest is not None:
             self.seen_digest.set()
 
     @property
     def statuses(self) -> list[str]:
         return [e.status for e in self.events]
+
+    def wait_for(self, predicate: Callable[[PullProgress], bool], timeout: float = 60) -> None:
+        """Block until an event satisfies ``predicate`` (fails after ``timeout`` seconds)."""
+        with self._cond:
+            found = self._cond.wait_for(lambda: any(map(predicate, self.events)), timeout)
+        assert found, "no such progress event"
 
 
 class ChildPull:

@@ -124,7 +124,10 @@ class LoopbackServer:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._server = _Server((host, 0), RequestHandler)
         self._server.owner = self
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll interval: shutdown() waits for it, once per server per test.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._lock = threading.Lock()
         self.stopped = threading.Event()
         self.requests: list[Recorded] = []
