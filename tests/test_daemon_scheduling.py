@@ -1,0 +1,197 @@
+"""Scheduling on a real daemon: the wait queue, disconnects, eviction, reloads, shutdown.
+
+The module's daemon has one slot per model, a wait queue of one and room for one loaded
+model, so every limit is reached with a handful of requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_daemon_support import Daemon, running_daemon, start_daemon, wait_for_stats
+
+from localllm.client import Client
+
+SMOL = "smollm2:135m"
+TINY = "tiny:sched"
+BUSY = "server busy, please try again.  maximum pending requests exceeded"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("sched") / "home"
+    with running_daemon(
+        home,
+        num_parallel=1,
+        max_queue=1,
+        max_loaded_models=1,
+        num_threads=1,
+        context_length=8192,
+    ) as d:
+        list(Client(d.settings).create(TINY, from_=str(tiny_gguf)))
+        yield d
+
+
+@pytest.fixture(scope="module")
+def client(daemon: Daemon) -> Client:
+    return daemon.client()
+
+
+def _loaded(client: Client) -> dict[str, dict[str, Any]]:
+    return {m["model"]: dict(m) for m in client.ps()}
+
+
+def _load_count(client: Client, model: str) -> float:
+    pattern = rf'localllm_model_load_seconds_count\{{model="{re.escape(model)}"\}} (\S+)'
+    match = re.search(pattern, client.metrics())
+    return float(match.group(1)) if match else 0.0
+
+
+def test_queue_full_503_and_disconnect_frees_the_slot(daemon: Daemon, client: Client) -> None:
+    # Greedy counting goes on until the context (8192) is full: thousands of tokens.
+    long_request = {
+        "model": SMOL,
+        "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+        "raw": True,
+        "options": {"temperature": 0},
+    }
+    queued: dict[str, Any] = {}
+
+    def second() -> None:
+        queued["answer"] = daemon.client().generate(SMOL, "Hi", options={"num_predict": 2})
+
+    with (
+        httpx.Client(base_url=daemon.url, timeout=120) as http,
+        http.stream("POST", "/api/generate", json=long_request) as stream,
+    ):
+        lines = stream.iter_lines()  # keep it: dropping the iterator closes the connection
+        first = json.loads(next(lines))
+        assert first["done"] is False  # the only slot is busy now
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        wait_for_stats(daemon, lambda s: s["queue_depth"] == 1)
+        # The queue (size 1) is full: the next request is refused at once, in both shapes.
+        busy = http.post("/api/generate", json={"model": SMOL, "prompt": "x", "stream": False})
+        assert busy.status_code == 503
+        assert busy.headers["retry-after"]
+        assert busy.json() == {"error": BUSY}
+        busy = http.post(
+            "/v1/chat/completions",
+            json={"model": SMOL, "messages": [{"role": "user", "content": "x"}]},
+        )
+        assert busy.status_code == 503
+        assert busy.json()["error"]["message"] == BUSY
+    # Leaving the stream closed the connection: the runner cancels it and the queued request
+    # gets the slot (the long one alone would run for thousands of tokens).
+    waiter.join(120)
+    assert not waiter.is_alive()
+    assert queued["answer"]["eval_count"] == 2
+    snapshot = client.stats()
+    model = next(m for m in snapshot["models"] if m["name"] == SMOL)
+    assert [r["done_reason"] for r in model["recent"]][-1] == "length"
+    assert all(slot["state"] == "idle" for slot in model["slots"])
+
+
+def test_lru_eviction_with_one_model_allowed(client: Client) -> None:
+    client.load(SMOL)
+    assert set(_loaded(client)) == {SMOL}
+    client.load(TINY)
+    assert set(_loaded(client)) == {TINY}
+
+
+def test_concurrent_first_requests_load_once(daemon: Daemon, client: Client) -> None:
+    client.unload(TINY)
+    client.unload(SMOL)
+    assert _loaded(client) == {}
+    before = _load_count(client, TINY)
+    results: list[Any] = []
+
+    def run() -> None:
+        results.append(daemon.client().generate(TINY, "abc", raw=True, options={"num_predict": 2}))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [r["eval_count"] for r in results] == [2, 2]
+    assert _load_count(client, TINY) == before + 1
+
+
+def test_changed_load_options_reload_the_runner(client: Client) -> None:
+    client.generate(TINY, "abc", raw=True, options={"num_predict": 1, "num_ctx": 256})
+    first = _loaded(client)[TINY]
+    assert first["context_length"] == 256
+    client.generate(TINY, "abc", raw=True, options={"num_predict": 1, "num_ctx": 512})
+    second = _loaded(client)[TINY]
+    assert second["context_length"] == 512
+    assert second["runner_pid"] != first["runner_pid"]
+    # sampling options alone do not reload
+    client.generate(TINY, "abc", raw=True, options={"num_predict": 1, "num_ctx": 512, "top_k": 5})
+    assert _loaded(client)[TINY]["runner_pid"] == second["runner_pid"]
+
+
+def test_second_daemon_for_the_same_home_refuses(daemon: Daemon) -> None:
+    with pytest.raises(RuntimeError) as info:
+        start_daemon(daemon.home)
+    assert "already running" in str(info.value)
+
+
+def test_busy_port_is_reported(daemon: Daemon, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+    env["LOCALLLM_HOME"] = str(tmp_path / "other")
+    env["LOCALLLM_HOST"] = daemon.settings.host
+    result = subprocess.run(
+        [sys.executable, "-m", "localllm.daemon"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sigterm_during_a_stream_shuts_down_cleanly(tmp_path: Path, tiny_gguf: Path) -> None:
+    daemon = start_daemon(tmp_path / "home", num_threads=1)
+    try:
+        list(daemon.client().create("tiny:bye", from_=str(tiny_gguf)))
+        daemon.client().load("tiny:bye")
+        runner_pid = daemon.client().ps()[0]["runner_pid"]
+        lines: list[str] = []
+        with (
+            httpx.Client(base_url=daemon.url, timeout=120) as http,
+            http.stream(
+                "POST",
+                "/api/generate",
+                json={"model": "tiny:bye", "prompt": "a", "raw": True, "options": {}},
+            ) as stream,
+        ):
+            iterator = stream.iter_lines()
+            lines.append(next(iterator))
+            daemon.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(httpx.HTTPError):  # cut when the grace period ends
+                lines.extend(iterator)
+        assert daemon.process.wait(60) == 0
+    finally:
+        daemon.kill()
+    assert json.loads(lines[0])["done"] is False
+    assert not daemon.settings.socket_path.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(runner_pid, 0)
+    assert "daemon stopped" in daemon.log()
