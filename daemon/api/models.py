@@ -210,6 +210,10 @@ def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
     raise HTTPProblem(400, "neither 'from' nor 'files' was specified", param="from")
 
 
+# Ollama's create-time quantization targets (q4_K is an alias of q4_K_M).
+_QUANT_TYPES = frozenset({"q8_0", "q4_k_s", "q4_k_m", "q4_k", "f16", "f32"})
+
+
 def _quantizer() -> Callable[..., Any] | None:
     try:
         module = importlib.import_module("localllm.quantize")
@@ -239,6 +243,13 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
         else None
     )
     quantize = body.quantize
+    if quantize and quantize.lower() not in _QUANT_TYPES:
+        raise HTTPProblem(
+            400,
+            f"unsupported quantization type {quantize!r}; "
+            "use one of q8_0, q4_K_S, q4_K_M, f16, f32",
+            param="quantize",
+        )
     quantizer = _quantizer() if quantize else None
     if quantize and quantizer is None:
         raise HTTPProblem(501, "quantization is not available in this build", param="quantize")

@@ -1,0 +1,236 @@
+"""Security defaults and hostile input on a real daemon: Host and Origin checks, the API key,
+loopback-only binding, socket permissions, malformed bodies, and schemathesis fuzzing of the
+OpenAPI document for both API families."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from localllm.daemon.app import create_app
+from test_daemon_support import Daemon, free_port, running_daemon
+
+from localllm._exceptions import APIError
+from localllm.client import Client
+from localllm.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("security") / "home"
+    with running_daemon(
+        home, num_threads=1, origins="app://obsidian.md,https://*.example.org"
+    ) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def http(daemon: Daemon) -> Iterator[httpx.Client]:
+    with daemon.http() as client:
+        yield client
+
+
+# -- Host and Origin --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:11435", "192.168.1.10", "[::2]"])
+def test_non_loopback_host_header_is_refused(http: httpx.Client, host: str) -> None:
+    response = http.get("/api/tags", headers={"Host": host})
+    assert response.status_code == 403
+    assert "not allowed" in response.json()["error"]
+    openai_shaped = http.get("/v1/models", headers={"Host": host})
+    assert openai_shaped.status_code == 403
+    assert openai_shaped.json()["error"]["type"] == "permission_error"
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1:8080", "[::1]:11435", "app.localhost"])
+def test_loopback_host_headers_pass(http: httpx.Client, host: str) -> None:
+    assert http.get("/api/tags", headers={"Host": host}).status_code == 200
+
+
+def test_origins(http: httpx.Client) -> None:
+    refused = http.get("/api/tags", headers={"Origin": "https://evil.example"})
+    assert refused.status_code == 403
+    for origin in ("http://localhost:3000", "app://obsidian.md", "https://notes.example.org"):
+        allowed = http.get("/api/tags", headers={"Origin": origin})
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == origin
+    preflight = http.options(
+        "/api/chat",
+        headers={
+            "Origin": "http://127.0.0.1:5173",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type",
+        },
+    )
+    assert preflight.status_code == 200
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+
+
+def test_socket_is_private(daemon: Daemon) -> None:
+    mode = stat.S_IMODE(os.stat(daemon.settings.socket_path).st_mode)
+    assert mode == 0o600
+    assert daemon.client().version()  # and it serves
+
+
+# -- binding and the API key --------------------------------------------------------------------
+
+
+def test_non_loopback_bind_without_key_refuses(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+    env["LOCALLLM_HOME"] = str(tmp_path / "home")
+    env["LOCALLLM_HOST"] = f"0.0.0.0:{free_port()}"
+    result = subprocess.run(
+        [sys.executable, "-m", "localllm.daemon"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "LOCALLLM_API_KEY" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_api_key_required_everywhere_but_root(tmp_path: Path) -> None:
+    with running_daemon(tmp_path / "home", api_key="s3cret-key") as daemon:
+        with daemon.http() as http:
+            assert http.get("/").status_code == 200
+            assert http.get("/api/tags").status_code == 401
+            wrong = http.get("/api/tags", headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            assert wrong.json()["error"].startswith("missing or invalid API key")
+            assert http.get("/v1/models").json()["error"]["type"] == "authentication_error"
+            ok = http.get("/api/tags", headers={"Authorization": "Bearer s3cret-key"})
+            assert ok.status_code == 200
+        # the localllm client sends the key from the settings, over either transport
+        assert daemon.client().list_models()
+        assert daemon.client(use_tcp=True).list_models()
+        with pytest.raises(APIError) as info:
+            daemon.client(api_key="wrong").list_models()
+        assert info.value.status_code == 401
+
+
+# -- hostile and malformed input ------------------------------------------------------------------
+
+_HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/api/generate", {"content": b"{not json"}),
+    ("POST", "/api/generate", {"content": b""}),
+    ("POST", "/api/generate", {"json": []}),
+    ("POST", "/api/generate", {"json": {"model": 5}}),
+    ("POST", "/api/generate", {"json": {"model": "../../../etc/passwd", "prompt": "x"}}),
+    ("POST", "/api/generate", {"json": {"model": "a\x00b", "prompt": "x"}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "keep_alive": "soon"}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "format": 12, "prompt": "x"}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "options": {"num_ctx": "x"}}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "options": {"top_p": 7}}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "options": {"num_ctx": 10**12}}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "options": []}}),
+    ("POST", "/api/generate", {"json": {"model": "smollm2:135m", "images": ["aGk="]}}),
+    ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "messages": "hello"}}),
+    ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "messages": [{"content": "x"}]}}),
+    ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "tools": [{"type": "function"}]}}),
+    ("POST", "/api/chat", {"json": {"model": "x" * 10_000, "messages": []}}),
+    ("POST", "/api/chat", {"content": b"[" * 100_000 + b"]" * 100_000}),
+    ("POST", "/api/embed", {"json": {"model": "smollm2:135m", "input": [1, 2]}}),
+    ("POST", "/api/show", {"json": {"model": ""}}),
+    ("POST", "/api/copy", {"json": {"source": "smollm2:135m", "destination": "../x"}}),
+    ("DELETE", "/api/delete", {"json": {"model": "nothing:here"}}),
+    ("POST", "/api/create", {"json": {"model": "x"}}),
+    ("POST", "/api/create", {"json": {"model": "x", "from": "/etc/passwd"}}),
+    ("POST", "/api/create", {"json": {"model": "x", "files": {"a.gguf": "sha256:abc"}}}),
+    ("POST", "/api/create", {"json": {"model": "x", "from": "smollm2:135m", "quantize": "zz"}}),
+    ("POST", "/api/blobs/sha256:..%2F..%2Fetc", {"content": b"x"}),
+    ("POST", f"/api/blobs/sha256:{'0' * 64}", {"content": b"not these bytes"}),
+    ("HEAD", "/api/blobs/md5:1234", {}),
+    ("GET", "/api/stats?stream=true&interval=0", {}),
+    ("POST", "/v1/chat/completions", {"json": {"model": "smollm2:135m"}}),
+    ("POST", "/v1/chat/completions", {"json": {"model": "smollm2:135m", "messages": [{}]}}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"json": {"model": "smollm2:135m", "messages": [{"role": "user", "content": "x"}], "n": 3}},
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {
+            "json": {
+                "model": "smollm2:135m",
+                "messages": [{"role": "user", "content": [{"type": "image_url"}]}],
+            }
+        },
+    ),
+    ("POST", "/v1/completions", {"json": {"model": "smollm2:135m", "prompt": ["a", "b"]}}),
+    ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": [[1, 2]]}}),
+    ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": ""}}),
+    ("GET", "/v1/models/..%2F..%2Fetc%2Fpasswd", {}),
+    ("PUT", "/api/tags", {}),
+    ("GET", "/no/such/route", {}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "kwargs"), _HOSTILE)
+def test_hostile_input_gets_a_4xx_with_a_message(
+    http: httpx.Client, method: str, path: str, kwargs: dict[str, Any]
+) -> None:
+    response = http.request(method, path, **kwargs)
+    assert 400 <= response.status_code < 500, response.text[:300]
+    if method != "HEAD":
+        error = response.json()["error"]
+        message = error["message"] if isinstance(error, dict) else error
+        assert message and "Traceback" not in message
+
+
+def test_invalid_field_is_named(http: httpx.Client) -> None:
+    response = http.post(
+        "/api/generate", json={"model": "smollm2:135m", "prompt": "x", "options": {"top_p": 7}}
+    )
+    assert response.status_code == 400
+    assert "options.top_p" in response.json()["error"]
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": "smollm2:135m", "messages": [{"role": "robot", "content": "x"}]},
+    )
+    assert response.json()["error"]["param"] == "messages[0].role"
+
+
+# -- schemathesis ------------------------------------------------------------------------------
+
+_schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi()).exclude(
+    # endless streams and network downloads are not for a fuzzer
+    path_regex=r"^/api/(stats|pull)$"
+)
+
+
+@_schema.parametrize()
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+)
+def test_fuzzed_requests_never_get_a_server_error(case: Any, daemon: Daemon) -> None:
+    response = case.call(base_url=daemon.url, timeout=60)
+    assert response.status_code < 500, f"{case.method} {case.path}: {response.text[:300]}"
+
+
+def test_client_reports_unavailable_daemon(tmp_path: Path) -> None:
+    from localllm._exceptions import DaemonUnavailableError
+
+    settings_ = Settings.from_env({"LOCALLLM_HOME": str(tmp_path)})
+    with pytest.raises(DaemonUnavailableError) as info:
+        Client(settings_).list_models()
+    assert "localllm serve" in str(info.value)
+    assert not Client(settings_).is_running()
