@@ -39,6 +39,7 @@ log = logging.getLogger("localllm.daemon")
 
 # Streams still running at shutdown get this long to finish before they are cancelled.
 _GRACEFUL_SECONDS = 5
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 class DaemonLockedError(SettingsError):
@@ -140,8 +141,6 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
 
 async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.socket) -> None:
     state = DaemonState.create(settings)
-    # The bundled starter model appears on first use of a store, with no network.
-    await asyncio.to_thread(ensure_starter, state.store)
     app = create_app(settings, state)
     servers = [_Server(_config(app, settings)), _Server(_config(app, settings))]
     loop = asyncio.get_running_loop()
@@ -156,12 +155,16 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
         for server in servers:
             server.should_exit = True
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in _STOP_SIGNALS:
         loop.add_signal_handler(signum, request_stop, signum)
+    # Signals that arrived since serve() blocked them are delivered now, to the handler above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
+        # The bundled starter model appears on first use of a store, with no network.
+        await asyncio.to_thread(ensure_starter, state.store)
         await asyncio.gather(servers[0].serve([unix_sock]), servers[1].serve([tcp_sock]))
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in _STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         await state.scheduler.close()
         log.info("daemon stopped")
@@ -176,6 +179,9 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
     check_bind_allowed(settings)
     log_path = setup_logging(settings)
     socket_path = settings.socket_path
+    # From the announcement on, a SIGTERM must mean a clean shutdown, not death by the default
+    # action: hold the signals until the event loop's handlers are in place.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     with _daemon_lock(settings):
         tcp_sock = _tcp_socket(settings.bind_host, settings.bind_port)
         unix_sock = _unix_socket(socket_path)

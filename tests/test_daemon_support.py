@@ -46,6 +46,7 @@ class Daemon:
 
     def client(self, **kwargs: Any) -> Client:
         """A localllm client over the Unix socket (or TCP with ``use_tcp=True``)."""
+        kwargs.setdefault("use_tcp", False)
         return Client(self.settings, **kwargs)
 
     def http(self, **kwargs: Any) -> httpx.Client:

@@ -1,0 +1,135 @@
+"""``localllm.client`` against a real daemon: both transports, sync and async, every route."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_daemon_support import Daemon, running_daemon, wait_for_stats
+
+from localllm._exceptions import APIError
+from localllm.client import AsyncClient, Client
+
+SMOL = "smollm2:135m"
+FEW = {"num_predict": 4, "temperature": 0}
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("client") / "home"
+    with running_daemon(home, num_parallel=2, num_threads=1) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def client(daemon: Daemon) -> Iterator[Client]:
+    with daemon.client() as c:
+        yield c
+
+
+def test_socket_by_default_tcp_when_asked(daemon: Daemon, client: Client) -> None:
+    assert client.address == str(daemon.settings.socket_path)
+    with daemon.client(use_tcp=True) as tcp:
+        assert tcp.address == daemon.url
+        assert tcp.version() == client.version()
+    with Client(base_url=daemon.url) as explicit:
+        assert explicit.is_running()
+
+
+def test_models_routes(client: Client, tiny_gguf: Path) -> None:
+    assert SMOL in [m["name"] for m in client.list_models()]
+    assert client.show(SMOL)["details"]["family"] == "llama"
+    digest = client.upload_blob(tiny_gguf)
+    assert client.blob_exists(digest)
+    assert client.upload_blob(tiny_gguf) == digest  # second upload is skipped
+    statuses = [line["status"] for line in client.create("tiny:client", files={"t.gguf": digest})]
+    assert statuses[-1] == "success"
+    client.copy("tiny:client", "tiny:copy")
+    client.delete("tiny:copy")
+    with pytest.raises(APIError) as info:
+        client.show("tiny:copy")
+    assert info.value.status_code == 404
+    assert "localllm pull" in info.value.message
+
+
+def test_generation_routes(client: Client) -> None:
+    whole = client.generate(SMOL, "Hi", options=FEW)
+    assert whole["eval_count"] == 4 and whole["ttft_duration"] > 0
+    chunks = list(client.chat_stream(SMOL, [{"role": "user", "content": "Hi"}], options=FEW))
+    assert chunks[-1]["done"] and chunks[-1]["eval_count"] == 4
+    answer = client.chat(SMOL, [{"role": "user", "content": "Hi"}], options=FEW)
+    assert answer["message"]["content"] == "".join(c["message"]["content"] for c in chunks)
+    assert len(client.embed(SMOL, ["a", "b"])["embeddings"]) == 2
+    assert client.embeddings(SMOL, "a")
+    assert client.load(SMOL)["done_reason"] == "load"
+    assert SMOL in [m["name"] for m in client.ps()]
+    assert client.unload(SMOL)["done_reason"] == "unload"
+    assert SMOL not in [m["name"] for m in client.ps()]
+
+
+def test_openai_routes(client: Client) -> None:
+    assert SMOL in [m["id"] for m in client.openai_models()]
+    assert client.openai_model(SMOL)["id"] == SMOL
+    body = {"model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    assert client.openai_chat(body)["usage"]["completion_tokens"] == 3
+    chunks = list(client.openai_chat_stream(body))
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    completion = {"model": SMOL, "prompt": "Hello", "max_tokens": 3}
+    assert client.openai_completion(completion)["choices"][0]["text"]
+    assert list(client.openai_completion_stream(completion))
+    vectors = client.openai_embeddings({"model": SMOL, "input": "x", "encoding_format": "float"})
+    assert vectors["data"][0]["embedding"]
+
+
+def test_metrics_and_stats(client: Client) -> None:
+    client.generate(SMOL, "Hi", options=FEW)
+    text = client.metrics()
+    assert 'localllm_generated_tokens_total{model="smollm2:135m"}' in text
+    assert "localllm_time_to_first_token_seconds_bucket" in text
+    assert "localllm_queue_depth" in text
+    snapshot = client.stats()
+    assert snapshot["models"][0]["slots_total"] == 2
+    first = next(client.stats_stream(interval=0.1))
+    assert "queue_depth" in first
+
+
+def test_pull_reports_errors_as_api_errors(client: Client) -> None:
+    with pytest.raises(APIError) as info:
+        list(client.pull("definitely-not-a-model:zzz"))
+    assert 400 <= info.value.status_code < 600
+
+
+def test_async_client_stream_and_cancel(daemon: Daemon) -> None:
+    async def scenario() -> tuple[str, int]:
+        async with AsyncClient(daemon.settings) as client:
+            chunks = [
+                c
+                async for c in client.chat_stream(
+                    SMOL, [{"role": "user", "content": "Hi"}], options=FEW
+                )
+            ]
+            text = "".join(c["message"]["content"] for c in chunks)
+            # leave a long stream after its first chunk: the daemon cancels it
+            stream = client.generate_stream(
+                SMOL, "1, 2, 3, 4, 5,", raw=True, options={"temperature": 0}
+            )
+            first = await anext(stream)
+            assert first["done"] is False
+            await stream.aclose()
+            models = await client.ps()
+            return text, len(models)
+
+    text, loaded = asyncio.run(scenario())
+    assert text and loaded == 1
+    # the cancelled request's slot is given back
+    wait_for_stats(
+        daemon,
+        lambda s: (
+            all(slot["state"] == "idle" for m in s["models"] for slot in m.get("slots", []))
+            and all(m["active_requests"] == 0 for m in s["models"])
+        ),
+    )
