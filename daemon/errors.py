@@ -8,6 +8,7 @@ Each API renders :class:`HTTPProblem` in its own shape (``{"error": "..."}`` for
 from __future__ import annotations
 
 from localllm._exceptions import (
+    AuthRequiredError,
     BlobNotFoundError,
     DigestMismatchError,
     DiskFullError,
@@ -16,6 +17,8 @@ from localllm._exceptions import (
     InvalidNameError,
     LocalLLMError,
     ModelNotFoundError,
+    NetworkError,
+    OperationCancelledError,
     PullError,
     QuantizeError,
     RemoteNotFoundError,
@@ -99,6 +102,12 @@ def problem_from(exc: BaseException, model: str | None = None) -> HTTPProblem:
     if isinstance(exc, RunnerError):
         status = 400 if exc.code in ("bad_request", "context_overflow", "unsupported") else 500
         return HTTPProblem(status, str(exc), code=exc.code)
+    if isinstance(exc, AuthRequiredError):
+        return HTTPProblem(403, str(exc), code="auth_required")
+    if isinstance(exc, NetworkError):
+        return HTTPProblem(502, str(exc), code="network_error")
+    if isinstance(exc, OperationCancelledError):
+        return HTTPProblem(499, str(exc), code="cancelled")
     if isinstance(exc, QuantizeError | PullError | StoreError | LocalLLMError):
         return HTTPProblem(400, str(exc), code="bad_request")
     return HTTPProblem(500, "internal error; see the daemon log for details", code="internal")

@@ -97,10 +97,17 @@ def test_metrics_and_stats(client: Client) -> None:
     assert "queue_depth" in first
 
 
-def test_pull_reports_errors_as_api_errors(client: Client) -> None:
+def test_pull_streams_progress(client: Client) -> None:
+    # The starter model is pulled from its package: no network.
+    client.copy(SMOL, "keep:smol")  # keeps the blobs, so deleting the name is cheap
+    client.delete(SMOL)
+    lines = list(client.pull(SMOL))
+    assert lines[0]["status"] == "pulling manifest"
+    assert lines[-1]["status"] == "success"
+    assert SMOL in [m["name"] for m in client.list_models()]
     with pytest.raises(APIError) as info:
-        list(client.pull("definitely-not-a-model:zzz"))
-    assert 400 <= info.value.status_code < 600
+        list(client.pull("bad name!"))
+    assert info.value.status_code == 400
 
 
 def test_async_client_stream_and_cancel(daemon: Daemon) -> None:

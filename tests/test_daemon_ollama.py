@@ -205,6 +205,20 @@ def test_create_from_uploaded_blob(client: ollama.Client, tiny_gguf: Path) -> No
     assert answer.eval_count == 8
 
 
+def test_create_with_quantize(client: ollama.Client, tiny: str) -> None:
+    statuses = [
+        p.status for p in client.create(model="tiny-q8", from_=tiny, quantize="q8_0", stream=True)
+    ]
+    assert statuses[-1] == "success"
+    assert any(s and s.startswith("quantizing") for s in statuses)
+    assert client.show("tiny-q8").details.quantization_level == "Q8_0"
+    assert client.generate(model="tiny-q8", prompt="abc", raw=True, options=FEW).eval_count == 8
+    with pytest.raises(ollama.ResponseError) as info:
+        client.create(model="smol-requant", from_=SMOL, quantize="q4_K_M")
+    assert info.value.status_code == 400
+    assert "only supported for F16, BF16 and F32" in info.value.error
+
+
 def test_fill_in_the_middle_with_suffix(client: ollama.Client, tiny: str) -> None:
     answer = client.generate(model=tiny, prompt="def f(", suffix="return x", options=FEW)
     assert answer.done

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -21,9 +20,15 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from localllm._exceptions import LocalLLMError
-from localllm.gguf_info import ArrayInfo
-from localllm.manifest import MEDIA_MODEL, normalize_digest
-from localllm.models import LocalModel, create_model, parse_parameters, render_modelfile
+from localllm.gguf_info import ArrayInfo, inspect_gguf
+from localllm.manifest import normalize_digest
+from localllm.models import (
+    LocalModel,
+    create_model,
+    load_model,
+    parse_parameters,
+    render_modelfile,
+)
 from localllm.names import parse_name
 
 from ..errors import HTTPProblem, problem_from
@@ -210,21 +215,82 @@ def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
     raise HTTPProblem(400, "neither 'from' nor 'files' was specified", param="from")
 
 
-# Ollama's create-time quantization targets (q4_K is an alias of q4_K_M).
-_QUANT_TYPES = frozenset({"q8_0", "q4_k_s", "q4_k_m", "q4_k", "f16", "f32"})
+def _progress_json(event: Any) -> dict[str, Any]:
+    to_json = getattr(event, "to_json", None)
+    return dict(to_json()) if to_json is not None else dict(event)
 
 
-def _quantizer() -> Callable[..., Any] | None:
-    try:
-        module = importlib.import_module("localllm.quantize")
-    except ImportError:
-        return None
-    return getattr(module, "quantize_model", None)
+async def _background_job(
+    work: Callable[[Callable[[Any], None], threading.Event], None], stream: bool
+) -> Response:
+    """Run ``work(emit, cancel)`` in a thread; stream what it emits as NDJSON, or wait.
+
+    A client that goes away cancels the job (``cancel`` is set); an error after streaming
+    began is a last ``{"error": ...}`` line.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+    cancel = threading.Event()
+
+    def emit(event: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, _progress_json(event))
+
+    def run() -> None:
+        try:
+            work(emit, cancel)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        else:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    task = loop.run_in_executor(None, run)
+
+    async def finish() -> None:
+        cancel.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(task)
+
+    if not stream:
+        last: dict[str, Any] = {"status": "success"}
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise problem_from(item) from None
+                last = item
+        finally:
+            await finish()
+        return JSONResponse({"status": last.get("status", "success")})
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    problem = problem_from(item)
+                    if problem.status >= 500:
+                        log.error("background job failed", exc_info=item)
+                    yield ndjson_line({"error": problem.message})
+                    return
+                yield ndjson_line(item)
+        finally:
+            await finish()
+
+    return ClosingStreamingResponse(lines(), media_type=NDJSON)
+
+
+def _source_file_type(sources: dict[str, Any], state: DaemonState) -> tuple[str | None, str]:
+    if "base" in sources:
+        model = load_model(state.store, sources["base"])
+        return model.info.file_type, model.name.short
+    path = sources.get("gguf_file") or state.store.blob_path(sources["gguf_digest"])
+    return inspect_gguf(path).file_type, str(sources.get("gguf_file") or sources["gguf_digest"])
 
 
 @router.post("/api/create", summary="Create a model")
 async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
-    """Create a model from a blob digest (``files``), a GGUF path or a model (``from``)."""
+    """Create a model from a blob digest (``files``), a GGUF path or a model (``from``),
+    optionally quantizing it (``quantize``: q8_0, q4_K_M, ...)."""
+    from localllm.quantize import check_quantizable, normalize_quant, quantize_model
+
     if not body.model_name():
         raise HTTPProblem(400, "model is required", param="model")
     try:
@@ -236,31 +302,23 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
         parameters = parse_parameters(body.parameters)
     except LocalLLMError as exc:
         raise HTTPProblem(400, str(exc), param="parameters") from None
+    quant: str | None = None
+    if body.quantize:
+        try:
+            quant = normalize_quant(body.quantize)
+            file_type, what = await run_in_threadpool(_source_file_type, sources, state)
+            check_quantizable(file_type, what)
+        except LocalLLMError as exc:
+            raise HTTPProblem(400, str(exc), param="quantize") from None
     license_text = "\n".join(body.license) if isinstance(body.license, list) else body.license
     messages = (
         [{"role": m.role, "content": m.content or ""} for m in body.messages]
         if body.messages is not None
         else None
     )
-    quantize = body.quantize
-    if quantize and quantize.lower() not in _QUANT_TYPES:
-        raise HTTPProblem(
-            400,
-            f"unsupported quantization type {quantize!r}; "
-            "use one of q8_0, q4_K_S, q4_K_M, f16, f32",
-            param="quantize",
-        )
-    quantizer = _quantizer() if quantize else None
-    if quantize and quantizer is None:
-        raise HTTPProblem(501, "quantization is not available in this build", param="quantize")
 
-    statuses: list[str] = ["gathering model components"]
-
-    def work() -> None:
-        nonlocal sources
-        if quantize and quantizer is not None:
-            statuses.append(f"quantizing model to {quantize}")
-            sources = quantizer(state.store, sources=sources, target=quantize)
+    def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
+        emit({"status": "gathering model components"})
         entry = create_model(
             state.store,
             target,
@@ -272,90 +330,46 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
             **sources,
         )
         for layer in entry.manifest.layers:
-            verb = "using existing layer" if layer.media_type == MEDIA_MODEL else "creating layer"
-            statuses.append(f"{verb} {layer.digest}")
-        statuses.append("writing manifest")
+            emit({"status": f"using layer {layer.digest}"})
+        if quant is not None:
+            quantize_model(
+                state.store,
+                target,
+                target,
+                quant,
+                threads=state.settings.num_threads,
+                on_progress=emit,
+                cancel=cancel,
+            )
+            with contextlib.suppress(OSError):
+                state.store.gc()
+        else:
+            emit({"status": "writing manifest"})
+        emit({"status": "success"})
 
-    try:
-        await run_in_threadpool(work)
-    except LocalLLMError as exc:
-        raise problem_from(exc) from None
-    statuses.append("success")
-    if body.stream is False:
-        return JSONResponse({"status": "success"})
-
-    async def lines() -> AsyncIterator[bytes]:
-        for status in statuses:
-            yield ndjson_line({"status": status})
-
-    return ClosingStreamingResponse(lines(), media_type=NDJSON)
-
-
-def _puller() -> Callable[..., Any] | None:
-    try:
-        module = importlib.import_module("localllm.sources")
-    except ImportError:
-        return None
-    return getattr(module, "pull", None)
+    return await _background_job(work, body.stream is not False)
 
 
 @router.post("/api/pull", summary="Pull a model")
 async def pull(body: PullRequest, request: Request, state: StateDep) -> Response:
-    """Download a model; NDJSON progress lines as Ollama sends them."""
+    """Download a model; NDJSON progress lines as Ollama sends them (``stream: false`` waits)."""
+    from localllm.sources import pull as pull_model
+
     if not body.model_name():
         raise HTTPProblem(400, "model is required", param="model")
     try:
         name = parse_name(body.model_name())
     except LocalLLMError as exc:
         raise HTTPProblem(400, str(exc), param="model") from None
-    puller = _puller()
-    if puller is None:
-        raise HTTPProblem(501, "pulling models is not available in this build yet")
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
-    cancel = threading.Event()
 
-    def on_progress(event: dict[str, Any]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, dict(event))
+    def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
+        pull_model(
+            state.store,
+            name,
+            state.settings,
+            on_progress=emit,
+            cancel=cancel,
+            insecure=bool(body.insecure),
+        )
 
-    def work() -> None:
-        try:
-            puller(state.store, name, state.settings, on_progress=on_progress, cancel=cancel)
-        except BaseException as exc:
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        else:
-            loop.call_soon_threadsafe(queue.put_nowait, None)
-
-    task = loop.run_in_executor(None, work)
-
-    async def events() -> AsyncIterator[dict[str, Any] | BaseException]:
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            yield item
-
-    if body.stream is False:
-        last: dict[str, Any] = {"status": "success"}
-        try:
-            async for item in events():
-                if isinstance(item, BaseException):
-                    raise problem_from(item) from None
-                last = item
-        finally:
-            cancel.set()
-        return JSONResponse({"status": last.get("status", "success")})
-
-    async def lines() -> AsyncIterator[bytes]:
-        try:
-            async for item in events():
-                if isinstance(item, BaseException):
-                    yield ndjson_line({"error": problem_from(item).message})
-                    return
-                yield ndjson_line(item)
-        finally:
-            cancel.set()
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(task)
-
-    return ClosingStreamingResponse(lines(), media_type=NDJSON)
+    return await _background_job(work, body.stream is not False)
