@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+import threading
 
 import httpx
 
@@ -17,6 +18,7 @@ __all__ = [
     "make_client",
     "same_host",
     "same_origin",
+    "shared_client",
     "transient_status",
 ]
 
@@ -30,6 +32,23 @@ class TransientError(Exception):
     Sources raise it from :meth:`BlobSource.open`; the download engine retries with backoff and
     turns it into a :class:`~localllm.NetworkError` once the retries are spent.
     """
+
+
+_clients: dict[float, httpx.Client] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client(settings: Settings) -> httpx.Client:
+    """This process's client for ``settings`` (see :func:`make_client`); never close it.
+
+    Downloads share it, so connections and the TLS context (tens of milliseconds to build) are
+    reused from one blob to the next. httpx clients are safe to use from several threads.
+    """
+    with _clients_lock:
+        client = _clients.get(settings.pull_stall_timeout)
+        if client is None:
+            client = _clients[settings.pull_stall_timeout] = make_client(settings)
+        return client
 
 
 def make_client(settings: Settings) -> httpx.Client:

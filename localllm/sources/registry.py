@@ -37,7 +37,7 @@ from ..manifest import MAX_MANIFEST_BYTES, MEDIA_MANIFEST, MEDIA_MODEL, Manifest
 from ..names import DEFAULT_HOST, ModelName
 from ..settings import Settings
 from ..store import ModelEntry, Store
-from .http import MAX_REDIRECTS, TransientError, make_client, same_host, transient_status
+from .http import MAX_REDIRECTS, TransientError, same_host, shared_client, transient_status
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
 from .transfer import fetch_blob
@@ -250,8 +250,7 @@ def plan_registry(
         repository=f"{name.namespace}/{name.model}",
     )
     emit(PullProgress(STATUS_MANIFEST))
-    with make_client(settings) as client:
-        manifest = registry.manifest(client, name)
+    manifest = registry.manifest(shared_client(settings), name)
     config = manifest.config
     if config.size > _MAX_CONFIG:
         raise PullError(f"the config blob of {name} is {config.size} bytes; that is not a config")

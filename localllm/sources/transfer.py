@@ -46,12 +46,14 @@ from ..manifest import normalize_digest
 from ..settings import Settings
 from ..store import Store
 from .blobfile import publish_file
-from .http import TransientError, content_range_start, make_client
+from .http import TransientError, content_range_start, shared_client
 from .progress import ProgressCallback, PullProgress, RateMeter, pulling_status
 
 __all__ = ["BlobSource", "fetch_blob", "partial_path"]
 
 _CHUNK = 1 << 20
+# writev takes at most IOV_MAX (1024 on Linux) buffers.
+_MAX_PIECES = 256
 # How often a waiting puller looks at its cancel event, and the least time between its events.
 _TICK = 0.1
 # How often a transfer waiting for another process's lock looks at that process's progress.
@@ -294,27 +296,27 @@ class _Transfer:
         self._set_completed(part.offset)
         failures = 0
         last_error = ""
-        with make_client(self.settings) as client:
-            while part.offset < self.size:
-                self._check_stop()
-                before = part.offset
-                try:
-                    self._attempt(client, part)
-                    if part.offset < self.size:
-                        last_error = "the connection closed before the end of the file"
-                except (TransientError, httpx.TransportError) as exc:
-                    last_error = _describe(exc)
-                if part.offset >= self.size:
-                    break
-                failures = 1 if part.offset > before else failures + 1
-                if failures > self.settings.pull_retries:
-                    raise NetworkError(
-                        f"downloading {self.source.description} failed "
-                        f"{failures} times in a row ({last_error}); "
-                        f"{human_size(part.offset)} of {human_size(self.size)} are kept, "
-                        "pull again to resume"
-                    )
-                self._sleep(min(_BACKOFF_FIRST * 2 ** (failures - 1), _BACKOFF_MAX))
+        client = shared_client(self.settings)
+        while part.offset < self.size:
+            self._check_stop()
+            before = part.offset
+            try:
+                self._attempt(client, part)
+                if part.offset < self.size:
+                    last_error = "the connection closed before the end of the file"
+            except (TransientError, httpx.TransportError) as exc:
+                last_error = _describe(exc)
+            if part.offset >= self.size:
+                break
+            failures = 1 if part.offset > before else failures + 1
+            if failures > self.settings.pull_retries:
+                raise NetworkError(
+                    f"downloading {self.source.description} failed "
+                    f"{failures} times in a row ({last_error}); "
+                    f"{human_size(part.offset)} of {human_size(self.size)} are kept, "
+                    "pull again to resume"
+                )
+            self._sleep(min(_BACKOFF_FIRST * 2 ** (failures - 1), _BACKOFF_MAX))
 
     def _attempt(self, client: httpx.Client, part: _PartialFile) -> None:
         response = self.source.open(client, part.offset)
@@ -331,27 +333,33 @@ class _Transfer:
                 raise TransientError("the server refused the byte range; starting over")
             else:
                 raise TransientError(f"unexpected HTTP status {response.status_code}")
-            # Pieces as they arrive, gathered into large writes; what is gathered is written
-            # even when the connection breaks (iter_raw(n) would drop its partial chunk).
-            pending = bytearray()
+            # Pieces as they arrive, written in batches with one writev (no copying); a batch
+            # is written even when the connection breaks (iter_raw(n) would drop its partial
+            # chunk, and those bytes would be fetched again).
+            batch: list[bytes] = []
+            batched = 0
             try:
                 for piece in response.iter_raw():
                     self._check_stop()
-                    pending += piece
-                    if len(pending) >= _CHUNK or part.offset + len(pending) >= self.size:
-                        self._write(part, pending)
-                        if part.offset >= self.size:
-                            break  # anything more than promised: the digest check decides
+                    room = self.size - part.offset - batched
+                    if len(piece) >= room:
+                        batch.append(piece[:room])  # more than promised: the digest decides
+                        break
+                    batch.append(piece)
+                    batched += len(piece)
+                    if batched >= _CHUNK or len(batch) >= _MAX_PIECES:
+                        self._write(part, batch)
+                        batched = 0
             finally:
-                if pending:
-                    self._write(part, pending)
+                if batch:
+                    self._write(part, batch)
         finally:
             response.close()
 
-    def _write(self, part: _PartialFile, pending: bytearray) -> None:
-        data = bytes(pending[: self.size - part.offset])
-        pending.clear()
-        part.append(data, self.digest)
+    def _write(self, part: _PartialFile, batch: list[bytes]) -> None:
+        pieces = list(batch)
+        batch.clear()
+        part.append(pieces, self.digest)
         self._set_completed(part.offset)
 
 
@@ -389,12 +397,12 @@ class _PartialFile:
         self._hash = hashlib.sha256()
         self.offset = 0
 
-    def append(self, data: bytes, digest: str) -> None:
-        """Write ``data`` at the end (unbuffered, so a killed process keeps what it reported)."""
-        view = memoryview(data)
-        while view:
+    def append(self, pieces: list[bytes], digest: str) -> None:
+        """Write ``pieces`` at the end, unbuffered (a killed process keeps what it reported)."""
+        views = [memoryview(piece) for piece in pieces if piece]
+        while views:
             try:
-                written = os.write(self.fd, view)
+                written = os.writev(self.fd, views)
             except OSError as exc:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise DiskFullError(
@@ -403,9 +411,16 @@ class _PartialFile:
                         f"{self.path.parent}; free some space and pull again to resume"
                     ) from None
                 raise
-            self._hash.update(view[:written])
             self.offset += written
-            view = view[written:]
+            # Hash exactly what reached the file (a short write leaves the rest for the loop).
+            while written:
+                view = views[0]
+                self._hash.update(view[:written])
+                if written < len(view):
+                    views[0] = view[written:]
+                    break
+                written -= len(view)
+                views.pop(0)
 
     def digest(self) -> str:
         """``sha256:<hex>`` of the bytes written."""

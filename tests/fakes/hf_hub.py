@@ -18,6 +18,7 @@ is another origin, as on the real Hub: the client must not send it the token. Fa
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from dataclasses import dataclass, field
@@ -31,15 +32,20 @@ __all__ = ["FakeCDN", "FakeHub", "HubRepo"]
 _LFS_THRESHOLD = 10 * 1024
 
 
+@functools.cache
+def _sha256(data: bytes) -> str:
+    # Cached: the fake answers many requests about the same (possibly 100 MB) files.
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.cache
 def _git_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _lfs_pointer(data: bytes) -> bytes:
-    return (
-        "version https://git-lfs.github.com/spec/v1\n"
-        f"oid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n"
-    ).encode()
+    lines = ["version https://git-lfs.github.com/spec/v1", f"oid sha256:{_sha256(data)}"]
+    return "\n".join([*lines, f"size {len(data)}", ""]).encode()
 
 
 @dataclass
@@ -74,7 +80,7 @@ class FakeCDN(LoopbackServer):
 
     def object_path(self, data: bytes) -> str:
         """The URL path the CDN serves ``data`` under."""
-        return f"/repos/{hashlib.sha256(data).hexdigest()}"
+        return f"/repos/{_sha256(data)}"
 
 
 class FakeHub(LoopbackServer):
@@ -101,7 +107,7 @@ class FakeHub(LoopbackServer):
         self.repos[repo_id] = repo
         for path, data in repo.files.items():
             if repo.is_lfs(path):
-                self.cdn.objects[hashlib.sha256(data).hexdigest()] = data
+                self.cdn.objects[_sha256(data)] = data
         return repo
 
     # -- routes ------------------------------------------------------------------------------
@@ -153,7 +159,7 @@ class FakeHub(LoopbackServer):
                 sibling["blobId"] = _git_oid(_lfs_pointer(data) if repo.is_lfs(path) else data)
                 if repo.is_lfs(path):
                     sibling["lfs"] = {
-                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "sha256": _sha256(data),
                         "size": len(data),
                         "pointerSize": len(_lfs_pointer(data)),
                     }
@@ -191,7 +197,7 @@ class FakeHub(LoopbackServer):
                     "oid": _git_oid(pointer),
                     "size": len(data),
                     "lfs": {
-                        "oid": hashlib.sha256(data).hexdigest(),
+                        "oid": _sha256(data),
                         "size": len(data),
                         "pointerSize": len(pointer),
                     },
@@ -237,7 +243,7 @@ class FakeHub(LoopbackServer):
         if not repo.is_lfs(file_path):
             handler.send_bytes(200, data, "text/plain", {"ETag": f'"{_git_oid(data)}"', **common})
             return
-        sha = hashlib.sha256(data).hexdigest()
+        sha = _sha256(data)
         location = (
             f"{self.cdn.url}{self.cdn.object_path(data)}?X-Amz-Signature={secrets.token_hex(8)}"
         )
