@@ -84,22 +84,14 @@ class FakeCDN(LoopbackServer):
 
 
 class FakeHub(LoopbackServer):
-    """The Hub API; pair it with a :class:`FakeCDN` (started and stopped together)."""
+    """The Hub API; its :attr:`cdn` starts and stops with it."""
 
     def __init__(self) -> None:
         super().__init__("127.0.0.1")
         self.cdn = FakeCDN()
+        self.companions.append(self.cdn)
         self.repos: dict[str, HubRepo] = {}
         self.token = "hf_" + secrets.token_hex(8)
-
-    def start(self) -> FakeHub:
-        self.cdn.start()
-        super().start()
-        return self
-
-    def stop(self) -> None:
-        super().stop()
-        self.cdn.stop()
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], *, gated: bool = False) -> HubRepo:
         """Publish a repository."""

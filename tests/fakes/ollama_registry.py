@@ -71,21 +71,13 @@ class FakeRegistry(LoopbackServer):
     def __init__(self) -> None:
         super().__init__("127.0.0.1")
         self.cdn = RegistryCDN()
+        self.companions.append(self.cdn)
         self.models: dict[tuple[str, str], _Model] = {}
         self.require_token = False
         self.token = "registry-" + secrets.token_hex(8)
         self.blobs_on_cdn = False
         self.manifest_redirect: str | None = None
         self.token_requests: list[dict[str, list[str]]] = []
-
-    def start(self) -> FakeRegistry:
-        self.cdn.start()
-        super().start()
-        return self
-
-    def stop(self) -> None:
-        super().stop()
-        self.cdn.stop()
 
     @property
     def host(self) -> str:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["Fault", "LoopbackServer", "Recorded", "RequestHandler", "bind_host"]
 
@@ -137,6 +137,8 @@ class LoopbackServer:
         self.fail_status: int | None = None
         """When set, every file request is answered with this status instead."""
         self.on_request: Callable[[Recorded], None] | None = None
+        self.companions: list[LoopbackServer] = []
+        """Servers started and stopped with this one (a fake's CDN)."""
 
     @property
     def url(self) -> str:
@@ -144,7 +146,9 @@ class LoopbackServer:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> LoopbackServer:
+    def start(self) -> Self:
+        for companion in self.companions:
+            companion.start()
         self._thread.start()
         return self
 
@@ -154,8 +158,10 @@ class LoopbackServer:
             fault.resume.set()
         self._server.shutdown()
         self._server.server_close()
+        for companion in self.companions:
+            companion.stop()
 
-    def __enter__(self) -> LoopbackServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
