@@ -13,6 +13,8 @@ measurement, then a summary whose ``ratio`` is pull / httpx throughput (medians 
 rounds). Usage::
 
     python benchmarks/pull.py [--rounds 5] [--file PATH | --size-mb N]
+
+``--size-mb`` serves the tiny test model padded with random bytes to that size.
 """
 
 from __future__ import annotations
@@ -49,9 +51,13 @@ def _payload(args: argparse.Namespace, folder: Path) -> Path:
     if args.file:
         return Path(args.file)
     if args.size_mb:
-        path = folder / "random.gguf"
-        with open(path, "wb") as handle:
-            for _ in range(args.size_mb):
+        # A real (tiny) GGUF padded with random bytes: the pull validates what it stores.
+        sys.path.insert(0, str(ROOT / "tests"))
+        from tiny_gguf import write_tiny_gguf
+
+        path = write_tiny_gguf(folder / "padded.gguf")
+        with open(path, "ab") as handle:
+            while handle.tell() < args.size_mb << 20:
                 handle.write(os.urandom(1 << 20))
         return path
     from localllm.starter import starter_gguf_path
