@@ -146,3 +146,15 @@ def test_quantize_on_pull_replaces_the_download(
     # The F32 download is no longer referenced, so it was collected.
     assert not store.has_blob(_digest(tiny_models.f32))
     assert json.loads(store.read_blob(model.entry.manifest.config.digest))["file_type"] == "Q8_0"
+
+
+def test_a_blob_of_another_size_than_promised_fails_at_once(
+    store: Store, registry_settings: Settings, registry: FakeRegistry, tiny_models: TinyModels
+) -> None:
+    gguf = _digest(tiny_models.f32)
+    registry.models[("library/tiny", "latest")].blobs[gguf] = tiny_models.f32 + b"junk"
+    size = len(tiny_models.f32)
+    with pytest.raises(PullError, match=rf"is {size + 4} bytes at the source, not the {size} "):
+        pull(store, "tiny", registry_settings)
+    assert len(registry.requests_for(f"/v2/library/tiny/blobs/{gguf}")) == 1
+    assert not store.has_blob(gguf)

@@ -13,9 +13,10 @@ from ..settings import Settings
 
 __all__ = [
     "TransientError",
-    "content_range_start",
+    "content_range",
     "is_transport_error",
     "make_client",
+    "response_total",
     "same_host",
     "same_origin",
     "shared_client",
@@ -110,12 +111,24 @@ def same_origin(a: str | httpx.URL, b: str | httpx.URL) -> bool:
     )
 
 
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)")
 
 
-def content_range_start(value: str | None) -> int | None:
-    """First byte of a ``Content-Range: bytes a-b/n`` header, ``None`` if absent or malformed."""
-    if not value:
-        return None
-    match = _CONTENT_RANGE.fullmatch(value.strip())
-    return int(match.group(1)) if match else None
+def content_range(value: str | None) -> tuple[int | None, int | None]:
+    """``(first byte, total size)`` of a ``Content-Range`` header (``bytes a-b/n`` or
+    ``bytes */n``); either is ``None`` when absent or unknown."""
+    match = _CONTENT_RANGE.fullmatch(value.strip()) if value else None
+    if not match:
+        return None, None
+    start = int(match.group(1)) if match.group(1) is not None else None
+    total = int(match.group(3)) if match.group(3) != "*" else None
+    return start, total
+
+
+def response_total(response: httpx.Response) -> int | None:
+    """The full size of the file a 200/206/416 response is about, when the server says."""
+    if response.status_code in (206, 416):
+        return content_range(response.headers.get("content-range"))[1]
+    length = response.headers.get("content-length")
+    encoded = response.headers.get("content-encoding", "identity") != "identity"
+    return int(length) if length and length.isdigit() and not encoded else None

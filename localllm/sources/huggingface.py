@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urljoin
 
 import httpx
 
@@ -109,7 +110,7 @@ class HubFileSource:
             metadata = get_hf_file_metadata(url, timeout=self.timeout)
         except Exception as exc:
             raise _hub_error(exc, self.repo_id, self.endpoint) from None
-        location = metadata.location
+        location = urljoin(url, metadata.location)
         on_hub = same_origin(location, self.endpoint)
         headers: dict[str, str] = {}
         if on_hub:

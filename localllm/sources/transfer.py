@@ -40,13 +40,14 @@ from .._exceptions import (
     DiskFullError,
     NetworkError,
     OperationCancelledError,
+    PullError,
 )
 from .._format import human_size
 from ..manifest import normalize_digest
 from ..settings import Settings
 from ..store import Store
 from .blobfile import publish_file
-from .http import TransientError, content_range_start, shared_client
+from .http import TransientError, content_range, response_total, shared_client
 from .progress import ProgressCallback, PullProgress, RateMeter, pulling_status
 
 __all__ = ["BlobSource", "fetch_blob", "partial_path"]
@@ -321,8 +322,16 @@ class _Transfer:
     def _attempt(self, client: httpx.Client, part: _PartialFile) -> None:
         response = self.source.open(client, part.offset)
         try:
+            total = response_total(response)
+            if total is not None and total != self.size:
+                # Another file than the one promised: retrying (or resuming) cannot help.
+                _unlink_if_same(part.fd, part.path)
+                raise PullError(
+                    f"{self.source.description} is {total} bytes at the source, not the "
+                    f"{self.size} bytes its listing promised"
+                )
             if response.status_code == 206:
-                if content_range_start(response.headers.get("content-range")) != part.offset:
+                if content_range(response.headers.get("content-range"))[0] != part.offset:
                     part.reset()
                     raise TransientError("the server answered with another byte range")
             elif response.status_code == 200:
