@@ -183,3 +183,13 @@ def test_the_fake_hub_satisfies_the_real_client(
         "tester/tiny-GGUF", "tiny-F16.gguf", endpoint=hub.url, cache_dir=tmp_path / "cache"
     )
     assert Path(path).read_bytes() == tiny_models.f16
+
+
+def test_quantize_on_pull_refuses_a_quantized_file_before_downloading_it(
+    store: Store, hf_settings: Settings, hub: FakeHub
+) -> None:
+    from localllm import QuantizeError
+
+    with pytest.raises(QuantizeError, match="only supported for F16, BF16 and F32 models"):
+        pull(store, f"{REPO}:Q4_K_M", hf_settings, quantize="q4_0")
+    assert hub.cdn.requests == []
