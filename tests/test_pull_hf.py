@@ -127,10 +127,31 @@ def test_split_gguf_is_pulled_whole_and_loads(
         finally:
             llm.close()
 
-    with linked_splits(model_paths(store, entry.manifest)) as first:
+    paths = model_paths(store, entry.manifest)
+    with linked_splits(paths) as first:
         split_text = greedy(first)
     assert split_text == greedy(tiny_models.f32_path)
     assert split_text != ""
+
+    # What a runner does with the blob paths themselves: llama_model_load_from_splits.
+    import ctypes
+
+    import llama_cpp
+
+    array = (ctypes.c_char_p * len(paths))(*[str(path).encode() for path in paths])
+    model = llama_cpp.llama_model_load_from_splits(
+        array, len(paths), llama_cpp.llama_model_default_params()
+    )
+    assert model
+    try:
+        from localllm.gguf_info import inspect_gguf
+
+        assert (
+            llama_cpp.llama_model_n_params(model)
+            == inspect_gguf(tiny_models.f32_path).parameter_count
+        )
+    finally:
+        llama_cpp.llama_model_free(model)
 
 
 def test_gated_repository_needs_hf_token_which_never_reaches_the_cdn(
