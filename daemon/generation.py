@@ -25,7 +25,8 @@ from localllm.models import LocalModel, load_model
 from localllm.names import parse_name
 from localllm.settings import parse_duration
 
-from .errors import ClientGone, HTTPProblem
+from .errors import ClientGone, HTTPProblem, problem_from
+from .options import runner_config
 from .runner.client import TokenChunk
 from .runner.protocol import EmbeddingRequest, EmbeddingResult, GenerationRequest, RunnerConfig
 from .runner.protocol import GenerationResult as Result
@@ -111,6 +112,20 @@ class Job:
     """The request's keep_alive (None: the setting)."""
     api: str
     """``ollama`` or ``openai`` (metrics label)."""
+
+    @classmethod
+    def for_model(
+        cls,
+        state: DaemonState,
+        model: LocalModel,
+        options: dict[str, Any],
+        request: GenerationRequest,
+        keep_alive: float | None,
+        api: str,
+    ) -> Job:
+        """A job whose runner is loaded as ``options`` (num_ctx, num_batch...) ask."""
+        config = runner_config(state.settings, model, options)
+        return cls(model=model, config=config, request=request, keep_alive=keep_alive, api=api)
 
 
 @dataclass
@@ -241,7 +256,12 @@ async def embed(
             )
         return result, lease.load_seconds
 
-    result, load_seconds = await until_disconnect(request, run())
+    try:
+        result, load_seconds = await until_disconnect(request, run())
+    except (HTTPProblem, ClientGone):
+        raise
+    except Exception as exc:
+        raise problem_from(exc, model.name.short) from exc
     state.metrics.embedded_tokens.labels(model.name.short).inc(result.prompt_tokens)
     return result, load_seconds, time.monotonic() - started
 

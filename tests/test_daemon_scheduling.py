@@ -11,8 +11,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-from test_daemon_support import Daemon, running_daemon, start_daemon, wait_for_stats
+from test_daemon_support import (
+    Daemon,
+    run_daemon_expecting_failure,
+    running_daemon,
+    start_daemon,
+    wait_for_stats,
+)
 
 from localllm.client import Client
 
@@ -152,16 +156,7 @@ def test_second_daemon_for_the_same_home_refuses(daemon: Daemon) -> None:
 
 
 def test_busy_port_is_reported(daemon: Daemon, tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-    env["LOCALLLM_HOME"] = str(tmp_path / "other")
-    env["LOCALLLM_HOST"] = daemon.settings.host
-    result = subprocess.run(
-        [sys.executable, "-m", "localllm.daemon"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_daemon_expecting_failure(tmp_path / "other", host=daemon.settings.host)
     assert result.returncode == 1
     assert "already in use" in result.stderr
     assert "Traceback" not in result.stderr

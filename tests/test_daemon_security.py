@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from localllm.daemon.app import create_app
-from test_daemon_support import Daemon, free_port, running_daemon
+from test_daemon_support import Daemon, free_port, run_daemon_expecting_failure, running_daemon
 
 from localllm._exceptions import APIError
 from localllm.client import Client
@@ -88,16 +86,7 @@ def test_socket_is_private(daemon: Daemon) -> None:
 
 
 def test_non_loopback_bind_without_key_refuses(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-    env["LOCALLLM_HOME"] = str(tmp_path / "home")
-    env["LOCALLLM_HOST"] = f"0.0.0.0:{free_port()}"
-    result = subprocess.run(
-        [sys.executable, "-m", "localllm.daemon"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_daemon_expecting_failure(tmp_path / "home", host=f"0.0.0.0:{free_port()}")
     assert result.returncode == 1
     assert "LOCALLLM_API_KEY" in result.stderr
     assert "Traceback" not in result.stderr

@@ -24,7 +24,14 @@ import httpx
 from localllm.client import Client
 from localllm.settings import Settings
 
-__all__ = ["Daemon", "free_port", "running_daemon", "start_daemon", "wait_for_stats"]
+__all__ = [
+    "Daemon",
+    "free_port",
+    "run_daemon_expecting_failure",
+    "running_daemon",
+    "start_daemon",
+    "wait_for_stats",
+]
 
 
 def free_port() -> int:
@@ -102,6 +109,20 @@ def start_daemon(home: Path, **settings: Any) -> Daemon:
         process.wait(30)
         raise RuntimeError(f"daemon did not start: {line}{rest}")
     return Daemon(home, env, process)
+
+
+def run_daemon_expecting_failure(home: Path, **settings: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m localllm.daemon`` that should refuse to start; its exit and output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+    env["LOCALLLM_HOME"] = str(home)
+    env.update({f"LOCALLLM_{k.upper()}": str(v) for k, v in settings.items()})
+    return subprocess.run(
+        [sys.executable, "-m", "localllm.daemon"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @contextlib.contextmanager

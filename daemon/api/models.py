@@ -29,7 +29,7 @@ from localllm.models import (
     parse_parameters,
     render_modelfile,
 )
-from localllm.names import parse_name
+from localllm.names import ModelName, parse_name
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
@@ -136,12 +136,7 @@ async def show(body: ShowRequest, state: StateDep) -> JSONResponse:
 async def copy(body: CopyRequest, state: StateDep) -> Response:
     """Give a model a second name; 404 if the source does not exist."""
     source = resolve_model(state, body.source, "source").name
-    if not body.destination:
-        raise HTTPProblem(400, "destination is required", param="destination")
-    try:
-        destination = parse_name(body.destination)
-    except LocalLLMError as exc:
-        raise HTTPProblem(400, str(exc), param="destination") from None
+    destination = _new_name(body.destination, "destination")
     await run_in_threadpool(state.store.copy, source, destination)
     return Response(status_code=200)
 
@@ -153,6 +148,16 @@ async def delete(body: DeleteRequest, state: StateDep) -> Response:
     await state.scheduler.unload(model.name.full)
     await run_in_threadpool(state.store.delete, model.name)
     return Response(status_code=200)
+
+
+def _new_name(value: str | None, field: str) -> ModelName:
+    """A valid model name that need not exist yet (400 naming ``field`` otherwise)."""
+    if not value:
+        raise HTTPProblem(400, f"{field} is required", param=field)
+    try:
+        return parse_name(value)
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, str(exc), param=field) from None
 
 
 def _digest(value: str) -> str:
@@ -291,22 +296,22 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
     optionally quantizing it (``quantize``: q8_0, q4_K_M, ...)."""
     from localllm.quantize import check_quantizable, normalize_quant, quantize_model
 
-    if not body.model_name():
-        raise HTTPProblem(400, "model is required", param="model")
-    try:
-        target = parse_name(body.model_name())
-    except LocalLLMError as exc:
-        raise HTTPProblem(400, str(exc), param="model") from None
+    target = _new_name(body.model_name(), "model")
     sources = _create_sources(body, state)
     try:
         parameters = parse_parameters(body.parameters)
     except LocalLLMError as exc:
         raise HTTPProblem(400, str(exc), param="parameters") from None
+    # Read the source's GGUF header now, so a file that is not a model is a 400 before any
+    # progress line is streamed.
+    try:
+        file_type, what = await run_in_threadpool(_source_file_type, sources, state)
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, f"not a usable GGUF model: {exc}", param="from") from None
     quant: str | None = None
     if body.quantize:
         try:
             quant = normalize_quant(body.quantize)
-            file_type, what = await run_in_threadpool(_source_file_type, sources, state)
             check_quantizable(file_type, what)
         except LocalLLMError as exc:
             raise HTTPProblem(400, str(exc), param="quantize") from None
@@ -355,12 +360,7 @@ async def pull(body: PullRequest, request: Request, state: StateDep) -> Response
     """Download a model; NDJSON progress lines as Ollama sends them (``stream: false`` waits)."""
     from localllm.sources import pull as pull_model
 
-    if not body.model_name():
-        raise HTTPProblem(400, "model is required", param="model")
-    try:
-        name = parse_name(body.model_name())
-    except LocalLLMError as exc:
-        raise HTTPProblem(400, str(exc), param="model") from None
+    name = _new_name(body.model_name(), "model")
 
     def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
         pull_model(

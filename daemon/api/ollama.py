@@ -149,9 +149,9 @@ async def _run(
     stream: bool,
     name: str,
     piece: Any,
-    final_extra: Any,
 ) -> Response:
-    """Run ``job`` and answer as NDJSON (stream) or one JSON object."""
+    """Run ``job`` and answer as NDJSON (stream) or one JSON object; ``piece(text)`` gives
+    the API's field for generated text (``response`` or ``message``)."""
     generation = await start(state, request, job)
     if not stream:
         try:
@@ -160,7 +160,7 @@ async def _run(
             raise problem_from(exc, name) from exc
         if outcome.result.done_reason == "error":
             raise HTTPProblem(500, outcome.result.error or "generation failed")
-        return JSONResponse(_final(name, outcome, final_extra(text)))
+        return JSONResponse(_final(name, outcome, piece(text)))
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -169,7 +169,7 @@ async def _run(
                     if event.result.done_reason == "error":
                         yield ndjson_line({"error": event.result.error or "generation failed"})
                     else:
-                        yield ndjson_line(_final(name, event, final_extra("")))
+                        yield ndjson_line(_final(name, event, piece("")))
                 else:
                     yield ndjson_line(
                         {"model": name, "created_at": now_rfc3339(), **piece(event), "done": False}
@@ -243,20 +243,13 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
         user = [ChatMessage(role="user", content=body.prompt)]
         runner_request.messages = chat_messages(model, user, body.system)
         runner_request.template = _jinja_override(body.template) or _model_template(model)
-    job = Job(
-        model=model,
-        config=runner_config(state.settings, model, options),
-        request=runner_request,
-        keep_alive=keep_alive,
-        api="ollama",
-    )
+    job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
     return await _run(
         state,
         request,
         job,
         body.stream is not False,
         name,
-        lambda text: {"response": text},
         lambda text: {"response": text},
     )
 
@@ -283,20 +276,13 @@ async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response
         template=_model_template(model),
         options=sampling,
     )
-    job = Job(
-        model=model,
-        config=runner_config(state.settings, model, options),
-        request=runner_request,
-        keep_alive=keep_alive,
-        api="ollama",
-    )
+    job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
     return await _run(
         state,
         request,
         job,
         body.stream is not False,
         name,
-        lambda text: {"message": {"role": "assistant", "content": text}},
         lambda text: {"message": {"role": "assistant", "content": text}},
     )
 
@@ -326,20 +312,15 @@ async def embed_route(body: EmbedRequest, request: Request, state: StateDep) -> 
                 "load_duration": int(load_seconds * 1e9),
             }
         )
-    try:
-        result, load_seconds, total = await embed(
-            state,
-            request,
-            model,
-            runner_config(state.settings, model, options),
-            inputs,
-            truncate=body.truncate is not False,
-            keep_alive=keep_alive,
-        )
-    except HTTPProblem:
-        raise
-    except Exception as exc:
-        raise problem_from(exc, model.name.short) from exc
+    result, load_seconds, total = await embed(
+        state,
+        request,
+        model,
+        runner_config(state.settings, model, options),
+        inputs,
+        truncate=body.truncate is not False,
+        keep_alive=keep_alive,
+    )
     return JSONResponse(
         {
             "model": model.name.short,
@@ -363,14 +344,9 @@ async def embeddings_route(
     if not body.prompt:
         await load_only(state, request, model, config, keep_alive)
         return JSONResponse({"embedding": []})
-    try:
-        result, _, _ = await embed(
-            state, request, model, config, [body.prompt], truncate=True, keep_alive=keep_alive
-        )
-    except HTTPProblem:
-        raise
-    except Exception as exc:
-        raise problem_from(exc, model.name.short) from exc
+    result, _, _ = await embed(
+        state, request, model, config, [body.prompt], truncate=True, keep_alive=keep_alive
+    )
     return JSONResponse({"embedding": result.embeddings[0] if result.embeddings else []})
 
 

@@ -122,6 +122,10 @@ def _messages(model: LocalModel, body: ChatCompletionRequest) -> list[dict[str, 
     return chat_messages(model, converted)
 
 
+def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
 def _check_model(model: LocalModel) -> None:
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
@@ -232,13 +236,7 @@ async def chat_completions(
         id="", messages=_messages(model, body), options=sampling_options(options)
     )
     _apply_response_format(runner_request, body.response_format)
-    job = Job(
-        model=model,
-        config=runner_config(state.settings, model, options),
-        request=runner_request,
-        keep_alive=None,
-        api="openai",
-    )
+    job = Job.for_model(state, model, options, runner_request, None, "openai")
 
     def choice(text: str, finish: str | None) -> dict[str, Any]:
         return {
@@ -261,7 +259,7 @@ async def chat_completions(
         request,
         job,
         stream=bool(body.stream),
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        include_usage=_include_usage(body),
         object_name="chat.completion",
         id_prefix="chatcmpl",
         choice=choice,
@@ -288,13 +286,7 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
         suffix=body.suffix or None,
         options=sampling_options(options),
     )
-    job = Job(
-        model=model,
-        config=runner_config(state.settings, model, options),
-        request=runner_request,
-        keep_alive=None,
-        api="openai",
-    )
+    job = Job.for_model(state, model, options, runner_request, None, "openai")
     echo = prompt if body.echo else ""
 
     def choice(text: str, finish: str | None) -> dict[str, Any]:
@@ -309,7 +301,7 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
         request,
         job,
         stream=bool(body.stream),
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        include_usage=_include_usage(body),
         object_name="text_completion",
         id_prefix="cmpl",
         choice=choice,
@@ -340,20 +332,15 @@ async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep) 
     if not inputs or any(not text for text in inputs):
         raise HTTPProblem(400, "input must be a non-empty string or list of them", param="input")
     options = merge_options(model, {})
-    try:
-        result, _, _ = await embed(
-            state,
-            request,
-            model,
-            runner_config(state.settings, model, options),
-            inputs,
-            truncate=True,
-            keep_alive=None,
-        )
-    except HTTPProblem:
-        raise
-    except Exception as exc:
-        raise problem_from(exc, model.name.short) from exc
+    result, _, _ = await embed(
+        state,
+        request,
+        model,
+        runner_config(state.settings, model, options),
+        inputs,
+        truncate=True,
+        keep_alive=None,
+    )
     return JSONResponse(
         {
             "object": "list",
