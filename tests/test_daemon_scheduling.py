@@ -117,6 +117,13 @@ def test_lru_eviction_with_one_model_allowed(client: Client) -> None:
     assert set(_loaded(client)) == {TINY}
 
 
+def test_keep_alive_negative_never_expires(client: Client) -> None:
+    client.load(TINY, keep_alive=-1)
+    assert _loaded(client)[TINY]["expires_at"].startswith("9999-")
+    client.load(TINY, keep_alive="2m")
+    assert not _loaded(client)[TINY]["expires_at"].startswith("9999-")
+
+
 def test_concurrent_first_requests_load_once(daemon: Daemon, client: Client) -> None:
     client.unload(TINY)
     client.unload(SMOL)

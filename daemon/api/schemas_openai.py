@@ -63,7 +63,7 @@ class ResponseFormat(_Body):
 
 class _Sampling(_Body):
     model: str = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=1 << 24)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     n: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
@@ -79,7 +79,7 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[Message] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1 << 24)
     response_format: ResponseFormat | None = None
 
 
