@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from .manifest import MEDIA_MODEL, Layer
 from .names import ModelName, parse_name
 from .sources.assemble import assemble_model
 from .sources.blobfile import hash_file, publish_file
-from .sources.progress import PullProgress
+from .sources.progress import ProgressCallback, PullProgress
 from .sources.splits import linked_splits, model_paths
 from .store import ModelEntry, Store
 
@@ -78,8 +77,6 @@ _LOG_LEVEL_ERROR = 4
 _LOG_LEVEL_CONT = 5
 _TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]\s+(\S+)")
 _POLL = 0.2
-
-ProgressCallback = Callable[[PullProgress], None]
 
 
 def normalize_quant(quant: str) -> str:
