@@ -27,7 +27,7 @@ from localllm.settings import parse_duration
 
 from .errors import ClientGone, HTTPProblem, problem_from
 from .options import runner_config
-from .runner.client import TokenChunk
+from .runner.client import RunnerDiedError, TokenChunk
 from .runner.protocol import EmbeddingRequest, EmbeddingResult, GenerationRequest, RunnerConfig
 from .runner.protocol import GenerationResult as Result
 from .scheduler import Lease
@@ -165,11 +165,12 @@ class Generation:
                             yield item.text
                     else:
                         result = item
-                self.lease.record(result)  # type: ignore[arg-type]
+                        self.lease.record(item)
         finally:
             if result is None:
                 log.info("%s: request ended early (client gone or error)", self.model_name)
-        assert result is not None
+        if result is None:  # the runner closed the stream without a result
+            raise RunnerDiedError("the runner ended the request without a result")
         self.state.metrics.observe_generation(self.model_name, self.job.api, result)
         t = result.timings
         log.info(

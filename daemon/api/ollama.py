@@ -31,6 +31,7 @@ from ..generation import (
     resolve_model,
     start,
     timing_fields,
+    until_disconnect,
 )
 from ..options import merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest, SamplingOptions
@@ -155,7 +156,7 @@ async def _run(
     generation = await start(state, request, job)
     if not stream:
         try:
-            text, outcome = await _collect(request, generation)
+            text, outcome = await until_disconnect(request, generation.collect())
         except Exception as exc:
             raise problem_from(exc, name) from exc
         if outcome.result.done_reason == "error":
@@ -181,12 +182,6 @@ async def _run(
             yield ndjson_line({"error": problem.message})
 
     return ClosingStreamingResponse(body(), media_type=NDJSON, on_close=generation.close)
-
-
-async def _collect(request: Request, generation: Any) -> tuple[str, Outcome]:
-    from ..generation import until_disconnect
-
-    return await until_disconnect(request, generation.collect())
 
 
 def _load_response(name: str, done_reason: str, extra: dict[str, Any]) -> JSONResponse:
