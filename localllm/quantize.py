@@ -25,18 +25,19 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._exceptions import DiskFullError, InvalidNameError, OperationCancelledError, QuantizeError
 from ._format import human_size
-from .gguf_info import inspect_gguf
-from .manifest import MEDIA_MODEL, Layer
-from .names import ModelName, parse_name
-from .sources.assemble import assemble_model
-from .sources.blobfile import hash_file, publish_file
-from .sources.progress import ProgressCallback, PullProgress
-from .sources.splits import linked_splits, model_paths
-from .store import ModelEntry, Store
+
+# The child process runs this very module (python -m localllm.quantize): what only the parent
+# needs (numpy, gguf, httpx through localllm.sources) is imported inside the parent's functions,
+# so every quantization does not pay for it twice.
+if TYPE_CHECKING:
+    from .manifest import Layer
+    from .names import ModelName
+    from .sources.progress import ProgressCallback
+    from .store import ModelEntry, Store
 
 __all__ = [
     "QUANTIZABLE_SOURCE_TYPES",
@@ -127,6 +128,9 @@ def quantize_file(
     every core. Raises :class:`QuantizeError` (with llama.cpp's message, or the signal that
     killed the child) or :class:`OperationCancelledError`; ``output`` is removed on failure.
     """
+    from .gguf_info import inspect_gguf
+    from .sources.progress import PullProgress
+
     target = normalize_quant(quant)
     info = inspect_gguf(source)
     check_quantizable(info.file_type, source.name, allow_requantize=allow_requantize)
@@ -185,6 +189,8 @@ def quantize_file(
 
 
 def _add_split_tensors(first: Path, count: Any, sizes: dict[str, int]) -> None:
+    from .gguf_info import inspect_gguf
+
     # The other parts of a split model sit beside the first (see sources.splits).
     if not isinstance(count, int) or count <= 1:
         return
@@ -235,6 +241,9 @@ def _resolve_source(
     store: Store, source: ModelName | str | Path
 ) -> tuple[list[Path], list[Layer], str]:
     """(GGUF paths, layers to keep, description) for a model name or a GGUF file."""
+    from .manifest import MEDIA_MODEL
+    from .sources.splits import model_paths
+
     if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):
         path = Path(source).expanduser()
         if not path.is_file():
@@ -266,6 +275,14 @@ def quantize_model(
     :func:`quantize_file`, then ``writing manifest``; raises :class:`QuantizeError`,
     :class:`DiskFullError`, :class:`ModelNotFoundError` or :class:`OperationCancelledError`.
     """
+    from .gguf_info import inspect_gguf
+    from .manifest import MEDIA_MODEL, Layer
+    from .names import parse_name
+    from .sources.assemble import assemble_model
+    from .sources.blobfile import hash_file, publish_file
+    from .sources.progress import PullProgress
+    from .sources.splits import linked_splits
+
     target = normalize_quant(quant)
     name = parse_name(target_name) if isinstance(target_name, str) else target_name
     with store.writing():
