@@ -161,6 +161,17 @@ _HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
             }
         },
     ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {
+            "json": {
+                "model": "smollm2:135m",
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            }
+        },
+    ),
     ("POST", "/v1/completions", {"json": {"model": "smollm2:135m", "prompt": ["a", "b"]}}),
     ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": [[1, 2]]}}),
     ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": ""}}),

@@ -230,6 +230,8 @@ async def chat_completions(
     """OpenAI's chat completions, streamed as SSE when ``stream`` is true."""
     model = resolve_model(state, body.model)
     _check_model(model)
+    if body.tools:
+        raise HTTPProblem(400, f"{model.name.short} does not support tools", param="tools")
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = _sampling(model, body, max_tokens)
     runner_request = GenerationRequest(

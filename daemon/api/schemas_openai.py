@@ -81,6 +81,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=1 << 24)
     response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 class CompletionRequest(_Sampling):
