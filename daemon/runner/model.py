@@ -175,7 +175,9 @@ class LlamaModel:
         )
         self.fim = FimTokens(*fim) if min(fim) >= 0 else None
         """FIM tokens, or ``None`` when the model cannot fill in the middle."""
-        self._piece_buffer = ctypes.create_string_buffer(256)
+        # Pieces are read on the engine thread and, for templates, on worker threads: one
+        # scratch buffer per thread.
+        self._scratch = threading.local()
         self._embedding_ctx: llama_cpp.llama_context_p | None = None
         self._embedding_batch: Batch | None = None
 
@@ -233,7 +235,9 @@ class LlamaModel:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """Bytes of one token (possibly part of a UTF-8 character)."""
-        buffer = self._piece_buffer
+        buffer = getattr(self._scratch, "piece", None)
+        if buffer is None:
+            buffer = self._scratch.piece = ctypes.create_string_buffer(256)
         count = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, special)
         if count < 0:
             buffer = ctypes.create_string_buffer(-count)
