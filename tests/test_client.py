@@ -97,6 +97,25 @@ def test_metrics_and_stats(client: Client) -> None:
     assert "queue_depth" in first
 
 
+def test_stats_show_a_decoding_slot_while_streaming(daemon: Daemon, client: Client) -> None:
+    stream = client.generate_stream(SMOL, "1, 2, 3, 4, 5,", raw=True, options={"temperature": 0})
+    try:
+        assert next(stream)["done"] is False
+        snapshot = wait_for_stats(
+            daemon,
+            lambda s: any(
+                slot["state"] == "decode" and m.get("decode_tokens_per_s", 0) > 0
+                for m in s["models"]
+                for slot in m.get("slots", [])
+            ),
+        )
+        model = next(m for m in snapshot["models"] if m["name"] == SMOL)
+        assert model["active_requests"] == 1
+        assert model["kv_cells_used"] > 0
+    finally:
+        stream.close()
+
+
 def test_pull_streams_progress(client: Client) -> None:
     # The starter model is pulled from its package: no network.
     client.copy(SMOL, "keep:smol")  # keeps the blobs, so deleting the name is cheap

@@ -124,6 +124,13 @@ def test_keep_alive_negative_never_expires(client: Client) -> None:
     assert not _loaded(client)[TINY]["expires_at"].startswith("9999-")
 
 
+def test_keep_alive_expiry_unloads(daemon: Daemon, client: Client) -> None:
+    client.load(TINY, keep_alive="1s")
+    assert TINY in _loaded(client)
+    wait_for_stats(daemon, lambda s: not s["models"])
+    assert _loaded(client) == {}
+
+
 def test_concurrent_first_requests_load_once(daemon: Daemon, client: Client) -> None:
     client.unload(TINY)
     client.unload(SMOL)
