@@ -7,6 +7,8 @@
 * CORS: requests carrying an ``Origin`` that is not a localhost origin or one listed in
   ``LOCALLLM_ORIGINS`` are refused with 403 (as Ollama's CORS layer does), which also stops
   "simple" cross-site POSTs that a browser sends without a preflight.
+* Size: a request body over :data:`MAX_JSON_BODY` is refused with 413 before it is read
+  (except blob uploads, which stream to disk).
 * API key: with ``LOCALLLM_API_KEY`` set, every route except ``/`` needs
   ``Authorization: Bearer <key>``, compared in constant time.
 
@@ -29,11 +31,15 @@ from localllm.settings import Settings
 
 __all__ = [
     "LOCAL_ORIGIN_REGEX",
+    "MAX_JSON_BODY",
     "GuardMiddleware",
     "check_bind_allowed",
     "is_loopback_host",
     "origin_regex",
 ]
+
+MAX_JSON_BODY = 64 << 20
+"""Largest request body accepted outside blob uploads (a whole chat fits many times)."""
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -125,6 +131,11 @@ class GuardMiddleware:
                     {"www-authenticate": "Bearer"},
                 )
                 return
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_JSON_BODY and not path.startswith("/api/blobs/"):
+            # Request bodies are read whole before validation; only blob uploads stream.
+            await _deny(send, path, 413, f"request body too large (limit {MAX_JSON_BODY} bytes)")
+            return
         await self.app(scope, receive, send)
 
 
@@ -136,7 +147,9 @@ async def _deny(
     send: Send, path: str, status: int, message: str, extra: dict[str, str] | None = None
 ) -> None:
     if path.startswith("/v1"):
-        kind = "authentication_error" if status == 401 else "permission_error"
+        kind = {401: "authentication_error", 403: "permission_error"}.get(
+            status, "invalid_request_error"
+        )
         body: dict[str, object] = {
             "error": {"message": message, "type": kind, "param": None, "code": None}
         }

@@ -5,6 +5,7 @@ OpenAPI document for both API families."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,6 +192,16 @@ def test_hostile_input_gets_a_4xx_with_a_message(
         error = response.json()["error"]
         message = error["message"] if isinstance(error, dict) else error
         assert message and "Traceback" not in message
+
+
+def test_oversized_body_is_refused_before_reading(daemon: Daemon) -> None:
+    with socket.create_connection(("127.0.0.1", daemon.settings.bind_port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1099511627776\r\n\r\n{"
+        )
+        status_line = sock.makefile("rb").readline()
+    assert status_line.split()[1] == b"413"
 
 
 def test_invalid_field_is_named(http: httpx.Client) -> None:
