@@ -27,6 +27,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -254,8 +255,11 @@ class _Transfer:
             return
         try:
             part = _PartialFile(fd, path, self.size)
-            self._fill(part)
-            actual = part.digest()
+            try:
+                self._fill(part)
+                actual = part.digest()
+            finally:
+                part.close()
             if actual != self.digest:
                 _unlink_if_same(fd, path)
                 raise DigestMismatchError(self.digest, actual)
@@ -372,6 +376,42 @@ class _Transfer:
         self._set_completed(part.offset)
 
 
+class _BackgroundHash:
+    """sha256 computed on a thread of its own, overlapping the network reads.
+
+    hashlib releases the GIL for large buffers, so one piece is hashed while the next is
+    received (hashing in line cost about a fifth of the loopback throughput). The bounded
+    queue keeps at most a few megabytes waiting when hashing falls behind.
+    """
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self._queue: queue.Queue[list[memoryview] | None] = queue.Queue(maxsize=16)
+        self._thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (pieces := self._queue.get()) is not None:
+            for piece in pieces:
+                self._hash.update(piece)
+
+    def update(self, pieces: list[memoryview]) -> None:
+        """Add ``pieces`` (which must not change afterwards) to the hash, in order."""
+        if pieces:
+            self._queue.put(pieces)
+
+    def hexdigest(self) -> str:
+        """The hash of everything added; the hasher is finished afterwards."""
+        self.close()
+        return self._hash.hexdigest()
+
+    def close(self) -> None:
+        """Stop the thread (idempotent)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
 class _PartialFile:
     """The locked partial file of one blob, and the sha256 of the bytes in it."""
 
@@ -380,7 +420,7 @@ class _PartialFile:
         self.path = path
         self.size = size
         self.offset = 0
-        self._hash = hashlib.sha256()
+        self._hash = _BackgroundHash()
 
     def load(self) -> None:
         """Hash what an earlier attempt left, so the download resumes after it."""
@@ -388,13 +428,12 @@ class _PartialFile:
         if have > self.size:
             self.reset()
             return
-        self._hash = hashlib.sha256()
         position = 0
         while position < have:
             chunk = os.pread(self.fd, min(_CHUNK, have - position), position)
             if not chunk:
                 break
-            self._hash.update(chunk)
+            self._hash.update([memoryview(chunk)])
             position += len(chunk)
         self.offset = position
         os.lseek(self.fd, position, os.SEEK_SET)
@@ -403,7 +442,8 @@ class _PartialFile:
         """Drop everything: the next bytes start the file."""
         os.ftruncate(self.fd, 0)
         os.lseek(self.fd, 0, os.SEEK_SET)
-        self._hash = hashlib.sha256()
+        self._hash.close()
+        self._hash = _BackgroundHash()
         self.offset = 0
 
     def append(self, pieces: list[bytes], digest: str) -> None:
@@ -422,18 +462,24 @@ class _PartialFile:
                 raise
             self.offset += written
             # Hash exactly what reached the file (a short write leaves the rest for the loop).
+            done: list[memoryview] = []
             while written:
                 view = views[0]
-                self._hash.update(view[:written])
+                done.append(view[:written])
                 if written < len(view):
                     views[0] = view[written:]
                     break
                 written -= len(view)
                 views.pop(0)
+            self._hash.update(done)
 
     def digest(self) -> str:
-        """``sha256:<hex>`` of the bytes written."""
+        """``sha256:<hex>`` of the bytes written (call once, after the last append)."""
         return f"sha256:{self._hash.hexdigest()}"
+
+    def close(self) -> None:
+        """Release the hashing thread."""
+        self._hash.close()
 
 
 def _same_file(fd: int, path: Path) -> bool:
