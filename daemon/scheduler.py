@@ -206,6 +206,7 @@ class Scheduler:
         self.settings = settings
         self._models: dict[str, LoadedModel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
@@ -327,6 +328,11 @@ class Scheduler:
         self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
     ) -> tuple[LoadedModel, float]:
         async with self._lock(key):
+            loading = self._loading.get(key)
+            if loading is not None:
+                # A load started by a request whose client went away: let it finish.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(loading)
             existing = self._models.get(key)
             if existing is not None and existing.alive() and existing.config == config:
                 return existing, 0.0
@@ -337,16 +343,36 @@ class Scheduler:
                 else:
                     log.warning("runner for %s is gone; starting it again", existing.name)
                 await self._unload(existing)
-            await self._make_room(key)
             started = time.monotonic()
-            loaded = await self._start(key, model, config, keep_alive)
-            spent = time.monotonic() - started
-            loaded.load_seconds = spent
-            self._models[key] = loaded
-            log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, spent, loaded.pid)
-            if self._on_load is not None:
-                self._on_load(loaded)
-            return loaded, spent
+            # The load runs as its own task, shielded from the request: a client that
+            # disconnects mid-load must not leave a runner process that nobody owns.
+            task = asyncio.get_running_loop().create_task(
+                self._load(key, model, config, keep_alive)
+            )
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+            loaded = await asyncio.shield(task)
+            return loaded, time.monotonic() - started
+
+    async def _load(
+        self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
+    ) -> LoadedModel:
+        await self._make_room(key)
+        started = time.monotonic()
+        loaded = await self._start(key, model, config, keep_alive)
+        loaded.load_seconds = time.monotonic() - started
+        if self.closed:
+            await self._stop(loaded)
+            raise RuntimeError("the daemon is shutting down")
+        self._models[key] = loaded
+        log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, loaded.load_seconds, loaded.pid)
+        if self._on_load is not None:
+            self._on_load(loaded)
+        if loaded.keep_alive > 0:
+            # If the client that asked went away meanwhile, keep_alive still applies.
+            loop = asyncio.get_running_loop()
+            loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
+        return loaded
 
     def _runner_socket(self) -> Path:
         runtime = self.settings.runtime_dir
@@ -445,6 +471,9 @@ class Scheduler:
     async def close(self) -> None:
         """Stop every runner (daemon shutdown)."""
         self.closed = True
+        if self._loading:
+            # Loads in progress stop their runner themselves once they see `closed`.
+            await asyncio.wait(list(self._loading.values()), timeout=30)
         models = list(self._models.values())
         self._models.clear()
         for loaded in models:

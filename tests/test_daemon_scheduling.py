@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,6 +130,26 @@ def test_keep_alive_expiry_unloads(daemon: Daemon, client: Client) -> None:
     assert TINY in _loaded(client)
     wait_for_stats(daemon, lambda s: not s["models"])
     assert _loaded(client) == {}
+
+
+def test_client_gone_during_load_leaves_an_owned_runner(daemon: Daemon, client: Client) -> None:
+    client.unload(TINY)
+    client.unload(SMOL)
+    body = json.dumps({"model": TINY, "prompt": "abc", "raw": True}).encode()
+    with socket.create_connection(("127.0.0.1", daemon.settings.bind_port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+    # The load finishes and the daemon owns the runner (listed, so it will be unloaded).
+    snapshot = wait_for_stats(daemon, lambda s: any(m["name"] == TINY for m in s["models"]))
+    pid = next(m for m in snapshot["models"] if m["name"] == TINY)["runner_pid"]
+    client.unload(TINY)
+    assert TINY not in _loaded(client)
+    wait_for_stats(daemon, lambda s: not s["models"])
+    assert pid not in [m.get("runner_pid") for m in client.ps()]
 
 
 def test_concurrent_first_requests_load_once(daemon: Daemon, client: Client) -> None:
