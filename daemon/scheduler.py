@@ -439,7 +439,8 @@ class Scheduler:
         self._cancel_expiry(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
-        await self._stop(loaded)
+        # Shielded: once out of the table, nobody else would stop this runner.
+        await asyncio.shield(self._stop(loaded))
 
     async def _stop(self, loaded: LoadedModel) -> None:
         with contextlib.suppress(Exception):
