@@ -195,6 +195,18 @@ class Generation:
         """Give the slot back if :meth:`events` never ran (idempotent)."""
         self.lease.release()
 
+    async def whole(self, request: Request) -> tuple[str, Outcome]:
+        """Run to the end for a non-streaming answer; failures become :class:`HTTPProblem`."""
+        try:
+            text, outcome = await until_disconnect(request, self.collect())
+        except (HTTPProblem, ClientGone):
+            raise
+        except Exception as exc:
+            raise problem_from(exc, self.model_name) from exc
+        if outcome.result.done_reason == "error":
+            raise HTTPProblem(500, outcome.result.error or "generation failed")
+        return text, outcome
+
     async def collect(self) -> tuple[str, Outcome]:
         """Run to the end: the whole text and the outcome."""
         pieces: list[str] = []

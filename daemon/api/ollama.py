@@ -31,7 +31,6 @@ from ..generation import (
     resolve_model,
     start,
     timing_fields,
-    until_disconnect,
 )
 from ..options import merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest, SamplingOptions
@@ -83,9 +82,17 @@ def _check_unsupported(model: LocalModel, images: Any, think: Any) -> None:
         raise HTTPProblem(400, f"{model.name.short} does not support thinking", param="think")
 
 
-def _check_generates(model: LocalModel) -> None:
+def _prepare(
+    state: DaemonState, body: GenerateRequest | ChatRequest, images: Any
+) -> tuple[LocalModel, float | None, dict[str, Any]]:
+    """The checks /api/generate and /api/chat share: model, keep_alive, merged options."""
+    model = resolve_model(state, body.model_name())
+    keep_alive = parse_keep_alive(body.keep_alive)
+    options = merge_options(model, _options_dict(body.options))
+    _check_unsupported(model, images, body.think)
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} does not support generate", param="model")
+    return model, keep_alive, options
 
 
 def _jinja_override(text: str | None) -> str | None:
@@ -155,12 +162,7 @@ async def _run(
     the API's field for generated text (``response`` or ``message``)."""
     generation = await start(state, request, job)
     if not stream:
-        try:
-            text, outcome = await until_disconnect(request, generation.collect())
-        except Exception as exc:
-            raise problem_from(exc, name) from exc
-        if outcome.result.done_reason == "error":
-            raise HTTPProblem(500, outcome.result.error or "generation failed")
+        text, outcome = await generation.whole(request)
         return JSONResponse(_final(name, outcome, piece(text)))
 
     async def body() -> AsyncIterator[bytes]:
@@ -216,12 +218,8 @@ async def _load_or_unload(
 @router.post("/api/generate", summary="Generate a completion")
 async def generate(body: GenerateRequest, request: Request, state: StateDep) -> Response:
     """Ollama's /api/generate: a prompt (templated unless ``raw``), optional ``suffix``."""
-    model = resolve_model(state, body.model_name())
+    model, keep_alive, options = _prepare(state, body, body.images)
     name = model.name.short
-    keep_alive = parse_keep_alive(body.keep_alive)
-    options = merge_options(model, _options_dict(body.options))
-    _check_unsupported(model, body.images, body.think)
-    _check_generates(model)
     if not body.prompt and not body.suffix:
         return await _load_or_unload(state, request, model, options, keep_alive, {"response": ""})
     sampling = sampling_options(options)
@@ -252,12 +250,8 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
 @router.post("/api/chat", summary="Chat with a model")
 async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response:
     """Ollama's /api/chat: messages rendered with the model's chat template."""
-    model = resolve_model(state, body.model_name())
+    model, keep_alive, options = _prepare(state, body, None)
     name = model.name.short
-    keep_alive = parse_keep_alive(body.keep_alive)
-    options = merge_options(model, _options_dict(body.options))
-    _check_unsupported(model, None, body.think)
-    _check_generates(model)
     if body.tools:
         raise HTTPProblem(400, f"{name} does not support tools", param="tools")
     empty_message = {"message": {"role": "assistant", "content": ""}}

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
-from ..generation import Job, Outcome, embed, resolve_model, start, until_disconnect
+from ..generation import Job, Outcome, embed, resolve_model, start
 from ..options import merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest
 from ..state import DaemonState, StateDep
@@ -150,12 +150,7 @@ async def _answer(
     base = {"id": ident, "created": created, "model": name, "system_fingerprint": "localllm"}
 
     if not stream:
-        try:
-            text, outcome = await until_disconnect(request, generation.collect())
-        except Exception as exc:
-            raise problem_from(exc, name) from exc
-        if outcome.result.done_reason == "error":
-            raise HTTPProblem(500, outcome.result.error or "generation failed")
+        text, outcome = await generation.whole(request)
         finish = _FINISH.get(outcome.result.done_reason, "stop")
         return JSONResponse(
             {
