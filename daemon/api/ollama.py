@@ -366,7 +366,8 @@ async def ps(state: StateDep) -> dict[str, Any]:
             blocks = (model.info.block_count or 0) + 1
         except Exception:
             size, blocks = model.entry.size, 1
-        gpu_layers = int(loaded.health.get("gpu_layers", 0) or 0)
+        offload = loaded.health.get("gpu_offload", True)
+        gpu_layers = int(loaded.health.get("gpu_layers", 0) or 0) if offload else 0
         size_vram = size if gpu_layers >= blocks else size * max(gpu_layers, 0) // blocks
         expires = loaded.expires_at
         models.append(
