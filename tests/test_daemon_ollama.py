@@ -196,6 +196,20 @@ def test_copy_delete_create(client: ollama.Client, daemon: Daemon, tiny: str) ->
     assert answer.eval_count == 4  # the model's num_predict parameter applies
     assert tiny in [m.model for m in client.list().models]
 
+    # MESSAGE examples of a model are prepended to every chat
+    client.create(
+        model="smol-messages",
+        from_=SMOL,
+        messages=[
+            {"role": "user", "content": "My name is Ann."},
+            {"role": "assistant", "content": "Hello Ann."},
+        ],
+    )
+    chat = [{"role": "user", "content": "Hi"}]
+    plain = client.chat(model=SMOL, messages=chat, options={"num_predict": 1})
+    primed = client.chat(model="smol-messages", messages=chat, options={"num_predict": 1})
+    assert primed.prompt_eval_count > plain.prompt_eval_count + 5
+
 
 def test_create_from_uploaded_blob(client: ollama.Client, tiny_gguf: Path) -> None:
     digest = client.create_blob(tiny_gguf)
