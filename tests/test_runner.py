@@ -261,3 +261,27 @@ def test_killed_runner_gives_a_clear_error(tiny_gguf: Path, tmp_path: Path) -> N
             harness.run(harness.client.stats())
     finally:
         harness.loop.call_soon_threadsafe(harness.loop.stop)
+
+
+def test_split_model_loads_from_blob_named_parts(
+    runner: RunnerHarness, tiny_gguf: Path, tmp_path: Path
+) -> None:
+    from fakes.gguf_split import split_gguf
+
+    parts = split_gguf(tiny_gguf, tmp_path / "parts", 3)
+    assert len(parts) == 3
+    # In the store the parts are content-addressed blobs: nothing in their names links them.
+    blobs = []
+    for index, part in enumerate(parts):
+        blob = tmp_path / f"sha256-{index:064d}"
+        part.rename(blob)
+        blobs.append(str(blob))
+    config = RunnerConfig(
+        model_path=blobs[0], extra_model_paths=blobs[1:], n_slots=1, n_ctx_per_slot=512, n_threads=2
+    )
+    split = RunnerHarness(config, tmp_path)
+    try:
+        prompt = "split model check: the sky is"
+        assert split.generate(raw(prompt))[0] == runner.generate(raw(prompt))[0]
+    finally:
+        split.close()

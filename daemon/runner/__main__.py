@@ -21,6 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The runner's command line."""
     parser = argparse.ArgumentParser(prog="python -m localllm.daemon.runner", description=__doc__)
     parser.add_argument("--model", required=True, help="GGUF file to load")
+    parser.add_argument(
+        "--model-part", action="append", default=[], help="further parts of a split GGUF, in order"
+    )
     parser.add_argument("--socket", required=True, help="Unix socket to listen on")
     parser.add_argument("--slots", type=int, default=4, help="parallel sequences")
     parser.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot")
@@ -49,6 +52,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
     config = RunnerConfig(
         model_path=args.model,
+        extra_model_paths=args.model_part,
         n_slots=args.slots,
         n_ctx_per_slot=args.ctx_per_slot,
         n_batch=args.batch,

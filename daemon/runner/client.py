@@ -292,6 +292,8 @@ class RunnerProcess:
             "--flash-attention", c.flash_attention,
             "--log-file", str(self.log_path),
         ]  # fmt: skip
+        for part in c.extra_model_paths:
+            args += ["--model-part", part]
         if c.chat_template is not None:
             args += ["--chat-template", c.chat_template]
         return args

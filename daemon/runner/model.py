@@ -139,7 +139,16 @@ class LlamaModel:
         else:
             self.n_gpu_layers = config.n_gpu_layers if self.gpu_offload else 0
         model_params.n_gpu_layers = self.n_gpu_layers
-        self.model = llama_cpp.llama_model_load_from_file(config.model_path.encode(), model_params)
+        if config.extra_model_paths:
+            # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by
+            # side, so llama.cpp is given the list.
+            paths = [p.encode() for p in (config.model_path, *config.extra_model_paths)]
+            array = (ctypes.c_char_p * len(paths))(*paths)
+            self.model = llama_cpp.llama_model_load_from_splits(array, len(paths), model_params)
+        else:
+            self.model = llama_cpp.llama_model_load_from_file(
+                config.model_path.encode(), model_params
+            )
         if not self.model:
             raise ModelLoadError(
                 f"llama.cpp could not load {config.model_path} (see the log above)"

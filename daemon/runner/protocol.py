@@ -223,7 +223,9 @@ class RunnerConfig:
     """How a runner loads its model (command-line flags of the runner process)."""
 
     model_path: str
-    """The GGUF file."""
+    """The GGUF file (the first part of a split model)."""
+    extra_model_paths: list[str] = field(default_factory=list)
+    """The other parts of a split model, in order."""
     n_slots: int = 4
     """Parallel sequences (n_seq_max)."""
     n_ctx_per_slot: int = 4096
