@@ -285,3 +285,26 @@ def test_split_model_loads_from_blob_named_parts(
         assert split.generate(raw(prompt))[0] == runner.generate(raw(prompt))[0]
     finally:
         split.close()
+
+
+def test_full_kv_cache_ends_one_stream_not_all(tmp_path: Path) -> None:
+    from tiny_gguf import write_tiny_gguf
+
+    endless = write_tiny_gguf(tmp_path / "endless.gguf", never_ends=True)
+    # An overcommitted cache: two slots may each grow to 512 tokens, but only 256 cells exist.
+    config = RunnerConfig(
+        model_path=str(endless), n_slots=2, n_ctx_per_slot=512, kv_cells=256, n_threads=2
+    )
+    harness = RunnerHarness(config, tmp_path)
+    try:
+        prompts = ["stream that keeps going:", "stream that keeps going: too"]
+        results = harness.generate_many([raw(p, num_predict=200) for p in prompts])
+        assert [result.done_reason for _, result in results] == ["length", "length"]
+        generated = sorted(r.timings.completion_tokens for _, r in results)
+        # Each fits alone, both together do not: one was ended when the cache filled, which
+        # let the other finish all of its 200 tokens instead of failing with it.
+        assert generated[0] < 200
+        assert generated[1] == 200
+        assert harness.run(harness.client.health())["status"] == "ok"
+    finally:
+        harness.close()

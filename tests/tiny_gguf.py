@@ -115,11 +115,14 @@ def write_tiny_gguf(
     chat_template: str | None = CHATML_TEMPLATE,
     name: str = "tiny-llama",
     license: str | None = "MIT",
+    never_ends: bool = False,
 ) -> Path:
     """Write a tiny llama model to ``path`` and return the path.
 
     ``dtype`` is ``f32`` or ``f16`` for the weight matrices (norms stay F32, as in real files).
     n_embd defaults to 256 so every K-quant's 256-wide blocks apply when quantizing it.
+    ``never_ends`` zeroes the special tokens' output rows: their logit is then 0 while the
+    best of the others is around +20, so greedy decoding never ends a generation by itself.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -189,7 +192,10 @@ def write_tiny_gguf(
     writer.add_tensor("output_norm.weight", norm())
     # Large output weights spread the logits (std ~ 0.5 * sqrt(n_embd)) so greedy choices
     # have wide margins.
-    writer.add_tensor("output.weight", matrix(n_vocab, n_embd, 0.5))
+    output = matrix(n_vocab, n_embd, 0.5)
+    if never_ends:
+        output[len(tokens) - len(SPECIAL_TOKENS) :] = 0
+    writer.add_tensor("output.weight", output)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=4, help="parallel sequences")
     parser.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot")
     parser.add_argument("--batch", type=int, default=512, help="tokens per llama_decode")
+    parser.add_argument("--kv-cells", type=int, default=0, help="KV cache cells (0 = slots x ctx)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument(
         "--gpu-layers", type=int, default=-1, help="-1 = all when a GPU backend exists"
@@ -56,6 +57,7 @@ async def _serve(args: argparse.Namespace) -> int:
         n_slots=args.slots,
         n_ctx_per_slot=args.ctx_per_slot,
         n_batch=args.batch,
+        kv_cells=args.kv_cells,
         n_threads=args.threads,
         n_gpu_layers=args.gpu_layers,
         kv_cache_type=args.kv_cache_type,

@@ -286,6 +286,7 @@ class RunnerProcess:
             "--slots", str(c.n_slots),
             "--ctx-per-slot", str(c.n_ctx_per_slot),
             "--batch", str(c.n_batch),
+            "--kv-cells", str(c.kv_cells),
             "--threads", str(c.n_threads),
             "--gpu-layers", str(c.n_gpu_layers),
             "--kv-cache-type", c.kv_cache_type,

@@ -358,8 +358,10 @@ class Engine:
             status = model.decode()
             if status == 0:
                 break
-            if status == 1 and self._make_room(prefill_budget):
-                prefill_budget = max(1, prefill_budget // 2)
+            prefill_in_batch = any(slot.chunk for slot in prefilling)
+            if status == 1 and self._make_room(prefill_in_batch, prefill_budget):
+                if prefill_in_batch:
+                    prefill_budget = max(1, prefill_budget // 2)
                 continue
             self._fail_batch(f"llama_decode failed with status {status}")
             return
@@ -384,17 +386,18 @@ class Engine:
             slot.batch_index = -1
             slot.chunk = 0
 
-    def _make_room(self, prefill_budget: int) -> bool:
-        """llama_decode found no KV room: free idle caches, then shrink prefill; False if stuck."""
+    def _make_room(self, prefill_in_batch: bool, prefill_budget: int) -> bool:
+        """llama_decode found no KV room: free idle caches, then shrink prefill chunks, then
+        end the longest sequence (its share of the cache is the most that frees). False if
+        nothing is left to try."""
         freed = False
         for slot in self.slots:
             if not slot.busy and slot.cache:
                 self.model.seq_remove(slot.seq_id, 0)
                 slot.cache, slot.shared = [], 0
                 freed = True
-        if freed or prefill_budget > 1:
+        if freed or (prefill_in_batch and prefill_budget > 1):
             return True
-        # Only decode tokens and still no room: end the longest sequence (its context is full).
         busiest = max((s for s in self.slots if s.busy), key=lambda s: len(s.cache), default=None)
         if busiest is None:
             return False

@@ -162,7 +162,9 @@ class LlamaModel:
         self.n_ctx_per_slot = config.n_ctx_per_slot
         """Tokens each slot may hold."""
 
-        params = self._context_params(config.n_ctx_per_slot * config.n_slots, config.n_slots)
+        params = self._context_params(
+            config.kv_cells or config.n_ctx_per_slot * config.n_slots, config.n_slots
+        )
         params.n_batch = config.n_batch
         params.n_ubatch = config.n_batch
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)

@@ -232,6 +232,9 @@ class RunnerConfig:
     """Context length each slot may use."""
     n_batch: int = 512
     """Tokens per llama_decode call."""
+    kv_cells: int = 0
+    """KV cache size in cells; 0 = n_slots x n_ctx_per_slot. Smaller overcommits the unified
+    cache: slots may still grow to n_ctx_per_slot while few of them are long at once."""
     n_threads: int = 0
     """0 = physical cores."""
     n_gpu_layers: int = -1
