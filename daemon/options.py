@@ -128,8 +128,10 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
     trained = model.info.context_length
     if trained:
         n_ctx = min(n_ctx, trained)
+    first, *rest = model.gguf_paths
     return RunnerConfig(
-        model_path=str(model.gguf_path),
+        model_path=str(first),
+        extra_model_paths=[str(part) for part in rest],
         n_slots=settings.num_parallel,
         n_ctx_per_slot=max(n_ctx, 64),
         n_batch=int(options.get("num_batch", 512)),

@@ -114,8 +114,15 @@ class LocalModel:
 
     @property
     def gguf_path(self) -> Path:
-        """Path of the GGUF blob."""
+        """Path of the GGUF blob (the first part of a split model)."""
         return self.store.blob_path(self.model_layer.digest)
+
+    @property
+    def gguf_paths(self) -> list[Path]:
+        """Every part of the GGUF in order (one path unless the model is split)."""
+        from .sources.splits import model_paths
+
+        return model_paths(self.store, self.entry.manifest)
 
     @cached_property
     def info(self) -> GGUFInfo:
