@@ -1,0 +1,289 @@
+"""Engine benchmark: the runner against a plain llama.cpp loop, in one run, same threads.
+
+    python benchmarks/engine.py [--model PATH] [--threads N] [--tokens 128]
+
+Measures on SmolLM2-135M (the bundled starter model by default):
+
+* single-stream decode tokens/s: raw loop vs runner;
+* aggregate decode tokens/s at 4 and 8 concurrent streams: raw batched loop vs runner;
+* prefill tokens/s on a 512-token prompt: raw vs runner;
+* TTFT of a cold ~1,000-token prompt, of the same prefix when it is already cached, and the
+  worst TTFT of 4 simultaneous cold requests that share a ~1,000-token prefix.
+
+The "raw" side is the least Python one can write on llama-cpp-python's low-level API: one
+batch, llama_decode, a greedy sampler, no detokenization, no IPC. The runner side goes through
+the runner process and its socket protocol, as the daemon does. Each pair runs back to back
+and each figure is the best of a few repetitions, because this machine is shared and noisy.
+The last line printed is one JSON object with all figures and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import llama_cpp
+from localllm.daemon.runner import (
+    GenerationRequest,
+    RunnerClient,
+    RunnerConfig,
+    RunnerProcess,
+    SamplingOptions,
+    TokenChunk,
+)
+from localllm.daemon.runner.model import default_threads
+
+from localllm.starter import starter_gguf_path
+
+_WORD_TEXT = (
+    "sky blue light river stone garden window music paper table winter summer mountain "
+    "ocean forest city road bridge castle dragon robot planet silver golden quiet bright "
+    "ancient modern gentle wild simple clever history science language number story"
+)
+WORDS = _WORD_TEXT.split()
+STORY = "Write a long, detailed story about a traveller who crosses a great desert."
+
+
+def words(count: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+class RawLlama:
+    """A plain low-level llama.cpp loop: the baseline."""
+
+    def __init__(self, path: str, threads: int, n_seq: int, n_ctx_per_seq: int) -> None:
+        llama_cpp.llama_backend_init()
+        self.model = llama_cpp.llama_model_load_from_file(
+            path.encode(), llama_cpp.llama_model_default_params()
+        )
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_seq * n_ctx_per_seq
+        params.n_batch = params.n_ubatch = 512
+        params.n_seq_max = n_seq
+        params.n_threads = params.n_threads_batch = threads
+        params.kv_unified = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(512, 0, n_seq)
+        self.sampler = llama_cpp.llama_sampler_chain_init(
+            llama_cpp.llama_sampler_chain_default_params()
+        )
+        llama_cpp.llama_sampler_chain_add(self.sampler, llama_cpp.llama_sampler_init_greedy())
+
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode()
+        buffer = (llama_cpp.llama_token * (len(data) + 8))()
+        count = llama_cpp.llama_tokenize(
+            self.vocab, data, len(data), buffer, len(buffer), True, True
+        )
+        return list(buffer[:count])
+
+    def detokenize(self, tokens: list[int]) -> str:
+        buffer = ctypes.create_string_buffer(256)
+        pieces = []
+        for token in tokens:
+            count = llama_cpp.llama_token_to_piece(self.vocab, token, buffer, len(buffer), 0, False)
+            pieces.append(buffer.raw[:count])
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def chat_tokens(self, text: str) -> list[int]:
+        return self.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+    def _fill(self, items: list[tuple[int, int, int, bool]]) -> None:
+        b = self.batch
+        for i, (token, pos, seq, logits) in enumerate(items):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+            b.seq_id[i][0] = seq
+        b.n_tokens = len(items)
+        assert llama_cpp.llama_decode(self.ctx, b) == 0
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def prefill_seconds(self, tokens: list[int]) -> float:
+        self.clear()
+        started = time.perf_counter()
+        self._fill([(t, i, 0, i == len(tokens) - 1) for i, t in enumerate(tokens)])
+        return time.perf_counter() - started
+
+    def decode(self, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+        """Greedy-decode all prompts as a batch; (tokens generated, seconds of decoding)."""
+        self.clear()
+        items = [(t, i, s, i == len(p) - 1) for s, p in enumerate(prompts) for i, t in enumerate(p)]
+        self._fill(items)
+        last_index = {}
+        index = 0
+        for s, p in enumerate(prompts):
+            index += len(p)
+            last_index[s] = index - 1
+        positions = {s: len(p) for s, p in enumerate(prompts)}
+        pending = {
+            s: llama_cpp.llama_sampler_sample(self.sampler, self.ctx, last_index[s])
+            for s in positions
+        }
+        generated = len(pending)
+        started = time.perf_counter()
+        for _ in range(max_tokens - 1):
+            live = [
+                s for s, t in pending.items() if not llama_cpp.llama_vocab_is_eog(self.vocab, t)
+            ]
+            if not live:
+                break
+            self._fill([(pending[s], positions[s], s, True) for s in live])
+            for i, s in enumerate(live):
+                positions[s] += 1
+                pending[s] = llama_cpp.llama_sampler_sample(self.sampler, self.ctx, i)
+            generated += len(live)
+        return generated - len(prompts), time.perf_counter() - started
+
+
+async def runner_decode(
+    client: RunnerClient, texts: list[str], max_tokens: int
+) -> tuple[int, float]:
+    """Concurrent greedy chats; (tokens after each stream's first, seconds of the decode phase)."""
+    firsts: list[float] = []
+    lasts: list[float] = []
+    counts: list[int] = []
+
+    async def one(text: str) -> None:
+        request = GenerationRequest(
+            id="",
+            messages=[{"role": "user", "content": text}],
+            options=SamplingOptions(temperature=0, num_predict=max_tokens, repeat_penalty=1.0),
+        )
+        first = 0.0
+        async for event in client.generate(request):
+            if isinstance(event, TokenChunk):
+                first = first or time.perf_counter()
+            else:
+                lasts.append(time.perf_counter())
+                counts.append(event.timings.completion_tokens - 1)
+        firsts.append(first)
+
+    await asyncio.gather(*(one(t) for t in texts))
+    return sum(counts), max(lasts) - max(firsts)
+
+
+async def runner_ttft(client: RunnerClient, prompts: list[str]) -> list[float]:
+    """Time to first token (ms, client side) of simultaneous raw prompts."""
+
+    async def one(prompt: str) -> float:
+        started = time.perf_counter()
+        request = GenerationRequest(
+            id="", prompt=prompt, raw=True, options=SamplingOptions(temperature=0, num_predict=2)
+        )
+        ttft = 0.0
+        async for _event in client.generate(request):
+            ttft = ttft or (time.perf_counter() - started) * 1000
+        return ttft
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def report(label: str, raw: float, engine: float, unit: str) -> None:
+    print(
+        f"{label}: raw {raw:.1f} {unit}, engine {engine:.1f} {unit} ({engine / raw:.3f})",
+        flush=True,
+    )
+
+
+def best(values: list[float]) -> float:
+    return max(values)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, float]:
+    model = args.model or str(starter_gguf_path())
+    threads = args.threads or default_threads()
+    raw = RawLlama(model, threads, n_seq=8, n_ctx_per_seq=2048)
+    workdir = Path(tempfile.mkdtemp(prefix="localllm-bench-"))
+    process = RunnerProcess(
+        RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads),
+        workdir / "runner.sock",
+        workdir / "runner.log",
+    )
+    client = await process.start()
+    results: dict[str, float] = {"threads": threads, "tokens": args.tokens}
+    try:
+        for streams, key in ((1, "decode"), (4, "batched4"), (8, "batched8")):
+            texts = [f"{STORY} ({i})" for i in range(streams)]
+            raw_rates, engine_rates = [], []
+            for _ in range(args.repeat):
+                count, seconds = raw.decode([raw.chat_tokens(t) for t in texts], args.tokens)
+                raw_rates.append(count / seconds)
+                count, seconds = await runner_decode(client, texts, args.tokens)
+                engine_rates.append(count / seconds)
+            results[f"raw_{key}_tps"] = best(raw_rates)
+            results[f"engine_{key}_tps"] = best(engine_rates)
+            report(key, results[f"raw_{key}_tps"], results[f"engine_{key}_tps"], "tok/s")
+
+        raw_prefill, engine_prefill = [], []
+        for attempt in range(args.repeat):
+            # A fresh 512-token prompt each time, the same for both sides: nothing is cached.
+            tokens = raw.tokenize(words(700, seed=100 + attempt))[:512]
+            raw_prefill.append(len(tokens) / raw.prefill_seconds(tokens))
+            request = GenerationRequest(
+                id="",
+                prompt=raw.detokenize(tokens),
+                raw=True,
+                options=SamplingOptions(num_predict=1),
+            )
+            async for event in client.generate(request):
+                if not isinstance(event, TokenChunk):
+                    engine_prefill.append(event.timings.prompt_tokens_per_s)
+        results["raw_prefill_tps"] = best(raw_prefill)
+        results["engine_prefill_tps"] = best(engine_prefill)
+        report("prefill", results["raw_prefill_tps"], results["engine_prefill_tps"], "tok/s")
+
+        prefix = words(820, seed=7)  # ~1,000 tokens
+        cold = (await runner_ttft(client, [prefix + " first question: why?"]))[0]
+        cached = (await runner_ttft(client, [prefix + " second question: how?"]))[0]
+        shared_prefix = words(820, seed=8)
+        shared = await runner_ttft(
+            client, [f"{shared_prefix} question {i}: what?" for i in range(4)]
+        )
+        results["cold_ttft_ms"] = cold
+        results["cached_prefix_ttft_ms"] = cached
+        results["shared4_max_ttft_ms"] = max(shared)
+        print(
+            f"ttft ms: cold {cold:.0f}, cached prefix {cached:.0f}, 4 sharing max {max(shared):.0f}"
+        )
+    finally:
+        await client.close()
+        await process.stop()
+
+    results["ratio_decode"] = results["engine_decode_tps"] / results["raw_decode_tps"]
+    results["ratio_batched4"] = results["engine_batched4_tps"] / results["raw_batched4_tps"]
+    results["ratio_batched8"] = results["engine_batched8_tps"] / results["raw_batched8_tps"]
+    results["ratio_prefill"] = results["engine_prefill_tps"] / results["raw_prefill_tps"]
+    results["ratio_cached_ttft"] = results["cached_prefix_ttft_ms"] / results["cold_ttft_ms"]
+    results["ratio_shared4_ttft"] = results["shared4_max_ttft_ms"] / results["cold_ttft_ms"]
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="GGUF to use (default: the bundled SmolLM2-135M)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="threads for both sides (default: physical cores)"
+    )
+    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per stream")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
