@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import llama_cpp
+
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
@@ -39,7 +40,6 @@ from localllm.daemon.runner import (
     TokenChunk,
 )
 from localllm.daemon.runner.model import default_threads
-
 from localllm.starter import starter_gguf_path
 
 _WORD_TEXT = (

@@ -15,11 +15,11 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from localllm.daemon.app import create_app
 from test_daemon_support import Daemon, free_port, run_daemon_expecting_failure, running_daemon
 
 from localllm._exceptions import APIError
 from localllm.client import Client
+from localllm.daemon.app import create_app
 from localllm.settings import Settings
 
 pytestmark = pytest.mark.slow

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from runner_harness import RunnerHarness, greedy
+
 from localllm.daemon.runner import (
     EmbeddingRequest,
     GenerationRequest,
@@ -18,7 +20,6 @@ from localllm.daemon.runner import (
     RunnerError,
     TokenChunk,
 )
-from runner_harness import RunnerHarness, greedy
 
 CTX = 2048
 

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localllm.daemon.runner import GenerationRequest, RunnerConfig, RunnerError, SamplingOptions
 from runner_harness import RunnerHarness, greedy
+
+from localllm.daemon.runner import GenerationRequest, RunnerConfig, RunnerError, SamplingOptions
 
 
 @pytest.fixture(scope="module")
