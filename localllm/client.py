@@ -440,9 +440,12 @@ class Client:
         messages: Sequence[ChatMessage] | None = None,
         license: str | list[str] | None = None,
         quantize: str | None = None,
+        allow_requantize: bool | None = None,
     ) -> Iterator[ProgressLine]:
         """Create a model from another (``from_``), a GGUF path the daemon can read
-        (``from_``), or uploaded blobs (``files``: name → digest); yields status lines."""
+        (``from_``), or uploaded blobs (``files``: name → digest); yields status lines.
+        ``allow_requantize`` (a localllm extension) lets ``quantize`` start from an already
+        quantized model."""
         body = _payload(locals())
         yield from self._stream("POST", "/api/create", body, _parse_ndjson)
 
@@ -762,6 +765,7 @@ class AsyncClient:
         messages: Sequence[ChatMessage] | None = None,
         license: str | list[str] | None = None,
         quantize: str | None = None,
+        allow_requantize: bool | None = None,
     ) -> AsyncIterator[ProgressLine]:
         """Create a model (see :meth:`Client.create`); yields status lines."""
         body = _payload(locals())

@@ -90,7 +90,7 @@ class ProgressView:
         if self._progress is None:
             if completed >= event.total and key not in self._finished:
                 self._finished.add(key)
-                self.console.print(f"{event.status}: {human_size(event.total)}")
+                self._print(f"{event.status}: {human_size(event.total)}")
             return
         fields: dict[str, Any] = {"rate": event.bytes_per_second, "eta": event.eta_seconds}
         task = self._tasks.get(key)
@@ -105,7 +105,9 @@ class ProgressView:
         if status == self._last_status:
             return
         self._last_status = status
-        if self._progress is not None:
-            self._progress.console.print(status)
-        else:
-            self.console.print(status)
+        self._print(status)
+
+    def _print(self, text: str) -> None:
+        # Status lines are plain text (no markup, no wrapping: digests stay on one line).
+        console = self._progress.console if self._progress is not None else self.console
+        console.print(text, markup=False, highlight=False, soft_wrap=True)

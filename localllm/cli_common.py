@@ -1,0 +1,105 @@
+"""What the CLI's command modules share: settings, the daemon connection, output helpers.
+
+Every command that needs the daemon gets its client from :func:`connect`, which starts a
+daemon in the background first when none answers (:mod:`localllm.autostart`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._exceptions import LocalLLMError
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .settings import Settings
+
+__all__ = [
+    "UsageError",
+    "connect",
+    "file_source",
+    "load_settings",
+    "notice",
+    "parse_time",
+    "print_json",
+    "show_progress",
+]
+
+
+class UsageError(LocalLLMError):
+    """A mistake in the command line itself."""
+
+
+def load_settings() -> Settings:
+    """The settings from the environment."""
+    from .settings import Settings
+
+    return Settings.from_env()
+
+
+def notice(text: str) -> None:
+    """A short message for a person watching (stderr, only when it is a terminal)."""
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
+
+
+def connect(settings: Settings | None = None) -> Client:
+    """A client for the daemon, started in the background first if none answers."""
+    from .autostart import ensure_daemon
+    from .client import Client
+
+    settings = settings or load_settings()
+    ensure_daemon(settings, on_start=lambda text: notice(f"{text}..."))
+    return Client(settings)
+
+
+def print_json(data: Any) -> None:
+    """Indented JSON on stdout, for scripts."""
+    print(json.dumps(data, indent=2, default=str))
+
+
+def parse_time(text: str | None) -> float | None:
+    """A timestamp from the daemon's RFC 3339 time, ``None`` when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def show_progress(lines: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Render the daemon's progress lines (``/api/pull``, ``/api/create``) as bars and status
+    lines on stderr; returns the last line."""
+    from .progress_display import ProgressView
+    from .sources.progress import PullProgress
+
+    last: Mapping[str, Any] | None = None
+    with ProgressView() as view:
+        for line in lines:
+            view.update(PullProgress.from_json(line))
+            last = line
+    return last
+
+
+def file_source(client: Client, settings: Settings, path: Path) -> dict[str, Any]:
+    """The ``/api/create`` source fields for a local GGUF file.
+
+    A daemon on this machine reads the file itself (``from``: its absolute path), which saves
+    sending gigabytes through HTTP and hashing them twice; a remote daemon gets the file
+    uploaded as a blob first (``files``), as Ollama's CLI always does.
+    """
+    from .autostart import is_local
+
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    if is_local(settings):
+        return {"from_": str(path.resolve())}
+    notice(f"uploading {path.name} to the daemon...")
+    digest = client.upload_blob(path)
+    return {"files": {path.name: digest}}

@@ -1,0 +1,345 @@
+"""The CLI's model commands: list, show, ps, rm, cp, create, pull, quantize, stop.
+
+Each goes through the daemon (:func:`~localllm.cli_common.connect`), which owns the store, as
+Ollama's CLI does. Tables and sizes are for people; ``--json`` prints what scripts want.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._format import human_since, human_size, human_until, table
+from .cli_common import (
+    UsageError,
+    connect,
+    file_source,
+    load_settings,
+    parse_time,
+    print_json,
+    show_progress,
+)
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = [
+    "cmd_cp",
+    "cmd_create",
+    "cmd_list",
+    "cmd_ps",
+    "cmd_pull",
+    "cmd_quantize",
+    "cmd_rm",
+    "cmd_show",
+    "cmd_stop",
+    "ps_rows",
+    "pull_model",
+    "render_show",
+]
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """``list``/``ls``: NAME ID SIZE MODIFIED, newest first."""
+    with connect() as client:
+        models = client.list_models()
+    if args.json:
+        print_json(models)
+        return 0
+    rows = []
+    for model in models:
+        modified = parse_time(model.get("modified_at"))
+        rows.append(
+            [
+                model.get("name", ""),
+                str(model.get("digest", ""))[:12],
+                human_size(model.get("size", 0)),
+                human_since(modified) if modified is not None else "",
+            ]
+        )
+    print(table(["NAME", "ID", "SIZE", "MODIFIED"], rows))
+    return 0
+
+
+# -- show ------------------------------------------------------------------------------------
+
+
+def _first_lines(text: str, count: int, more_hint: str) -> list[tuple[str, str]]:
+    lines = text.strip().splitlines()
+    shown = [(line, "") for line in lines[:count]]
+    if len(lines) > count:
+        shown.append((f"... ({len(lines) - count} more lines; {more_hint} shows all)", ""))
+    return shown
+
+
+def render_show(data: Mapping[str, Any]) -> str:
+    """``show``'s sections for people, from the daemon's ``/api/show`` answer."""
+    details = data.get("details") or {}
+    info = data.get("model_info") or {}
+    arch = str(info.get("general.architecture") or details.get("family") or "unknown")
+
+    def fact(key: str) -> str:
+        value = info.get(f"{arch}.{key}")
+        return str(value) if value is not None else "unknown"
+
+    sections: list[tuple[str, list[tuple[str, str]]]] = [
+        (
+            "Model",
+            [
+                ("architecture", arch),
+                ("parameters", str(details.get("parameter_size") or "unknown")),
+                ("context length", fact("context_length")),
+                ("embedding length", fact("embedding_length")),
+                ("quantization", str(details.get("quantization_level") or "unknown")),
+            ],
+        ),
+        ("Capabilities", [(str(c), "") for c in data.get("capabilities") or []]),
+    ]
+    parameters = []
+    for line in str(data.get("parameters") or "").splitlines():
+        key, _, value = line.strip().partition(" ")
+        parameters.append((key, value.strip()))
+    if parameters:
+        sections.append(("Parameters", parameters))
+    if data.get("system"):
+        sections.append(("System", _first_lines(str(data["system"]), 5, "--system")))
+    if data.get("license"):
+        sections.append(("License", _first_lines(str(data["license"]), 2, "--license")))
+    out = []
+    for title, rows in sections:
+        out.append(f"  {title}")
+        width = max((len(key) for key, value in rows if value), default=0) + 4
+        out.extend(f"    {key.ljust(width)}{value}".rstrip() for key, value in rows)
+        out.append("")
+    return "\n".join(out)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """``show MODEL``: details, or one part (``--modelfile``, ``--template``...), or JSON."""
+    with connect() as client:
+        data = client.show(args.model, verbose=args.verbose)
+    for part in ("modelfile", "template", "system", "license", "parameters"):
+        if getattr(args, part):
+            text = str(data.get(part) or "")
+            print(text, end="" if text.endswith("\n") else "\n")
+            return 0
+    if args.json:
+        print_json(data)
+        return 0
+    print(render_show(data))
+    return 0
+
+
+# -- ps and stop -------------------------------------------------------------------------------
+
+
+def _processor(size: int, size_vram: int) -> str:
+    if size <= 0 or size_vram <= 0:
+        return "100% CPU"
+    if size_vram >= size:
+        return "100% GPU"
+    cpu = round(100 * (size - size_vram) / size)
+    return f"{cpu}%/{100 - cpu}% CPU/GPU"
+
+
+def _until(expires_at: str | None) -> str:
+    timestamp = parse_time(expires_at)
+    if timestamp is None or (expires_at or "").startswith("9999"):
+        return "Forever"
+    return human_until(timestamp)
+
+
+def _merged_ps(client: Client) -> list[dict[str, Any]]:
+    """``/api/ps`` entries with the live rates and slot states of ``/api/stats`` added."""
+    loaded = [dict(entry) for entry in client.ps()]
+    from ._exceptions import APIError
+
+    try:
+        stats = {m.get("name"): m for m in client.stats().get("models", [])}
+    except APIError:  # a daemon without the stats route: ps alone still helps
+        stats = {}
+    for entry in loaded:
+        live = stats.get(entry.get("name"), {})
+        slots = live.get("slots")
+        if isinstance(slots, list):
+            entry["busy_slots"] = sum(1 for s in slots if s.get("state") != "idle")
+        entry["decode_tokens_per_s"] = live.get("decode_tokens_per_s")
+        entry["prefill_tokens_per_s"] = live.get("prefill_tokens_per_s")
+    return loaded
+
+
+def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
+    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
+    rows = []
+    for entry in loaded:
+        busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
+        total = entry.get("slots")
+        rate = entry.get("decode_tokens_per_s")
+        rows.append(
+            [
+                str(entry.get("name", "")),
+                str(entry.get("digest", ""))[:12],
+                human_size(entry.get("size", 0) or 0),
+                _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
+                str(entry.get("context_length", "")),
+                f"{busy}/{total}" if total else "",
+                f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
+                _until(entry.get("expires_at")),
+            ]
+        )
+    headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
+    return table(headers, rows)
+
+
+def _watch_ps(client: Client) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    with Live(Text(ps_rows(_merged_ps(client))), console=console, auto_refresh=False) as live:
+        try:
+            for _ in client.stats_stream(interval=0.5):
+                live.update(Text(ps_rows(_merged_ps(client))), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    """``ps``: loaded models with their slots, live decode tokens/s and expiry."""
+    with connect() as client:
+        if args.watch and not args.json:
+            return _watch_ps(client)
+        loaded = _merged_ps(client)
+    if args.json:
+        print_json(loaded)
+    else:
+        print(ps_rows(loaded))
+    return 0
+
+
+def _same_model(a: str, b: str) -> bool:
+    from ._exceptions import InvalidNameError
+    from .names import parse_name
+
+    try:
+        return parse_name(a) == parse_name(b)
+    except InvalidNameError:
+        return a == b
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``stop MODEL``: unload it now (``keep_alive`` 0), as Ollama's ``stop`` does."""
+    with connect() as client:
+        loaded = [str(entry.get("name", "")) for entry in client.ps()]
+        match = next((name for name in loaded if _same_model(name, args.model)), None)
+        if match is None:
+            client.show(args.model)  # a bad or unknown name says so (400/404)
+            raise UsageError(f'model "{args.model}" is not running')
+        client.unload(match)
+    return 0
+
+
+# -- rm and cp -------------------------------------------------------------------------------
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``rm MODEL...``: remove models (unloading them first)."""
+    with connect() as client:
+        for name in args.models:
+            client.delete(name)
+            print(f"deleted '{name}'")
+    return 0
+
+
+def cmd_cp(args: argparse.Namespace) -> int:
+    """``cp SOURCE DESTINATION``."""
+    with connect() as client:
+        client.copy(args.source, args.destination)
+    print(f"copied '{args.source}' to '{args.destination}'")
+    return 0
+
+
+# -- create, pull, quantize ------------------------------------------------------------------
+
+
+def _check_quant(quant: str | None) -> str | None:
+    """A known quantization target, checked here so nothing is downloaded for a typo."""
+    if quant is None:
+        return None
+    from .quantize import normalize_quant
+
+    return normalize_quant(quant)
+
+
+def _source_fields(client: Client, value: str, base: Path | None = None) -> dict[str, Any]:
+    """``/api/create`` source fields for a ``--from`` / ``FROM`` value: a file or a model."""
+    from .modelfile import looks_like_path
+
+    settings = load_settings()
+    path = Path(value).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if looks_like_path(value) or path.is_file():
+        return file_source(client, settings, path)
+    return {"from_": value}
+
+
+def _run_create(client: Client, name: str, fields: dict[str, Any]) -> None:
+    show_progress(client.create(name, **fields))
+    print(f"created '{name}'")
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    """``create NAME`` from ``--from FILE|MODEL`` or ``-f Modelfile`` (``./Modelfile`` by
+    default), optionally ``--quantize``."""
+    from .modelfile import read_modelfile
+
+    quant = _check_quant(args.quantize)
+    modelfile_path: Path | None = Path(args.file).expanduser() if args.file else None
+    if args.source is None and modelfile_path is None:
+        if not Path("Modelfile").is_file():
+            raise UsageError("create needs --from FILE|MODEL or -f Modelfile")
+        modelfile_path = Path("Modelfile")
+    with connect() as client:
+        if modelfile_path is not None:
+            modelfile = read_modelfile(modelfile_path)
+            fields = {**modelfile.create_fields(), **_source_fields(client, modelfile.from_)}
+        else:
+            fields = _source_fields(client, args.source)
+        fields["quantize"] = quant
+        fields["allow_requantize"] = args.allow_requantize or None
+        _run_create(client, args.model, {k: v for k, v in fields.items() if v is not None})
+    return 0
+
+
+def pull_model(client: Client, name: str, *, insecure: bool = False) -> None:
+    """Pull ``name`` through the daemon with progress bars on stderr."""
+    show_progress(client.pull(name, insecure=insecure))
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """``pull MODEL``: download through the daemon; ``--quantize`` then converts it."""
+    quant = _check_quant(args.quantize)
+    with connect() as client:
+        pull_model(client, args.model, insecure=args.insecure)
+        if quant is not None:
+            # /api/pull has no quantize field: quantize the pulled model in place.
+            show_progress(client.create(args.model, from_=args.model, quantize=quant))
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """``quantize SOURCE TARGET -q QUANT``: a model or GGUF file into a new model."""
+    quant = _check_quant(args.quantize)
+    with connect() as client:
+        fields = _source_fields(client, args.source)
+        fields.update(quantize=quant, allow_requantize=args.allow_requantize or None)
+        _run_create(client, args.target, {k: v for k, v in fields.items() if v is not None})
+    return 0

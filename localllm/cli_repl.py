@@ -1,0 +1,278 @@
+"""The interactive chat of ``localllm run MODEL``: Ollama's ``>>>`` prompt and slash commands.
+
+``/set parameter NAME VALUE``, ``/set system ...``, ``/set verbose|quiet``, ``/set
+wordwrap|nowordwrap``, ``/set format json|noformat``, ``/set history|nohistory``; ``/show
+info|license|modelfile|parameters|system|template``; ``/load MODEL``, ``/save MODEL``,
+``/clear``, ``/bye``; ``\"\"\"`` starts a multi-line message. Ctrl-C stops the answer being
+written and keeps the session; Ctrl-D on an empty prompt (or ``/bye``) ends it. Line editing and
+the up-arrow history come from ``readline`` when the platform has it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+from collections.abc import Callable
+
+from ._exceptions import LocalLLMError
+from .cli_run import ChatSession, ensure_model
+
+__all__ = ["HELP", "Repl"]
+
+HELP = """Available Commands:
+  /set            Set session variables
+  /show           Show model information
+  /load <model>   Load a session or model
+  /save <model>   Save your current session
+  /clear          Clear session context
+  /bye            Exit
+  /?, /help       Help for a command
+  /? shortcuts    Help for keyboard shortcuts
+
+Use \"\"\" to begin a multi-line message.
+"""
+
+SET_HELP = """Available Commands:
+  /set parameter ...     Set a parameter
+  /set system <string>   Set system message
+  /set history           Enable history
+  /set nohistory         Disable history
+  /set wordwrap          Enable wordwrap
+  /set nowordwrap        Disable wordwrap
+  /set format json       Enable JSON mode
+  /set noformat          Disable formatting
+  /set verbose           Show LLM stats
+  /set quiet             Disable LLM stats
+"""
+
+PARAMETER_HELP = """Available Parameters:
+  /set parameter seed <int>             Random number seed
+  /set parameter num_predict <int>      Max number of tokens to predict
+  /set parameter top_k <int>            Pick from top k num of tokens
+  /set parameter top_p <float>          Pick token based on sum of probabilities
+  /set parameter min_p <float>          Pick token based on top token probability * min_p
+  /set parameter num_ctx <int>          Set the context size
+  /set parameter temperature <float>    Set creativity level
+  /set parameter repeat_penalty <float> How strongly to penalize repetitions
+  /set parameter repeat_last_n <int>    Set how far back to look for repetitions
+  /set parameter stop <string> <string> ...   Set the stop parameters
+"""
+
+SHOW_HELP = """Available Commands:
+  /show info         Show details for this model
+  /show license      Show model license
+  /show modelfile    Show Modelfile for this model
+  /show parameters   Show parameters for this model
+  /show system       Show system message
+  /show template     Show prompt template
+"""
+
+SHORTCUTS = """Available keyboard shortcuts:
+  Ctrl + a            Move to the beginning of the line (Home)
+  Ctrl + e            Move to the end of the line (End)
+  Ctrl + k            Delete the sentence after the cursor
+  Ctrl + u            Delete the sentence before the cursor
+  Ctrl + w            Delete the word before the cursor
+  Up / Down           Previous / next message typed in this session
+
+  Ctrl + c            Stop the answer being written
+  Ctrl + d            Exit (on an empty line)
+"""
+
+_TRIPLE = '"' * 3
+_TOGGLES = {
+    "verbose": ("verbose", True, "Set 'verbose' mode."),
+    "quiet": ("verbose", False, "Set 'quiet' mode."),
+    "wordwrap": ("wordwrap", True, "Set 'wordwrap' mode."),
+    "nowordwrap": ("wordwrap", False, "Set 'nowordwrap' mode."),
+    "history": ("history", True, "Set history."),
+    "nohistory": ("history", False, "Set 'nohistory' mode."),
+}
+
+
+class _Exit(Exception):
+    """``/bye``."""
+
+
+class Repl:
+    """The read-eval-print loop around a :class:`~localllm.cli_run.ChatSession`."""
+
+    def __init__(self, session: ChatSession, read: Callable[[str], str] = input) -> None:
+        self.session = session
+        self._read = read
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Chat until ``/bye`` or Ctrl-D; returns the exit status."""
+        with contextlib.suppress(ImportError):
+            import readline  # noqa: F401  # line editing and history for input()
+        self.session.load()
+        while True:
+            try:
+                line = self._read_message()
+            except KeyboardInterrupt:
+                print("\nUse Ctrl + d or /bye to exit.")
+                continue
+            except EOFError:
+                print()
+                return 0
+            if line is None:
+                continue
+            try:
+                if line.startswith("/"):
+                    self.command(line)
+                elif line.strip():
+                    self.session.answer(line, interactive=True)
+            except _Exit:
+                return 0
+            except KeyboardInterrupt:
+                print()  # the answer was stopped; the session goes on
+            except LocalLLMError as exc:
+                print(f"Error: {exc}\n")
+
+    def _read_message(self) -> str | None:
+        """One message; a line starting with three double quotes reads until the closing ones."""
+        line = self._read(">>> ")
+        if not line.lstrip().startswith(_TRIPLE):
+            return line
+        text = line.lstrip()[3:]
+        if text.endswith(_TRIPLE):
+            return text[:-3]
+        lines = [text]
+        while True:
+            more = self._read("... ")
+            if more.rstrip().endswith(_TRIPLE):
+                lines.append(more.rstrip()[:-3])
+                return "\n".join(lines).strip("\n")
+            lines.append(more)
+
+    # -- slash commands -------------------------------------------------------------------
+
+    def command(self, line: str) -> None:
+        """Run one ``/command``."""
+        name, _, rest = line.strip().partition(" ")
+        rest = rest.strip()
+        if name in ("/bye", "/exit"):
+            raise _Exit
+        if name in ("/?", "/help"):
+            print(SHORTCUTS if rest == "shortcuts" else HELP)
+        elif name == "/set":
+            self._set(rest)
+        elif name == "/show":
+            self._show(rest)
+        elif name == "/clear":
+            self.session.messages.clear()
+            print("Cleared session context")
+        elif name == "/load":
+            self._load(rest)
+        elif name == "/save":
+            self._save(rest)
+        else:
+            print(f"Unknown command '{name}'. Type /? for help")
+
+    def _set(self, rest: str) -> None:
+        config = self.session.config
+        what, _, value = rest.partition(" ")
+        value = value.strip()
+        if what in _TOGGLES:
+            attribute, flag, message = _TOGGLES[what]
+            setattr(config, attribute, flag)
+            print(message)
+        elif what == "parameter":
+            self._set_parameter(value)
+        elif what == "system":
+            if not value:
+                print("Usage: /set system <message>")
+                return
+            config.system = value.strip('"')
+            print("Set system message.")
+        elif what == "format":
+            if value != "json":
+                print("Invalid or missing format. For 'json' mode use '/set format json'")
+                return
+            config.format = "json"
+            print("Set format to 'json' mode.")
+        elif what == "noformat":
+            config.format = None
+            print("Disabled format.")
+        else:
+            print(SET_HELP)
+
+    def _set_parameter(self, text: str) -> None:
+        from .modelfile import ModelfileError, coerce_parameter
+
+        try:
+            parts = shlex.split(text)
+        except ValueError:
+            parts = text.split()
+        if len(parts) < 2:
+            print(PARAMETER_HELP)
+            return
+        name, values = parts[0].lower(), parts[1:]
+        try:
+            if name == "stop":
+                value: object = values
+            else:
+                value = coerce_parameter(name, " ".join(values))
+        except ModelfileError as exc:
+            print(f"Couldn't set parameter: {exc}")
+            return
+        self.session.config.options[name] = value
+        shown = ", ".join(values) if name == "stop" else values[0]
+        print(f"Set parameter '{name}' to '{shown}'")
+
+    def _show(self, what: str) -> None:
+        session = self.session
+        if what not in ("info", "license", "modelfile", "parameters", "system", "template"):
+            print(SHOW_HELP)
+            return
+        data = session.client.show(session.config.model)
+        if what == "info":
+            from .cli_models import render_show
+
+            print(render_show(data))
+        elif what == "parameters":
+            print("Model defined parameters:")
+            print(str(data.get("parameters") or "No parameters were specified for this model."))
+            if session.config.options:
+                print("\nUser defined parameters:")
+                for key, value in session.config.options.items():
+                    print(f"{key:<30} {json.dumps(value)}")
+            print()
+        elif what == "system":
+            text = session.config.system or data.get("system")
+            print(f"{text}\n" if text else "No system message was specified for this model.\n")
+        else:
+            text = str(data.get(what) or "")
+            missing = f"No {what} was specified for this model."
+            print(f"{text.rstrip()}\n" if text else f"{missing}\n")
+
+    def _load(self, name: str) -> None:
+        session = self.session
+        if not name:
+            print("Usage:\n  /load <modelname>")
+            return
+        ensure_model(session.client, name)
+        print(f"Loading model '{name}'")
+        session.config.model = name
+        session.messages.clear()
+        session.load()
+
+    def _save(self, name: str) -> None:
+        session = self.session
+        if not name:
+            print("Usage:\n  /save <modelname>")
+            return
+        config = session.config
+        lines = session.client.create(
+            name,
+            from_=config.model,
+            system=config.system,
+            parameters=config.options or None,
+            messages=list(session.messages) or None,
+        )
+        for _ in lines:
+            pass
+        print(f"Created new model '{name}'")

@@ -1,0 +1,74 @@
+"""The ``--verbose`` block printed after an answer: Ollama's timing lines plus TTFT and cache reuse.
+
+Fed with the final (``done``) chunk of ``/api/chat`` or ``/api/generate``: Ollama's nanosecond
+fields and localllm's extras (``ttft_duration``, ``prompt_cached_count``,
+``prompt_evaluated_count``, ``prompt_eval_rate``, ``eval_rate``, ``queue_duration``). The
+prompt (prefill) and generation (decode) phases are reported apart, since they have different
+bottlenecks: "prompt eval count" counts only the tokens evaluated, and the tokens reused from
+the KV cache have their own line, so the prompt rate is not inflated by the cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["format_duration", "format_timings"]
+
+
+def format_duration(nanoseconds: float) -> str:
+    """``1.532s``, ``48.21ms``, ``310µs``, ``2m3.4s``: short, with a unit."""
+    seconds = nanoseconds / 1e9
+    if seconds >= 60:
+        minutes, rest = divmod(seconds, 60)
+        return f"{int(minutes)}m{rest:.1f}s"
+    if seconds >= 1:
+        return f"{seconds:.3f}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f}ms"
+    return f"{seconds * 1e6:.0f}µs"
+
+
+def _number(final: Mapping[str, Any], key: str) -> float:
+    value = final.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _rate(final: Mapping[str, Any], key: str, count: float, duration_key: str) -> float:
+    if isinstance(final.get(key), int | float):
+        return _number(final, key)
+    duration = _number(final, duration_key)
+    return count / (duration / 1e9) if duration > 0 else 0.0
+
+
+def format_timings(final: Mapping[str, Any]) -> str:
+    """The aligned block of timing lines for one answer's final chunk."""
+    prompt_total = _number(final, "prompt_eval_count")
+    cached = _number(final, "prompt_cached_count")
+    evaluated = (
+        _number(final, "prompt_evaluated_count")
+        if "prompt_evaluated_count" in final
+        else max(prompt_total - cached, 0)
+    )
+    generated = _number(final, "eval_count")
+    rows: list[tuple[str, str]] = [
+        ("total duration", format_duration(_number(final, "total_duration"))),
+        ("load duration", format_duration(_number(final, "load_duration"))),
+    ]
+    if _number(final, "queue_duration") >= 1e6:  # worth a line from a millisecond on
+        rows.append(("queue duration", format_duration(_number(final, "queue_duration"))))
+    if "ttft_duration" in final:
+        rows.append(("time to first token", format_duration(_number(final, "ttft_duration"))))
+    rows.append(("prompt eval count", f"{evaluated:.0f} token(s)"))
+    if "prompt_cached_count" in final:
+        rows.append(("prompt cached count", f"{cached:.0f} token(s) reused from cache"))
+    prompt_rate = _rate(final, "prompt_eval_rate", evaluated, "prompt_eval_duration")
+    rows += [
+        ("prompt eval duration", format_duration(_number(final, "prompt_eval_duration"))),
+        ("prompt eval rate", f"{prompt_rate:.2f} tokens/s"),
+        ("eval count", f"{generated:.0f} token(s)"),
+        ("eval duration", format_duration(_number(final, "eval_duration"))),
+        ("eval rate", f"{_rate(final, 'eval_rate', generated, 'eval_duration'):.2f} tokens/s"),
+    ]
+    width = max(len(label) for label, _ in rows) + 2
+    return "\n".join(f"{label + ':':<{width}}{value}" for label, value in rows)
