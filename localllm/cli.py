@@ -187,7 +187,16 @@ def _quiet_stdout() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``localllm`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse stops filling ``run``'s PROMPT words at the first option; the words after it
+    # come back as extras and are the rest of the prompt (``run MODEL --verbose Why?``).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if isinstance(getattr(args, "prompt", None), list) and not any(
+            word.startswith("-") for word in extra
+        ):
+            args.prompt += extra
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.version:
         return cmd_version(args)
     spec = getattr(args, "handler", None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -118,7 +119,10 @@ class ChatSession:
     def _width(self) -> int | None:
         if not self.config.wordwrap or self.config.format or not self.out.isatty():
             return None
-        return shutil.get_terminal_size().columns
+        try:
+            return os.get_terminal_size(self.out.fileno()).columns  # the terminal, as now
+        except (AttributeError, ValueError, OSError):
+            return shutil.get_terminal_size().columns
 
     def request_messages(self, prompt: str) -> list[ChatMessage]:
         """What is sent for ``prompt``: the system prompt, the history, the new message."""

@@ -1,1 +1,1 @@
-"""Placeholder; filled in by a later issue."""
+"""The TUI's screens: chat, models, dashboard (the app's modes), help and dialogs."""

@@ -1,1 +1,1 @@
-"""Placeholder; filled in by a later issue."""
+"""Widgets of the TUI's screens."""

@@ -1,0 +1,231 @@
+"""``localllm run`` with the bundled SmolLM2: one-shot, piped, ``--verbose``, JSON, pulls, and
+the interactive chat in a pseudo-terminal (``/set``, multi-line, Ctrl-C, ``/bye``, Ctrl-D)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import pexpect
+import pytest
+from test_cli_support import CliHome, cli_home, daemon_log, wait_for_stats
+
+MODEL = "smollm2:135m"
+# A number, with a unit for durations: what each --verbose line must show.
+_DURATION = r"[0-9.]+(?:µs|ms|s)"
+VERBOSE_LINES = [
+    rf"total duration: +{_DURATION}",
+    rf"load duration: +{_DURATION}",
+    rf"time to first token: +{_DURATION}",
+    r"prompt eval count: +\d+ token\(s\)",
+    r"prompt cached count: +\d+ token\(s\) reused from cache",
+    rf"prompt eval duration: +{_DURATION}",
+    r"prompt eval rate: +[0-9.]+ tokens/s",
+    r"eval count: +\d+ token\(s\)",
+    rf"eval duration: +{_DURATION}",
+    r"eval rate: +[0-9.]+ tokens/s",
+]
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliHome]:
+    folder = tmp_path_factory.mktemp("cli-run")
+    with cli_home(folder / "home") as home:
+        # Short answers by default: the starter with num_predict 12 (this auto-starts the daemon).
+        (folder / "Modelfile").write_text(f"FROM {MODEL}\nPARAMETER num_predict 12\n")
+        home.ok("create", "short", "-f", str(folder / "Modelfile"))
+        yield home
+
+
+def _verbose_values(text: str) -> dict[str, str]:
+    values = {}
+    for pattern in VERBOSE_LINES:
+        match = re.search(pattern, text)
+        assert match, f"missing {pattern!r} in:\n{text}"
+        values[pattern.split(":")[0]] = match.group(0)
+    return values
+
+
+def test_one_shot_prints_the_answer_and_exits(cli: CliHome) -> None:
+    result = cli.run("run", "short", "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip(), "no answer"
+    assert result.stdout.endswith("\n")
+    assert "eval rate" not in result.stderr  # only with --verbose
+
+
+def _prompt_tokens(stderr: str) -> int:
+    evaluated = re.search(r"prompt eval count: +(\d+)", stderr)
+    cached = re.search(r"prompt cached count: +(\d+)", stderr)
+    assert evaluated and cached, stderr
+    return int(evaluated.group(1)) + int(cached.group(1))
+
+
+def test_piped_stdin_is_the_prompt_and_joins_the_argument(cli: CliHome) -> None:
+    piped = cli.run("run", "short", "--verbose", input="Reply with the word OK.\n")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.strip()
+    both = cli.run(
+        "run", "short", "--verbose", "And then say it twice.", input="Reply with the word OK.\n"
+    )
+    assert both.returncode == 0, both.stderr
+    # the argument is appended to the piped text: the prompt is longer by its tokens
+    assert _prompt_tokens(both.stderr) > _prompt_tokens(piped.stderr)
+
+
+def test_verbose_prints_both_phases_with_numbers(cli: CliHome) -> None:
+    result = cli.run("run", "short", "--verbose", "--keepalive", "10m", "Name a colour.")
+    assert result.returncode == 0, result.stderr
+    values = _verbose_values(result.stderr)
+    generated = int(re.search(r"\d+", values["eval count"]).group(0))  # type: ignore[union-attr]
+    assert 1 <= generated <= 12
+    assert "eval rate" not in result.stdout  # timings go to stderr, the answer alone to stdout
+    # the same system prompt again: part of the prompt now comes from the KV cache
+    again = cli.run("run", "short", "--verbose", "Name a colour.")
+    cached = re.search(r"prompt cached count: +(\d+)", again.stderr)
+    assert cached and int(cached.group(1)) > 0, again.stderr
+
+
+def test_format_json_answers_json(cli: CliHome) -> None:
+    with cli.client() as client:
+        for _ in client.create("json", from_=MODEL, parameters={"num_predict": 200, "seed": 3}):
+            pass
+    result = cli.run(
+        "run",
+        "json",
+        "--format",
+        "json",
+        'Give a JSON object with a key "colour" whose value is a colour.',
+    )
+    assert result.returncode == 0, result.stderr
+    assert isinstance(json.loads(result.stdout), dict), result.stdout
+
+
+def test_words_wrap_at_the_terminal_width_unless_told_not_to(cli: CliHome) -> None:
+    prompt = "Write three long sentences about the sea."
+    with cli.client() as client:
+        for _ in client.create("wordy", from_=MODEL, parameters={"num_predict": 60, "seed": 1}):
+            pass
+    child = cli.spawn("run", "wordy", "--keepalive", "10m", prompt, columns=40)
+    child.expect(pexpect.EOF)
+    wrapped = _plain(child.before)
+    lines = [line for line in wrapped.splitlines() if line.strip()]
+    assert len(lines) > 1 and all(len(line) <= 40 for line in lines), wrapped
+    child = cli.spawn("run", "wordy", "--nowordwrap", prompt, columns=40)
+    child.expect(pexpect.EOF)
+    unwrapped = _plain(child.before)
+    assert any(len(line) > 40 for line in unwrapped.splitlines()), unwrapped
+    # the same seeded answer both times: wrapping moved line breaks, it lost no word
+    assert wrapped.split() == unwrapped.split()
+    cli.ok("rm", "wordy")
+
+
+def _plain(text: str) -> str:
+    """Terminal output without escape sequences, spinner frames and carriage returns."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    return re.sub(r"[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]", "", text).replace("\r", "")
+
+
+def test_interactive_session(cli: CliHome) -> None:
+    child = cli.spawn("run", MODEL)
+    try:
+        child.expect(">>> ")
+        child.sendline("/set parameter num_predict 12")
+        child.expect("Set parameter 'num_predict' to '12'")
+        child.expect(">>> ")
+        child.sendline("/set parameter temperature warm")
+        child.expect("must be a number")
+        child.expect(">>> ")
+        child.sendline("/set system You are a helpful assistant who answers briefly.")
+        child.expect("Set system message.")
+        child.expect(">>> ")
+        child.sendline("/set verbose")
+        child.expect("Set 'verbose' mode.")
+        child.expect(">>> ")
+
+        child.sendline("What is 2 + 2?")
+        child.expect(r"eval rate: +[0-9.]+ tokens/s")
+        _verbose_values(child.before + child.after)
+        child.expect(">>> ")
+
+        # a multi-line message, and the history goes with it (prompt grows, cache reused)
+        child.sendline('"""Now add one to that,')
+        child.expect(r"\.\.\. ")
+        child.sendline('and say the result."""')
+        child.expect(r"prompt cached count: +(\d+)")
+        assert int(child.match.group(1)) > 0
+        child.expect(">>> ")
+
+        child.sendline("/show info")
+        child.expect("architecture +llama")
+        child.expect(">>> ")
+        child.sendline("/show parameters")
+        child.expect("User defined parameters:")
+        child.expect("num_predict +12")
+        child.expect(">>> ")
+        child.sendline("/show system")
+        child.expect("You are a helpful assistant who answers briefly.")
+        child.expect(">>> ")
+        child.sendline("/nonsense")
+        child.expect("Unknown command '/nonsense'")
+        child.expect(">>> ")
+        child.sendline("/clear")
+        child.expect("Cleared session context")
+        child.expect(">>> ")
+
+        child.sendline("/bye")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_stops_the_answer_and_keeps_the_session(cli: CliHome) -> None:
+    child = cli.spawn("run", MODEL, "--verbose")
+    try:
+        child.expect(">>> ")
+        child.sendline("/set parameter num_predict 2000")
+        child.expect(">>> ")
+        child.sendline("Write a very long story about a dragon and a knight.")
+        child.expect("knight.\r\n")
+        child.expect("[A-Za-z]{2}")  # the answer is being written (escape codes have no pairs)
+        child.sendintr()
+        child.expect(">>> ")
+        assert "total duration" not in child.before  # the answer did not finish
+        # the daemon saw the client go and gave the slot back
+        wait_for_stats(
+            cli,
+            lambda snapshot: (
+                f"{MODEL}: request ended early" in daemon_log(cli)
+                and all(m["active_requests"] == 0 for m in snapshot["models"])
+            ),
+        )
+
+        child.sendline("/set parameter num_predict 4")
+        child.expect(">>> ")
+        child.sendline("Say hi.")
+        child.expect(r"eval count: +[1-4] token\(s\)")  # the session still answers
+        child.expect(">>> ")
+        child.sendintr()  # Ctrl-C at the prompt only explains how to leave
+        child.expect("Use Ctrl \\+ d or /bye to exit.")
+        child.expect(">>> ")
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+
+
+def test_a_model_that_is_not_here_is_pulled_first(cli: CliHome) -> None:
+    # no network in tests: the registry is a closed loopback port, so the pull says so
+    lines = cli.fails("run", "nosuchmodel", "hi").strip().splitlines()
+    assert lines[0] == "pulling manifest"  # the pull began, with its progress lines
+    assert lines[-1].startswith("Error: cannot reach the registry 127.0.0.1")
+    assert len([line for line in lines if "Error" in line]) == 1
+    # the starter model comes back from its package, with no network
+    cli.ok("rm", MODEL)
+    result = cli.run("run", MODEL, "--verbose", "Hi")
+    assert result.returncode == 0, result.stderr
+    assert "success" in result.stderr and "eval count" in result.stderr
+    assert MODEL in cli.ok("list")

@@ -1,0 +1,65 @@
+"""Helpers for the TUI tests: build the app against a test daemon, wait on its state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from test_daemon_support import Daemon
+from textual.app import App
+from textual.pilot import Pilot
+
+from localllm.client import AsyncClient
+from localllm.tui.app import LocalLLMApp
+
+__all__ = ["make_app", "screen_text", "wait_for"]
+
+T = TypeVar("T")
+
+
+def make_app(daemon: Daemon, data: Path, **kwargs: Any) -> LocalLLMApp:
+    """The app talking to ``daemon``, with its own data dir (chat database) at ``data``."""
+    kwargs.setdefault("autostart", False)
+    return LocalLLMApp(
+        daemon.settings.replace(home=data), client=AsyncClient(daemon.settings), **kwargs
+    )
+
+
+async def wait_for(
+    pilot: Pilot[Any], condition: Callable[[], T], what: str, timeout: float = 60.0
+) -> T:
+    """Let the app run (pilot pauses) until ``condition()`` is truthy; returns its value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f}s waiting for {what}; the screen:\n"
+                + screen_text(pilot.app)
+            )
+        await pilot.pause(0.05)
+
+
+def screen_text(app: App[Any]) -> str:
+    """What the terminal shows now, as plain text (for asserting on what a person sees)."""
+    import io
+
+    from rich.console import Console
+
+    width, height = app.size
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text(styles=False)

@@ -1,0 +1,200 @@
+"""Chats kept across restarts: a small SQLite database in the data dir.
+
+Each chat has a title, a model, a system prompt and generation options; its messages keep the
+answer's timings (the final chunk's fields) so the stats under an answer survive a restart.
+The TUI calls these methods from worker threads (``asyncio.to_thread``); one connection is
+shared behind a lock, which SQLite allows with ``check_same_thread=False``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DB_NAME", "Chat", "ChatStore", "StoredMessage"]
+
+DB_NAME = "tui-chats.sqlite3"
+"""File name of the database inside ``settings.data_dir``."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    model TEXT,
+    system TEXT NOT NULL DEFAULT '',
+    options TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    stats TEXT,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_SCHEMA_VERSION = 1
+
+
+@dataclass
+class StoredMessage:
+    """One message of a chat."""
+
+    role: str
+    """``user`` or ``assistant``."""
+    content: str
+    """The text (Markdown for answers)."""
+    stats: dict[str, Any] | None = None
+    """For answers: the final chunk's timing fields, or ``{"done_reason": "stopped"}``."""
+    id: int | None = None
+    """Row id once saved."""
+
+
+@dataclass
+class Chat:
+    """A conversation with its settings."""
+
+    id: int
+    """Row id."""
+    title: str
+    """Shown in the chat list (the first question, shortened, once there is one)."""
+    model: str | None = None
+    """The model it talks to."""
+    system: str = ""
+    """System prompt; empty for none (the model's own default applies)."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Generation options sent with every request (``temperature``, ``num_ctx``, ...)."""
+    messages: list[StoredMessage] = field(default_factory=list)
+    """The conversation, oldest first."""
+
+    def request_messages(self) -> list[dict[str, str]]:
+        """The messages to send to ``/api/chat``: the system prompt, then the conversation."""
+        sent = [{"role": "system", "content": self.system}] if self.system.strip() else []
+        sent.extend({"role": m.role, "content": m.content} for m in self.messages)
+        return sent
+
+    def last_answer(self) -> str | None:
+        """The newest assistant message's text."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.content
+        return None
+
+
+class ChatStore:
+    """Chats in SQLite; every method is safe to call from any thread."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        """The database file."""
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA foreign_keys = ON")
+        # WAL keeps each small commit cheap, so saving a message never holds up the UI thread.
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> tuple[int | None, list[Any]]:
+        """Execute one statement; its last row id and every row it returned."""
+        with self._lock:
+            cursor = self._db.execute(sql, args)
+            return cursor.lastrowid, cursor.fetchall()
+
+    # -- chats --------------------------------------------------------------------------
+
+    def create_chat(
+        self,
+        title: str = "New chat",
+        model: str | None = None,
+        system: str = "",
+        options: dict[str, Any] | None = None,
+    ) -> Chat:
+        """A new, empty chat."""
+        now = self._clock()
+        row_id, _ = self._run(
+            "INSERT INTO chats (title, model, system, options, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (title, model, system, json.dumps(options or {}), now, now),
+        )
+        assert row_id is not None
+        return Chat(row_id, title, model, system, dict(options or {}))
+
+    def list_chats(self) -> list[Chat]:
+        """Every chat with its messages, oldest chat first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, title, model, system, options FROM chats ORDER BY id"
+            ).fetchall()
+            messages = self._db.execute(
+                "SELECT chat_id, id, role, content, stats FROM messages ORDER BY id"
+            ).fetchall()
+        chats = {row[0]: Chat(row[0], row[1], row[2], row[3], json.loads(row[4])) for row in rows}
+        for chat_id, message_id, role, content, stats in messages:
+            chat = chats.get(chat_id)
+            if chat is not None:
+                loaded = json.loads(stats) if stats else None
+                chat.messages.append(StoredMessage(role, content, loaded, message_id))
+        return list(chats.values())
+
+    def update_chat(self, chat: Chat) -> None:
+        """Save a chat's title, model, system prompt and options."""
+        self._run(
+            "UPDATE chats SET title = ?, model = ?, system = ?, options = ?, updated = ? "
+            "WHERE id = ?",
+            (chat.title, chat.model, chat.system, json.dumps(chat.options), self._clock(), chat.id),
+        )
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Remove a chat and its messages."""
+        self._run("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    # -- messages -----------------------------------------------------------------------
+
+    def add_message(self, chat_id: int, message: StoredMessage) -> StoredMessage:
+        """Append a message to a chat; sets and returns it with its ``id``."""
+        row_id, _ = self._run(
+            "INSERT INTO messages (chat_id, role, content, stats, created) VALUES (?, ?, ?, ?, ?)",
+            (
+                chat_id,
+                message.role,
+                message.content,
+                json.dumps(message.stats) if message.stats is not None else None,
+                self._clock(),
+            ),
+        )
+        message.id = row_id
+        self._run("UPDATE chats SET updated = ? WHERE id = ?", (self._clock(), chat_id))
+        return message
+
+    # -- small state ----------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        """A saved UI setting (the open chat, the theme)."""
+        _, rows = self._run("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0][0]) if rows else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Save a UI setting."""
+        self._run(
+            "INSERT INTO meta (key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )

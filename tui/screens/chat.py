@@ -1,0 +1,360 @@
+"""The chat screen: several chats (a list on the left), a model per chat, answers streamed as
+Markdown with their timings underneath, chats saved across restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.reactive import reactive
+from textual.widgets import ContentSwitcher, Footer, Label, Markdown, OptionList, Select
+from textual.widgets.option_list import Option
+from textual.worker import Worker
+
+from localllm._exceptions import DaemonError
+
+from ..chats import Chat, StoredMessage
+from ..format import chat_title
+from ..widgets.message import MessageView
+from ..widgets.prompt import PromptArea
+from ..widgets.status import StatusBar
+from .base import MainScreen
+from .dialogs import ChatOptionsDialog, ConfirmDialog
+
+__all__ = ["ChatScreen", "Transcript"]
+
+_NEW_CHAT = "New chat"
+_CURRENT_KEY = "current_chat"
+# Fields of the final chunk that are not timings.
+_NOT_STATS = ("message", "model", "created_at", "done")
+
+
+class Transcript(VerticalScroll):
+    """The messages of one chat, kept scrolled to the newest while an answer streams."""
+
+    def __init__(self, chat: Chat) -> None:
+        super().__init__(id=f"chat-{chat.id}", classes="transcript")
+        self.chat = chat
+        """The chat shown."""
+
+    def compose(self) -> ComposeResult:
+        for message in self.chat.messages:
+            yield _view_for(self.chat, message)
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+
+def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
+    author = "You" if message.role == "user" else (chat.model or "assistant")
+    return MessageView(message.role, message.content, author=author, stats=message.stats)
+
+
+def _options_summary(chat: Chat) -> str:
+    parts = []
+    if "temperature" in chat.options:
+        parts.append(f"temp {chat.options['temperature']:g}")
+    if "num_ctx" in chat.options:
+        parts.append(f"ctx {chat.options['num_ctx']}")
+    if "num_predict" in chat.options:
+        parts.append(f"max {chat.options['num_predict']}")
+    if chat.system.strip():
+        parts.append("system prompt")
+    return " · ".join(parts) or "default options"
+
+
+class ChatScreen(MainScreen):
+    """Talk to a model."""
+
+    MODE = "chat"
+    CSS_PATH = "chat.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "stop", "Stop", id="chat.stop"),
+        Binding("ctrl+n", "new_chat", "New chat", id="chat.new"),
+        Binding("ctrl+l", "pick_model", "Model", id="chat.model"),
+        Binding("ctrl+o", "chat_options", "Options", id="chat.options"),
+        Binding("f5", "copy_answer", "Copy answer", id="chat.copy"),
+        Binding("f8", "delete_chat", "Delete chat", id="chat.delete"),
+        Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
+        Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
+    ]
+
+    answering: reactive[bool] = reactive(False)
+    """True while the current chat's answer is streaming."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chats: dict[int, Chat] = {}
+        """Every chat, by id, in list order."""
+        self.current: Chat | None = None
+        """The chat shown."""
+        self.answers: dict[int, Worker[None]] = {}
+        """Answers streaming now, by chat id."""
+        self.models: list[str] = []
+        """Model names offered in the picker."""
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.MODE)
+        with Horizontal(id="chat-body"):
+            yield OptionList(id="chat-list")
+            with Vertical(id="chat-main"):
+                with Horizontal(id="chat-top"):
+                    yield Select[str]([], prompt="Pick a model (Ctrl+L)", id="model", compact=True)
+                    yield Label("", id="chat-options")
+                yield ContentSwitcher(id="transcripts")
+                yield PromptArea(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        store = self.llm.chats
+        chats = await asyncio.to_thread(store.list_chats)
+        if not chats:
+            chats = [await asyncio.to_thread(store.create_chat, _NEW_CHAT)]
+        self.chats = {chat.id: chat for chat in chats}
+        self.query_one("#chat-list", OptionList).set_options(
+            Option(chat.title, id=str(chat.id)) for chat in chats
+        )
+        saved = await asyncio.to_thread(store.get_meta, _CURRENT_KEY)
+        current = self.chats.get(int(saved)) if saved and saved.isdigit() else None
+        await self.show_chat(current or chats[-1])
+
+    # -- the daemon -----------------------------------------------------------------------
+
+    async def on_daemon_connected(self) -> None:
+        """Offer the store's models in the picker."""
+        try:
+            models = await self.llm.client.list_models()
+        except DaemonError as exc:
+            self.report(exc, "Could not list the models")
+            return
+        self.models = [m["name"] for m in models]
+        select = self.query_one("#model", Select)
+        with select.prevent(Select.Changed):
+            select.set_options((name, name) for name in self.models)
+        if self.current is not None:
+            if self.current.model is None and self.models:
+                self.current.model = self.models[0]
+                await asyncio.to_thread(self.llm.chats.update_chat, self.current)
+            self._show_model(self.current)
+
+    def _show_model(self, chat: Chat) -> None:
+        select = self.query_one("#model", Select)
+        with select.prevent(Select.Changed):
+            if chat.model in self.models:
+                select.value = chat.model
+            else:
+                select.clear()
+
+    @on(Select.Changed, "#model")
+    async def _model_picked(self, event: Select.Changed) -> None:
+        chat = self.current
+        if chat is None or not isinstance(event.value, str) or event.value == chat.model:
+            return
+        chat.model = event.value
+        await asyncio.to_thread(self.llm.chats.update_chat, chat)
+        self.query_one("#prompt").focus()
+
+    # -- chats ----------------------------------------------------------------------------
+
+    async def show_chat(self, chat: Chat) -> None:
+        """Switch to ``chat`` (building its transcript the first time)."""
+        self.current = chat
+        switcher = self.query_one("#transcripts", ContentSwitcher)
+        if not switcher.query(f"#chat-{chat.id}"):
+            await switcher.mount(Transcript(chat))
+        switcher.current = f"chat-{chat.id}"
+        chat_list = self.query_one("#chat-list", OptionList)
+        chat_list.highlighted = chat_list.get_option_index(str(chat.id))
+        self.query_one("#chat-options", Label).update(_options_summary(chat))
+        self._show_model(chat)
+        self.answering = chat.id in self.answers
+        self.query_one("#prompt").focus()
+        await asyncio.to_thread(self.llm.chats.set_meta, _CURRENT_KEY, str(chat.id))
+
+    def transcript(self, chat: Chat | None = None) -> Transcript:
+        """A chat's transcript (the current chat's by default)."""
+        chat = chat or self.current
+        assert chat is not None
+        return self.query_one(f"#chat-{chat.id}", Transcript)
+
+    @on(OptionList.OptionSelected, "#chat-list")
+    async def _chat_selected(self, event: OptionList.OptionSelected) -> None:
+        chat = self.chats.get(int(event.option.id or 0))
+        if chat is not None and chat is not self.current:
+            await self.show_chat(chat)
+
+    async def action_switch_chat(self, step: int) -> None:
+        """Show the previous (-1) or next (+1) chat in the list."""
+        ids = list(self.chats)
+        if self.current is None or not ids:
+            return
+        index = (ids.index(self.current.id) + step) % len(ids)
+        await self.show_chat(self.chats[ids[index]])
+
+    async def action_new_chat(self) -> None:
+        """Start an empty chat with the current chat's model and options."""
+        model = self.current.model if self.current else (self.models or [None])[0]
+        system = self.current.system if self.current else ""
+        options = dict(self.current.options) if self.current else {}
+        chat = await asyncio.to_thread(
+            self.llm.chats.create_chat, _NEW_CHAT, model, system, options
+        )
+        self.chats[chat.id] = chat
+        self.query_one("#chat-list", OptionList).add_option(Option(chat.title, id=str(chat.id)))
+        await self.show_chat(chat)
+
+    @work(exclusive=True, group="dialog")
+    async def action_delete_chat(self) -> None:
+        """Delete the current chat, after asking."""
+        chat = self.current
+        if chat is None:
+            return
+        question = f"Delete the chat “{chat.title}” and its {len(chat.messages)} messages?"
+        if not await self.app.push_screen_wait(ConfirmDialog(question, "Delete")):
+            return
+        if (worker := self.answers.get(chat.id)) is not None:
+            worker.cancel()
+            await worker.wait()
+        await asyncio.to_thread(self.llm.chats.delete_chat, chat.id)
+        del self.chats[chat.id]
+        self.query_one("#chat-list", OptionList).remove_option(str(chat.id))
+        await self.transcript(chat).remove()
+        if self.chats:
+            await self.show_chat(list(self.chats.values())[-1])
+        else:
+            self.current = None
+            await self.action_new_chat()
+
+    @work(exclusive=True, group="dialog")
+    async def action_chat_options(self) -> None:
+        """Edit the current chat's system prompt, temperature, context and answer length."""
+        chat = self.current
+        if chat is None:
+            return
+        result = await self.app.push_screen_wait(ChatOptionsDialog(chat.system, chat.options))
+        if result is None:
+            return
+        chat.system, chat.options = result
+        await asyncio.to_thread(self.llm.chats.update_chat, chat)
+        self.query_one("#chat-options", Label).update(_options_summary(chat))
+
+    def action_pick_model(self) -> None:
+        """Open the model picker."""
+        select = self.query_one("#model", Select)
+        select.focus()
+        select.action_show_overlay()
+
+    def action_copy_answer(self) -> None:
+        """Copy the last answer of the chat to the clipboard."""
+        answer = self.current.last_answer() if self.current else None
+        if not answer:
+            self.notify("No answer to copy yet", severity="warning")
+            return
+        self.app.copy_to_clipboard(answer)
+        self.notify(f"Copied the last answer ({len(answer)} characters)")
+
+    # -- asking and answering -----------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Show Stop only while an answer streams."""
+        if action == "stop":
+            return self.answering
+        return True
+
+    def watch_answering(self) -> None:
+        self.refresh_bindings()
+        self.set_class(self.answering, "-answering")
+
+    @on(PromptArea.Submitted, "#prompt")
+    async def _send(self, event: PromptArea.Submitted) -> None:
+        await self.send(event.text)
+
+    async def send(self, text: str) -> bool:
+        """Ask the current chat's model ``text``; the answer streams into the transcript.
+        Returns False (and says why) when it cannot be sent now."""
+        chat = self.current
+        text = text.strip()
+        if chat is None or not text:
+            return False
+        if chat.id in self.answers:
+            self.notify("Wait for the answer, or press Esc to stop it", severity="warning")
+            return False
+        if not chat.model:
+            self.notify("Pick a model first (Ctrl+L)", severity="warning")
+            return False
+        self.query_one("#prompt", PromptArea).clear()
+        question = StoredMessage("user", text)
+        chat.messages.append(question)
+        if chat.title == _NEW_CHAT:
+            chat.title = chat_title(text)
+            self.query_one("#chat-list", OptionList).replace_option_prompt(str(chat.id), chat.title)
+            await asyncio.to_thread(self.llm.chats.update_chat, chat)
+        await asyncio.to_thread(self.llm.chats.add_message, chat.id, question)
+        transcript = self.transcript(chat)
+        view = MessageView("assistant", author=chat.model)
+        await transcript.mount_all([_view_for(chat, question), view])
+        transcript.anchor()
+        self.answers[chat.id] = self.run_worker(
+            self._answer(chat, chat.model, chat.request_messages(), view),
+            name=f"answer-{chat.id}",
+            group="answers",
+        )
+        self.answering = True
+        return True
+
+    def action_stop(self) -> None:
+        """Stop the current chat's answer (what came so far is kept)."""
+        if self.current is not None and (worker := self.answers.get(self.current.id)):
+            worker.cancel()
+
+    async def _answer(
+        self, chat: Chat, model: str, messages: list[dict[str, str]], view: MessageView
+    ) -> None:
+        markdown = view.markdown
+        stream = Markdown.get_stream(markdown)
+        parts: list[str] = []
+        stats: dict[str, Any] = {"done_reason": "stopped"}
+        try:
+            async for chunk in self.llm.client.chat_stream(
+                model, messages, options=chat.options or None
+            ):
+                piece = chunk.get("message", {}).get("content", "")
+                if piece:
+                    parts.append(piece)
+                    view.streamed_chunks += 1
+                    await stream.write(piece)
+                if chunk.get("done"):
+                    stats = {k: v for k, v in chunk.items() if k not in _NOT_STATS}
+        except DaemonError as exc:
+            stats = {"error": str(exc)}
+            self.report(exc, f"{model} could not answer")
+        finally:
+            # Runs on Esc (cancellation) too: keep what arrived, shown whole and saved.
+            await self._finish_answer(chat, view, stream, "".join(parts), stats)
+
+    async def _finish_answer(
+        self,
+        chat: Chat,
+        view: MessageView,
+        stream: Any,
+        text: str,
+        stats: dict[str, Any],
+    ) -> None:
+        try:
+            await stream.stop()
+            # The stream may merge fragments while catching up: render the whole answer once
+            # more so nothing is lost.
+            await view.markdown.update(text)
+            view.stats = stats
+            if text or "error" not in stats:
+                answer = StoredMessage("assistant", text, stats)
+                chat.messages.append(answer)
+                await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
+        finally:
+            self.answers.pop(chat.id, None)
+            if self.current is chat:
+                self.answering = False

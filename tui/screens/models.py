@@ -1,0 +1,268 @@
+"""The models screen: the store's models, details of one, delete, copy, pull with live progress
+(several at once, each cancellable) and quantization to a chosen type."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import DataTable, Footer, Markdown
+from textual.worker import Worker
+
+from localllm._exceptions import APIError, DaemonError
+from localllm._format import human_size
+from localllm.client import ModelSummary, ShowResponse
+from localllm.quantize import QUANT_TYPES
+
+from ..format import modified
+from ..widgets.status import StatusBar
+from ..widgets.transfer import TransferPanel
+from .base import MainScreen
+from .dialogs import ConfirmDialog, NameDialog, QuantizeDialog
+
+__all__ = ["ModelsScreen", "details_markdown"]
+
+_COLUMNS = ("Name", "Size", "Quantization", "Parameters", "Modified")
+_TEMPLATE_LINES = 8
+
+
+def details_markdown(name: str, show: ShowResponse) -> str:
+    """What ``/api/show`` says about a model, as Markdown."""
+    details = show.get("details") or {}
+    info = show.get("model_info") or {}
+    family = details.get("family") or ""
+    context = next((v for k, v in info.items() if k.endswith(".context_length")), None)
+    facts = [
+        f"family **{family}**" if family else "",
+        f"**{details['parameter_size']}** parameters" if details.get("parameter_size") else "",
+        f"**{details['quantization_level']}**" if details.get("quantization_level") else "",
+        f"context **{context:,}**" if isinstance(context, int) else "",
+        ", ".join(show.get("capabilities") or []),
+    ]
+    lines = [f"### {name}", " · ".join(f for f in facts if f)]
+    if show.get("parameters"):
+        lines += ["", "**Parameters**", "```", show["parameters"].strip(), "```"]
+    if show.get("system"):
+        lines += ["", "**System prompt**", "", show["system"].strip()]
+    if show.get("template"):
+        template = show["template"].strip().splitlines()
+        shown = template[:_TEMPLATE_LINES] + (["…"] if len(template) > _TEMPLATE_LINES else [])
+        lines += ["", "**Template**", "```", *shown, "```"]
+    if show.get("license"):
+        first = str(show["license"]).strip().splitlines()
+        lines += ["", "**License** " + (first[0] if first else "")]
+    return "\n".join(lines)
+
+
+class ModelsScreen(MainScreen):
+    """Manage the model store."""
+
+    MODE = "models"
+    CSS_PATH = "models.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("p", "pull", "Pull", id="models.pull"),
+        Binding("c", "copy", "Copy", id="models.copy"),
+        Binding("d,delete", "delete", "Delete", id="models.delete"),
+        Binding("q", "quantize", "Quantize", id="models.quantize"),
+        Binding("r", "refresh", "Refresh", id="models.refresh"),
+        Binding("x", "cancel_transfer", "Cancel pull", id="models.cancel"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.models: list[ModelSummary] = []
+        """The store's models as last listed."""
+        self.transfers: dict[TransferPanel, Worker[None]] = {}
+        """Pulls and quantizations, running or over, with their workers."""
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.MODE)
+        with Vertical(id="models-body"):
+            table: DataTable[str] = DataTable(
+                id="models-table", cursor_type="row", zebra_stripes=True
+            )
+            table.add_columns(*_COLUMNS)
+            yield table
+            with VerticalScroll(id="model-details"):
+                yield Markdown("", id="details")
+            yield VerticalScroll(id="transfers")
+        yield Footer()
+
+    async def on_daemon_connected(self) -> None:
+        """List the models."""
+        await self.refresh_models()
+
+    @property
+    def selected(self) -> str | None:
+        """The highlighted model's name."""
+        table = self.query_one("#models-table", DataTable)
+        if not self.models or table.cursor_row < 0 or table.cursor_row >= table.row_count:
+            return None
+        return str(table.coordinate_to_cell_key((table.cursor_row, 0)).row_key.value)
+
+    async def refresh_models(self, select: str | None = None) -> None:
+        """List the store again, keeping (or moving to ``select``) the highlighted model."""
+        try:
+            models = await self.llm.client.list_models()
+        except DaemonError as exc:
+            self.report(exc, "Could not list the models")
+            return
+        keep = select or self.selected
+        self.models = sorted(models, key=lambda m: m["name"])
+        table = self.query_one("#models-table", DataTable)
+        table.clear()
+        now = self.llm.clock()
+        for model in self.models:
+            details = model.get("details") or {}
+            table.add_row(
+                model["name"],
+                human_size(model.get("size", 0)),
+                details.get("quantization_level", ""),
+                details.get("parameter_size", ""),
+                modified(model.get("modified_at"), now),
+                key=model["name"],
+            )
+        names = [m["name"] for m in self.models]
+        if keep and keep not in names and f"{keep}:latest" in names:
+            keep = f"{keep}:latest"  # a name typed without its tag
+        if keep in names:
+            table.move_cursor(row=names.index(keep))
+        if not names:
+            await self.query_one("#details", Markdown).update(
+                "No models yet. Press **p** to pull one (e.g. `smollm2:135m`)."
+            )
+
+    @on(DataTable.RowHighlighted, "#models-table")
+    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key.value is not None:
+            self.show_details(str(event.row_key.value))
+
+    @work(exclusive=True, group="details")
+    async def show_details(self, name: str) -> None:
+        """Fetch and show what ``/api/show`` says about ``name``."""
+        try:
+            show = await self.llm.client.show(name)
+        except DaemonError as exc:
+            self.report(exc, f"Could not show {name}")
+            return
+        await self.query_one("#details", Markdown).update(details_markdown(name, show))
+
+    # -- actions --------------------------------------------------------------------------
+
+    async def action_refresh(self) -> None:
+        """List the models again."""
+        await self.refresh_models()
+
+    @work(exclusive=True, group="dialog")
+    async def action_delete(self) -> None:
+        """Delete the highlighted model, after asking."""
+        name = self.selected
+        if name is None:
+            return
+        if not await self.app.push_screen_wait(ConfirmDialog(f"Delete {name}?", "Delete")):
+            return
+        try:
+            await self.llm.client.delete(name)
+        except DaemonError as exc:
+            self.report(exc, f"Could not delete {name}")
+            return
+        self.notify(f"Deleted {name}")
+        await self.refresh_models()
+
+    @work(exclusive=True, group="dialog")
+    async def action_copy(self) -> None:
+        """Give the highlighted model another name."""
+        name = self.selected
+        if name is None:
+            return
+        base, _, tag = name.rpartition(":")
+        suggestion = f"{base}:{tag}-copy" if base else f"{name}-copy"
+        target = await self.app.push_screen_wait(NameDialog(f"Copy {name} to", suggestion))
+        if not target:
+            return
+        try:
+            await self.llm.client.copy(name, target)
+        except DaemonError as exc:
+            self.report(exc, f"Could not copy {name}")
+            return
+        self.notify(f"Copied {name} to {target}")
+        await self.refresh_models(select=target)
+
+    @work(exclusive=True, group="dialog")
+    async def action_pull(self) -> None:
+        """Ask for a name and pull it."""
+        name = await self.app.push_screen_wait(
+            NameDialog("Pull a model", placeholder="smollm2:135m, hf.co/user/repo:Q4_K_M")
+        )
+        if name:
+            await self.start_pull(name)
+
+    @work(exclusive=True, group="dialog")
+    async def action_quantize(self) -> None:
+        """Quantize the highlighted model to a chosen type, as a new model."""
+        name = self.selected
+        if name is None:
+            return
+        answer = await self.app.push_screen_wait(QuantizeDialog(name, list(QUANT_TYPES)))
+        if answer:
+            quant, target = answer
+            await self.start_quantize(name, quant, target)
+
+    def action_cancel_transfer(self) -> None:
+        """Cancel the newest running transfer (each also has its own button)."""
+        running = [p for p in self.transfers if p.state == "running"]
+        if running:
+            self._cancel(running[-1])
+
+    # -- transfers ----------------------------------------------------------------------
+
+    async def start_pull(self, name: str) -> TransferPanel:
+        """Pull ``name`` with a progress panel; returns the panel."""
+        return await self._start_transfer(f"pull {name}", "pull", self.llm.client.pull(name), name)
+
+    async def start_quantize(self, source: str, quant: str, target: str) -> TransferPanel:
+        """Quantize ``source`` to ``quant`` as ``target`` with a progress panel."""
+        lines = self.llm.client.create(target, from_=source, quantize=quant)
+        return await self._start_transfer(f"{source} → {target}", "quantize", lines, target)
+
+    async def _start_transfer(self, title: str, kind: str, lines: Any, model: str) -> TransferPanel:
+        panel = TransferPanel(title, kind=kind)
+        await self.query_one("#transfers").mount(panel)
+        self.transfers[panel] = self.run_worker(
+            self._follow(panel, lines, model), group="transfers", name=title
+        )
+        return panel
+
+    async def _follow(self, panel: TransferPanel, lines: Any, model: str) -> None:
+        try:
+            async for line in lines:
+                await panel.show_progress(line)
+        except asyncio.CancelledError:
+            # Closing the stream (leaving the loop) is what cancels the job in the daemon.
+            panel.finish("cancelled", "cancelled")
+            raise
+        except APIError as exc:
+            panel.finish("failed", exc.message)
+            return
+        except DaemonError as exc:
+            panel.finish("failed", str(exc))
+            self.report(exc, panel.heading)
+            return
+        await self.refresh_models(select=model)
+        panel.finish("done", "success")
+
+    def _cancel(self, panel: TransferPanel) -> None:
+        worker = self.transfers.get(panel)
+        if panel.state == "running" and worker is not None:
+            worker.cancel()
+        else:
+            self.transfers.pop(panel, None)
+            panel.remove()
+
+    @on(TransferPanel.CancelRequested)
+    def _cancel_requested(self, event: TransferPanel.CancelRequested) -> None:
+        self._cancel(event.panel)

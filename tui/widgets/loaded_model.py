@@ -1,0 +1,127 @@
+"""The dashboard's card for one loaded model: slots, queue, KV cache, keep-alive countdown,
+sparklines of decode and prefill tokens/s over the last minute, TTFT of recent requests."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Button, Label, ProgressBar, Sparkline
+
+from ..format import countdown, duration_ms, rate
+
+__all__ = ["LoadedModelCard", "slot_text"]
+
+_SLOT_STYLE = {"decode": "bold green", "prefill": "bold yellow", "idle": "dim"}
+_SLOT_GLYPH = {"decode": "●", "prefill": "◐", "idle": "○"}
+_RECENT_TTFTS = 6
+
+
+def slot_text(slots: list[dict[str, Any]]) -> Text:
+    """``● decode 12 ◐ prefill 40% ○ idle``: each slot's state, colored."""
+    text = Text()
+    for slot in slots:
+        state = str(slot.get("state", "idle"))
+        style = _SLOT_STYLE.get(state, "")
+        text.append(f"{_SLOT_GLYPH.get(state, '?')} ", style=style)
+        if state == "decode":
+            text.append(f"decoding {slot.get('generated_tokens', 0)}", style=style)
+        elif state == "prefill":
+            total = int(slot.get("prompt_tokens") or 0)
+            done = int(slot.get("prefilled_tokens") or 0)
+            share = f" {100 * done // total}%" if total else ""
+            text.append(f"prefilling{share}", style=style)
+        else:
+            text.append("idle", style=style)
+        text.append("  ")
+    return text
+
+
+class LoadedModelCard(Vertical, can_focus=True):
+    """Live view of one loaded model; focus it and press ``u`` (or its button) to unload."""
+
+    class UnloadRequested(Message):
+        """The user asked to unload this card's model."""
+
+        def __init__(self, model: str) -> None:
+            super().__init__()
+            self.model = model
+            """The model's name."""
+
+    def __init__(self, model: str, *, history: int) -> None:
+        super().__init__(classes="loaded-model")
+        self.model = model
+        """The model's name."""
+        self.border_title = model
+        self.decode_history: deque[float] = deque([0.0] * history, maxlen=history)
+        """Decode tokens/s, one sample per stats update, the last minute."""
+        self.prefill_history: deque[float] = deque([0.0] * history, maxlen=history)
+        """Prefill tokens/s over the same window."""
+        self.slot_states: list[str] = []
+        """Each slot's state in the latest update."""
+        self.decode_rate = 0.0
+        """Decode tokens/s in the latest update."""
+        self.prefill_rate = 0.0
+        """Prefill tokens/s in the latest update."""
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="card-row"):
+            yield Label("", classes="slots")
+            yield Button("Unload", classes="unload", compact=True)
+        yield Label("", classes="requests")
+        with Horizontal(classes="card-row"):
+            yield Label("KV cache", classes="row-name")
+            yield ProgressBar(total=1, show_eta=False, classes="kv")
+            yield Label("", classes="kv-cells")
+        with Horizontal(classes="card-row"):
+            yield Label("decode", classes="row-name")
+            yield Sparkline(list(self.decode_history), classes="decode")
+            yield Label(rate(0), classes="decode-rate")
+        with Horizontal(classes="card-row"):
+            yield Label("prefill", classes="row-name")
+            yield Sparkline(list(self.prefill_history), classes="prefill")
+            yield Label(rate(0), classes="prefill-rate")
+        yield Label("", classes="ttfts")
+
+    def show(self, entry: dict[str, Any], now: float) -> None:
+        """Apply one stats-stream entry for this model (``now`` for the countdown)."""
+        slots = list(entry.get("slots") or [])
+        self.slot_states = [str(s.get("state", "idle")) for s in slots]
+        self.decode_rate = float(entry.get("decode_tokens_per_s") or 0.0)
+        self.prefill_rate = float(entry.get("prefill_tokens_per_s") or 0.0)
+        self.decode_history.append(self.decode_rate)
+        self.prefill_history.append(self.prefill_rate)
+        self.border_subtitle = countdown(entry.get("expires_at"), now)
+
+        total_slots = entry.get("slots_total", len(slots))
+        self.query_one(".slots", Label).update(
+            slot_text(slots) if slots else Text(f"{total_slots} slots", style="dim")
+        )
+        self.query_one(".requests", Label).update(
+            f"{entry.get('active_requests', 0)} running · "
+            f"{entry.get('queued_requests', 0) + entry.get('runner_waiting', 0)} waiting · "
+            f"{entry.get('requests_total', 0)} done · "
+            f"context {entry.get('context_length', 0):,} per slot"
+        )
+        used = int(entry.get("kv_cells_used") or 0)
+        total = int(entry.get("kv_cells_total") or 0)
+        self.query_one(".kv", ProgressBar).update(total=max(total, 1), progress=used)
+        self.query_one(".kv-cells", Label).update(f"{used:,} / {total:,} cells")
+        self.query_one(".decode", Sparkline).data = list(self.decode_history)
+        self.query_one(".prefill", Sparkline).data = list(self.prefill_history)
+        self.query_one(".decode-rate", Label).update(rate(self.decode_rate))
+        self.query_one(".prefill-rate", Label).update(rate(self.prefill_rate))
+        recent = [r for r in entry.get("recent") or [] if r.get("completion_tokens")]
+        ttfts = [duration_ms(float(r.get("ttft_ms", 0))) for r in recent[-_RECENT_TTFTS:]]
+        self.query_one(".ttfts", Label).update(
+            "TTFT of recent requests: " + (" · ".join(reversed(ttfts)) if ttfts else "none yet")
+        )
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        """The Unload button."""
+        event.stop()
+        self.post_message(self.UnloadRequested(self.model))
