@@ -10,13 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from localllm._format import human_since, human_size
+from localllm.progress_display import _eta_text
 
 __all__ = [
     "answer_stats",
     "chat_title",
     "countdown",
     "duration_ms",
-    "eta",
     "modified",
     "rate",
     "transfer_line",
@@ -83,23 +83,13 @@ def countdown(expires_at: float | None, now: float) -> str:
     return f"unloads in {clock}"
 
 
-def eta(seconds: float | None) -> str:
-    """``12s``, ``3m05s``, ``1h02m``; empty when unknown."""
-    if seconds is None:
-        return ""
-    whole = int(seconds)
-    if whole >= 3600:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
-
-
 def transfer_line(completed: int, total: int, bytes_per_second: float | None) -> str:
     """``12 MB / 45 MB · 3.1 MB/s · 11s left``."""
     parts = [f"{human_size(completed)} / {human_size(total)}"]
     if bytes_per_second:
         parts.append(f"{human_size(bytes_per_second)}/s")
         if completed < total:
-            parts.append(f"{eta((total - completed) / bytes_per_second)} left")
+            parts.append(f"{_eta_text((total - completed) / bytes_per_second)} left")
     return " · ".join(parts)
 
 

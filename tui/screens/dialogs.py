@@ -91,6 +91,14 @@ def _number(text: str, kind: type[int] | type[float]) -> int | float | None:
     return kind(text)
 
 
+# (option, label, type, placeholder) of the numeric chat options the dialog edits.
+_OPTION_FIELDS: tuple[tuple[str, str, type[int] | type[float], str], ...] = (
+    ("temperature", "Temperature", float, "model default"),
+    ("num_ctx", "Context (tokens)", int, "daemon default"),
+    ("num_predict", "Max answer tokens", int, "no limit"),
+)
+
+
 class ChatOptionsDialog(_Dialog):
     """A chat's system prompt and options; dismisses with ``(system, options)``."""
 
@@ -102,39 +110,21 @@ class ChatOptionsDialog(_Dialog):
         """The current options."""
 
     def compose(self) -> ComposeResult:
-        def text(key: str) -> str:
-            value = self.options.get(key)
-            return "" if value is None else str(value)
-
         with Vertical(classes="dialog wide"):
             yield Label("Chat options", classes="question")
             yield Label("System prompt")
             yield TextArea(self.system, id="system", compact=True)
             with Grid(classes="fields"):
-                yield Label("Temperature")
-                yield Input(
-                    text("temperature"),
-                    type="number",
-                    placeholder="model default",
-                    id="temperature",
-                    compact=True,
-                )
-                yield Label("Context (tokens)")
-                yield Input(
-                    text("num_ctx"),
-                    type="integer",
-                    placeholder="daemon default",
-                    id="num_ctx",
-                    compact=True,
-                )
-                yield Label("Max answer tokens")
-                yield Input(
-                    text("num_predict"),
-                    type="integer",
-                    placeholder="no limit",
-                    id="num_predict",
-                    compact=True,
-                )
+                for key, label, kind, placeholder in _OPTION_FIELDS:
+                    value = self.options.get(key)
+                    yield Label(label)
+                    yield Input(
+                        "" if value is None else str(value),
+                        type="number" if kind is float else "integer",
+                        placeholder=placeholder,
+                        id=key,
+                        compact=True,
+                    )
             yield Label("", id="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
@@ -142,14 +132,10 @@ class ChatOptionsDialog(_Dialog):
 
     @on(Button.Pressed, "#save")
     def _save(self) -> None:
-        options: dict[str, Any] = {
-            k: v
-            for k, v in self.options.items()
-            if k not in ("temperature", "num_ctx", "num_predict")
-        }
+        keys = [key for key, *_ in _OPTION_FIELDS]
+        options: dict[str, Any] = {k: v for k, v in self.options.items() if k not in keys}
         try:
-            fields = (("temperature", float), ("num_ctx", int), ("num_predict", int))
-            for key, kind in fields:
+            for key, _, kind, _ in _OPTION_FIELDS:
                 value = _number(self.query_one(f"#{key}", Input).value, kind)
                 if value is not None:
                     options[key] = value
