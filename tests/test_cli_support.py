@@ -136,12 +136,13 @@ class CliHome:
             pid = int(lock.read_text().strip())
         except (OSError, ValueError):
             return None
+        # A stale lock file may name a pid reused by an unrelated process: check it is ours
+        # (an exited daemon not yet reaped by its new parent has no environ to read).
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             return None
-        # A stale lock file may name a pid reused by an unrelated process: check it is ours.
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         ours = f"LOCALLLM_HOME={self.home}".encode() in environ
         return pid if ours and b"localllm" in b" ".join(cmdline) else None
 
