@@ -1,98 +1,85 @@
-"""``localllm pull``: progress on the terminal, one-line errors, and the event format."""
+"""``localllm pull`` through the daemon (``/api/pull``) from a loopback Hugging Face Hub:
+progress on the terminal, quantize on pull, one-line errors, and the event format."""
 
 from __future__ import annotations
 
 import io
-import os
-import socket
-import subprocess
-import sys
+import re
+from collections.abc import Iterator
 
 import pytest
 from fakes.helpers import TinyModels
 from fakes.hf_hub import FakeHub
+from test_cli_support import CliHome, cli_home
 
-from localllm.cli import main
 from localllm.progress_display import ProgressView
-from localllm.settings import Settings
 from localllm.sources import PullProgress
 
 pytest_plugins = ["fakes.fixtures"]
 
 
-@pytest.fixture
-def no_starter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CLI's first use of a store would import the 100 MB starter model; skip that here."""
-    monkeypatch.setattr("localllm.starter.starter_gguf_path", lambda: None)
+@pytest.fixture(scope="module")
+def module_hub(tiny_models: TinyModels) -> Iterator[FakeHub]:
+    """One fake Hub for the module's daemon (which reads HF_ENDPOINT when it starts)."""
+    with FakeHub() as server:
+        server.add_repo(
+            "tester/tiny-GGUF",
+            {"tiny-F32.gguf": tiny_models.f32, "tiny-F16.gguf": tiny_models.f16},
+        )
+        # bytes no other pull stores: a blob already in the store is never fetched again
+        server.add_repo("tester/gated", {"gated-F16.gguf": tiny_models.other}, gated=True)
+        yield server
 
 
-def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory, module_hub: FakeHub) -> Iterator[CliHome]:
+    with cli_home(tmp_path_factory.mktemp("pull-cli") / "home", HF_ENDPOINT=module_hub.url) as c:
+        yield c
+
+
+def test_pull_shows_progress_and_the_model_is_listed(cli: CliHome) -> None:
+    result = cli.run("pull", "hf.co/tester/tiny-GGUF:F16")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "pulling manifest"
+    assert "using tiny-F16.gguf (F16)" in result.stderr
+    assert any(re.fullmatch(r"pulling [0-9a-f]{12}: [0-9.]+ [kM]B", line) for line in lines)
+    assert lines[-1] == "success"
+    assert "hf.co/tester/tiny-GGUF:F16" in cli.ok("list")
+
+
+def test_pull_with_quantize_stores_the_quantized_model(cli: CliHome) -> None:
+    result = cli.run("pull", "hf.co/tester/tiny-GGUF:F32", "--quantize", "q8_0")
+    assert result.returncode == 0, result.stderr
+    assert "quantizing F32 model to Q8_0" in result.stderr
+    shown = cli.json("show", "hf.co/tester/tiny-GGUF:F32")
+    assert shown["details"]["quantization_level"] == "Q8_0"
 
 
 @pytest.mark.parametrize(
-    ("name", "expected"),
+    ("args", "expected"),
     [
-        ("hf.co/tester/missing", "Error: hf.co/tester/missing was not found on Hugging Face"),
-        ("hf.co/tester/tiny-GGUF:IQ1_S", "Error: hf.co/tester/tiny-GGUF has no IQ1_S quantization"),
-        ("hf.co/tester/gated", "Error: hf.co/tester/gated is gated: accept its conditions"),
+        (["hf.co/tester/missing"], "Error: hf.co/tester/missing was not found on Hugging Face"),
+        (["hf.co/tester/tiny-GGUF:IQ1_S"], "Error: hf.co/tester/tiny-GGUF has no IQ1_S"),
+        (["hf.co/tester/gated"], "Error: hf.co/tester/gated is gated: accept its conditions"),
+        (["hf.co/tester/tiny-GGUF:F16", "-q", "q3_xx"], "Error: unsupported quantization type"),
+        (["../escape"], "Error: invalid model name"),
     ],
 )
-def test_pull_errors_are_one_line(
-    name: str,
-    expected: str,
-    hf_settings: Settings,
-    hub: FakeHub,
-    tiny_models: TinyModels,
-    no_starter: None,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    hub.add_repo("tester/gated", {"gated-F16.gguf": tiny_models.f16}, gated=True)
-    assert main(["pull", name]) == 1
-    assert _error_line(capsys).startswith(expected)
+def test_pull_errors_are_one_line(cli: CliHome, args: list[str], expected: str) -> None:
+    error = cli.fails("pull", *args)
+    assert error.strip().splitlines()[-1].startswith(expected)
+    assert len([line for line in error.splitlines() if line.startswith("Error")]) == 1
 
 
-def test_no_network_is_one_line(
-    home: object,
-    monkeypatch: pytest.MonkeyPatch,
-    no_starter: None,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    assert main(["pull", "hf.co/tester/tiny-GGUF"]) == 1
-    assert _error_line(capsys).startswith("Error: cannot reach Hugging Face at http://127.0.0.1")
-
-
-def test_unknown_quantize_target_is_one_line(
-    hf_settings: Settings, no_starter: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["pull", "hf.co/tester/tiny-GGUF:F16", "--quantize", "q3_xx"]) == 1
-    assert _error_line(capsys).startswith("Error: unsupported quantization type 'q3_xx'")
-
-
-def test_pull_then_list_in_a_real_process(hf_settings: Settings, tiny_models: TinyModels) -> None:
-    env = dict(os.environ)
-    run = [sys.executable, "-m", "localllm"]
-    result = subprocess.run(
-        [*run, "pull", "hf.co/tester/tiny-GGUF:F16"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+def test_no_network_is_one_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+    with cli_home(tmp_path_factory.mktemp("pull-offline") / "home") as offline:
+        error = offline.fails("pull", "hf.co/tester/tiny-GGUF")
+    assert (
+        error.strip()
+        .splitlines()[-1]
+        .startswith("Error: cannot reach Hugging Face at http://127.0.0.1")
     )
-    assert result.returncode == 0, result.stderr
-    assert "using tiny-F16.gguf (F16)" in result.stderr
-    assert "success" in result.stderr
-    listed = subprocess.run(
-        [*run, "list"], env=env, capture_output=True, text=True, timeout=60, check=True
-    )
-    assert "hf.co/tester/tiny-GGUF:F16" in listed.stdout
 
 
 def test_progress_bars_show_size_speed_and_time_left() -> None:
@@ -112,6 +99,20 @@ def test_progress_bars_show_size_speed_and_time_left() -> None:
     assert "20.0/50.0 MB" in text
     assert "4.0 MB/s" in text
     assert "7s" in text  # 30 MB left at 4 MB/s
+
+
+def test_status_lines_are_plain_text_on_one_line() -> None:
+    from rich.console import Console
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=40)
+    with ProgressView(console) as view:
+        view.update(PullProgress("using layer sha256:" + "0" * 64))
+        view.update(PullProgress("[bold]not markup[/bold]"))
+    assert out.getvalue().splitlines() == [
+        "using layer sha256:" + "0" * 64,
+        "[bold]not markup[/bold]",
+    ]
 
 
 def test_events_are_ollama_pull_lines() -> None:
