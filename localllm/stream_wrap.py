@@ -1,8 +1,9 @@
 """Word wrap for text that arrives a few characters at a time (a streamed answer).
 
 ``textwrap`` needs the whole paragraph; an answer streams token by token and should appear as
-it comes. :class:`StreamWrapper` holds back only the word being written: when a word would
-cross the right edge, a line break goes before it instead of the terminal cutting it in two.
+it comes. :class:`StreamWrapper` holds back only the word being written (and the spaces before
+it): when a word would cross the right edge, a line break replaces those spaces instead of the
+terminal cutting the word in two.
 Widths are terminal cells (wide CJK characters count two), measured with ``rich``.
 """
 
@@ -25,7 +26,7 @@ class StreamWrapper:
         self._width = width if width is not None and width >= 2 else None
         self._column = 0
         self._word = ""
-        self._soft_break = False
+        self._spaces = ""
         from rich.cells import cell_len
 
         self._cells = cell_len
@@ -38,43 +39,36 @@ class StreamWrapper:
         out: list[str] = []
         for char in text:
             if char == "\n":
-                out.append(self._take_word() + "\n")
+                out.append(self._take_word() + self._spaces + "\n")
+                self._spaces = ""
                 self._column = 0
-                self._soft_break = False
             elif char in " \t":
-                out.append(self._take_word())
-                if self._soft_break and self._column == 0:
-                    continue  # the space a wrapped line broke at is not carried over
-                if self._column + 1 > self._width:
-                    out.append("\n")
-                    self._column = 0
-                    self._soft_break = True
-                else:
-                    out.append(char)
-                    self._column += 1
+                if self._word:
+                    out.append(self._take_word())
+                self._spaces += char
             else:
                 self._word += char
         self._write("".join(out))
 
     def _take_word(self) -> str:
-        """The held-back word, with a line break before it when it does not fit."""
-        word, self._word = self._word, ""
-        if not word:
-            return ""
+        """The held-back spaces and word; a line break replaces the spaces when the word
+        does not fit on the line."""
         assert self._width is not None
-        size = self._cells(word)
-        prefix = ""
-        if self._column > 0 and self._column + size > self._width:
-            prefix = "\n"
-            self._column = 0
-        self._soft_break = False
-        self._column += size
+        word, spaces = self._word, self._spaces
+        self._word = self._spaces = ""
+        size, gap = self._cells(word), self._cells(spaces)
+        if word and self._column > 0 and self._column + gap + size > self._width:
+            self._column = size
+            text = "\n" + word
+        else:
+            self._column += gap + size
+            text = spaces + word
         if self._column > self._width:
             self._column %= self._width  # a word wider than the line: the terminal wrapped it
-        return prefix + word
+        return text
 
     def flush(self) -> None:
-        """Write the word held back, if any."""
+        """Write what is held back, if anything."""
         if self._width is not None:
             self._write(self._take_word())
 
