@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pexpect
 import pytest
 from test_cli_support import CliHome, cli_home
 
@@ -115,6 +116,17 @@ def test_ps_and_stop(cli: CliHome) -> None:
     row = cli.ok("ps").splitlines()[1]
     assert row.startswith("smollm2:135m") and "CPU" in row and "1024" in row and "0/2" in row
     assert "minutes from now" in row
+
+    watch = cli.spawn("ps", "--watch")
+    try:
+        watch.expect("TOKENS/S")
+        watch.expect("smollm2:135m")  # refreshed from the live stats stream until Ctrl-C
+        watch.sendintr()
+        watch.expect(pexpect.EOF)
+        watch.close()
+        assert watch.exitstatus == 0
+    finally:
+        watch.close(force=True)
 
     assert cli.run("stop", "smollm2:135m").returncode == 0
     assert cli.json("ps") == []
