@@ -68,14 +68,7 @@ def test_a_daemon_started_elsewhere_meanwhile_is_waited_for(tmp_path: Path) -> N
         try:
             command.expect("another localllm daemon is starting; waiting for it")
             os.close(lock)
-            other = subprocess.Popen(
-                [sys.executable, "-m", "localllm", "serve"],
-                env=cli.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            other = cli.serve()
             command.expect("smollm2:135m")
             command.expect(pexpect.EOF)
             command.close()
@@ -110,14 +103,7 @@ def test_a_remote_daemon_is_never_started(tmp_path: Path) -> None:
 
 def test_serve_runs_in_the_foreground_and_refuses_a_second(tmp_path: Path) -> None:
     cli = CliHome(tmp_path / "home")
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "localllm", "serve"],
-        env=cli.env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    serve = cli.serve()
     try:
         assert serve.stderr is not None
         assert "localllm daemon listening on" in serve.stderr.readline()

@@ -118,6 +118,17 @@ class CliHome:
             dimensions=(40, columns),
         )
 
+    def serve(self) -> subprocess.Popen[str]:
+        """``localllm serve`` in the foreground, as a child of the test (stderr piped)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "localllm", "serve"],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
     def client(self) -> Client:
         """A client of this home's daemon (TCP, as the CLI's LOCALLLM_HOST says)."""
         return Client(self.settings)
