@@ -5,7 +5,8 @@ wordwrap|nowordwrap``, ``/set format json|noformat``, ``/set history|nohistory``
 info|license|modelfile|parameters|system|template``; ``/load MODEL``, ``/save MODEL``,
 ``/clear``, ``/bye``; ``\"\"\"`` starts a multi-line message. Ctrl-C stops the answer being
 written and keeps the session; Ctrl-D on an empty prompt (or ``/bye``) ends it. Line editing and
-the up-arrow history come from ``readline`` when the platform has it.
+the up-arrow history come from ``readline`` when the platform has it; typed messages are kept in
+a history file across sessions unless ``/set nohistory``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import contextlib
 import json
 import shlex
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from ._exceptions import LocalLLMError
 from .cli_run import ChatSession, ensure_model
@@ -98,16 +101,51 @@ class _Exit(Exception):
 class Repl:
     """The read-eval-print loop around a :class:`~localllm.cli_run.ChatSession`."""
 
-    def __init__(self, session: ChatSession, read: Callable[[str], str] = input) -> None:
+    def __init__(
+        self,
+        session: ChatSession,
+        read: Callable[[str], str] = input,
+        *,
+        history_file: Path | None = None,
+    ) -> None:
         self.session = session
         self._read = read
+        self._history_file = history_file
+        self._readline: Any = None
+
+    def _start_history(self) -> None:
+        try:
+            import readline  # line editing and history for input()
+        except ImportError:
+            return
+        self._readline = readline
+        readline.set_history_length(1000)
+        if self._history_file is not None:
+            with contextlib.suppress(OSError):
+                readline.read_history_file(self._history_file)
+
+    def _save_history(self) -> None:
+        if self._readline is None or self._history_file is None:
+            return
+        with contextlib.suppress(OSError):
+            self._history_file.parent.mkdir(parents=True, exist_ok=True)
+            self._readline.write_history_file(self._history_file)
+
+    def _set_history(self, enabled: bool) -> None:
+        if self._readline is not None:
+            self._readline.set_auto_history(enabled)
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> int:
         """Chat until ``/bye`` or Ctrl-D; returns the exit status."""
-        with contextlib.suppress(ImportError):
-            import readline  # noqa: F401  # line editing and history for input()
+        self._start_history()
+        try:
+            return self._loop()
+        finally:
+            self._save_history()
+
+    def _loop(self) -> int:
         self.session.load()
         while True:
             try:
@@ -179,6 +217,8 @@ class Repl:
         if what in _TOGGLES:
             attribute, flag, message = _TOGGLES[what]
             setattr(config, attribute, flag)
+            if attribute == "history":
+                self._set_history(flag)
             print(message)
         elif what == "parameter":
             self._set_parameter(value)

@@ -48,7 +48,7 @@ class ChatConfig:
     wordwrap: bool = True
     """Wrap answers at the terminal width (only when stdout is a terminal)."""
     history: bool = True
-    """Send the conversation so far with each message."""
+    """Remember typed messages for the up arrow, across sessions (Ollama's ``/set history``)."""
 
 
 def ensure_model(client: Client, name: str, *, insecure: bool = False) -> ShowResponse:
@@ -125,12 +125,11 @@ class ChatSession:
             return shutil.get_terminal_size().columns
 
     def request_messages(self, prompt: str) -> list[ChatMessage]:
-        """What is sent for ``prompt``: the system prompt, the history, the new message."""
+        """What is sent for ``prompt``: the system prompt, the conversation, the new message."""
         messages: list[ChatMessage] = []
         if self.config.system is not None:
             messages.append({"role": "system", "content": self.config.system})
-        if self.config.history:
-            messages.extend(self.messages)
+        messages.extend(self.messages)
         messages.append({"role": "user", "content": prompt})
         return messages
 
@@ -140,9 +139,9 @@ class ChatSession:
             self.client.load(self.config.model, keep_alive=self.config.keep_alive)
 
     def answer(self, prompt: str, *, interactive: bool) -> str:
-        """Stream the answer to ``prompt``; returns its text and keeps the exchange in the
-        history. Ctrl-C stops it (in the daemon too) and raises KeyboardInterrupt after the
-        output is tidied; the exchange is then forgotten."""
+        """Stream the answer to ``prompt``; returns its text and adds the exchange to the
+        conversation. Ctrl-C stops it (closing the stream cancels it in the daemon) and
+        re-raises KeyboardInterrupt; the interrupted exchange is not kept."""
         from .stream_wrap import StreamWrapper
 
         def write(text: str) -> None:
@@ -185,9 +184,8 @@ class ChatSession:
             print(format_timings(final), file=self.err, flush=True)
             if interactive:
                 print(file=self.err, flush=True)
-        if self.config.history:
-            self.messages.append({"role": "user", "content": prompt})
-            self.messages.append({"role": "assistant", "content": answer})
+        self.messages.append({"role": "user", "content": prompt})
+        self.messages.append({"role": "assistant", "content": answer})
         return answer
 
 
@@ -207,7 +205,7 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
     if piped is None and not args.prompt:
         from .cli_repl import Repl
 
-        return Repl(session).run()
+        return Repl(session, history_file=session.settings.data_dir / "history").run()
     prompt = " ".join([*([piped] if piped else []), *args.prompt])
     if not prompt.strip():
         session.client.load(config.model, keep_alive=config.keep_alive)  # Ollama: just load

@@ -16,6 +16,8 @@ import pexpect
 import pytest
 from test_cli_support import CliHome, cli_home
 
+import localllm
+
 
 def test_a_command_starts_a_detached_daemon_that_outlives_it(tmp_path: Path) -> None:
     with cli_home(tmp_path / "home") as cli:
@@ -120,8 +122,8 @@ def test_serve_runs_in_the_foreground_and_refuses_a_second(tmp_path: Path) -> No
 
 def test_version_and_help(tmp_path: Path) -> None:
     cli = CliHome(tmp_path / "home")
-    assert cli.ok("version").strip() == "localllm version 0.1.0"
-    assert cli.ok("--version").strip() == "localllm version 0.1.0"
+    assert cli.ok("version").strip() == f"localllm version {localllm.__version__}"
+    assert cli.ok("--version").strip() == f"localllm version {localllm.__version__}"
     help_text = cli.ok("--help")
     for command in ["serve", "run", "pull", "list", "ps", "show", "rm", "cp", "create", "stop"]:
         assert re.search(rf"^\s+{command}\b", help_text, re.MULTILINE), command

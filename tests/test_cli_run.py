@@ -53,6 +53,10 @@ def test_one_shot_prints_the_answer_and_exits(cli: CliHome) -> None:
     assert result.stdout.strip(), "no answer"
     assert result.stdout.endswith("\n")
     assert "eval rate" not in result.stderr  # only with --verbose
+    # no prompt and nothing piped (stdin is /dev/null): the model is loaded, nothing said
+    cli.ok("stop", "short")
+    assert cli.ok("run", "short") == ""
+    assert any(m["name"] == "short:latest" for m in cli.json("ps"))
 
 
 def _prompt_tokens(stderr: str) -> int:
@@ -179,6 +183,8 @@ def test_interactive_session(cli: CliHome) -> None:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+    # typed messages are kept for the up arrow of the next session
+    assert "What is 2 + 2?" in (cli.home / "history").read_text()
 
 
 def test_ctrl_c_stops_the_answer_and_keeps_the_session(cli: CliHome) -> None:
