@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import LocalLLMError
+from ._exceptions import DaemonUnavailableError, LocalLLMError
 from .cli_run import ChatSession, ensure_model
 
 __all__ = ["HELP", "Repl"]
@@ -112,6 +112,7 @@ class Repl:
         self._read = read
         self._history_file = history_file
         self._readline: Any = None
+        self._daemon_lost = False
 
     def _start_history(self) -> None:
         try:
@@ -162,13 +163,25 @@ class Repl:
                 if line.startswith("/"):
                     self.command(line)
                 elif line.strip():
+                    if self._daemon_lost:
+                        self._restart_daemon()
                     self.session.answer(line, interactive=True)
             except _Exit:
                 return 0
             except KeyboardInterrupt:
                 print()  # the answer was stopped; the session goes on
             except LocalLLMError as exc:
+                # the daemon went away (stopped, crashed): start one again before the next message
+                self._daemon_lost = isinstance(exc, DaemonUnavailableError)
                 print(f"Error: {exc}\n")
+
+    def _restart_daemon(self) -> None:
+        from .autostart import ensure_daemon
+        from .cli_common import notice
+
+        ensure_daemon(self.session.settings, on_start=lambda text: notice(f"{text}..."))
+        self.session.reconnect()
+        self._daemon_lost = False
 
     def _read_message(self) -> str | None:
         """One message; a line starting with three double quotes reads until the closing ones."""

@@ -223,6 +223,25 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session(cli: CliHome) -> None:
     assert child.exitstatus == 0
 
 
+def test_the_chat_starts_the_daemon_again_when_it_went_away(cli: CliHome) -> None:
+    child = cli.spawn("run", "short")
+    try:
+        child.expect(">>> ")
+        cli.stop_daemon()
+        child.sendline("Hello?")
+        child.expect("Error: no localllm daemon answers")
+        child.expect(">>> ")
+        child.sendline("Hello again?")  # the daemon is started again, the chat goes on
+        child.expect("\r\n\r\n>>> ")
+        assert "Error" not in child.before
+        child.sendline("/bye")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert cli.daemon_pid() is not None
+
+
 def test_a_model_that_is_not_here_is_pulled_first(cli: CliHome) -> None:
     # no network in tests: the registry is a closed loopback port, so the pull says so
     lines = cli.fails("run", "nosuchmodel", "hi").strip().splitlines()
