@@ -18,11 +18,12 @@ from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 
+from localllm._exceptions import DaemonUnavailableError
+from localllm.autostart import ensure_daemon
 from localllm.client import AsyncClient
 from localllm.settings import Settings
 
 from .chats import DB_NAME, ChatStore
-from .daemon_start import start_daemon
 from .screens.chat import ChatScreen
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
@@ -134,11 +135,13 @@ class LocalLLMApp(App[None]):
             if self.autostart and not started and (not lost or failures >= _RESTART_AFTER_FAILURES):
                 started = True
                 self.connection = "starting"
-                error = await start_daemon(self.settings, self.client)
-                if error is None:
+                try:
+                    # The CLI's helper: one start at a time per home, bounded wait, log tail.
+                    await asyncio.to_thread(ensure_daemon, self.settings)
                     continue
-                self.connection_error = error
-                self.notify(error, title="Daemon", severity="error", timeout=10)
+                except DaemonUnavailableError as exc:
+                    self.connection_error = str(exc)
+                    self.notify(str(exc), title="Daemon", severity="error", timeout=10)
             if not lost:
                 self.connection = "offline"
             await asyncio.sleep(_RETRY_SECONDS)

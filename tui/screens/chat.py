@@ -4,6 +4,7 @@ Markdown with their timings underneath, chats saved across restarts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -74,11 +75,11 @@ class ChatScreen(MainScreen):
     CSS_PATH = "chat.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", id="chat.stop"),
-        Binding("ctrl+n", "new_chat", "New chat", id="chat.new"),
+        Binding("ctrl+n", "new_chat", "New", id="chat.new"),
         Binding("ctrl+l", "pick_model", "Model", id="chat.model"),
         Binding("ctrl+o", "chat_options", "Options", id="chat.options"),
-        Binding("f5", "copy_answer", "Copy answer", id="chat.copy"),
-        Binding("f8", "delete_chat", "Delete chat", id="chat.delete"),
+        Binding("f5", "copy_answer", "Copy", id="chat.copy"),
+        Binding("f8", "delete_chat", "Delete", id="chat.delete"),
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
     ]
@@ -107,7 +108,7 @@ class ChatScreen(MainScreen):
                     yield Label("", id="chat-options")
                 yield ContentSwitcher(id="transcripts")
                 yield PromptArea(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     async def on_mount(self) -> None:
         store = self.llm.chats
@@ -332,6 +333,9 @@ class ChatScreen(MainScreen):
         except DaemonError as exc:
             stats = {"error": str(exc)}
             self.report(exc, f"{model} could not answer")
+        except Exception as exc:  # a broken connection must not take the whole UI down
+            stats = {"error": f"{exc.__class__.__name__}: {exc}"}
+            self.notify(f"{model} could not answer: {exc}", severity="error")
         finally:
             # Runs on Esc (cancellation) too: keep what arrived, shown whole and saved.
             await self._finish_answer(chat, view, stream, "".join(parts), stats)
@@ -345,16 +349,26 @@ class ChatScreen(MainScreen):
         stats: dict[str, Any],
     ) -> None:
         try:
+            # Saved first: when the app quits mid-answer the widgets may already be gone.
+            if text or "error" not in stats:
+                answer = StoredMessage("assistant", text, stats)
+                chat.messages.append(answer)
+                await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
             await stream.stop()
             # The stream may merge fragments while catching up: render the whole answer once
             # more so nothing is lost.
             await view.markdown.update(text)
             view.stats = stats
-            if text or "error" not in stats:
-                answer = StoredMessage("assistant", text, stats)
-                chat.messages.append(answer)
-                await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
         finally:
             self.answers.pop(chat.id, None)
             if self.current is chat:
                 self.answering = False
+
+    async def on_unmount(self) -> None:
+        """Stop the answers still streaming, so what came so far is saved before exit."""
+        workers = list(self.answers.values())
+        for worker in workers:
+            worker.cancel()
+        for worker in workers:
+            with contextlib.suppress(Exception):
+                await worker.wait()

@@ -48,7 +48,7 @@ class DashboardScreen(MainScreen):
                 "No model is loaded. Models load on first use: ask one in the chat (F2).",
                 id="empty",
             )
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     async def on_daemon_connected(self) -> None:
         """Follow the stats stream."""

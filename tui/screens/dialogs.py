@@ -170,6 +170,7 @@ class QuantizeDialog(_Dialog):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
             yield Label(f"Quantize {self.source}", classes="question")
+            yield Label("Type")
             yield Select(
                 [(t, t) for t in self.types],
                 value=self.default,
@@ -177,6 +178,7 @@ class QuantizeDialog(_Dialog):
                 id="type",
                 compact=True,
             )
+            yield Label("New model")
             yield Input(self.target_name(self.default), id="target", compact=True)
             with Horizontal(classes="buttons"):
                 yield Button("Quantize", variant="primary", id="ok", compact=True)

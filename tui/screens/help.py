@@ -2,38 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Label, Markdown
+from textual.widgets import Label, Static
 
-__all__ = ["HelpScreen", "bindings_markdown"]
+__all__ = ["HelpScreen", "bindings_table"]
 
-_ABOUT = """\
-localllm talks to the local daemon (it is started if none runs). **Chat** streams answers
-with their timings: TTFT (time to first token), prefill and decode speed, and the prompt
-tokens reused from the cache. **Models** manages the store; **Dashboard** shows what each
-loaded model is doing, live. Chats are saved and come back on the next start.
-"""
-
-
-def _bindings(entries: Iterable[BindingType]) -> list[Binding]:
-    return [b for b in entries if isinstance(b, Binding) and b.description]
+_ABOUT = (
+    "localllm talks to the local daemon (started if none runs). Chat streams answers with "
+    "their timings: TTFT (time to the first token), prefill and decode speed, and the prompt "
+    "tokens reused from the cache. Models manages the store; Dashboard shows what each loaded "
+    "model does, live. Chats are saved and come back on the next start. Ctrl+P opens the "
+    "command palette (themes, screenshots)."
+)
 
 
-def bindings_markdown(sections: Iterable[tuple[str, Iterable[BindingType]]], key_display) -> str:  # type: ignore[no-untyped-def]
-    """One Markdown table per section of ``(title, bindings)``."""
-    parts = [_ABOUT]
+def bindings_table(
+    sections: Iterable[tuple[str, Iterable[BindingType]]], key_display: Callable[[Binding], str]
+) -> Table:
+    """One table of ``key  action`` rows under a heading per section."""
+    table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=False)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("action")
     for title, entries in sections:
-        parts += [f"### {title}", "", "| Key | Action |", "|---|---|"]
-        for binding in _bindings(entries):
-            parts.append(f"| `{key_display(binding)}` | {binding.description} |")
-        parts.append("")
-    return "\n".join(parts)
+        table.add_row(Text(title, style="bold underline"), "")
+        for binding in entries:
+            if isinstance(binding, Binding) and binding.description:
+                table.add_row(key_display(binding), binding.description)
+        table.add_row("", "")
+    return table
 
 
 class HelpScreen(ModalScreen[None]):
@@ -51,9 +56,16 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="help"):
-            yield Label("localllm — keys  (Esc closes)", id="help-title")
+            yield Label("localllm keys (Esc closes)", id="help-title")
             with VerticalScroll():
-                yield Markdown(bindings_markdown(self.sections, self.app.get_key_display))
+                yield Static(
+                    Group(
+                        Text(_ABOUT, style="dim"),
+                        Text(""),
+                        bindings_table(self.sections, self.app.get_key_display),
+                    ),
+                    id="help-body",
+                )
 
     def action_close(self) -> None:
         """Close the help."""

@@ -90,7 +90,7 @@ class ModelsScreen(MainScreen):
             with VerticalScroll(id="model-details"):
                 yield Markdown("", id="details")
             yield VerticalScroll(id="transfers")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     async def on_daemon_connected(self) -> None:
         """List the models."""

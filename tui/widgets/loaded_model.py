@@ -67,25 +67,34 @@ class LoadedModelCard(Vertical, can_focus=True):
         """Decode tokens/s in the latest update."""
         self.prefill_rate = 0.0
         """Prefill tokens/s in the latest update."""
+        self._slots = Label("", classes="slots")
+        self._requests = Label("", classes="requests")
+        self._kv = ProgressBar(total=1, show_eta=False, classes="kv")
+        self._kv_cells = Label("", classes="kv-cells")
+        self._decode = Sparkline(list(self.decode_history), classes="decode")
+        self._decode_rate = Label(rate(0), classes="decode-rate")
+        self._prefill = Sparkline(list(self.prefill_history), classes="prefill")
+        self._prefill_rate = Label(rate(0), classes="prefill-rate")
+        self._ttfts = Label("", classes="ttfts")
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="card-row"):
-            yield Label("", classes="slots")
+            yield self._slots
             yield Button("Unload", classes="unload", compact=True)
-        yield Label("", classes="requests")
+        yield self._requests
         with Horizontal(classes="card-row"):
             yield Label("KV cache", classes="row-name")
-            yield ProgressBar(total=1, show_eta=False, classes="kv")
-            yield Label("", classes="kv-cells")
+            yield self._kv
+            yield self._kv_cells
         with Horizontal(classes="card-row"):
             yield Label("decode", classes="row-name")
-            yield Sparkline(list(self.decode_history), classes="decode")
-            yield Label(rate(0), classes="decode-rate")
+            yield self._decode
+            yield self._decode_rate
         with Horizontal(classes="card-row"):
             yield Label("prefill", classes="row-name")
-            yield Sparkline(list(self.prefill_history), classes="prefill")
-            yield Label(rate(0), classes="prefill-rate")
-        yield Label("", classes="ttfts")
+            yield self._prefill
+            yield self._prefill_rate
+        yield self._ttfts
 
     def show(self, entry: dict[str, Any], now: float) -> None:
         """Apply one stats-stream entry for this model (``now`` for the countdown)."""
@@ -98,10 +107,8 @@ class LoadedModelCard(Vertical, can_focus=True):
         self.border_subtitle = countdown(entry.get("expires_at"), now)
 
         total_slots = entry.get("slots_total", len(slots))
-        self.query_one(".slots", Label).update(
-            slot_text(slots) if slots else Text(f"{total_slots} slots", style="dim")
-        )
-        self.query_one(".requests", Label).update(
+        self._slots.update(slot_text(slots) if slots else Text(f"{total_slots} slots", style="dim"))
+        self._requests.update(
             f"{entry.get('active_requests', 0)} running · "
             f"{entry.get('queued_requests', 0) + entry.get('runner_waiting', 0)} waiting · "
             f"{entry.get('requests_total', 0)} done · "
@@ -109,15 +116,15 @@ class LoadedModelCard(Vertical, can_focus=True):
         )
         used = int(entry.get("kv_cells_used") or 0)
         total = int(entry.get("kv_cells_total") or 0)
-        self.query_one(".kv", ProgressBar).update(total=max(total, 1), progress=used)
-        self.query_one(".kv-cells", Label).update(f"{used:,} / {total:,} cells")
-        self.query_one(".decode", Sparkline).data = list(self.decode_history)
-        self.query_one(".prefill", Sparkline).data = list(self.prefill_history)
-        self.query_one(".decode-rate", Label).update(rate(self.decode_rate))
-        self.query_one(".prefill-rate", Label).update(rate(self.prefill_rate))
+        self._kv.update(total=max(total, 1), progress=used)
+        self._kv_cells.update(f"{used:,} / {total:,} cells")
+        self._decode.data = list(self.decode_history)
+        self._prefill.data = list(self.prefill_history)
+        self._decode_rate.update(rate(self.decode_rate))
+        self._prefill_rate.update(rate(self.prefill_rate))
         recent = [r for r in entry.get("recent") or [] if r.get("completion_tokens")]
         ttfts = [duration_ms(float(r.get("ttft_ms", 0))) for r in recent[-_RECENT_TTFTS:]]
-        self.query_one(".ttfts", Label).update(
+        self._ttfts.update(
             "TTFT of recent requests: " + (" · ".join(reversed(ttfts)) if ttfts else "none yet")
         )
 

@@ -33,26 +33,27 @@ class MessageView(Vertical):
         self.streamed_chunks = 0
         """How many pieces of the answer arrived separately while it streamed."""
         self.set_reactive(MessageView.stats, stats)
+        self._stats = Label(answer_stats(stats), classes="stats")
+        self._markdown = Markdown(content, classes="body") if role == "assistant" else None
 
     def compose(self) -> ComposeResult:
         yield Label(self.author, classes="author")
-        if self.role == "assistant":
-            yield Markdown(self._content, classes="body")
-            yield Label(answer_stats(self.stats), classes="stats")
+        if self._markdown is not None:
+            yield self._markdown
+            yield self._stats
         else:
             yield Static(self._content, markup=False, classes="body")
 
     @property
     def markdown(self) -> Markdown:
         """The answer's Markdown view (answers only)."""
-        return self.query_one(Markdown)
+        assert self._markdown is not None, "a user message has no Markdown view"
+        return self._markdown
 
     @property
     def text(self) -> str:
         """The message's text as shown now."""
-        if self.role == "assistant":
-            return self.markdown.source
-        return self._content
+        return self._markdown.source if self._markdown is not None else self._content
 
     @property
     def stats_text(self) -> str:
@@ -61,6 +62,5 @@ class MessageView(Vertical):
 
     def watch_stats(self, stats: dict[str, Any] | None) -> None:
         """Show the stats line once the answer is complete."""
-        if self.role == "assistant":
-            self.query_one(".stats", Label).update(answer_stats(stats))
-            self.set_class(bool(stats and ("error" in stats)), "-error")
+        self._stats.update(answer_stats(stats))
+        self.set_class(bool(stats and "error" in stats), "-error")

@@ -22,8 +22,14 @@ class PromptArea(TextArea):
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "submit", "Send", id="prompt.send"),
+        # Not in the footer (short of room at 80 columns): the box's placeholder tells it.
         Binding(
-            ",".join(_NEWLINE_KEYS), "newline", "Newline", key_display="^J", id="prompt.newline"
+            ",".join(_NEWLINE_KEYS),
+            "newline",
+            "Newline",
+            key_display="^J",
+            show=False,
+            id="prompt.newline",
         ),
     ]
 

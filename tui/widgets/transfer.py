@@ -37,17 +37,15 @@ class LayerProgress(Horizontal):
         """Bytes done."""
         self.bytes_per_second: float | None = None
         """Current speed (the daemon's, or smoothed here)."""
+        self.bar = ProgressBar(total=total, show_eta=False, show_percentage=True)
+        """The bar."""
+        self._info = Label("", classes="layer-info")
         self._last: tuple[float, int] | None = None
 
     def compose(self) -> ComposeResult:
         yield Label(self.layer_name, classes="layer-name")
-        yield ProgressBar(total=self.total, show_eta=False, show_percentage=True)
-        yield Label("", classes="layer-info")
-
-    @property
-    def bar(self) -> ProgressBar:
-        """The bar."""
-        return self.query_one(ProgressBar)
+        yield self.bar
+        yield self._info
 
     def advance_to(self, completed: int, total: int, bytes_per_second: float | None) -> None:
         """Move the bar to ``completed`` of ``total`` bytes."""
@@ -62,9 +60,7 @@ class LayerProgress(Horizontal):
         self.total, self.completed = total, completed
         self.bytes_per_second = bytes_per_second
         self.bar.update(total=total, progress=completed)
-        self.query_one(".layer-info", Label).update(
-            transfer_line(completed, total, bytes_per_second)
-        )
+        self._info.update(transfer_line(completed, total, bytes_per_second))
 
 
 class TransferPanel(Vertical):
@@ -81,9 +77,9 @@ class TransferPanel(Vertical):
             self.panel = panel
             """The panel."""
 
-    def __init__(self, title: str, *, kind: str) -> None:
+    def __init__(self, heading: str, *, kind: str) -> None:
         super().__init__(classes=f"transfer {kind}")
-        self.heading = title
+        self.heading = heading
         """What is transferred: ``pull tiny:latest``."""
         self.kind = kind
         """``pull`` or ``quantize``."""
@@ -91,13 +87,16 @@ class TransferPanel(Vertical):
         """The latest status line."""
         self.bars: dict[str, LayerProgress] = {}
         """Bars by digest (or step)."""
+        self._status = Label("starting…", classes="transfer-status")
+        self._button = Button("Cancel", classes="transfer-button", compact=True)
+        self._bars = Vertical(classes="transfer-layers")
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="transfer-head"):
             yield Label(self.heading, classes="transfer-title")
-            yield Label("starting…", classes="transfer-status")
-            yield Button("Cancel", classes="transfer-button", compact=True)
-        yield Vertical(classes="transfer-layers")
+            yield self._status
+            yield self._button
+        yield self._bars
 
     async def show_progress(self, line: dict[str, Any]) -> None:
         """Apply one progress line."""
@@ -110,27 +109,29 @@ class TransferPanel(Vertical):
             if layer is None:
                 name = key.removeprefix("sha256:")[:12] if digest else self.kind
                 layer = self.bars[key] = LayerProgress(name, total)
-                await self.query_one(".transfer-layers").mount(layer)
+                await self._bars.mount(layer)
             rate = line.get("bytes_per_second")
             layer.advance_to(int(line.get("completed") or 0), total, rate)
         # Per-layer lines ("pulling <hex>") are told by their bars; the rest is the status.
-        if status and not line.get("digest") and status != self.status:
+        if line.get("digest"):
+            status = "downloading"
+        if status and status != self.status:
             self.status = status
-            self.query_one(".transfer-status", Label).update(status)
+            self._status.update(status)
 
     def finish(self, state: str, message: str = "") -> None:
         """Mark the transfer over (``done``, ``failed``, ``cancelled``)."""
         self.state = state
         if message:
             self.status = message
-            self.query_one(".transfer-status", Label).update(message)
+            self._status.update(message)
 
     def watch_state(self, state: str) -> None:
         """Restyle and turn Cancel into Dismiss once over."""
         for name in ("running", "done", "failed", "cancelled"):
             self.set_class(state == name, f"-{name}")
         if state != "running":
-            self.query_one(Button).label = "Dismiss"
+            self._button.label = "Dismiss"
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         """Ask the screen to cancel (or remove) this transfer."""
