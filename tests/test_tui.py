@@ -267,7 +267,7 @@ async def open_models(pilot, app: LocalLLMApp) -> ModelsScreen:  # type: ignore[
 
 async def test_pull_shows_progress_up_to_100_percent(daemon: Daemon, tmp_path: Path) -> None:
     app = make_app(daemon, tmp_path)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await connected(pilot, app)
         screen = await open_models(pilot, app)
         await pilot.press("p")
@@ -286,6 +286,7 @@ async def test_pull_shows_progress_up_to_100_percent(daemon: Daemon, tmp_path: P
         assert all(layer.bar.percentage == 1.0 for layer in panel.bars.values())
         assert "tiny:latest" in [m["name"] for m in screen.models]
         assert screen.selected == "tiny:latest"
+        assert "100%" in screen_text(app) and "success" in screen_text(app)
 
 
 async def test_copy_then_delete_a_model(
@@ -381,7 +382,7 @@ async def test_dashboard_shows_a_decoding_slot_while_another_client_streams(
     daemon: Daemon, tmp_path: Path, client: AsyncClient
 ) -> None:
     app = make_app(daemon, tmp_path, stats_interval=0.1)
-    async with app.run_test(size=(100, 30)) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await connected(pilot, app)
         await pilot.press("f4")
         screen = await wait_for(
