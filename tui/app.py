@@ -99,12 +99,14 @@ class LocalLLMApp(App[None]):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def on_mount(self) -> None:
+        """Restore the theme and start connecting to the daemon."""
         saved = await asyncio.to_thread(self.chats.get_meta, _THEME_KEY)
         if saved in self.available_themes:
             self.theme = saved
         self.maintain_connection()
 
     async def on_unmount(self) -> None:
+        """Release the client and the chat database."""
         with contextlib.suppress(Exception):
             await self.client.close()
         self.chats.close()

@@ -27,6 +27,7 @@ class MainScreen(Screen[None]):
         return cast("LocalLLMApp", self.app)
 
     def on_mount(self) -> None:
+        """Start watching the daemon connection."""
         self.watch(self.app, "connection", self._connection_changed, init=True)
 
     async def _connection_changed(self, state: str) -> None:

@@ -43,10 +43,12 @@ class Transcript(VerticalScroll):
         """The chat shown."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         for message in self.chat.messages:
             yield _view_for(self.chat, message)
 
     def on_mount(self) -> None:
+        """Keep the newest message in view."""
         self.anchor()
 
 
@@ -99,6 +101,7 @@ class ChatScreen(MainScreen):
         """Model names offered in the picker."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         yield StatusBar(self.MODE)
         with Horizontal(id="chat-body"):
             yield OptionList(id="chat-list")
@@ -111,6 +114,7 @@ class ChatScreen(MainScreen):
         yield Footer(compact=True, show_command_palette=False)
 
     async def on_mount(self) -> None:
+        """Load the saved chats and show the one open last time."""
         store = self.llm.chats
         chats = await asyncio.to_thread(store.list_chats)
         if not chats:
@@ -267,6 +271,7 @@ class ChatScreen(MainScreen):
         return True
 
     def watch_answering(self) -> None:
+        """Show or hide Stop in the footer."""
         self.refresh_bindings()
         self.set_class(self.answering, "-answering")
 

@@ -41,6 +41,7 @@ class DashboardScreen(MainScreen):
         """Snapshots received so far (tests wait on it)."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         yield StatusBar(self.MODE)
         yield Label("", id="queue")
         with VerticalScroll(id="cards"):

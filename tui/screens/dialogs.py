@@ -42,6 +42,7 @@ class ConfirmDialog(_Dialog):
         """The confirming button's label."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Vertical(classes="dialog"):
             yield Label(self.question, classes="question")
             with Horizontal(classes="buttons"):
@@ -49,6 +50,7 @@ class ConfirmDialog(_Dialog):
                 yield Button("Cancel", classes="cancel", compact=True)
 
     def on_mount(self) -> None:
+        """Focus the confirming button."""
         self.query_one("#confirm").focus()
 
     @on(Button.Pressed, "#confirm")
@@ -69,6 +71,7 @@ class NameDialog(_Dialog):
         """Hint shown while empty."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Vertical(classes="dialog"):
             yield Label(self.title_text, classes="question")
             yield Input(self.value, placeholder=self.placeholder, id="name", compact=True)
@@ -110,6 +113,7 @@ class ChatOptionsDialog(_Dialog):
         """The current options."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Vertical(classes="dialog wide"):
             yield Label("Chat options", classes="question")
             yield Label("System prompt")
@@ -168,6 +172,7 @@ class QuantizeDialog(_Dialog):
         return f"{base}:{tag}-{quant.lower()}"
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Vertical(classes="dialog"):
             yield Label(f"Quantize {self.source}", classes="question")
             yield Label("Type")

@@ -55,6 +55,7 @@ class HelpScreen(ModalScreen[None]):
         """``(title, bindings)`` to list."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Vertical(id="help"):
             yield Label("localllm keys (Esc closes)", id="help-title")
             with VerticalScroll():

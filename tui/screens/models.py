@@ -80,6 +80,7 @@ class ModelsScreen(MainScreen):
         """Pulls and quantizations, running or over, with their workers."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         yield StatusBar(self.MODE)
         with Vertical(id="models-body"):
             table: DataTable[str] = DataTable(

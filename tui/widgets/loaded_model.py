@@ -78,6 +78,7 @@ class LoadedModelCard(Vertical, can_focus=True):
         self._ttfts = Label("", classes="ttfts")
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Horizontal(classes="card-row"):
             yield self._slots
             yield Button("Unload", classes="unload", compact=True)

@@ -37,6 +37,7 @@ class MessageView(Vertical):
         self._markdown = Markdown(content, classes="body") if role == "assistant" else None
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         yield Label(self.author, classes="author")
         if self._markdown is not None:
             yield self._markdown

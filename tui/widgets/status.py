@@ -36,6 +36,7 @@ class StatusBar(Horizontal):
         """The mode of the screen this bar sits on."""
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         tabs = Text.assemble(("localllm ", "bold"))
         for mode, title, key in SCREENS:
             style = "reverse bold" if mode == self.current else "dim"
@@ -45,6 +46,7 @@ class StatusBar(Horizontal):
         yield Label("", classes="connection")
 
     def on_mount(self) -> None:
+        """Follow the app's connection state."""
         self.watch(self.app, "connection", self._show_connection)
 
     def _show_connection(self, state: str) -> None:

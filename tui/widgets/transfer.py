@@ -43,6 +43,7 @@ class LayerProgress(Horizontal):
         self._last: tuple[float, int] | None = None
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         yield Label(self.layer_name, classes="layer-name")
         yield self.bar
         yield self._info
@@ -92,6 +93,7 @@ class TransferPanel(Vertical):
         self._bars = Vertical(classes="transfer-layers")
 
     def compose(self) -> ComposeResult:
+        """Build the widget tree."""
         with Horizontal(classes="transfer-head"):
             yield Label(self.heading, classes="transfer-title")
             yield self._status
