@@ -308,6 +308,13 @@ async def test_copy_then_delete_a_model(
         dialog.query_one(Input).value = "smolcopy:test"
         await pilot.press("enter")
         await wait_for(pilot, lambda: screen.selected == "smolcopy:test", "the copy")
+        await pilot.press("f2")  # the chat's model picker lists it when shown again
+        chat = await wait_for(
+            pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen, "chat"
+        )
+        await wait_for(pilot, lambda: "smolcopy:test" in chat.models, "the copy in the picker")
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: app.screen is screen, "the models screen")
 
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDialog), "confirmation")
@@ -316,6 +323,8 @@ async def test_copy_then_delete_a_model(
             pilot, lambda: "smolcopy:test" not in [m["name"] for m in screen.models], "deletion"
         )
         assert "smolcopy:test" not in [m["name"] for m in await client.list_models()]
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: "smolcopy:test" not in chat.models, "the picker to forget it")
         assert SMOL in [m["name"] for m in await client.list_models()]
 
 

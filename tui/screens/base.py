@@ -20,6 +20,9 @@ class MainScreen(Screen[None]):
 
     MODE: ClassVar[str] = ""
     """The app mode that shows this screen."""
+    RELOAD_ON_RESUME: ClassVar[bool] = False
+    """Reload the daemon's data each time the screen is shown again (other screens and other
+    clients may have changed the store meanwhile)."""
 
     @property
     def llm(self) -> LocalLLMApp:
@@ -35,6 +38,11 @@ class MainScreen(Screen[None]):
             await self.on_daemon_connected()
         else:
             await self.on_daemon_lost()
+
+    async def on_screen_resume(self) -> None:
+        """Reload when shown again, if the screen asks for it."""
+        if self.RELOAD_ON_RESUME and self.llm.connection == "connected":
+            await self.on_daemon_connected()
 
     async def on_daemon_connected(self) -> None:
         """The daemon answers (at start or again after it went away): load data."""

@@ -75,6 +75,7 @@ class ChatScreen(MainScreen):
 
     MODE = "chat"
     CSS_PATH = "chat.tcss"
+    RELOAD_ON_RESUME = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", id="chat.stop"),
         Binding("ctrl+n", "new_chat", "New", id="chat.new"),

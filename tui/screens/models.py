@@ -63,6 +63,7 @@ class ModelsScreen(MainScreen):
 
     MODE = "models"
     CSS_PATH = "models.tcss"
+    RELOAD_ON_RESUME = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("p", "pull", "Pull", id="models.pull"),
         Binding("c", "copy", "Copy", id="models.copy"),
