@@ -121,20 +121,22 @@ async def test_send_a_message_and_see_the_streamed_answer_with_its_stats(
         assert prompt.text == "a\nb"
         prompt.clear()
 
-        await pilot.press(*"Say hello", "enter")
+        # A question with a long answer, so the 12-token limit is what ends it.
+        await pilot.press(*"Write a long poem about the sea", "enter")
         assert prompt.text == ""
         await wait_for(pilot, lambda: screen.answering, "the answer to start")
         await wait_for(pilot, lambda: not screen.answering, "the answer to end")
 
         answer = last_answer(screen)
         assert answer.stats is not None and answer.stats["eval_count"] == 12
+        assert answer.stats["done_reason"] == "length"
         assert answer.streamed_chunks > 1, "the answer came in one piece, not streamed"
         assert answer.text.strip() and answer.text == screen.current.messages[-1].content
         for part in ("TTFT", "prefill", "decode", "cached", "12 tokens"):
             assert part in answer.stats_text
         shown = screen_text(app)
         assert "TTFT" in shown and "You" in shown
-        assert screen.current.title == "Say hello"
+        assert screen.current.title == "Write a long poem about the sea"
 
         await pilot.press("f5")
         assert app.clipboard == answer.text
