@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,18 @@ async def test_without_autostart_it_says_the_daemon_is_not_running(home: Path) -
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.connection == "offline", "the offline state")
         assert "not running" in screen_text(app)
+
+
+async def test_a_daemon_that_cannot_start_is_reported(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The port is taken (bound, not listening): nothing answers there and a daemon cannot bind it.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("LOCALLLM_HOST", f"127.0.0.1:{taken.getsockname()[1]}")
+        app = LocalLLMApp(Settings.from_env())
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.connection_error, "the failed start", 120)
+            await wait_for(pilot, lambda: app.connection == "offline", "the offline state")
+            assert "failed to start" in app.connection_error
+            assert "not running" in screen_text(app)

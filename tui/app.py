@@ -121,20 +121,23 @@ class LocalLLMApp(App[None]):
     async def maintain_connection(self) -> None:
         """Connect (starting a daemon if allowed), then watch; reconnect when it goes away."""
         started = False
+        went_away = False
         failures = 0
         while True:
             if await self.client.is_running():
                 with contextlib.suppress(Exception):
                     self.daemon_version = await self.client.version()
-                failures, started = 0, False
+                failures, started, went_away = 0, False, False
                 self.connection_error = ""
                 self.connection = "connected"
                 await self._watch_daemon()
+                went_away = True
                 self.connection = "lost"
                 continue
-            lost = self.connection == "lost"
             failures += 1
-            if self.autostart and not started and (not lost or failures >= _RESTART_AFTER_FAILURES):
+            # After a loss, give a restarting daemon a moment before starting one ourselves.
+            ready = not went_away or failures >= _RESTART_AFTER_FAILURES
+            if self.autostart and not started and ready:
                 started = True
                 self.connection = "starting"
                 try:
@@ -144,8 +147,7 @@ class LocalLLMApp(App[None]):
                 except DaemonUnavailableError as exc:
                     self.connection_error = str(exc)
                     self.notify(str(exc), title="Daemon", severity="error", timeout=10)
-            if not lost:
-                self.connection = "offline"
+            self.connection = "lost" if went_away else "offline"
             await asyncio.sleep(_RETRY_SECONDS)
 
     async def _watch_daemon(self) -> None:
