@@ -25,7 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from localllm import __version__
-from localllm._exceptions import SettingsError
+from localllm._exceptions import LocalLLMError, SettingsError
 from localllm.settings import Settings
 from localllm.starter import ensure_starter
 
@@ -160,8 +160,12 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
     # Signals that arrived since serve() blocked them are delivered now, to the handler above.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     try:
-        # The bundled starter model appears on first use of a store, with no network.
-        await asyncio.to_thread(ensure_starter, state.store)
+        # The bundled starter model appears on first use of a store, with no network. A
+        # failure (a full disk, say) must not keep the daemon from serving what exists.
+        try:
+            await asyncio.to_thread(ensure_starter, state.store)
+        except (LocalLLMError, OSError) as exc:
+            log.warning("could not import the starter model: %s", exc)
         await asyncio.gather(servers[0].serve([unix_sock]), servers[1].serve([tcp_sock]))
     finally:
         for signum in _STOP_SIGNALS:

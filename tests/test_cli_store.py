@@ -96,9 +96,6 @@ def test_create_quantizes_a_float_model(cli: CliHome, tiny_gguf: Path) -> None:
     cli.ok("rm", "tiny:q8")
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the daemon's /api/create does not take allow_requantize yet"
-)
 def test_allow_requantize_is_passed_to_the_daemon(cli: CliHome, tiny_gguf: Path) -> None:
     cli.ok("create", "tiny:q8", "--from", str(tiny_gguf), "--quantize", "q8_0")
     try:

@@ -18,9 +18,9 @@ import pytest
 from fakes.helpers import EventLog, TinyModels
 from fakes.hf_hub import FakeHub
 from fakes.ollama_registry import FakeRegistry
+from test_cli_support import cli_home
 
 from localllm import DiskFullError
-from localllm.cli import main
 from localllm.settings import Settings
 from localllm.sources import pull
 from localllm.sources.transfer import partial_path
@@ -134,15 +134,11 @@ def test_the_disk_filling_up_midway_stops_cleanly_and_resumes_later(
 
 
 def test_the_cli_says_disk_full_in_one_line(
-    small_disk: Callable[[int], Path],
-    hf_settings: Settings,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    small_disk: Callable[[int], Path], hub: FakeHub
 ) -> None:
-    monkeypatch.setenv("LOCALLLM_HOME", str(small_disk(1 * MiB)))
-    # As installed without the starter extra: the CLI's first use imports no 100 MB model.
-    monkeypatch.setattr("localllm.starter.starter_gguf_path", lambda: None)
-    assert main(["pull", "hf.co/tester/tiny-GGUF:F32"]) == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("Error: not enough disk space to pull")
+    # The CLI goes through a daemon it starts on the 1 MiB home; the daemon cannot import the
+    # 100 MB starter model there, says so in its log, and serves anyway.
+    with cli_home(small_disk(1 * MiB), HF_ENDPOINT=hub.url) as cli:
+        error = cli.fails("pull", "hf.co/tester/tiny-GGUF:F32")
+        assert error.strip().splitlines()[-1].startswith("Error: not enough disk space to pull")
+        assert cli.daemon_pid() is not None

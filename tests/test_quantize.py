@@ -14,7 +14,6 @@ from fakes.gguf_split import split_gguf
 from fakes.helpers import EventLog
 
 from localllm import OperationCancelledError, QuantizeError
-from localllm.cli import main
 from localllm.gguf_info import inspect_gguf
 from localllm.manifest import MEDIA_MODEL
 from localllm.models import create_model, load_model
@@ -214,33 +213,3 @@ def test_a_split_model_is_quantized_into_one_file(
     path = store.blob_path(model_layers[0].digest)
     assert inspect_gguf(path).file_type == "Q8_0"
     assert greedy_tokens(path) == f32_tokens
-
-
-def test_cli_quantize_and_create(
-    home: Path,
-    tiny_gguf: Path,
-    smollm2_gguf: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setattr("localllm.starter.starter_gguf_path", lambda: None)
-    assert main(["quantize", str(tiny_gguf), "mine:q8", "-q", "Q8_0"]) == 0
-    assert (
-        main(
-            ["create", "mine:q4", "--from", "mine:q8", "--quantize", "q4_K_M", "--allow-requantize"]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert "created 'mine:q8'" in out and "created 'mine:q4'" in out
-    store = Store(home)
-    assert load_model(store, "mine:q4").info.file_type == "Q4_K_M"
-
-    assert main(["create", "smol", "--from", str(smollm2_gguf), "--quantize", "q8_0"]) == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert (
-        err.strip()
-        .splitlines()[-1]
-        .startswith("Error: quantization is only supported for F16, BF16 and F32 models")
-    )

@@ -309,10 +309,11 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
     except LocalLLMError as exc:
         raise HTTPProblem(400, f"not a usable GGUF model: {exc}", param="from") from None
     quant: str | None = None
+    allow_requantize = bool(body.allow_requantize)
     if body.quantize:
         try:
             quant = normalize_quant(body.quantize)
-            check_quantizable(file_type, what)
+            check_quantizable(file_type, what, allow_requantize=allow_requantize)
         except LocalLLMError as exc:
             raise HTTPProblem(400, str(exc), param="quantize") from None
     license_text = "\n".join(body.license) if isinstance(body.license, list) else body.license
@@ -342,6 +343,7 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
                 target,
                 target,
                 quant,
+                allow_requantize=allow_requantize,
                 threads=state.settings.num_threads,
                 on_progress=emit,
                 cancel=cancel,
@@ -358,9 +360,16 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
 @router.post("/api/pull", summary="Pull a model")
 async def pull(body: PullRequest, request: Request, state: StateDep) -> Response:
     """Download a model; NDJSON progress lines as Ollama sends them (``stream: false`` waits)."""
+    from localllm.quantize import normalize_quant
     from localllm.sources import pull as pull_model
 
     name = _new_name(body.model_name(), "model")
+    quant = None
+    if body.quantize:
+        try:
+            quant = normalize_quant(body.quantize)
+        except LocalLLMError as exc:
+            raise HTTPProblem(400, str(exc), param="quantize") from None
 
     def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
         pull_model(
@@ -369,6 +378,7 @@ async def pull(body: PullRequest, request: Request, state: StateDep) -> Response
             state.settings,
             on_progress=emit,
             cancel=cancel,
+            quantize=quant,
             insecure=bool(body.insecure),
         )
 

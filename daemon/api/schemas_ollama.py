@@ -146,6 +146,9 @@ class PullRequest(_ModelBody):
     """POST /api/pull."""
 
     insecure: bool | None = False
+    quantize: str | None = Field(
+        None, description="localllm: quantize the pulled model to this type (q4_K_M, q8_0, ...)."
+    )
     stream: bool | None = True
 
 
@@ -164,4 +167,7 @@ class CreateRequest(_ModelBody):
     parameters: dict[str, Any] | None = None
     messages: list[ChatMessage] | None = None
     quantize: str | None = None
+    allow_requantize: bool | None = Field(
+        False, description="localllm: quantize a source that is already quantized (loses quality)."
+    )
     stream: bool | None = True
