@@ -142,16 +142,22 @@ async def test_send_a_message_and_see_the_streamed_answer_with_its_stats(
         assert app.clipboard == answer.text
 
 
+async def long_answer_started(pilot, app: LocalLLMApp) -> tuple[ChatScreen, MessageView]:  # type: ignore[no-untyped-def]
+    """Ask for a long answer and wait for its first words."""
+    await connected(pilot, app)
+    screen = app.screen
+    assert isinstance(screen, ChatScreen) and screen.current is not None
+    screen.current.options = {"temperature": 0, "num_predict": 2000}
+    assert await screen.send("Write a very long story about a dragon and a knight.")
+    answer = last_answer(screen)
+    await wait_for(pilot, lambda: answer.streamed_chunks > 0, "the first words")
+    return screen, answer
+
+
 async def test_escape_stops_the_answer(daemon: Daemon, tmp_path: Path, client: AsyncClient) -> None:
     app = make_app(daemon, tmp_path)
     async with app.run_test(size=(100, 30)) as pilot:
-        await connected(pilot, app)
-        screen = app.screen
-        assert isinstance(screen, ChatScreen) and screen.current is not None
-        screen.current.options = {"temperature": 0, "num_predict": 2000}
-        assert await screen.send("Write a very long story about a dragon and a knight.")
-        answer = last_answer(screen)
-        await wait_for(pilot, lambda: answer.streamed_chunks > 0, "the first words")
+        screen, answer = await long_answer_started(pilot, app)
         await pilot.press("escape")
         await wait_for(pilot, lambda: not screen.answering, "the answer to stop")
 
@@ -171,17 +177,13 @@ async def test_escape_stops_the_answer(daemon: Daemon, tmp_path: Path, client: A
 async def test_quitting_mid_answer_keeps_what_came(daemon: Daemon, tmp_path: Path) -> None:
     app = make_app(daemon, tmp_path)
     async with app.run_test(size=(100, 30)) as pilot:
-        await connected(pilot, app)
-        screen = app.screen
-        assert isinstance(screen, ChatScreen) and screen.current is not None
-        screen.current.options = {"temperature": 0, "num_predict": 2000}
-        assert await screen.send("Write a very long story about a dragon and a knight.")
-        answer = last_answer(screen)
-        await wait_for(pilot, lambda: answer.streamed_chunks > 0, "the first words")
+        _, answer = await long_answer_started(pilot, app)
+        shown = answer.text
         await pilot.press("ctrl+q")
     saved = ChatStore(tmp_path / DB_NAME).list_chats()[0].messages
     assert [m.role for m in saved] == ["user", "assistant"]
-    assert saved[1].content and saved[1].stats == {"done_reason": "stopped"}
+    assert saved[1].content.startswith(shown) and saved[1].content
+    assert saved[1].stats == {"done_reason": "stopped"}
 
 
 async def test_chats_persist_across_restarts(daemon: Daemon, tmp_path: Path) -> None:
