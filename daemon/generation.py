@@ -159,13 +159,18 @@ class Generation:
         result: Result | None = None
         try:
             async with self.lease:
-                async for item in self.lease.client.generate(self.job.request):
-                    if isinstance(item, TokenChunk):
-                        if item.text:
-                            yield item.text
-                    else:
-                        result = item
-                        self.lease.record(item)
+                stream = self.lease.client.generate(
+                    self.job.request, on_cancelled=self.lease.record
+                )
+                # aclosing: a client that leaves cancels the runner request now, not at GC.
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        if isinstance(item, TokenChunk):
+                            if item.text:
+                                yield item.text
+                        else:
+                            result = item
+                            self.lease.record(item)
         finally:
             if result is None:
                 log.info("%s: request ended early (client gone or error)", self.model_name)

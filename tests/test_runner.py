@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from runner_harness import RunnerHarness, greedy
+from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.runner import (
     EmbeddingRequest,
@@ -25,10 +26,17 @@ CTX = 2048
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerHarness]:
-    """A tiny-model runner with small batches, so prefill takes many steps."""
+def endless_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model whose greedy generations never end by themselves (see tiny_gguf)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("endless") / "endless.gguf", never_ends=True)
+
+
+@pytest.fixture(scope="module")
+def runner(endless_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerHarness]:
+    """A tiny-model runner with small batches, so prefill takes many steps. Its streams run
+    until num_predict or the context ends them, so tests that need a long stream get one."""
     config = RunnerConfig(
-        model_path=str(tiny_gguf), n_slots=3, n_ctx_per_slot=CTX, n_batch=32, n_threads=2
+        model_path=str(endless_gguf), n_slots=3, n_ctx_per_slot=CTX, n_batch=32, n_threads=2
     )
     harness = RunnerHarness(config, tmp_path_factory.mktemp("tiny-runner"))
     yield harness
@@ -213,7 +221,6 @@ def test_cancel_frees_the_slot(runner: RunnerHarness) -> None:
 
 def test_stats_while_streaming(runner: RunnerHarness) -> None:
     async def scenario() -> tuple[int, float]:
-        # A prompt whose greedy continuation is known to run long on the tiny model.
         stream = runner.client.generate(raw("stream that keeps going:", num_predict=400))
         seen = 0
         stats = None
@@ -265,11 +272,11 @@ def test_killed_runner_gives_a_clear_error(tiny_gguf: Path, tmp_path: Path) -> N
 
 
 def test_split_model_loads_from_blob_named_parts(
-    runner: RunnerHarness, tiny_gguf: Path, tmp_path: Path
+    runner: RunnerHarness, endless_gguf: Path, tmp_path: Path
 ) -> None:
     from fakes.gguf_split import split_gguf
 
-    parts = split_gguf(tiny_gguf, tmp_path / "parts", 3)
+    parts = split_gguf(endless_gguf, tmp_path / "parts", 3)
     assert len(parts) == 3
     # In the store the parts are content-addressed blobs: nothing in their names links them.
     blobs = []
@@ -288,13 +295,10 @@ def test_split_model_loads_from_blob_named_parts(
         split.close()
 
 
-def test_full_kv_cache_ends_one_stream_not_all(tmp_path: Path) -> None:
-    from tiny_gguf import write_tiny_gguf
-
-    endless = write_tiny_gguf(tmp_path / "endless.gguf", never_ends=True)
+def test_full_kv_cache_ends_one_stream_not_all(endless_gguf: Path, tmp_path: Path) -> None:
     # An overcommitted cache: two slots may each grow to 512 tokens, but only 256 cells exist.
     config = RunnerConfig(
-        model_path=str(endless), n_slots=2, n_ctx_per_slot=512, kv_cells=256, n_threads=2
+        model_path=str(endless_gguf), n_slots=2, n_ctx_per_slot=512, kv_cells=256, n_threads=2
     )
     harness = RunnerHarness(config, tmp_path)
     try:

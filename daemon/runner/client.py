@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -83,8 +83,15 @@ class TokenChunk:
     """The new text (always whole UTF-8 characters)."""
 
 
-def _timings(data: dict[str, Any]) -> Timings:
-    return from_dict(Timings, data or {})
+def _result(request_id: str, event: dict[str, Any]) -> GenerationResult:
+    result = event.get("result") or {}
+    return GenerationResult(
+        id=request_id,
+        text=result.get("text", ""),
+        done_reason=result.get("done_reason", "stop"),
+        timings=from_dict(Timings, result.get("timings") or {}),
+        error=result.get("error"),
+    )
 
 
 class RunnerClient:
@@ -174,12 +181,15 @@ class RunnerClient:
             self._queues.pop(request_id, None)
 
     async def generate(
-        self, request: GenerationRequest
+        self,
+        request: GenerationRequest,
+        on_cancelled: Callable[[GenerationResult], None] | None = None,
     ) -> AsyncIterator[TokenChunk | GenerationResult]:
         """Stream a generation: :class:`TokenChunk` items, then one :class:`GenerationResult`.
 
         Leaving the iteration early (``aclose()``, or cancelling the task) cancels the request
-        in the runner; ``aclose()`` returns once the runner has freed the slot.
+        in the runner; ``aclose()`` returns once the runner has freed the slot, and the
+        cancelled request's result (timings so far) goes to ``on_cancelled``.
         """
         if not request.id:
             request.id = self._next_id("gen")
@@ -193,30 +203,30 @@ class RunnerClient:
                     yield TokenChunk(text=event.get("text", ""))
                 elif kind == "done":
                     finished = True
-                    result = event["result"]
-                    yield GenerationResult(
-                        id=request_id,
-                        text=result.get("text", ""),
-                        done_reason=result.get("done_reason", "stop"),
-                        timings=_timings(result.get("timings", {})),
-                        error=result.get("error"),
-                    )
+                    yield _result(request_id, event)
                     return
                 else:
                     finished = True
                     self._raise_for(event)
         finally:
             if not finished and self.alive:
-                await asyncio.shield(self._cancel(request_id, queue))
+                await asyncio.shield(self._cancel(request_id, queue, on_cancelled))
             self._queues.pop(request_id, None)
 
-    async def _cancel(self, request_id: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    async def _cancel(
+        self,
+        request_id: str,
+        queue: asyncio.Queue[dict[str, Any]],
+        on_cancelled: Callable[[GenerationResult], None] | None,
+    ) -> None:
         """Cancel in the runner and wait until it confirms, so the slot is free on return."""
         with contextlib.suppress(RunnerError, ConnectionError, TimeoutError):
             await self._send({"op": "cancel", "id": request_id})
             async with asyncio.timeout(_CANCEL_CONFIRM_S):
-                while (await queue.get()).get("event") not in ("done", "error", "died"):
+                while (event := await queue.get()).get("event") not in ("done", "error", "died"):
                     pass
+            if event.get("event") == "done" and on_cancelled is not None:
+                on_cancelled(_result(request_id, event))
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Embed texts with the runner's embedding context."""
