@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual.screen import Screen
 
-from localllm._exceptions import DaemonUnavailableError
+from localllm._exceptions import DaemonError, DaemonUnavailableError
+from localllm.client import ModelSummary
 
 if TYPE_CHECKING:
     from ..app import LocalLLMApp
@@ -23,6 +24,13 @@ class MainScreen(Screen[None]):
     RELOAD_ON_RESUME: ClassVar[bool] = False
     """Reload the daemon's data each time the screen is shown again (other screens and other
     clients may have changed the store meanwhile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Reloads overlap (screen shown again, a model deleted, a pull done): tickets make sure
+        # an older answer never replaces a newer one.
+        self._issued = 0
+        self._shown = 0
 
     @property
     def llm(self) -> LocalLLMApp:
@@ -49,6 +57,21 @@ class MainScreen(Screen[None]):
 
     async def on_daemon_lost(self) -> None:
         """The daemon stopped answering: stop live work."""
+
+    async def list_models(self) -> list[ModelSummary] | None:
+        """The store's models; ``None`` when the daemon failed (reported) or when a reload that
+        started later has already been shown (this answer is older)."""
+        self._issued += 1
+        ticket = self._issued
+        try:
+            models = await self.llm.client.list_models()
+        except DaemonError as exc:
+            self.report(exc, "Could not list the models")
+            return None
+        if ticket < self._shown:
+            return None
+        self._shown = ticket
+        return models
 
     def report(self, exc: Exception, doing: str) -> None:
         """Tell the user what failed; a vanished daemon also starts the reconnection."""

@@ -132,10 +132,8 @@ class ChatScreen(MainScreen):
 
     async def on_daemon_connected(self) -> None:
         """Offer the store's models in the picker."""
-        try:
-            models = await self.llm.client.list_models()
-        except DaemonError as exc:
-            self.report(exc, "Could not list the models")
+        models = await self.list_models()
+        if models is None:
             return
         self.models = [m["name"] for m in models]
         select = self.query_one("#model", Select)

@@ -108,10 +108,8 @@ class ModelsScreen(MainScreen):
 
     async def refresh_models(self, select: str | None = None) -> None:
         """List the store again, keeping (or moving to ``select``) the highlighted model."""
-        try:
-            models = await self.llm.client.list_models()
-        except DaemonError as exc:
-            self.report(exc, "Could not list the models")
+        models = await self.list_models()
+        if models is None:
             return
         keep = select or self.selected
         self.models = sorted(models, key=lambda m: m["name"])
