@@ -254,6 +254,8 @@ async def test_help_lists_every_binding_and_every_binding_has_an_id(
             assert words in text
         await pilot.press("escape")
         assert isinstance(app.screen, ChatScreen)
+        await pilot.press("f4", "question_mark")  # "?" where no text box takes it
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help again")
 
 
 # -- models ---------------------------------------------------------------------------------

@@ -56,7 +56,8 @@ class LocalLLMApp(App[None]):
     DEFAULT_MODE = "chat"
     HORIZONTAL_BREAKPOINTS: ClassVar = [(0, "-narrow"), (90, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("f1", "help", "Help", id="app.help"),
+        # "?" too, where no text box takes it (models, dashboard).
+        Binding("f1,question_mark", "help", "Help", id="app.help"),
         # The status bar shows these three; the footer leaves them out to save room at 80 columns.
         Binding("f2", "switch_mode('chat')", "Chat", show=False, id="app.chat"),
         Binding("f3", "switch_mode('models')", "Models", show=False, id="app.models"),
