@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import json
 import random
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import llama_cpp
@@ -189,6 +191,23 @@ async def runner_ttft(client: RunnerClient, prompts: list[str]) -> list[float]:
     return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
+async def prefill_rates(
+    raw: RawLlama, client: RunnerClient, repeat: int, seed: int
+) -> tuple[list[float], list[float]]:
+    """Prefill tokens/s of fresh 512-token prompts (the same for both sides): raw, runner."""
+    raw_rates, engine_rates = [], []
+    for attempt in range(repeat):
+        tokens = raw.tokenize(words(700, seed=seed + attempt))[:512]
+        raw_rates.append(len(tokens) / raw.prefill_seconds(tokens))
+        request = GenerationRequest(
+            id="", prompt=raw.detokenize(tokens), raw=True, options=SamplingOptions(num_predict=1)
+        )
+        async for event in client.generate(request):
+            if not isinstance(event, TokenChunk):
+                engine_rates.append(event.timings.prompt_tokens_per_s)
+    return raw_rates, engine_rates
+
+
 def report(label: str, raw: float, engine: float, unit: str) -> None:
     print(
         f"{label}: raw {raw:.1f} {unit}, engine {engine:.1f} {unit} ({engine / raw:.3f})",
@@ -200,56 +219,83 @@ def best(values: list[float]) -> float:
     return max(values)
 
 
+@contextlib.asynccontextmanager
+async def fresh_runner(model: str, threads: int) -> AsyncIterator[RunnerClient]:
+    """A new runner process, so each measurement starts from an empty KV cache, like the raw
+    side (which clears its memory before every run)."""
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as scratch:
+        process = RunnerProcess(
+            RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads),
+            Path(scratch) / "runner.sock",
+            Path(scratch) / "runner.log",
+        )
+        client = await process.start()
+        try:
+            yield client
+        finally:
+            await client.close()
+            await process.stop()
+
+
+async def decode_rates(
+    raw: RawLlama, client: RunnerClient, streams: int, repeat: int, tokens: int
+) -> tuple[list[float], list[float]]:
+    """Aggregate decode tokens/s of ``streams`` concurrent greedy stories: raw, runner."""
+    texts = [f"{STORY} ({i})" for i in range(streams)]
+    raw_rates, engine_rates = [], []
+    for attempt in range(repeat):
+        # Alternate which side goes first, so neither always follows the other's lingering
+        # threads.
+        for side in ("raw", "engine") if attempt % 2 == 0 else ("engine", "raw"):
+            if side == "raw":
+                count, seconds = raw.decode([raw.chat_tokens(t) for t in texts], tokens)
+                raw_rates.append(count / seconds)
+            else:
+                count, seconds = await runner_decode(client, texts, tokens)
+                engine_rates.append(count / seconds)
+    return raw_rates, engine_rates
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, float]:
     model = args.model or str(starter_gguf_path())
     threads = args.threads or default_threads()
     raw = RawLlama(model, threads, n_seq=8, n_ctx_per_seq=2048)
-    workdir = Path(tempfile.mkdtemp(prefix="localllm-bench-"))
-    process = RunnerProcess(
-        RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads),
-        workdir / "runner.sock",
-        workdir / "runner.log",
-    )
-    client = await process.start()
     results: dict[str, float] = {"threads": threads, "tokens": args.tokens}
-    try:
-        for streams, key in ((1, "decode"), (4, "batched4"), (8, "batched8")):
-            texts = [f"{STORY} ({i})" for i in range(streams)]
-            raw_rates, engine_rates = [], []
-            for attempt in range(args.repeat):
-                # Alternate which side goes first, so neither always follows the other's
-                # lingering threads.
-                for side in ("raw", "engine") if attempt % 2 == 0 else ("engine", "raw"):
-                    if side == "raw":
-                        count, seconds = raw.decode(
-                            [raw.chat_tokens(t) for t in texts], args.tokens
-                        )
-                        raw_rates.append(count / seconds)
-                    else:
-                        count, seconds = await runner_decode(client, texts, args.tokens)
-                        engine_rates.append(count / seconds)
-            results[f"raw_{key}_tps"] = best(raw_rates)
-            results[f"engine_{key}_tps"] = best(engine_rates)
-            report(key, results[f"raw_{key}_tps"], results[f"engine_{key}_tps"], "tok/s")
 
-        raw_prefill, engine_prefill = [], []
-        for attempt in range(args.repeat):
-            # A fresh 512-token prompt each time, the same for both sides: nothing is cached.
-            tokens = raw.tokenize(words(700, seed=100 + attempt))[:512]
-            raw_prefill.append(len(tokens) / raw.prefill_seconds(tokens))
-            request = GenerationRequest(
-                id="",
-                prompt=raw.detokenize(tokens),
-                raw=True,
-                options=SamplingOptions(num_predict=1),
+    async with fresh_runner(model, threads) as client:
+        raw_rates, engine_rates = await prefill_rates(raw, client, args.repeat, seed=100)
+    results["raw_prefill_tps"] = best(raw_rates)
+    results["engine_prefill_tps"] = best(engine_rates)
+    report("prefill", results["raw_prefill_tps"], results["engine_prefill_tps"], "tok/s")
+
+    for streams, key in ((1, "decode"), (4, "batched4"), (8, "batched8")):
+        async with fresh_runner(model, threads) as client:
+            raw_rates, engine_rates = await decode_rates(
+                raw, client, streams, args.repeat, args.tokens
             )
-            async for event in client.generate(request):
-                if not isinstance(event, TokenChunk):
-                    engine_prefill.append(event.timings.prompt_tokens_per_s)
-        results["raw_prefill_tps"] = best(raw_prefill)
-        results["engine_prefill_tps"] = best(engine_prefill)
-        report("prefill", results["raw_prefill_tps"], results["engine_prefill_tps"], "tok/s")
+            if streams == 8:
+                # The price of prefix caching in a unified KV cache: with other sequences'
+                # idle prefixes in it (8 stories and 4 prompts here), attention scans and masks
+                # those cells too, for prefill and for every decoded token.
+                await prefill_rates(raw, client, 4, seed=300)
+                _, busy_prefill = await prefill_rates(raw, client, 2, seed=500)
+                _, busy_decode = await decode_rates(raw, client, 1, 2, args.tokens)
+        results[f"raw_{key}_tps"] = best(raw_rates)
+        results[f"engine_{key}_tps"] = best(engine_rates)
+        report(key, results[f"raw_{key}_tps"], results[f"engine_{key}_tps"], "tok/s")
+    results["engine_prefill_busy_cache_tps"] = best(busy_prefill)
+    results["engine_decode_busy_cache_tps"] = best(busy_decode)
+    report(
+        "prefill, cache full of idle prefixes",
+        results["raw_prefill_tps"],
+        best(busy_prefill),
+        "tok/s",
+    )
+    report(
+        "decode, cache full of idle prefixes", results["raw_decode_tps"], best(busy_decode), "tok/s"
+    )
 
+    async with fresh_runner(model, threads) as client:
         prefix = words(820, seed=7)  # ~1,000 tokens
         cold = (await runner_ttft(client, [prefix + " first question: why?"]))[0]
         cached = (await runner_ttft(client, [prefix + " second question: how?"]))[0]
@@ -257,20 +303,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
         shared = await runner_ttft(
             client, [f"{shared_prefix} question {i}: what?" for i in range(4)]
         )
-        results["cold_ttft_ms"] = cold
-        results["cached_prefix_ttft_ms"] = cached
-        results["shared4_max_ttft_ms"] = max(shared)
-        print(
-            f"ttft ms: cold {cold:.0f}, cached prefix {cached:.0f}, 4 sharing max {max(shared):.0f}"
-        )
-    finally:
-        await client.close()
-        await process.stop()
+    results["cold_ttft_ms"] = cold
+    results["cached_prefix_ttft_ms"] = cached
+    results["shared4_max_ttft_ms"] = max(shared)
+    print(f"ttft ms: cold {cold:.0f}, cached prefix {cached:.0f}, 4 sharing max {max(shared):.0f}")
 
     results["ratio_decode"] = results["engine_decode_tps"] / results["raw_decode_tps"]
     results["ratio_batched4"] = results["engine_batched4_tps"] / results["raw_batched4_tps"]
     results["ratio_batched8"] = results["engine_batched8_tps"] / results["raw_batched8_tps"]
     results["ratio_prefill"] = results["engine_prefill_tps"] / results["raw_prefill_tps"]
+    results["ratio_prefill_busy_cache"] = (
+        results["engine_prefill_busy_cache_tps"] / results["raw_prefill_tps"]
+    )
+    results["ratio_decode_busy_cache"] = (
+        results["engine_decode_busy_cache_tps"] / results["raw_decode_tps"]
+    )
     results["ratio_cached_ttft"] = results["cached_prefix_ttft_ms"] / results["cold_ttft_ms"]
     results["ratio_shared4_ttft"] = results["shared4_max_ttft_ms"] / results["cold_ttft_ms"]
     return results
