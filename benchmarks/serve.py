@@ -19,6 +19,7 @@ tokens/s (all tokens received / wall time of the run). The last line is one JSON
 Usage::
 
     python benchmarks/serve.py [--threads N] [--tokens 128] [--clients 1,4,8] [--skip-peer]
+                               [--repeat 3]
 """
 
 from __future__ import annotations
@@ -159,6 +160,13 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def _best_of(repeat: int, url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
+    """The run with the highest aggregate rate out of ``repeat``: this machine is shared and
+    one slow run says more about the neighbours than about the server."""
+    runs = [run_load(url, model, clients, tokens) for _ in range(repeat)]
+    return max(runs, key=lambda run: run["aggregate_tps"])
+
+
 def bench_daemon(args: argparse.Namespace, levels: list[int]) -> list[dict[str, Any]]:
     """The localllm daemon on a temporary home."""
     with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
@@ -181,7 +189,7 @@ def bench_daemon(args: argparse.Namespace, levels: list[int]) -> list[dict[str, 
         try:
             _wait_http(url, process)
             run_load(url, "smollm2:135m", 1, 8)  # load the model, warm up
-            return [run_load(url, "smollm2:135m", n, args.tokens) for n in levels]
+            return [_best_of(args.repeat, url, "smollm2:135m", n, args.tokens) for n in levels]
         finally:
             _stop(process)
 
@@ -214,7 +222,7 @@ def bench_peer(args: argparse.Namespace, levels: list[int], model: Path) -> list
     try:
         _wait_http(url, process)
         run_load(url, str(model), 1, 8)
-        return [run_load(url, str(model), n, args.tokens) for n in levels]
+        return [_best_of(args.repeat, url, str(model), n, args.tokens) for n in levels]
     finally:
         _stop(process)
 
@@ -244,16 +252,20 @@ def bench_raw(args: argparse.Namespace, model: Path) -> float:
         text = _prompt(0).encode()
         buffer = (llama.llama_token * (len(text) + 8))()
         count = llama.llama_tokenize(vocab, text, len(text), buffer, len(buffer), True, False)
-        llama.llama_decode(ctx, llama.llama_batch_get_one(buffer, count))
-        token = (llama.llama_token * 1)()
-        times = []
-        for _ in range(args.tokens):
-            token[0] = llama.llama_sampler_sample(sampler, ctx, -1)
-            times.append(time.perf_counter())
-            if llama.llama_vocab_is_eog(vocab, token[0]):
-                break
-            llama.llama_decode(ctx, llama.llama_batch_get_one(token, 1))
-        return (len(times) - 1) / (times[-1] - times[0])
+        rates = []
+        for _ in range(args.repeat):
+            llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
+            llama.llama_decode(ctx, llama.llama_batch_get_one(buffer, count))
+            token = (llama.llama_token * 1)()
+            times = []
+            for _ in range(args.tokens):
+                token[0] = llama.llama_sampler_sample(sampler, ctx, -1)
+                times.append(time.perf_counter())
+                if llama.llama_vocab_is_eog(vocab, token[0]):
+                    break
+                llama.llama_decode(ctx, llama.llama_batch_get_one(token, 1))
+            rates.append((len(times) - 1) / (times[-1] - times[0]))
+        return max(rates)
     finally:
         llama.llama_sampler_free(sampler)
         llama.llama_free(ctx)
@@ -280,6 +292,7 @@ def main() -> int:
     parser.add_argument("--clients", default="1,4,8")
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot / of the peer")
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per level; the best is kept")
     args = parser.parse_args()
     levels = [int(n) for n in args.clients.split(",")]
     model = starter_gguf_path()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import platform
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ class LocalModel:
     @cached_property
     def info(self) -> GGUFInfo:
         """The GGUF's inspected header."""
-        return inspect_gguf(self.gguf_path)
+        return _inspect_blob(self.model_layer.digest, self.gguf_path)
 
     def _text(self, media_type: str) -> str | None:
         layer = self.entry.manifest.layer(media_type)
@@ -194,6 +194,13 @@ class LocalModel:
         if any(k.startswith("tokenizer.ggml.fim_") for k in self.info.metadata):
             capabilities.append("insert")
         return capabilities
+
+
+@lru_cache(maxsize=64)
+def _inspect_blob(digest: str, path: Path) -> GGUFInfo:
+    # Blobs are immutable and named by their digest, so a header read once stays true; the
+    # daemon resolves the model on every request and a big vocabulary takes ~0.1 s to walk.
+    return inspect_gguf(path)
 
 
 def load_model(store: Store, name: ModelName | str) -> LocalModel:
