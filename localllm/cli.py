@@ -184,6 +184,19 @@ def _quiet_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+def _allow_ctrl_c() -> None:
+    """At a terminal, Ctrl-C stops an answer even when the parent ignored SIGINT.
+
+    Shells start background work with SIGINT ignored and Python then installs no handler;
+    a ``localllm run`` launched from such a script onto a terminal would not stop on Ctrl-C.
+    """
+    import signal
+
+    at_terminal = sys.stdin is not None and sys.stdin.isatty()
+    if at_terminal and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``localllm`` console script."""
     parser = build_parser()
@@ -205,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     from ._exceptions import LocalLLMError
 
+    _allow_ctrl_c()
     try:
         return int(_handler(spec)(args))
     except LocalLLMError as exc:
