@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import os
 import re
 import secrets
 import time
@@ -42,7 +40,6 @@ __all__ = ["Lease", "LoadedModel", "RequestRecord", "Scheduler"]
 
 log = logging.getLogger("localllm.daemon")
 
-_MAX_SOCKET_PATH = 100
 _RECENT = 64
 
 
@@ -375,13 +372,7 @@ class Scheduler:
         return loaded
 
     def _runner_socket(self) -> Path:
-        runtime = self.settings.runtime_dir
-        token = secrets.token_hex(6)
-        natural = runtime / f"runner-{token}.sock"
-        if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
-            return natural
-        tag = hashlib.sha256(os.fsencode(runtime)).hexdigest()[:8]
-        return Path("/tmp") / f"localllm-{os.getuid()}-{tag}-{token}.sock"
+        return self.settings.runtime_socket(f"runner-{secrets.token_hex(6)}.sock")
 
     def _runner_log(self, model: LocalModel) -> Path:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.name.short)

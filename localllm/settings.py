@@ -300,16 +300,20 @@ class Settings:
 
     @property
     def socket_path(self) -> Path:
-        """The daemon's Unix socket (mode 0600).
+        """The daemon's Unix socket (mode 0600)."""
+        return self.runtime_socket("localllm.sock")
 
-        When the natural path is too long for ``AF_UNIX`` (deep temporary homes), a short
-        path under the system temp dir, unique to the runtime dir, is used instead.
+    def runtime_socket(self, name: str) -> Path:
+        """A Unix socket called ``name`` in the runtime dir (the daemon's, a runner's).
+
+        When that path is too long for ``AF_UNIX`` (deep temporary homes), a short path under
+        the system temp dir, unique to the runtime dir, is used instead.
         """
-        natural = self.runtime_dir / "localllm.sock"
+        natural = self.runtime_dir / name
         if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
             return natural
         tag = hashlib.sha256(os.fsencode(self.runtime_dir)).hexdigest()[:16]
-        return Path("/tmp") / f"localllm-{os.getuid()}-{tag}.sock"
+        return Path("/tmp") / f"localllm-{os.getuid()}-{tag}-{name}"
 
     @property
     def bind_host(self) -> str:

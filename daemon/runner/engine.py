@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .model import LlamaModel
@@ -527,8 +527,6 @@ class Engine:
 def _done(
     job_id: str, text: str, reason: str, timings: Timings, error: str | None = None
 ) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {
         "event": "done",
         "id": job_id,
