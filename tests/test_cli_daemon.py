@@ -166,12 +166,13 @@ def test_tui_says_when_it_is_not_there(
     import importlib
 
     import localllm.cli
+    import localllm.cli.tui
 
     def missing(name: str) -> object:
         if name.startswith("localllm.tui"):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return importlib.import_module(name)
 
-    monkeypatch.setattr(localllm.cli, "import_module", missing)
+    monkeypatch.setattr(localllm.cli.tui, "import_module", missing)
     assert localllm.cli.main(["tui"]) == 1
     assert "the terminal UI is not installed yet" in capsys.readouterr().err

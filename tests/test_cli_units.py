@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from localllm.cli_models import ps_rows, render_show
-from localllm.cli_repl import Repl
-from localllm.cli_run import ChatConfig
+from localllm.cli.models import ps_rows, render_show
+from localllm.cli.repl import Repl
+from localllm.cli.session import ChatConfig
 from localllm.modelfile import (
     ModelfileError,
     coerce_parameter,

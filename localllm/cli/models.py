@@ -1,6 +1,6 @@
 """The CLI's model commands: list, show, ps, rm, cp, create, pull, quantize, stop.
 
-Each goes through the daemon (:func:`~localllm.cli_common.connect`), which owns the store, as
+Each goes through the daemon (:func:`~localllm.cli.common.connect`), which owns the store, as
 Ollama's CLI does. Tables and sizes are for people; ``--json`` prints what scripts want.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._format import human_since, human_size, human_until, table
-from .cli_common import (
+from .._format import human_since, human_size, human_until, table
+from .common import (
     UsageError,
     connect,
     file_source,
@@ -23,7 +23,7 @@ from .cli_common import (
 )
 
 if TYPE_CHECKING:
-    from .client import Client
+    from ..client import Client
 
 __all__ = [
     "cmd_cp",
@@ -157,7 +157,7 @@ def _until(expires_at: str | None) -> str:
 def _merged_ps(client: Client) -> list[dict[str, Any]]:
     """``/api/ps`` entries with the live rates and slot states of ``/api/stats`` added."""
     loaded = [dict(entry) for entry in client.ps()]
-    from ._exceptions import APIError
+    from .._exceptions import APIError
 
     try:
         stats = {m.get("name"): m for m in client.stats().get("models", [])}
@@ -225,8 +225,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def _same_model(a: str, b: str) -> bool:
-    from ._exceptions import InvalidNameError
-    from .names import parse_name
+    from .._exceptions import InvalidNameError
+    from ..names import parse_name
 
     try:
         return parse_name(a) == parse_name(b)
@@ -273,14 +273,14 @@ def _check_quant(quant: str | None) -> str | None:
     """A known quantization target, checked here so nothing is downloaded for a typo."""
     if quant is None:
         return None
-    from .quantize import normalize_quant
+    from ..quantize import normalize_quant
 
     return normalize_quant(quant)
 
 
 def _source_fields(client: Client, value: str, base: Path | None = None) -> dict[str, Any]:
     """``/api/create`` source fields for a ``--from`` / ``FROM`` value: a file or a model."""
-    from .modelfile import looks_like_path
+    from ..modelfile import looks_like_path
 
     settings = load_settings()
     path = Path(value).expanduser()
@@ -299,7 +299,7 @@ def _run_create(client: Client, name: str, fields: dict[str, Any]) -> None:
 def cmd_create(args: argparse.Namespace) -> int:
     """``create NAME`` from ``--from FILE|MODEL`` or ``-f Modelfile`` (``./Modelfile`` by
     default), optionally ``--quantize``."""
-    from .modelfile import read_modelfile
+    from ..modelfile import read_modelfile
 
     quant = _check_quant(args.quantize)
     modelfile_path: Path | None = Path(args.file).expanduser() if args.file else None

@@ -1,16 +1,13 @@
-"""``localllm run MODEL [PROMPT]``: one answer streamed to the terminal, or an interactive chat.
+"""The chat session that ``localllm run`` and its interactive chat share: what is sent with
+each message (:class:`ChatConfig`), the conversation and the streamed answer
+(:class:`ChatSession`), and :func:`ensure_model`, which pulls a model the store lacks.
 
-With a PROMPT, or text piped on stdin (both together: stdin first, as Ollama joins them), it
-prints the streamed answer and exits. Without one, on a terminal, it opens the chat of
-:mod:`localllm.cli_repl`. A model missing from the store is pulled first, with progress.
-Answers wrap at the terminal's width (``--nowordwrap`` turns that off; output that is not a
-terminal is never wrapped) and ``--verbose`` prints the timing block of
-:mod:`localllm.run_stats` on stderr after each answer.
+``run MODEL PROMPT`` answers once through a session; the REPL of :mod:`localllm.cli.repl`
+drives one message after another through the same session.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -19,14 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ._exceptions import APIError
-from .cli_common import UsageError, connect, load_settings
+from .._exceptions import APIError
 
 if TYPE_CHECKING:
-    from .client import ChatMessage, Client, ShowResponse
-    from .settings import Settings
+    from ..client import ChatMessage, Client, ShowResponse
+    from ..settings import Settings
 
-__all__ = ["ChatConfig", "ChatSession", "cmd_run", "ensure_model"]
+__all__ = ["ChatConfig", "ChatSession", "ensure_model"]
 
 
 @dataclass
@@ -53,7 +49,7 @@ class ChatConfig:
 
 def ensure_model(client: Client, name: str, *, insecure: bool = False) -> ShowResponse:
     """The model's ``show`` answer, pulling it first when the store does not have it."""
-    from .cli_models import pull_model
+    from .models import pull_model
 
     try:
         return client.show(name)
@@ -111,7 +107,7 @@ class ChatSession:
 
     def reconnect(self) -> None:
         """A fresh connection (after Ctrl-C cut a stream, the old pool is not trusted)."""
-        from .client import Client
+        from ..client import Client
 
         self.client.close()
         self.client = Client(self.settings)
@@ -142,7 +138,7 @@ class ChatSession:
         """Stream the answer to ``prompt``; returns its text and adds the exchange to the
         conversation. Ctrl-C stops it (closing the stream cancels it in the daemon) and
         re-raises KeyboardInterrupt; the interrupted exchange is not kept."""
-        from .stream_wrap import StreamWrapper
+        from ..stream_wrap import StreamWrapper
 
         def write(text: str) -> None:
             self.out.write(text)
@@ -179,7 +175,7 @@ class ChatSession:
         ending = "\n\n" if interactive else "\n"
         write(ending if answer and not answer.endswith("\n") else ending[:-1])
         if self.config.verbose and final:
-            from .run_stats import format_timings
+            from ..run_stats import format_timings
 
             print(format_timings(final), file=self.err, flush=True)
             if interactive:
@@ -187,45 +183,3 @@ class ChatSession:
         self.messages.append({"role": "user", "content": prompt})
         self.messages.append({"role": "assistant", "content": answer})
         return answer
-
-
-def _stdin_text() -> str | None:
-    """Text piped on stdin, ``None`` when stdin is a terminal."""
-    if sys.stdin is None or sys.stdin.isatty():
-        return None
-    return sys.stdin.read()
-
-
-def _run(session: ChatSession, args: argparse.Namespace) -> int:
-    config = session.config
-    info = ensure_model(session.client, config.model, insecure=args.insecure)
-    if "completion" not in (info.get("capabilities") or ["completion"]):
-        raise UsageError(f'"{config.model}" does not support generate (an embedding model?)')
-    piped = _stdin_text()
-    if piped is None and not args.prompt:
-        from .cli_repl import Repl
-
-        return Repl(session, history_file=session.settings.data_dir / "history").run()
-    prompt = " ".join([*([piped] if piped else []), *args.prompt])
-    if not prompt.strip():
-        session.client.load(config.model, keep_alive=config.keep_alive)  # Ollama: just load
-        return 0
-    session.answer(prompt, interactive=False)
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """``run MODEL [PROMPT...]``."""
-    settings = load_settings()
-    config = ChatConfig(
-        model=args.model,
-        format=args.format,
-        keep_alive=args.keepalive,
-        verbose=args.verbose,
-        wordwrap=not args.nowordwrap,
-    )
-    session = ChatSession(settings, connect(settings), config)
-    try:
-        return _run(session, args)
-    finally:
-        session.client.close()

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import DaemonUnavailableError, LocalLLMError
-from .cli_run import ChatSession, ensure_model
+from .._exceptions import DaemonUnavailableError, LocalLLMError
+from .session import ChatSession, ensure_model
 
 __all__ = ["HELP", "Repl"]
 
@@ -99,7 +99,7 @@ class _Exit(Exception):
 
 
 class Repl:
-    """The read-eval-print loop around a :class:`~localllm.cli_run.ChatSession`."""
+    """The read-eval-print loop around a :class:`~localllm.cli.session.ChatSession`."""
 
     def __init__(
         self,
@@ -176,8 +176,8 @@ class Repl:
                 print(f"Error: {exc}\n")
 
     def _restart_daemon(self) -> None:
-        from .autostart import ensure_daemon
-        from .cli_common import notice
+        from ..autostart import ensure_daemon
+        from .common import notice
 
         ensure_daemon(self.session.settings, on_start=lambda text: notice(f"{text}..."))
         self.session.reconnect()
@@ -254,7 +254,7 @@ class Repl:
             print(SET_HELP)
 
     def _set_parameter(self, text: str) -> None:
-        from .modelfile import ModelfileError, coerce_parameter
+        from ..modelfile import ModelfileError, coerce_parameter
 
         try:
             parts = shlex.split(text)
@@ -283,7 +283,7 @@ class Repl:
             return
         data = session.client.show(session.config.model)
         if what == "info":
-            from .cli_models import render_show
+            from .models import render_show
 
             print(render_show(data))
         elif what == "parameters":

@@ -1,8 +1,7 @@
-"""``localllm``: the command line, with Ollama's command names and habits.
+"""The ``localllm`` argument parser and :func:`main`, the console script's entry point.
 
-This module only parses arguments: each command lives in a module imported when the command
-runs (``cli_models``, ``cli_run``...), so ``localllm --help`` stays fast. Commands reach the
-daemon through :mod:`localllm.client`, starting it in the background when none answers.
+This module only parses arguments: each command lives in a module of :mod:`localllm.cli`
+imported when the command runs (``models``, ``run``...), so ``localllm --help`` stays fast.
 Errors print one line on stderr (``Error: ...``) and exit with status 1, without a traceback.
 """
 
@@ -15,60 +14,16 @@ from collections.abc import Sequence
 from importlib import import_module
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USER_ERROR", "build_parser", "main"]
 
 EXIT_OK = 0
+"""Exit status of a command that did what was asked."""
 EXIT_USER_ERROR = 1
+"""Exit status after an ``Error: ...`` line (a :class:`~localllm.LocalLLMError`)."""
 EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
 
 _QUANT_HELP = "q4_0, q4_K_S, q4_K_M (q4_K), q5_K_M, q6_K, q8_0, f16, f32"
-
-
-# -- small commands (the others live in their own modules) -------------------------------------
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    """``serve``: run the daemon in the foreground until SIGTERM or Ctrl-C."""
-    from .cli_common import load_settings
-    from .daemon.server import serve
-
-    return serve(load_settings())
-
-
-def cmd_version(args: argparse.Namespace) -> int:
-    """``version``: this version, and the daemon's when a running one differs."""
-    from . import __version__
-
-    print(f"localllm version {__version__}")
-    from .cli_common import load_settings
-    from .client import Client
-
-    with Client(load_settings()) as client:
-        if client.is_running():
-            daemon_version = client.version()
-            if daemon_version != __version__:
-                print(f"Warning: the running daemon is version {daemon_version}", file=sys.stderr)
-    return EXIT_OK
-
-
-def cmd_tui(args: argparse.Namespace) -> int:
-    """``tui``: the terminal UI (chat, models, live dashboard)."""
-    from .cli_common import UsageError, connect
-
-    try:
-        app = import_module("localllm.tui.app")
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and exc.name.startswith("localllm.tui"):
-            raise UsageError(
-                "the terminal UI is not installed yet (localllm.tui.app is missing)"
-            ) from None
-        raise UsageError(f"the terminal UI cannot start: {exc}") from None
-    entry = getattr(app, "main", None) or getattr(app, "run", None)
-    if entry is None:
-        raise UsageError("the terminal UI has no main() or run() entry point")
-    connect().close()  # start the daemon first, so a failure is reported here, in plain text
-    result = entry()
-    return result if isinstance(result, int) else EXIT_OK
 
 
 # -- parser ----------------------------------------------------------------------------------
@@ -102,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    add("serve", "cli:cmd_serve", "Start the daemon in the foreground")
+    add("serve", "daemon:cmd_serve", "Start the daemon in the foreground")
 
-    sub = add("run", "cli_run:cmd_run", "Run a model: answer a prompt, or chat")
+    sub = add("run", "run:cmd_run", "Run a model: answer a prompt, or chat")
     sub.add_argument("model", metavar="MODEL")
     sub.add_argument("prompt", nargs="*", metavar="PROMPT", help="answer this and exit")
     sub.add_argument("--format", choices=["json"], help="answer in JSON")
@@ -115,19 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--verbose", action="store_true", help="print timings after each answer")
     sub.add_argument("--insecure", action="store_true", help="plain HTTP for a pull")
 
-    sub = add("pull", "cli_models:cmd_pull", "Pull a model (hf.co/<user>/<repo> or a registry)")
+    sub = add("pull", "models:cmd_pull", "Pull a model (hf.co/<user>/<repo> or a registry)")
     sub.add_argument("model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]")
     sub.add_argument("--quantize", "-q", metavar="QUANT", help="quantize after pulling")
     sub.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
 
-    sub = add("list", "cli_models:cmd_list", "List models", aliases=["ls"])
+    sub = add("list", "models:cmd_list", "List models", aliases=["ls"])
     sub.add_argument("--json", action="store_true", help="machine-readable output")
 
-    sub = add("ps", "cli_models:cmd_ps", "List running models")
+    sub = add("ps", "models:cmd_ps", "List running models")
     sub.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
 
-    sub = add("show", "cli_models:cmd_show", "Show information for a model")
+    sub = add("show", "models:cmd_show", "Show information for a model")
     sub.add_argument("model", metavar="MODEL")
     group = sub.add_mutually_exclusive_group()
     group.add_argument("--json", action="store_true", help="machine-readable output")
@@ -138,14 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--license", action="store_true", help="show the license")
     sub.add_argument("--verbose", action="store_true", help="with --json: long metadata too")
 
-    sub = add("rm", "cli_models:cmd_rm", "Remove one or more models")
+    sub = add("rm", "models:cmd_rm", "Remove one or more models")
     sub.add_argument("models", nargs="+", metavar="MODEL")
 
-    sub = add("cp", "cli_models:cmd_cp", "Copy a model")
+    sub = add("cp", "models:cmd_cp", "Copy a model")
     sub.add_argument("source", metavar="SOURCE")
     sub.add_argument("destination", metavar="DESTINATION")
 
-    sub = add("create", "cli_models:cmd_create", "Create a model from a Modelfile or a GGUF file")
+    sub = add("create", "models:cmd_create", "Create a model from a Modelfile or a GGUF file")
     sub.add_argument("model", metavar="MODEL", help="name of the new model")
     source = sub.add_mutually_exclusive_group()
     source.add_argument(
@@ -157,10 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--quantize", "-q", metavar="QUANT", help=f"quantize to {_QUANT_HELP}")
     _add_requantize(sub)
 
-    sub = add("stop", "cli_models:cmd_stop", "Stop (unload) a running model")
+    sub = add("stop", "models:cmd_stop", "Stop (unload) a running model")
     sub.add_argument("model", metavar="MODEL")
 
-    sub = add("quantize", "cli_models:cmd_quantize", "Quantize a model or GGUF into a new model")
+    sub = add("quantize", "models:cmd_quantize", "Quantize a model or GGUF into a new model")
     sub.add_argument("source", metavar="SOURCE", help="a model name or a .gguf file")
     sub.add_argument("target", metavar="TARGET", help="name of the new model")
     sub.add_argument(
@@ -168,14 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_requantize(sub)
 
-    add("version", "cli:cmd_version", "Show the version")
-    add("tui", "cli:cmd_tui", "Open the terminal UI")
+    add("version", "daemon:cmd_version", "Show the version")
+    add("tui", "tui:cmd_tui", "Open the terminal UI")
     return parser
 
 
 def _handler(spec: str) -> Any:
     module, _, function = spec.partition(":")
-    return getattr(import_module(f"localllm.{module}"), function)
+    return getattr(import_module(f"localllm.cli.{module}"), function)
 
 
 def _quiet_stdout() -> None:
@@ -211,12 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.version:
+        from .daemon import cmd_version
+
         return cmd_version(args)
     spec = getattr(args, "handler", None)
     if spec is None:
         parser.print_help()
         return EXIT_OK
-    from ._exceptions import LocalLLMError
+    from .._exceptions import LocalLLMError
 
     _allow_ctrl_c()
     try:
@@ -230,7 +187,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _quiet_stdout()
         return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,11 +13,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import LocalLLMError
+from .._exceptions import LocalLLMError
 
 if TYPE_CHECKING:
-    from .client import Client
-    from .settings import Settings
+    from ..client import Client
+    from ..settings import Settings
 
 __all__ = [
     "UsageError",
@@ -37,7 +37,7 @@ class UsageError(LocalLLMError):
 
 def load_settings() -> Settings:
     """The settings from the environment."""
-    from .settings import Settings
+    from ..settings import Settings
 
     return Settings.from_env()
 
@@ -49,13 +49,19 @@ def notice(text: str) -> None:
 
 
 def connect(settings: Settings | None = None) -> Client:
-    """A client for the daemon, started in the background first if none answers."""
-    from .autostart import ensure_daemon
-    from .client import Client
+    """A client for the daemon, started in the background first if none answers; it talks
+    over whichever transport (socket or TCP) answered."""
+    from ..autostart import ensure_daemon
+    from ..client import Client
 
     settings = settings or load_settings()
-    ensure_daemon(settings, on_start=lambda text: notice(f"{text}..."))
-    return Client(settings)
+    client = Client(settings)
+    try:
+        ensure_daemon(settings, client=client, on_start=lambda text: notice(f"{text}..."))
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def print_json(data: Any) -> None:
@@ -76,8 +82,8 @@ def parse_time(text: str | None) -> float | None:
 def show_progress(lines: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """Render the daemon's progress lines (``/api/pull``, ``/api/create``) as bars and status
     lines on stderr; returns the last line."""
-    from .progress_display import ProgressView
-    from .sources.progress import PullProgress
+    from ..progress_display import ProgressView
+    from ..sources.progress import PullProgress
 
     last: Mapping[str, Any] | None = None
     with ProgressView() as view:
@@ -94,7 +100,7 @@ def file_source(client: Client, settings: Settings, path: Path) -> dict[str, Any
     sending gigabytes through HTTP and hashing them twice; a remote daemon gets the file
     uploaded as a blob first (``files``), as Ollama's CLI always does.
     """
-    from .autostart import is_local
+    from ..autostart import is_local
 
     if not path.is_file():
         raise UsageError(f"{path}: no such file")

@@ -1,0 +1,22 @@
+"""``localllm``: the command line, with Ollama's command names and habits.
+
+:func:`main` (the console script) parses the arguments (:mod:`~localllm.cli.parser`) and
+runs one command from the module that holds it, imported only then so ``localllm --help``
+stays fast:
+
+- :mod:`~localllm.cli.daemon`: ``serve``, ``version``;
+- :mod:`~localllm.cli.models`: ``list``, ``show``, ``ps``, ``rm``, ``cp``, ``create``, ``pull``,
+  ``quantize``, ``stop``;
+- :mod:`~localllm.cli.run`: ``run``, with the interactive chat of :mod:`~localllm.cli.repl`;
+  both go through the chat session of :mod:`~localllm.cli.session`;
+- :mod:`~localllm.cli.tui`: ``tui``.
+
+What the commands share (settings, the daemon connection, output helpers) is in
+:mod:`~localllm.cli.common`. Commands reach the daemon through :mod:`localllm.client`,
+starting it in the background when none answers. Errors print one line on stderr
+(``Error: ...``) and exit with status 1, without a traceback.
+"""
+
+from .parser import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,7 @@
+"""``python -m localllm.cli`` runs the CLI (as ``python -m localllm`` does)."""
+
+import sys
+
+from .parser import main
+
+sys.exit(main())

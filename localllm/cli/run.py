@@ -1,0 +1,62 @@
+"""``localllm run MODEL [PROMPT]``: one answer streamed to the terminal, or an interactive chat.
+
+With a PROMPT, or text piped on stdin (both together: stdin first, as Ollama joins them), it
+prints the streamed answer and exits. Without one, on a terminal, it opens the chat of
+:mod:`localllm.cli.repl`. A model missing from the store is pulled first, with progress.
+Answers wrap at the terminal's width (``--nowordwrap`` turns that off; output that is not a
+terminal is never wrapped) and ``--verbose`` prints the timing block of
+:mod:`localllm.run_stats` on stderr after each answer. Both ways go through the
+:class:`~localllm.cli.session.ChatSession` of :mod:`localllm.cli.session`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import UsageError, connect, load_settings
+from .session import ChatConfig, ChatSession, ensure_model
+
+__all__ = ["cmd_run"]
+
+
+def _stdin_text() -> str | None:
+    """Text piped on stdin, ``None`` when stdin is a terminal."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return None
+    return sys.stdin.read()
+
+
+def _run(session: ChatSession, args: argparse.Namespace) -> int:
+    config = session.config
+    info = ensure_model(session.client, config.model, insecure=args.insecure)
+    if "completion" not in (info.get("capabilities") or ["completion"]):
+        raise UsageError(f'"{config.model}" does not support generate (an embedding model?)')
+    piped = _stdin_text()
+    if piped is None and not args.prompt:
+        from .repl import Repl
+
+        return Repl(session, history_file=session.settings.data_dir / "history").run()
+    prompt = " ".join([*([piped] if piped else []), *args.prompt])
+    if not prompt.strip():
+        session.client.load(config.model, keep_alive=config.keep_alive)  # Ollama: just load
+        return 0
+    session.answer(prompt, interactive=False)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``run MODEL [PROMPT...]``."""
+    settings = load_settings()
+    config = ChatConfig(
+        model=args.model,
+        format=args.format,
+        keep_alive=args.keepalive,
+        verbose=args.verbose,
+        wordwrap=not args.nowordwrap,
+    )
+    session = ChatSession(settings, connect(settings), config)
+    try:
+        return _run(session, args)
+    finally:
+        session.client.close()
