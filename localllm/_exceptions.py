@@ -20,6 +20,7 @@ The hierarchy, so callers can catch exactly what they can handle::
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
+        │   └── DaemonTimeoutError  the daemon did not answer in time
         └── APIError               the daemon answered with an error status (``status_code``)
 
 Messages are written for the person at the terminal: say what is wrong and what to do.
@@ -32,6 +33,7 @@ __all__ = [
     "AuthRequiredError",
     "BlobNotFoundError",
     "DaemonError",
+    "DaemonTimeoutError",
     "DaemonUnavailableError",
     "DigestMismatchError",
     "DiskFullError",
@@ -129,6 +131,10 @@ class DaemonError(LocalLLMError):
 
 class DaemonUnavailableError(DaemonError, ConnectionError):
     """No daemon answers on the configured address and none could be started."""
+
+
+class DaemonTimeoutError(DaemonUnavailableError, TimeoutError):
+    """The daemon accepted the connection but did not answer (or take the request) in time."""
 
 
 class APIError(DaemonError):

@@ -1,7 +1,8 @@
 """Start the daemon in the background when a command needs it and none answers.
 
 :func:`ensure_daemon` is what ``localllm run/list/...`` (and the terminal UI) call first. When
-no daemon answers at the configured address and that address is on this machine, it starts
+no daemon answers as localllm where the client looks (the socket, then the TCP address: see
+:class:`~localllm.client.Client`) and that address is on this machine, it starts
 ``localllm serve`` detached (its own session, so Ctrl-C in the terminal does not reach it;
 output appended to ``serve.log`` in the log dir) and waits, bounded, until it answers.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import ipaddress
 import os
 import subprocess
 import sys
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ._exceptions import DaemonUnavailableError
-from .client import Client
+from .client import Client, _is_loopback
 from .settings import Settings
 
 __all__ = ["SERVE_LOG", "START_TIMEOUT", "DaemonStartError", "ensure_daemon", "is_local"]
@@ -45,16 +45,7 @@ class DaemonStartError(DaemonUnavailableError):
 
 def is_local(settings: Settings) -> bool:
     """True when the daemon the client would talk to lives on this machine (we may start it)."""
-    if not settings.host_from_env:
-        return True  # the Unix socket
-    host = settings.bind_host
-    if host == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return address.is_loopback or address.is_unspecified
+    return not settings.host_from_env or _is_loopback(settings.bind_host)
 
 
 def _log_tail(path: Path, offset: int) -> str:
@@ -122,6 +113,8 @@ def _wait(
         if client.is_running():
             return
         if not other_daemon and process.poll() is not None:
+            if client.is_running():
+                return  # ours lost a race to a daemon started elsewhere, which answers now
             tail = _log_tail(log_path, offset)
             if process.returncode != 0 and _LOCKED_MARK in tail:
                 # Another daemon for this home won the lock a moment ago: wait for it instead.
@@ -151,15 +144,20 @@ def ensure_daemon(
     *,
     timeout: float = START_TIMEOUT,
     on_start: Callable[[str], None] | None = None,
+    client: Client | None = None,
 ) -> bool:
     """Make sure a daemon answers, starting one in the background if needed.
 
     Returns True when this call started it. ``on_start`` receives short notices for the
-    person waiting ("starting the localllm daemon..."). Raises
-    :class:`~localllm.DaemonUnavailableError` when the address is remote and nothing answers,
-    :class:`DaemonStartError` (a subclass) when the daemon we started fails or stays silent.
+    person waiting ("starting the localllm daemon..."). ``client``, when given, is the one
+    that looks (and is left connected to whichever transport answered); else one is made
+    from ``settings`` for the check. Raises :class:`~localllm.DaemonUnavailableError` when
+    the address is remote and nothing answers, :class:`DaemonStartError` (a subclass) when
+    the daemon we started fails or stays silent.
     """
-    with Client(settings) as client:
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(Client(settings))
         if client.is_running():
             return False
         if not is_local(settings):

@@ -1,8 +1,9 @@
 """The one client for the localllm daemon, synchronous (:class:`Client`) and asynchronous
 (:class:`AsyncClient`), used by the CLI and the terminal UI alike.
 
-It reaches the daemon over its Unix socket by default, and over TCP when ``LOCALLLM_HOST`` is
-set (or when asked with ``base_url=`` / ``use_tcp=True``). Every daemon route has a method;
+It finds the daemon by itself: its Unix socket, then its TCP address, taking the first that
+answers as localllm (TCP first when ``LOCALLLM_HOST`` is set); ``base_url=``, ``socket_path=``
+or ``use_tcp=`` fix one transport instead. Every daemon route has a method;
 streaming methods yield parsed chunks as they arrive, and leaving such an iteration early
 closes the connection, which cancels the request in the daemon::
 
@@ -13,24 +14,29 @@ closes the connection, which cancels the request in the daemon::
             print(chunk["message"]["content"], end="", flush=True)
         print(chunk["ttft_duration"] / 1e6, "ms to the first token")
 
-Errors: :class:`~localllm.DaemonUnavailableError` when no daemon answers (or the connection
-drops), :class:`~localllm.APIError` with ``status_code`` and the daemon's message otherwise
-(also for an error reported in the middle of a stream).
+Errors, and no others from the transport (one mapping, :meth:`_Config.errors`, serves every
+path): :class:`~localllm.DaemonUnavailableError` when no daemon answers or the connection drops
+(also in the middle of a stream), its subclass :class:`~localllm.DaemonTimeoutError` when the
+daemon does not answer in time, :class:`~localllm.APIError` with ``status_code`` and the
+daemon's message otherwise (also for an error reported in the middle of a stream).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import ipaddress
 import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
 import httpx
 
-from ._exceptions import APIError, DaemonUnavailableError
+from ._exceptions import APIError, DaemonTimeoutError, DaemonUnavailableError
 from .settings import Settings
 
 __all__ = [
@@ -245,8 +251,84 @@ async def _afile_chunks(path: Path) -> AsyncIterator[bytes]:
         yield chunk
 
 
+@dataclass(frozen=True)
+class _Endpoint:
+    """One way to reach a daemon: its Unix socket (``uds``) or a TCP ``base_url``."""
+
+    uds: str | None
+    base_url: str
+
+    @property
+    def address(self) -> str:
+        return self.uds or self.base_url
+
+    def describe(self) -> str:
+        return f"socket {self.uds}" if self.uds else self.base_url
+
+
+def _socket_endpoint(path: str | Path) -> _Endpoint:
+    return _Endpoint(str(path), "http://localhost")
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
+
+def _candidates(
+    settings: Settings,
+    base_url: str | None,
+    socket_path: str | Path | None,
+    use_tcp: bool | None,
+) -> tuple[_Endpoint, ...]:
+    """Where to look for the daemon, in order; one entry when the caller fixed the transport.
+
+    Without ``LOCALLLM_HOST`` the socket comes first, then the TCP address, but the TCP
+    address only when the socket's place depends on the environment (no ``LOCALLLM_HOME``:
+    ``XDG_RUNTIME_DIR`` differs between desktop, ssh, sudo and cron). With ``LOCALLLM_HOME``
+    the socket of that home is its daemon, and whatever answers on the default port may serve
+    another home. With ``LOCALLLM_HOST`` TCP comes first, then this home's socket when that
+    host is this machine.
+    """
+    if base_url is not None:
+        return (_Endpoint(None, base_url.rstrip("/")),)
+    if socket_path is not None:
+        return (_socket_endpoint(socket_path),)
+    tcp = _Endpoint(None, settings.base_url)
+    socket = _socket_endpoint(settings.socket_path)
+    if use_tcp is not None:
+        return (tcp,) if use_tcp else (socket,)
+    if settings.host_from_env:
+        return (tcp, socket) if _is_loopback(settings.bind_host) else (tcp,)
+    return (socket, tcp) if settings.home is None else (socket,)
+
+
+def _is_localllm(response: httpx.Response) -> bool:
+    """True for the answer of a localllm daemon's ``GET /``.
+
+    That route answers "localllm is running" without an API key (Ollama's answers "Ollama is
+    running"): it tells our daemon from another server on the same port whatever ``version``
+    says in ``/api/version``.
+    """
+    return response.status_code == 200 and response.text.startswith(_IDENTITY)
+
+
+_IDENTITY = "localllm"
+_PROBE_TIMEOUT = httpx.Timeout(2.0)
+
+
 class _Config:
-    """Where and how to reach the daemon (shared by both clients)."""
+    """Where and how to reach the daemon, and what went wrong when it cannot be (both clients).
+
+    ``candidates`` are the endpoints to try in order; with more than one, the first that
+    answers as localllm becomes ``endpoint`` (see :meth:`Client.is_running`), and a failed
+    connection forgets it so that the next call looks again.
+    """
 
     def __init__(
         self,
@@ -258,28 +340,65 @@ class _Config:
         timeout: float,
     ) -> None:
         settings = settings if settings is not None else Settings.from_env()
-        self.uds: str | None = None
-        if base_url is not None:
-            self.base_url = base_url.rstrip("/")
-        elif socket_path is None and (use_tcp or (use_tcp is None and settings.host_from_env)):
-            self.base_url = settings.base_url
-        else:
-            self.uds = str(socket_path or settings.socket_path)
-            self.base_url = "http://localhost"
-        self.address = self.uds or self.base_url
+        self.candidates = _candidates(settings, base_url, socket_path, use_tcp)
+        self.discovers = len(self.candidates) > 1
+        self.endpoint: _Endpoint | None = None if self.discovers else self.candidates[0]
         key = api_key if api_key is not None else settings.api_key
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.timeout = httpx.Timeout(timeout, connect=5.0)
 
-    def unavailable(self, exc: Exception) -> DaemonUnavailableError:
-        where = f"socket {self.uds}" if self.uds else self.base_url
+    @property
+    def current(self) -> _Endpoint:
+        """The endpoint in use, or the first one to try while none has answered yet."""
+        return self.endpoint or self.candidates[0]
+
+    def probe_order(self) -> list[_Endpoint]:
+        """The endpoint in use first (it answered last time), then the others."""
+        first = [self.endpoint] if self.endpoint is not None else []
+        return first + [c for c in self.candidates if c != self.endpoint]
+
+    def found(self, endpoint: _Endpoint | None) -> None:
+        """Record the endpoint that answered (None: none did)."""
+        if self.discovers:
+            self.endpoint = endpoint
+
+    def unavailable(self, reason: str) -> DaemonUnavailableError:
+        where = " or ".join(c.describe() for c in self.candidates)
         return DaemonUnavailableError(
-            f"no localllm daemon answers at {where} ({exc.__class__.__name__}); "
-            "start one with `localllm serve`"
+            f"no localllm daemon answers at {where} ({reason}); start one with `localllm serve`"
         )
 
-    def lost(self, exc: Exception) -> DaemonUnavailableError:
-        return DaemonUnavailableError(f"lost the connection to the localllm daemon ({exc})")
+    @contextlib.contextmanager
+    def errors(self, endpoint: _Endpoint) -> Iterator[None]:
+        """Turn whatever httpx raises while talking to ``endpoint`` (connecting, sending,
+        reading, in the middle of a stream too) into the documented errors: the one place
+        that does. :class:`~localllm.DaemonTimeoutError` (a
+        :class:`~localllm.DaemonUnavailableError`) when it does not answer in time,
+        :class:`~localllm.DaemonUnavailableError` when it cannot be reached or the connection
+        drops, :class:`~localllm.APIError` for an answer that cannot be read."""
+        where = endpoint.describe()
+        try:
+            yield
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            self.found(None)  # the daemon went away, or moved: look again next time
+            raise self.unavailable(exc.__class__.__name__) from exc
+        except httpx.TimeoutException as exc:  # read, write, pool
+            raise DaemonTimeoutError(
+                f"the localllm daemon at {where} did not answer in time ({exc.__class__.__name__})"
+            ) from exc
+        except httpx.TransportError as exc:  # read/write errors, protocol errors, ...
+            detail = str(exc) or exc.__class__.__name__
+            raise DaemonUnavailableError(
+                f"lost the connection to the localllm daemon at {where} ({detail})"
+            ) from exc
+        except httpx.HTTPError as exc:  # undecodable content, redirects
+            raise APIError(
+                502, f"unreadable answer from the localllm daemon at {where} ({exc})"
+            ) from exc
+        except json.JSONDecodeError as exc:
+            raise APIError(
+                502, f"the localllm daemon at {where} answered with invalid JSON ({exc})"
+            ) from exc
 
 
 # Generation can wait minutes for a model to load and then stream for long: no read timeout.
@@ -292,10 +411,13 @@ _NO_READ_TIMEOUT = httpx.Timeout(None, connect=5.0)
 class Client:
     """Synchronous client for every daemon route.
 
-    By default it reads ``LOCALLLM_*`` settings: the Unix socket, or TCP when
-    ``LOCALLLM_HOST`` is set, and ``LOCALLLM_API_KEY``. ``base_url`` forces TCP to that URL,
-    ``socket_path`` a socket, ``use_tcp=True`` TCP to ``settings.host``. ``timeout`` (seconds)
-    bounds the non-streaming management calls; generation has no read timeout.
+    By default it reads ``LOCALLLM_*`` settings and finds the daemon itself: its Unix socket,
+    or the TCP address when the socket does not answer (the socket's place depends on
+    ``XDG_RUNTIME_DIR`` when ``LOCALLLM_HOME`` is unset), TCP first when ``LOCALLLM_HOST`` is
+    set; and ``LOCALLLM_API_KEY``. ``base_url`` fixes TCP to that URL, ``socket_path`` a
+    socket, ``use_tcp=True`` TCP to ``settings.host`` and ``use_tcp=False`` the settings'
+    socket. ``timeout`` (seconds) bounds the non-streaming management calls; generation has
+    no read timeout.
     """
 
     def __init__(
@@ -309,22 +431,19 @@ class Client:
         timeout: float = 30.0,
     ) -> None:
         self._config = _Config(settings, base_url, socket_path, use_tcp, api_key, timeout)
-        transport = httpx.HTTPTransport(uds=self._config.uds) if self._config.uds else None
-        self._http = httpx.Client(
-            base_url=self._config.base_url,
-            transport=transport,
-            headers=self._config.headers,
-            timeout=self._config.timeout,
-        )
+        self._pools: dict[_Endpoint, httpx.Client] = {}
 
     @property
     def address(self) -> str:
-        """The socket path or URL this client talks to."""
-        return self._config.address
+        """The socket path or URL this client talks to (the first it tries, until one has
+        answered)."""
+        return self._config.current.address
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
+        """Close the connection pools."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
 
     def __enter__(self) -> Client:
         return self
@@ -334,58 +453,85 @@ class Client:
 
     # -- transport -----------------------------------------------------------------------
 
+    def _http(self, endpoint: _Endpoint) -> httpx.Client:
+        pool = self._pools.get(endpoint)
+        if pool is None:
+            transport = httpx.HTTPTransport(uds=endpoint.uds) if endpoint.uds else None
+            pool = self._pools[endpoint] = httpx.Client(
+                base_url=endpoint.base_url,
+                transport=transport,
+                headers=self._config.headers,
+                timeout=self._config.timeout,
+            )
+        return pool
+
+    def _endpoint(self) -> _Endpoint:
+        """Where requests go: found by :meth:`is_running` the first time."""
+        if self._config.endpoint is None and not self.is_running():
+            raise self._config.unavailable("nothing answered")
+        assert self._config.endpoint is not None
+        return self._config.endpoint
+
     def _request(
         self, method: str, path: str, body: Any = None, *, timeout: Any = None, **kwargs: Any
     ) -> httpx.Response:
-        try:
-            response = self._http.request(
+        endpoint = self._endpoint()
+        with self._config.errors(endpoint):
+            response = self._http(endpoint).request(
                 method,
                 path,
                 json=body,
                 timeout=timeout if timeout is not None else self._config.timeout,
                 **kwargs,
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise self._config.unavailable(exc) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            raise self._config.lost(exc) from None
         if response.status_code >= 400:
             raise APIError(response.status_code, _error_message(response))
         return response
 
     def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        return self._request(method, path, body, **kwargs).json()
+        response = self._request(method, path, body, **kwargs)
+        with self._config.errors(self._config.current):
+            return response.json()
 
     def _stream(
         self, method: str, path: str, body: Any, parse: Any, params: Any = None
     ) -> Iterator[Any]:
-        try:
-            with self._http.stream(
+        endpoint = self._endpoint()
+        with (
+            self._config.errors(endpoint),
+            self._http(endpoint).stream(
                 method, path, json=body, params=params, timeout=_NO_READ_TIMEOUT
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise APIError(response.status_code, _error_message(response))
-                for line in response.iter_lines():
-                    try:
-                        item = parse(line)
-                    except StopIteration:
-                        return
-                    if item is not None:
-                        yield item
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise self._config.unavailable(exc) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            raise self._config.lost(exc) from None
+            ) as response,
+        ):
+            if response.status_code >= 400:
+                response.read()
+                raise APIError(response.status_code, _error_message(response))
+            for line in response.iter_lines():
+                try:
+                    item = parse(line)
+                except StopIteration:
+                    return
+                if item is not None:
+                    yield item
 
     # -- daemon --------------------------------------------------------------------------
 
     def is_running(self) -> bool:
-        """True when a daemon answers (never raises)."""
-        try:
-            return self._http.get("/", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        """True when a localllm daemon answers (never raises).
+
+        When the client finds the daemon itself, this is where it looks: the endpoint that
+        answered last, then the others in order; later calls use the one that answered.
+        """
+        for endpoint in self._config.probe_order():
+            try:
+                response = self._http(endpoint).get("/", timeout=_PROBE_TIMEOUT)
+            except httpx.HTTPError:
+                continue
+            if _is_localllm(response):
+                self._config.found(endpoint)
+                return True
+        self._config.found(None)
+        return False
 
     def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Wait until a daemon answers (after starting one); False if none did in time."""
@@ -397,8 +543,10 @@ class Client:
         return self.is_running()
 
     def version(self) -> str:
-        """The daemon's version."""
-        return str(self._json("GET", "/api/version")["version"])
+        """The daemon's own version (``localllm_version`` when the daemon gives an
+        Ollama-compatible ``version`` next to it)."""
+        data = self._json("GET", "/api/version")
+        return str(data.get("localllm_version") or data["version"])
 
     # -- models --------------------------------------------------------------------------
 
@@ -634,22 +782,19 @@ class AsyncClient:
         timeout: float = 30.0,
     ) -> None:
         self._config = _Config(settings, base_url, socket_path, use_tcp, api_key, timeout)
-        transport = httpx.AsyncHTTPTransport(uds=self._config.uds) if self._config.uds else None
-        self._http = httpx.AsyncClient(
-            base_url=self._config.base_url,
-            transport=transport,
-            headers=self._config.headers,
-            timeout=self._config.timeout,
-        )
+        self._pools: dict[_Endpoint, httpx.AsyncClient] = {}
 
     @property
     def address(self) -> str:
-        """The socket path or URL this client talks to."""
-        return self._config.address
+        """The socket path or URL this client talks to (the first it tries, until one has
+        answered)."""
+        return self._config.current.address
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Close the connection pools."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -659,33 +804,52 @@ class AsyncClient:
 
     # -- transport -----------------------------------------------------------------------
 
+    def _http(self, endpoint: _Endpoint) -> httpx.AsyncClient:
+        pool = self._pools.get(endpoint)
+        if pool is None:
+            transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else None
+            pool = self._pools[endpoint] = httpx.AsyncClient(
+                base_url=endpoint.base_url,
+                transport=transport,
+                headers=self._config.headers,
+                timeout=self._config.timeout,
+            )
+        return pool
+
+    async def _endpoint(self) -> _Endpoint:
+        """Where requests go: found by :meth:`is_running` the first time."""
+        if self._config.endpoint is None and not await self.is_running():
+            raise self._config.unavailable("nothing answered")
+        assert self._config.endpoint is not None
+        return self._config.endpoint
+
     async def _request(
         self, method: str, path: str, body: Any = None, *, timeout: Any = None, **kwargs: Any
     ) -> httpx.Response:
-        try:
-            response = await self._http.request(
+        endpoint = await self._endpoint()
+        with self._config.errors(endpoint):
+            response = await self._http(endpoint).request(
                 method,
                 path,
                 json=body,
                 timeout=timeout if timeout is not None else self._config.timeout,
                 **kwargs,
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise self._config.unavailable(exc) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            raise self._config.lost(exc) from None
         if response.status_code >= 400:
             raise APIError(response.status_code, _error_message(response))
         return response
 
     async def _json(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
-        return (await self._request(method, path, body, **kwargs)).json()
+        response = await self._request(method, path, body, **kwargs)
+        with self._config.errors(self._config.current):
+            return response.json()
 
     async def _stream(
         self, method: str, path: str, body: Any, parse: Any, params: Any = None
     ) -> AsyncIterator[Any]:
-        try:
-            async with self._http.stream(
+        endpoint = await self._endpoint()
+        with self._config.errors(endpoint):
+            async with self._http(endpoint).stream(
                 method, path, json=body, params=params, timeout=_NO_READ_TIMEOUT
             ) as response:
                 if response.status_code >= 400:
@@ -698,19 +862,21 @@ class AsyncClient:
                         return
                     if item is not None:
                         yield item
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise self._config.unavailable(exc) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            raise self._config.lost(exc) from None
 
     # -- daemon --------------------------------------------------------------------------
 
     async def is_running(self) -> bool:
-        """True when a daemon answers (never raises)."""
-        try:
-            return (await self._http.get("/", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
-            return False
+        """True when a localllm daemon answers (never raises); see :meth:`Client.is_running`."""
+        for endpoint in self._config.probe_order():
+            try:
+                response = await self._http(endpoint).get("/", timeout=_PROBE_TIMEOUT)
+            except httpx.HTTPError:
+                continue
+            if _is_localllm(response):
+                self._config.found(endpoint)
+                return True
+        self._config.found(None)
+        return False
 
     async def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Wait until a daemon answers; False if none did in time."""
@@ -722,8 +888,9 @@ class AsyncClient:
         return await self.is_running()
 
     async def version(self) -> str:
-        """The daemon's version."""
-        return str((await self._json("GET", "/api/version"))["version"])
+        """The daemon's own version (see :meth:`Client.version`)."""
+        data = await self._json("GET", "/api/version")
+        return str(data.get("localllm_version") or data["version"])
 
     # -- models --------------------------------------------------------------------------
 

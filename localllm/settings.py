@@ -11,6 +11,9 @@ import dataclasses
 import hashlib
 import os
 import re
+import stat
+import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,10 +103,44 @@ def _default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir("localllm", appauthor=False))
 
 
-def _default_runtime_dir() -> Path:
-    import platformdirs
+def _private_dir(path: Path) -> bool:
+    """Create ``path`` (mode 0700) if needed; True when it is a directory of ours that nobody
+    else can enter. In a shared temp dir another user may have made it first: then False."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False  # a symlink, a file, or someone else's: not a place for our socket
+        if info.st_mode & 0o077:
+            os.chmod(path, 0o700)
+    except OSError:
+        return False
+    return True
 
-    return Path(platformdirs.user_runtime_dir("localllm", appauthor=False))
+
+def _fallback_runtime_dir() -> Path:
+    """The runtime dir when ``XDG_RUNTIME_DIR`` is unset (sudo, cron, some ssh and containers).
+
+    platformdirs would name ``/run/user/<uid>`` and warn (``RuntimeDirWarning``) on every
+    command when that does not exist. We pick a private ``localllm-<uid>`` in the temp dir
+    instead: local to this machine (unlike a home on NFS, where two machines would share the
+    daemon's lock), and the same for every shell of the user. macOS has no XDG runtime dir and
+    keeps platformdirs' answer. Only when the temp dir's folder is unusable (taken by another
+    user) does the state dir hold the socket.
+    """
+    if sys.platform == "darwin":
+        import platformdirs
+
+        return Path(platformdirs.user_runtime_dir("localllm", appauthor=False))
+    candidate = Path(tempfile.gettempdir()) / f"localllm-{os.getuid()}"
+    if _private_dir(candidate):
+        return candidate
+    return _default_state_dir() / "run"
 
 
 @dataclass(frozen=True)
@@ -124,6 +161,12 @@ class Settings:
     )
     host_from_env: bool = _setting(
         "", False, "True when LOCALLLM_HOST was set explicitly (clients then prefer TCP)."
+    )
+    xdg_runtime_dir: Path | None = _setting(
+        "",
+        None,
+        "XDG_RUNTIME_DIR as the environment gave it (an absolute path), or None: the socket "
+        "then lives in a private folder of the temp dir.",
     )
     num_parallel: int = _setting(
         "LOCALLLM_NUM_PARALLEL", 4, "Parallel request slots per loaded model (n_seq_max)."
@@ -223,6 +266,8 @@ class Settings:
 
         if (raw := get("LOCALLLM_HOME")) is not None:
             values["home"] = Path(raw).expanduser().resolve()
+        if (raw := get("XDG_RUNTIME_DIR")) is not None and os.path.isabs(raw):
+            values["xdg_runtime_dir"] = Path(raw)  # the spec: relative paths are ignored
         if (raw := get("LOCALLLM_HOST")) is not None:
             host, port = parse_host(raw)
             values["host"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -295,8 +340,17 @@ class Settings:
 
     @property
     def runtime_dir(self) -> Path:
-        """Per-user runtime files: the socket and the daemon's lock/pid file."""
-        return self.home / "run" if self.home is not None else _default_runtime_dir()
+        """Per-user runtime files: the socket and the daemon's lock/pid file.
+
+        ``<home>/run`` with ``LOCALLLM_HOME``; else ``$XDG_RUNTIME_DIR/localllm``; else a
+        private ``localllm-<uid>`` folder in the temp dir. Only without ``LOCALLLM_HOME`` does
+        it depend on the environment, which is why clients then also try the TCP address.
+        """
+        if self.home is not None:
+            return self.home / "run"
+        if self.xdg_runtime_dir is not None:
+            return self.xdg_runtime_dir / "localllm"
+        return _fallback_runtime_dir()
 
     @property
     def socket_path(self) -> Path:

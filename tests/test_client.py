@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_daemon_support import Daemon, running_daemon, wait_for_stats
+from test_daemon_support import Daemon, free_port, running_daemon, wait_for_stats
 
-from localllm._exceptions import APIError
+from localllm._exceptions import APIError, DaemonUnavailableError
 from localllm.client import AsyncClient, Client
+from localllm.settings import Settings
 
 SMOL = "smollm2:135m"
 FEW = {"num_predict": 4, "temperature": 0}
@@ -38,6 +39,35 @@ def test_socket_by_default_tcp_when_asked(daemon: Daemon, client: Client) -> Non
         assert tcp.version() == client.version()
     with Client(base_url=daemon.url) as explicit:
         assert explicit.is_running()
+
+
+def test_it_finds_the_daemon_on_the_transport_that_answers(daemon: Daemon, tmp_path: Path) -> None:
+    """Without a transport given, the socket and the TCP address are tried in turn."""
+    closed = f"127.0.0.1:{free_port()}"
+    # LOCALLLM_HOST names a port where nothing listens: this home's socket answers instead.
+    with Client(daemon.settings.replace(host=closed)) as client:
+        assert client.is_running()
+        assert client.address == str(daemon.settings.socket_path)
+        assert client.list_models()
+    # No LOCALLLM_HOME, XDG_RUNTIME_DIR naming another place (another shell's environment):
+    # no socket there, so the daemon is found on its TCP address.
+    elsewhere = Settings.from_env({"XDG_RUNTIME_DIR": str(tmp_path)})
+    elsewhere = elsewhere.replace(host=daemon.settings.host)
+    assert not elsewhere.host_from_env and elsewhere.home is None
+    with Client(elsewhere) as client:
+        assert client.version()  # the first call looks for it
+        assert client.address == daemon.url
+
+    async def scenario() -> tuple[bool, str]:
+        async with AsyncClient(elsewhere) as client:
+            return await client.is_running(), client.address
+
+    assert asyncio.run(scenario()) == (True, daemon.url)
+    # Nothing answering anywhere: one error naming every place tried.
+    nowhere = Settings.from_env({"XDG_RUNTIME_DIR": str(tmp_path)}).replace(host=closed)
+    with Client(nowhere) as client, pytest.raises(DaemonUnavailableError) as info:
+        client.ps()
+    assert str(tmp_path) in str(info.value) and closed in str(info.value)
 
 
 def test_models_routes(client: Client, tiny_gguf: Path) -> None:

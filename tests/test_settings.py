@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +125,52 @@ def test_every_setting_is_documented() -> None:
     ]:
         assert variable in names
     assert all(description for _, _, description in rows)
+
+
+# -- the runtime dir (the socket's place) ------------------------------------------------------
+
+
+def test_runtime_dir_follows_xdg_runtime_dir_unless_a_home_is_set(tmp_path: Path) -> None:
+    settings = Settings.from_env({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert settings.runtime_dir == tmp_path / "localllm"
+    assert settings.socket_path == tmp_path / "localllm" / "localllm.sock"
+    homed = Settings.from_env({"XDG_RUNTIME_DIR": str(tmp_path), "LOCALLLM_HOME": "/tmp/h"})
+    assert homed.runtime_dir == Path("/tmp/h/run")
+    relative = Settings.from_env({"XDG_RUNTIME_DIR": "run/user"})  # the spec says: ignore it
+    assert relative.xdg_runtime_dir is None
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp dir (tempfile's, as TMPDIR sets it) and the state dir moved under tmp_path."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "tmp").mkdir()
+    return tmp_path / "tmp"
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS keeps platformdirs' runtime dir")
+def test_without_xdg_runtime_dir_a_private_temp_folder_and_no_warning(temp_dir: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # platformdirs' RuntimeDirWarning would fail here
+        runtime = Settings.from_env({}).runtime_dir
+    assert runtime == temp_dir / f"localllm-{os.getuid()}"
+    info = os.lstat(runtime)
+    assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700
+    assert info.st_uid == os.getuid()
+    os.chmod(runtime, 0o755)  # ours but opened up: closed again
+    assert Settings.from_env({}).runtime_dir == runtime
+    assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS keeps platformdirs' runtime dir")
+def test_a_temp_folder_planted_by_someone_else_is_not_used(temp_dir: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (temp_dir / f"localllm-{os.getuid()}").symlink_to(elsewhere)
+    runtime = Settings.from_env({}).runtime_dir
+    assert runtime == tmp_path / "state" / "localllm" / "run"
