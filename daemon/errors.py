@@ -100,7 +100,10 @@ def problem_from(exc: BaseException, model: str | None = None) -> HTTPProblem:
             code="runner_died",
         )
     if isinstance(exc, RunnerError):
-        status = 400 if exc.code in ("bad_request", "context_overflow", "unsupported") else 500
+        if exc.code == "context_overflow":
+            # OpenAI's code, which its clients (and agents that trim history) look for.
+            return HTTPProblem(400, str(exc), code="context_length_exceeded")
+        status = 400 if exc.code in ("bad_request", "unsupported") else 500
         return HTTPProblem(status, str(exc), code=exc.code)
     if isinstance(exc, AuthRequiredError):
         return HTTPProblem(403, str(exc), code="auth_required")

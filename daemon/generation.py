@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -27,7 +27,7 @@ from localllm.settings import parse_duration
 
 from .errors import ClientGone, HTTPProblem, problem_from
 from .options import runner_config
-from .runner.client import RunnerDiedError, TokenChunk
+from .runner.client import GenerationStream, RunnerDiedError, RunnerError, TokenChunk
 from .runner.protocol import EmbeddingRequest, EmbeddingResult, GenerationRequest, RunnerConfig
 from .runner.protocol import GenerationResult as Result
 from .scheduler import Lease
@@ -112,6 +112,8 @@ class Job:
     """The request's keep_alive (None: the setting)."""
     api: str
     """``ollama`` or ``openai`` (metrics label)."""
+    received: float = field(default_factory=time.monotonic)
+    """When the daemon received the request: every duration it reports starts here."""
 
     @classmethod
     def for_model(
@@ -133,49 +135,103 @@ class Outcome:
     """How a generation ended."""
 
     result: Result
-    """The runner's result with timings."""
+    """The runner's result with timings (measured from the daemon's receipt of the request)."""
     load_seconds: float
     """Time spent loading the model for this request."""
     total_seconds: float
     """From arrival at the daemon to the end."""
 
 
-class Generation:
-    """A generation holding a slot; iterate :meth:`events` once."""
+def _add_daemon_wait(result: Result, waited_s: float, load_s: float) -> None:
+    """Make the runner's timings start when the daemon received the request.
 
-    def __init__(self, state: DaemonState, job: Job, lease: Lease, started: float) -> None:
+    The runner measures from the moment the request reaches it; before that the request
+    waited in the daemon for a slot (the runner's own queue is nearly always empty) and maybe
+    for the model to load. TTFT and the total include both; the queue time leaves out the
+    load, which is reported on its own as ``load_duration``.
+    """
+    t = result.timings
+    waited_ms = waited_s * 1000
+    t.queued_ms += max(waited_ms - load_s * 1000, 0.0)
+    if t.ttft_ms:
+        t.ttft_ms += waited_ms
+    t.total_ms += waited_ms
+
+
+class Generation:
+    """A generation holding a slot whose prompt the runner accepted; iterate :meth:`events`
+    once (or call :meth:`close` if the answer is never sent)."""
+
+    def __init__(
+        self, state: DaemonState, job: Job, lease: Lease, stream: GenerationStream, waited: float
+    ) -> None:
         self.state = state
         self.job = job
         self.lease = lease
-        self.started = started
+        self.stream = stream
+        self.waited = waited
+        """Seconds from the daemon's receipt of the request to handing it to the runner."""
+        self._started_events = False
 
     @property
     def model_name(self) -> str:
         """The model's name as people write it."""
         return self.job.model.name.short
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's length in tokens, as the runner counted it."""
+        return self.stream.prompt_tokens
+
     async def events(self) -> AsyncIterator[str | Outcome]:
-        """Generated text pieces, then one :class:`Outcome`. Runner errors propagate."""
+        """Generated text pieces, then one :class:`Outcome`. Runner errors propagate.
+
+        A task of its own reads the runner's events and gives the slot back as soon as the
+        runner is done, so a client that reads slowly (or not at all) holds its buffered text,
+        bounded by the context length, but never a slot that others are waiting for.
+        """
+        self._started_events = True
+        items: asyncio.Queue[str | Outcome | BaseException] = asyncio.Queue()
+        pump = asyncio.create_task(self._pump(items))
+        try:
+            while True:
+                item = await items.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Outcome):
+                    return
+        finally:
+            if not pump.done():
+                pump.cancel()
+            with contextlib.suppress(BaseException):
+                await pump
+
+    async def _pump(self, items: asyncio.Queue[str | Outcome | BaseException]) -> None:
         result: Result | None = None
         try:
             async with self.lease:
-                stream = self.lease.client.generate(
-                    self.job.request, on_cancelled=self.lease.record
-                )
-                # aclosing: a client that leaves cancels the runner request now, not at GC.
-                async with contextlib.aclosing(stream):
-                    async for item in stream:
-                        if isinstance(item, TokenChunk):
-                            if item.text:
-                                yield item.text
-                        else:
-                            result = item
-                            self.lease.record(item)
+                async for item in self.stream:
+                    if isinstance(item, TokenChunk):
+                        if item.text:
+                            items.put_nowait(item.text)
+                    else:
+                        result = item
+                        _add_daemon_wait(result, self.waited, self.lease.load_seconds)
+                        self.lease.record(item)
+            if result is None:  # the runner closed the stream without a result
+                raise RunnerDiedError("the runner ended the request without a result")
+            items.put_nowait(self._outcome(result))
+        except asyncio.CancelledError:
+            log.info("%s: request ended early (client gone)", self.model_name)
+            raise
+        except Exception as exc:
+            log.info("%s: request failed: %s", self.model_name, exc)
+            items.put_nowait(exc)
         finally:
-            if result is None:
-                log.info("%s: request ended early (client gone or error)", self.model_name)
-        if result is None:  # the runner closed the stream without a result
-            raise RunnerDiedError("the runner ended the request without a result")
+            await self.stream.aclose()
+
+    def _outcome(self, result: Result) -> Outcome:
         self.state.metrics.observe_generation(self.model_name, self.job.api, result)
         t = result.timings
         log.info(
@@ -190,15 +246,22 @@ class Generation:
             t.decode_tokens_per_s,
             t.ttft_ms,
         )
-        yield Outcome(
+        return Outcome(
             result=result,
             load_seconds=self.lease.load_seconds,
-            total_seconds=time.monotonic() - self.started,
+            total_seconds=time.monotonic() - self.job.received,
         )
 
     def close(self) -> None:
-        """Give the slot back if :meth:`events` never ran (idempotent)."""
+        """Give the slot back and cancel the runner request if :meth:`events` never ran
+        (idempotent)."""
+        if self._started_events:
+            return
+        self._started_events = True
         self.lease.release()
+        task = asyncio.get_running_loop().create_task(self.stream.aclose())
+        _background.add(task)
+        task.add_done_callback(_background.discard)
 
     async def whole(self, request: Request) -> tuple[str, Outcome]:
         """Run to the end for a non-streaming answer; failures become :class:`HTTPProblem`."""
@@ -228,14 +291,32 @@ class Generation:
         return "".join(pieces), outcome
 
 
+# Cancellations of runner requests whose answer was never sent; referenced until done.
+_background: set[asyncio.Task[None]] = set()
+
+
 async def start(state: DaemonState, request: Request, job: Job) -> Generation:
-    """Load the model and take a slot for ``job``; gives up if the client goes away."""
-    started = time.monotonic()
-    lease = await until_disconnect(
-        request, state.scheduler.acquire(job.model, job.config, job.keep_alive)
-    )
-    lease.keep_alive = job.keep_alive
-    return Generation(state, job, lease, started)
+    """Load the model, take a slot and hand ``job`` to the runner; gives up if the client goes
+    away. Errors in the request itself (template, grammar, a prompt over the context) raise
+    :class:`HTTPProblem` here, before any answer has started."""
+
+    async def begin() -> Generation:
+        lease = await state.scheduler.acquire(job.model, job.config, job.keep_alive)
+        lease.keep_alive = job.keep_alive
+        waited = time.monotonic() - job.received
+        try:
+            stream = await lease.runner.open_generation(job.request, on_cancelled=lease.record)
+        except BaseException:
+            lease.release()
+            raise
+        return Generation(state, job, lease, stream, waited)
+
+    try:
+        return await until_disconnect(request, begin())
+    except (HTTPProblem, ClientGone):
+        raise
+    except RunnerError as exc:
+        raise problem_from(exc, job.model.name.short) from exc
 
 
 async def load_only(
@@ -269,7 +350,7 @@ async def embed(
         lease = await state.scheduler.acquire(model, config, keep_alive)
         lease.keep_alive = keep_alive
         async with lease:
-            result = await lease.client.embed(
+            result = await lease.runner.embed(
                 EmbeddingRequest(id="", inputs=inputs, truncate=truncate)
             )
         return result, lease.load_seconds

@@ -13,6 +13,10 @@
   runner's waits for that runner to go idle and reloads it, as Ollama does.
 * A runner that died is noticed on the next request and started again; the requests it was
   serving fail with their own error (the runner client raises ``RunnerDiedError``).
+
+The scheduler knows runners only through the :class:`Runner` protocol and gets them from a
+``runner_factory``; the daemon's factory starts runner processes
+(:class:`~.runner.client.ProcessRunner`), the unit tests pass in-process fakes.
 """
 
 from __future__ import annotations
@@ -24,19 +28,67 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from localllm.models import LocalModel
 from localllm.settings import Settings
 
 from .errors import QueueFullError
-from .runner.client import RunnerClient, RunnerProcess
-from .runner.protocol import GenerationResult, RunnerConfig, Stats
+from .runner.client import GenerationStream, ProcessRunner
+from .runner.protocol import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationRequest,
+    GenerationResult,
+    RunnerConfig,
+    Stats,
+)
 
-__all__ = ["Lease", "LoadedModel", "RequestRecord", "Scheduler"]
+__all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
+
+
+class Runner(Protocol):
+    """A loaded model, as the scheduler and the request path use it."""
+
+    health: dict[str, Any]
+    """What the runner said about itself once loaded (context, slots, GPU layers...)."""
+
+    @property
+    def pid(self) -> int | None:
+        """The process serving the model, if it is one."""
+
+    def alive(self) -> bool:
+        """False once the runner died or its connection is gone."""
+
+    async def open_generation(
+        self,
+        request: GenerationRequest,
+        on_cancelled: Callable[[GenerationResult], None] | None = None,
+    ) -> GenerationStream:
+        """Start a generation once its prompt is accepted (request errors raise here)."""
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Embed texts."""
+
+    async def stats(self) -> Stats:
+        """The engine's gauges."""
+
+    async def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of ``text``."""
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids."""
+
+    async def close(self) -> None:
+        """Stop the runner (idempotent)."""
+
+
+RunnerFactory = Callable[[LocalModel, RunnerConfig], Awaitable[Runner]]
+"""Starts a runner for a model loaded with a config; raises ``RunnerStartError``."""
 
 log = logging.getLogger("localllm.daemon")
 
@@ -75,12 +127,8 @@ class LoadedModel:
     """The model it serves."""
     config: RunnerConfig
     """How it was loaded."""
-    process: RunnerProcess
-    """The child process."""
-    client: RunnerClient
-    """The connection to it."""
-    health: dict[str, Any]
-    """What the runner said about itself once loaded."""
+    runner: Runner
+    """The runner serving it."""
     load_seconds: float
     """How long loading took."""
     keep_alive: float
@@ -110,9 +158,14 @@ class LoadedModel:
         """The model's name as people write it."""
         return self.model.name.short
 
+    @property
+    def health(self) -> dict[str, Any]:
+        """What the runner said about itself once loaded."""
+        return self.runner.health
+
     def alive(self) -> bool:
-        """True while the process runs and its connection is open."""
-        return not self.closing and self.process.alive() and self.client.alive
+        """True while the runner runs and is not being unloaded."""
+        return not self.closing and self.runner.alive()
 
     def busy(self) -> bool:
         """True while requests use or wait for it."""
@@ -141,7 +194,7 @@ class LoadedModel:
     @property
     def pid(self) -> int | None:
         """The runner's process id."""
-        return self.process.pid
+        return self.runner.pid
 
 
 class Lease:
@@ -158,9 +211,9 @@ class Lease:
         self._released = False
 
     @property
-    def client(self) -> RunnerClient:
-        """The runner connection."""
-        return self.loaded.client
+    def runner(self) -> Runner:
+        """The runner serving the request."""
+        return self.loaded.runner
 
     def record(self, result: GenerationResult) -> None:
         """Remember a finished request's timings for the dashboard and metrics."""
@@ -199,8 +252,10 @@ class Scheduler:
         self,
         settings: Settings,
         on_load: Callable[[LoadedModel], None] | None = None,
+        runner_factory: RunnerFactory | None = None,
     ) -> None:
         self.settings = settings
+        self._runner_factory = runner_factory or self._start_process
         self._models: dict[str, LoadedModel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
@@ -226,7 +281,7 @@ class Scheduler:
     async def stats(self, loaded: LoadedModel, timeout: float = 2.0) -> Stats | None:
         """The runner's gauges, or None when it does not answer in time."""
         try:
-            return await asyncio.wait_for(loaded.client.stats(), timeout)
+            return await asyncio.wait_for(loaded.runner.stats(), timeout)
         except Exception:
             return None
 
@@ -371,32 +426,24 @@ class Scheduler:
             loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
         return loaded
 
-    def _runner_socket(self) -> Path:
-        return self.settings.runtime_socket(f"runner-{secrets.token_hex(6)}.sock")
-
-    def _runner_log(self, model: LocalModel) -> Path:
+    async def _start_process(self, model: LocalModel, config: RunnerConfig) -> Runner:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.name.short)
-        return self.settings.log_dir / f"runner-{safe}.log"
+        log.info("loading %s (%s)", model.name.short, config)
+        return await ProcessRunner.start(
+            config,
+            self.settings.runtime_socket(f"runner-{secrets.token_hex(6)}.sock"),
+            self.settings.log_dir / f"runner-{safe}.log",
+        )
 
     async def _start(
         self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
     ) -> LoadedModel:
-        process = RunnerProcess(config, self._runner_socket(), self._runner_log(model))
-        log.info("loading %s (%s)", model.name.short, config)
-        client = await process.start()
-        try:
-            health = await client.health()
-        except BaseException:
-            await client.close()
-            await process.stop()
-            raise
+        runner = await self._runner_factory(model, config)
         return LoadedModel(
             key=key,
             model=model,
             config=config,
-            process=process,
-            client=client,
-            health=health,
+            runner=runner,
             load_seconds=0.0,
             keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
         )
@@ -435,9 +482,7 @@ class Scheduler:
 
     async def _stop(self, loaded: LoadedModel) -> None:
         with contextlib.suppress(Exception):
-            await loaded.client.close()
-        with contextlib.suppress(Exception):
-            await loaded.process.stop()
+            await loaded.runner.close()
         log.info("unloaded %s", loaded.name)
         # Not awaited: _make_room unloads while holding the condition's lock.
         self._spawn(self._notify())

@@ -7,34 +7,45 @@ on the Unix socket talks to it through queues.
 Protocol
 --------
 Newline-delimited JSON over the Unix socket, both ways. Any number of requests may be in
-flight on one connection; every message and event carries the request's ``id``.
+flight on one connection. Every message is a typed dataclass of
+:mod:`localllm.daemon.runner.protocol`, encoded and decoded only by its ``encode``/``decode``
+pair, and carries its request's ``id`` at the top level.
 
-Requests (client → runner)::
+Requests (client → runner), tagged ``op``::
 
-    {"op": "generate", "request": GenerationRequest}   stream of token events, then done
-    {"op": "embed", "request": EmbeddingRequest}       one embedding event
-    {"op": "cancel", "id": ID}                         the request ends with done_reason "cancel"
-    {"op": "health", "id": ID}                         {"event": "health", "health": {...}}
-    {"op": "stats", "id": ID}                          {"event": "stats", "stats": Stats}
-    {"op": "tokenize", "id": ID, "text": STR}          {"event": "tokens", "tokens": [int]}
+    {"op": "generate", "id": ID, "request": GenerationRequest}
+        → prompt_ready (or error), token..., done
+    {"op": "embed", "id": ID, "request": EmbeddingRequest}   → embedding (or error)
+    {"op": "cancel", "id": ID}                 the request ends with done_reason "cancel"
+    {"op": "health", "id": ID}                 → health
+    {"op": "stats", "id": ID}                  → stats
+    {"op": "tokenize", "id": ID, "text": STR, "add_special": B, "parse_special": B} → tokens
+    {"op": "detokenize", "id": ID, "tokens": [int]}                                → text
 
-Events (runner → client)::
+Events (runner → client), tagged ``event``::
 
-    {"event": "token", "id": ID, "text": STR}              new text, whole UTF-8 characters
+    {"event": "prompt_ready", "id": ID, "prompt_tokens": N}  the request can no longer be refused
+    {"event": "token", "id": ID, "text": STR}                new text, whole UTF-8 characters
     {"event": "done", "id": ID, "result": GenerationResult}
     {"event": "embedding", "id": ID, "result": EmbeddingResult}
     {"event": "error", "id": ID, "message": STR, "code": STR}
+    {"event": "health" | "stats" | "tokens" | "text", "id": ID, ...}
 
-Error codes: ``bad_request``, ``context_overflow``, ``unsupported``, ``internal``. The shapes
-of GenerationRequest, GenerationResult (with its Timings), EmbeddingRequest, EmbeddingResult and
-Stats are the dataclasses in :mod:`localllm.daemon.runner.protocol`.
+Every request ends: a generation with ``done`` (also when cancelled, or when the engine stops)
+or ``error``; everything else with its answer or ``error``. A line the runner cannot read is
+answered with an ``error`` naming its id when the id is readable. If the engine thread dies,
+the runner process exits, so the daemon sees it die and starts a new one.
 
-The daemon uses :class:`localllm.daemon.runner.client.RunnerProcess` to start a runner and
-:class:`localllm.daemon.runner.client.RunnerClient` to talk to it; if the runner dies, every
-pending request raises ``RunnerDiedError``.
+Error codes: ``bad_request``, ``context_overflow``, ``unsupported``, ``internal``.
+
+The daemon uses :class:`localllm.daemon.runner.client.ProcessRunner` (a process and a
+:class:`~localllm.daemon.runner.client.RunnerClient` connected to it); if the runner dies,
+every pending request raises ``RunnerDiedError``.
 """
 
 from .client import (
+    GenerationStream,
+    ProcessRunner,
     RunnerClient,
     RunnerDiedError,
     RunnerError,
@@ -59,6 +70,8 @@ __all__ = [
     "EmbeddingResult",
     "GenerationRequest",
     "GenerationResult",
+    "GenerationStream",
+    "ProcessRunner",
     "RunnerClient",
     "RunnerConfig",
     "RunnerDiedError",

@@ -70,7 +70,16 @@ async def _serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         logging.getLogger("localllm.runner").error("%s", exc)
         return 2
-    engine = Engine(model)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    # The engine thread ending on its own means it crashed: exit, so that the daemon sees the
+    # runner die and starts a new one, instead of queueing work for a dead engine.
+    def engine_ended() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed: we are exiting
+            loop.call_soon_threadsafe(stop.set)
+
+    engine = Engine(model, on_exit=engine_ended)
     engine.start()
     server = RunnerServer(model, engine, Path(args.socket))
     await server.start()
@@ -86,8 +95,6 @@ async def _serve(args: argparse.Namespace) -> int:
         os.write(args.ready_fd, b"ready\n")
         os.close(args.ready_fd)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     parent = os.getppid()
@@ -104,6 +111,9 @@ async def _serve(args: argparse.Namespace) -> int:
     watcher.cancel()
     await server.close()
     await asyncio.to_thread(engine.stop)
+    if engine.crashed:
+        logging.getLogger("localllm.runner").error("exiting: the engine thread crashed")
+        return 1
     return 0
 
 

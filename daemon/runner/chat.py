@@ -59,22 +59,26 @@ def render_chat(
     bos_token: str = "",
     eos_token: str = "",
     tools: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> str:
-    """Render ``messages`` with a Jinja chat template, safely."""
+    """Render ``messages`` with a Jinja chat template, safely; ``extra`` holds further template
+    variables (``enable_thinking``...), which never replace the standard ones."""
     if _GO_TEMPLATE.search(template):
         raise TemplateRenderError(
             "this template uses Go template syntax (Ollama's TEMPLATE); localllm renders Jinja "
             "chat templates like the ones in GGUF files"
         )
+    variables = {
+        **(extra or {}),
+        "messages": messages,
+        "add_generation_prompt": add_generation_prompt,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "tools": tools,
+        "date_string": datetime.date.today().strftime("%d %b %Y"),
+    }
     try:
-        rendered = _compile(template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            tools=tools,
-            date_string=datetime.date.today().strftime("%d %b %Y"),
-        )
+        rendered = _compile(template).render(variables)
     except TemplateRenderError:
         raise
     except jinja2.exceptions.SecurityError as exc:

@@ -11,29 +11,51 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .protocol import (
+    CancelOp,
+    DetokenizeOp,
+    DoneEvent,
+    EmbeddingEvent,
     EmbeddingRequest,
     EmbeddingResult,
+    EmbedOp,
+    ErrorEvent,
+    Event,
+    GenerateOp,
     GenerationRequest,
     GenerationResult,
+    HealthEvent,
+    HealthOp,
+    PromptReadyEvent,
+    ProtocolError,
+    Request,
     RunnerConfig,
-    SlotStats,
     Stats,
-    Timings,
-    from_dict,
+    StatsEvent,
+    StatsOp,
+    TextEvent,
+    TokenEvent,
+    TokenizeOp,
+    TokenLogprob,
+    TokensEvent,
+    decode,
+    encode,
 )
 
 __all__ = [
+    "GenerationStream",
+    "ProcessRunner",
     "RunnerClient",
     "RunnerDiedError",
     "RunnerError",
@@ -41,6 +63,8 @@ __all__ = [
     "RunnerStartError",
     "TokenChunk",
 ]
+
+log = logging.getLogger("localllm.daemon")
 
 # Lines can carry a whole embedding batch; allow large ones.
 _LINE_LIMIT = 64 << 20
@@ -69,7 +93,7 @@ class RunnerDiedError(RunnerError):
 
 
 class RunnerStartError(RunnerError):
-    """The runner process could not load the model; the message holds its last log lines."""
+    """The runner process could not load the model; the message says why in one line."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, "load_failed")
@@ -81,17 +105,104 @@ class TokenChunk:
 
     text: str
     """The new text (always whole UTF-8 characters)."""
+    logprobs: list[TokenLogprob] | None = None
+    """Log probabilities of the tokens since the previous chunk, when the request asked."""
 
 
-def _result(request_id: str, event: dict[str, Any]) -> GenerationResult:
-    result = event.get("result") or {}
-    return GenerationResult(
-        id=request_id,
-        text=result.get("text", ""),
-        done_reason=result.get("done_reason", "stop"),
-        timings=from_dict(Timings, result.get("timings") or {}),
-        error=result.get("error"),
-    )
+@dataclass(frozen=True)
+class _Died:
+    """Put on every pending queue when the connection to the runner is lost."""
+
+    message: str
+
+
+_Item = Event | _Died
+
+
+def _raise_for(event: _Item) -> None:
+    if isinstance(event, _Died):
+        raise RunnerDiedError(event.message)
+    if isinstance(event, ErrorEvent):
+        raise RunnerError(event.message, event.code)
+
+
+class GenerationStream:
+    """One generation in flight whose prompt the runner has accepted.
+
+    Iterate it for :class:`TokenChunk` items and a final :class:`GenerationResult`. Leaving
+    early (``aclose()``, a cancelled task) cancels the request in the runner and returns once
+    the runner has freed the slot; the cancelled request's result goes to ``on_cancelled``.
+    """
+
+    def __init__(
+        self,
+        client: RunnerClient,
+        request_id: str,
+        queue: asyncio.Queue[_Item],
+        on_cancelled: Callable[[GenerationResult], None] | None,
+    ) -> None:
+        self.request_id = request_id
+        """The runner request's id."""
+        self.prompt_tokens = 0
+        """Prompt length in tokens, known once the runner accepted the prompt."""
+        self._client = client
+        self._queue = queue
+        self._on_cancelled = on_cancelled
+        self._early: DoneEvent | None = None
+        self._over = False
+
+    async def _accepted(self) -> None:
+        """Wait for the runner to accept or refuse the prompt (refusal raises)."""
+        event = await self._queue.get()
+        if isinstance(event, PromptReadyEvent):
+            self.prompt_tokens = event.prompt_tokens
+        elif isinstance(event, DoneEvent):  # cancelled while the prompt was being prepared
+            self._early = event
+        else:
+            self._over = True
+            _raise_for(event)
+            raise RunnerError(f"unexpected {event.event!r} event before the prompt was ready")
+
+    def __aiter__(self) -> AsyncIterator[TokenChunk | GenerationResult]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[TokenChunk | GenerationResult]:
+        try:
+            while True:
+                event = self._early or await self._queue.get()
+                self._early = None
+                if isinstance(event, TokenEvent):
+                    yield TokenChunk(text=event.text, logprobs=event.logprobs)
+                elif isinstance(event, DoneEvent):
+                    self._over = True
+                    yield event.result
+                    return
+                elif isinstance(event, PromptReadyEvent):
+                    continue
+                else:
+                    self._over = True
+                    _raise_for(event)
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Cancel the request unless it is over; idempotent."""
+        if not self._over:
+            self._over = True
+            if self._client.alive:
+                await asyncio.shield(self._cancel())
+        self._client._forget(self.request_id)
+
+    async def _cancel(self) -> None:
+        with contextlib.suppress(RunnerError, ConnectionError, TimeoutError):
+            await self._client._send(CancelOp(id=self.request_id))
+            async with asyncio.timeout(_CANCEL_CONFIRM_S):
+                while not isinstance(
+                    event := await self._queue.get(), DoneEvent | ErrorEvent | _Died
+                ):
+                    pass
+            if isinstance(event, DoneEvent) and self._on_cancelled is not None:
+                self._on_cancelled(event.result)
 
 
 class RunnerClient:
@@ -100,7 +211,7 @@ class RunnerClient:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-        self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._queues: dict[str, asyncio.Queue[_Item]] = {}
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._closed_reason: str | None = None
@@ -128,23 +239,30 @@ class RunnerClient:
                 if not line:
                     break
                 try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                queue = self._queues.get(str(event.get("id")))
+                    event: _Item = decode(line)  # type: ignore[assignment]
+                except ProtocolError as exc:
+                    # The runner is ours; a line we cannot read is a bug, but it must still
+                    # end the request it names rather than leave it waiting.
+                    log.error("unreadable message from the runner: %s", exc)
+                    if exc.id is None:
+                        continue
+                    event = ErrorEvent(id=exc.id, message=str(exc), code="internal")
+                queue = self._queues.get(str(getattr(event, "id", None)))
                 if queue is not None:
                     queue.put_nowait(event)
+                else:
+                    log.debug("runner event for an unknown request: %s", line[:200])
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"lost the connection to the runner ({exc})"
         finally:
             self._closed_reason = reason
             for queue in self._queues.values():
-                queue.put_nowait({"event": "died", "message": reason})
+                queue.put_nowait(_Died(reason))
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Request) -> None:
         if self._closed_reason is not None:
             raise RunnerDiedError(self._closed_reason)
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        data = encode(message)
         async with self._write_lock:
             try:
                 self._writer.write(data)
@@ -152,33 +270,50 @@ class RunnerClient:
             except (ConnectionError, RuntimeError) as exc:
                 raise RunnerDiedError(f"lost the connection to the runner ({exc})") from exc
 
-    async def _call(self, message: dict[str, Any]) -> tuple[str, asyncio.Queue[dict[str, Any]]]:
-        request_id = str(message.get("id") or message["request"]["id"])
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._queues[request_id] = queue
+    async def _call(self, message: Request) -> asyncio.Queue[_Item]:
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        if message.id in self._queues:
+            raise RunnerError(f"request id {message.id!r} is already in flight", "bad_request")
+        self._queues[message.id] = queue
         try:
             await self._send(message)
         except BaseException:
-            self._queues.pop(request_id, None)
+            self._forget(message.id)
             raise
-        return request_id, queue
+        return queue
 
-    @staticmethod
-    def _raise_for(event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "died":
-            raise RunnerDiedError(event.get("message", "the runner died"))
-        if kind == "error":
-            raise RunnerError(event.get("message", "runner error"), event.get("code", "internal"))
+    def _forget(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
 
-    async def _single(self, message: dict[str, Any]) -> dict[str, Any]:
-        request_id, queue = await self._call(message)
+    async def _single(self, message: Request) -> Event:
+        queue = await self._call(message)
         try:
             event = await queue.get()
-            self._raise_for(event)
-            return event
+            _raise_for(event)
+            return event  # type: ignore[return-value]
         finally:
-            self._queues.pop(request_id, None)
+            self._forget(message.id)
+
+    async def open_generation(
+        self,
+        request: GenerationRequest,
+        on_cancelled: Callable[[GenerationResult], None] | None = None,
+    ) -> GenerationStream:
+        """Send a generation and wait until the runner accepts its prompt.
+
+        Errors in the request itself (template, grammar, a prompt over the context) raise
+        :class:`RunnerError` here, before any token, so an HTTP answer can still be a 4xx.
+        """
+        if not request.id:
+            request.id = self._next_id("gen")
+        queue = await self._call(GenerateOp(id=request.id, request=request))
+        stream = GenerationStream(self, request.id, queue, on_cancelled)
+        try:
+            await stream._accepted()
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
 
     async def generate(
         self,
@@ -191,67 +326,49 @@ class RunnerClient:
         in the runner; ``aclose()`` returns once the runner has freed the slot, and the
         cancelled request's result (timings so far) goes to ``on_cancelled``.
         """
-        if not request.id:
-            request.id = self._next_id("gen")
-        request_id, queue = await self._call({"op": "generate", "request": request.to_dict()})
-        finished = False
+        stream = await self.open_generation(request, on_cancelled)
         try:
-            while True:
-                event = await queue.get()
-                kind = event.get("event")
-                if kind == "token":
-                    yield TokenChunk(text=event.get("text", ""))
-                elif kind == "done":
-                    finished = True
-                    yield _result(request_id, event)
-                    return
-                else:
-                    finished = True
-                    self._raise_for(event)
+            async for item in stream:
+                yield item
         finally:
-            if not finished and self.alive:
-                await asyncio.shield(self._cancel(request_id, queue, on_cancelled))
-            self._queues.pop(request_id, None)
-
-    async def _cancel(
-        self,
-        request_id: str,
-        queue: asyncio.Queue[dict[str, Any]],
-        on_cancelled: Callable[[GenerationResult], None] | None,
-    ) -> None:
-        """Cancel in the runner and wait until it confirms, so the slot is free on return."""
-        with contextlib.suppress(RunnerError, ConnectionError, TimeoutError):
-            await self._send({"op": "cancel", "id": request_id})
-            async with asyncio.timeout(_CANCEL_CONFIRM_S):
-                while (event := await queue.get()).get("event") not in ("done", "error", "died"):
-                    pass
-            if event.get("event") == "done" and on_cancelled is not None:
-                on_cancelled(_result(request_id, event))
+            await stream.aclose()
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """Embed texts with the runner's embedding context."""
         if not request.id:
             request.id = self._next_id("emb")
-        event = await self._single({"op": "embed", "request": asdict(request)})
-        return from_dict(EmbeddingResult, event["result"])
+        event = await self._single(EmbedOp(id=request.id, request=request))
+        assert isinstance(event, EmbeddingEvent)
+        return event.result
 
     async def stats(self) -> Stats:
         """The runner's gauges."""
-        event = await self._single({"op": "stats", "id": self._next_id("stats")})
-        data = event["stats"]
-        stats: Stats = from_dict(Stats, data)
-        stats.slots = [from_dict(SlotStats, slot) for slot in data.get("slots", [])]
-        return stats
+        event = await self._single(StatsOp(id=self._next_id("stats")))
+        assert isinstance(event, StatsEvent)
+        return event.stats
 
     async def health(self) -> dict[str, Any]:
         """Model facts and readiness: ``{status, n_slots, n_ctx_per_slot, gpu_layers, ...}``."""
-        event = await self._single({"op": "health", "id": self._next_id("health")})
-        return event["health"]
+        event = await self._single(HealthOp(id=self._next_id("health")))
+        assert isinstance(event, HealthEvent)
+        return event.health
 
-    async def tokenize(self, text: str) -> list[int]:
-        """Token ids of ``text`` (no special-token parsing, no BOS)."""
-        event = await self._single({"op": "tokenize", "id": self._next_id("tok"), "text": text})
-        return list(event["tokens"])
+    async def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of ``text`` (by default no special-token parsing and no BOS)."""
+        op = TokenizeOp(
+            id=self._next_id("tok"), text=text, add_special=add_special, parse_special=parse_special
+        )
+        event = await self._single(op)
+        assert isinstance(event, TokensEvent)
+        return list(event.tokens)
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """The text of token ids."""
+        event = await self._single(DetokenizeOp(id=self._next_id("detok"), tokens=tokens))
+        assert isinstance(event, TextEvent)
+        return event.text
 
     async def close(self) -> None:
         """Close the connection (the runner keeps running)."""
@@ -263,12 +380,36 @@ class RunnerClient:
             await self._reader_task
 
 
-def _tail(path: Path, lines: int = 12) -> str:
+# Lines of a runner log that say why a load failed, best first: llama.cpp's assertions, the
+# runner's own error, llama.cpp's loader errors.
+_CAUSES = (
+    re.compile(r"GGML_ASSERT\(.*"),
+    re.compile(r"ERROR localllm[.\w]*: (.*)"),
+    re.compile(r"(?:error|failed)[^\n]*", re.IGNORECASE),
+)
+
+
+def _load_failure(path: Path, since: int) -> str:
+    """One line saying why a runner died while loading, from what it logged after ``since``."""
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as log_file:
+            log_file.seek(since)
+            lines = log_file.read(1 << 20).decode("utf-8", "replace").splitlines()
     except OSError:
         return ""
-    return "\n".join(text.strip().splitlines()[-lines:])
+    for pattern in _CAUSES:
+        for line in lines:
+            if match := pattern.search(line):
+                cause = match.group(match.lastindex or 0).strip()
+                return cause[:300]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with status {code}"
 
 
 class RunnerProcess:
@@ -313,7 +454,7 @@ class RunnerProcess:
         """Start the process and return a connected client once the model is loaded.
 
         The runner writes ``ready`` to an inherited pipe once its socket listens; if it exits
-        first, the pipe closes empty and the error carries the last lines of its log.
+        first, the pipe closes empty and the error says why in one line (from its log).
         """
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,12 +462,13 @@ class RunnerProcess:
             self.socket_path.unlink()
         ready_read, ready_write = os.pipe()
         try:
-            with open(self.log_path, "ab") as log:
+            with open(self.log_path, "ab") as log_file:
+                log_start = log_file.tell()
                 self.process = subprocess.Popen(
                     [*self.command(), "--ready-fd", str(ready_write)],
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
+                    stdout=log_file,
+                    stderr=log_file,
                     cwd=str(self.log_path.parent),
                     pass_fds=(ready_write,),
                     start_new_session=True,
@@ -350,12 +492,31 @@ class RunnerProcess:
                 os.close(ready_read)
         if not signal_bytes.startswith(b"ready"):
             code = await loop.run_in_executor(None, self.process.wait)
+            cause = _load_failure(self.log_path, log_start)
             raise RunnerStartError(
-                f"the runner exited with status {code} while loading the model:\n"
-                f"{_tail(self.log_path)}"
+                f"the runner {_exit_status(code)} while loading the model"
+                + (f": {cause}" if cause else "")
+                + f" (full log: {self.log_path})"
             )
-        client = await RunnerClient.connect(self.socket_path)
-        await client.health()
+        return await self._connect()
+
+    async def _connect(self) -> RunnerClient:
+        """Connect to a runner that said ready; a runner we cannot talk to is stopped, never
+        left running with no owner."""
+        client: RunnerClient | None = None
+        try:
+            client = await RunnerClient.connect(self.socket_path)
+            async with asyncio.timeout(30):
+                await client.health()
+        except BaseException as exc:
+            if client is not None:
+                await client.close()
+            await asyncio.shield(self.stop())
+            if isinstance(exc, Exception) and not isinstance(exc, RunnerError):
+                raise RunnerStartError(
+                    f"the runner loaded the model but did not answer ({exc!r})"
+                ) from exc
+            raise
         return client
 
     @property
@@ -388,3 +549,76 @@ class RunnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+class ProcessRunner:
+    """A model served by a runner process: the process and the connection to it together.
+
+    This is what the daemon's scheduler holds for a loaded model (its ``Runner`` protocol).
+    """
+
+    def __init__(self, process: RunnerProcess, client: RunnerClient, health: dict[str, Any]):
+        self.process = process
+        """The child process."""
+        self.client = client
+        """The connection to it."""
+        self.health = health
+        """What the runner said about itself once loaded (context, slots, GPU layers...)."""
+
+    @classmethod
+    async def start(
+        cls, config: RunnerConfig, socket_path: Path, log_path: Path, timeout: float = 300.0
+    ) -> ProcessRunner:
+        """Start a runner for ``config`` and wait until it serves."""
+        process = RunnerProcess(config, socket_path, log_path)
+        client = await process.start(timeout)
+        try:
+            health = await client.health()
+        except BaseException:
+            await client.close()
+            await asyncio.shield(process.stop())
+            raise
+        return cls(process, client, health)
+
+    @property
+    def pid(self) -> int | None:
+        """The runner's process id."""
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the process runs and the connection is open."""
+        return self.process.alive() and self.client.alive
+
+    async def open_generation(
+        self,
+        request: GenerationRequest,
+        on_cancelled: Callable[[GenerationResult], None] | None = None,
+    ) -> GenerationStream:
+        """See :meth:`RunnerClient.open_generation`."""
+        return await self.client.open_generation(request, on_cancelled)
+
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """See :meth:`RunnerClient.embed`."""
+        return await self.client.embed(request)
+
+    async def stats(self) -> Stats:
+        """See :meth:`RunnerClient.stats`."""
+        return await self.client.stats()
+
+    async def tokenize(
+        self, text: str, *, add_special: bool = False, parse_special: bool = False
+    ) -> list[int]:
+        """See :meth:`RunnerClient.tokenize`."""
+        return await self.client.tokenize(
+            text, add_special=add_special, parse_special=parse_special
+        )
+
+    async def detokenize(self, tokens: list[int]) -> str:
+        """See :meth:`RunnerClient.detokenize`."""
+        return await self.client.detokenize(tokens)
+
+    async def close(self) -> None:
+        """Close the connection and stop the process."""
+        with contextlib.suppress(Exception):
+            await self.client.close()
+        await self.process.stop()

@@ -26,19 +26,32 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from .model import LlamaModel
-from .protocol import SamplingOptions, SlotStats, Stats, Timings
-from .sampling import GrammarError, Sampler
+from .protocol import (
+    DoneEvent,
+    EmbeddingEvent,
+    EmbeddingResult,
+    ErrorEvent,
+    Event,
+    GenerationResult,
+    SamplingOptions,
+    SlotStats,
+    Stats,
+    Timings,
+    TokenEvent,
+    TokenLogprob,
+)
+from .sampling import GrammarError, Sampler, logits_at, token_logprobs
 from .text import TextStream
 
 __all__ = ["EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
 
 log = logging.getLogger("localllm.runner.engine")
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[Event], None]
 # Window over which the tokens/s gauges are computed.
 _RATE_WINDOW_S = 3.0
 # Waiting for another request's prefill only pays off for a prefix of some length.
@@ -97,6 +110,8 @@ class Slot:
         self.text: TextStream | None = None
         self.pending: int | None = None
         """Sampled token not yet evaluated (the next decode input)."""
+        self.logprobs: list[TokenLogprob] = []
+        """Log probabilities of tokens whose text has not been emitted yet (when asked for)."""
         self.batch_index = -1
         """Where this slot's logits are in the current batch, or -1."""
         self.chunk = 0
@@ -121,9 +136,14 @@ class Slot:
 
 
 class Engine:
-    """Continuous batching over a :class:`LlamaModel`'s sequences."""
+    """Continuous batching over a :class:`LlamaModel`'s sequences.
 
-    def __init__(self, model: LlamaModel) -> None:
+    A request handed to the engine always ends with a ``done`` or ``error`` event, also when
+    the engine stops or crashes; ``on_exit`` (called on the engine thread as it ends) lets the
+    process exit when the engine thread is gone, so no request can wait for a dead engine.
+    """
+
+    def __init__(self, model: LlamaModel, on_exit: Callable[[], None] | None = None) -> None:
         self.model = model
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.waiting: collections.deque[GenerationJob] = collections.deque()
@@ -131,9 +151,14 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()
         self._rates_lock = threading.Lock()
+        # Held while deciding whether the engine still takes work, so that nothing is queued
+        # after the final drain of the inbox.
+        self._accepting_lock = threading.Lock()
+        self._accepting = True
+        self._on_exit = on_exit
         self.requests_total = 0
-        self.stopped = threading.Event()
-        """Set once the engine thread has freed the model."""
+        self.crashed = False
+        """Set when the engine thread ended with an exception."""
 
     # -- the outside world's interface (any thread) ---------------------------------------
 
@@ -141,22 +166,35 @@ class Engine:
         """Start the engine thread."""
         self._thread.start()
 
+    def _put(self, kind: str, payload: Any, refuse: Callable[[], None] | None = None) -> None:
+        with self._accepting_lock:
+            if self._accepting:
+                self._inbox.put((kind, payload))
+                return
+        if refuse is not None:
+            refuse()
+
     def submit(self, job: GenerationJob) -> None:
         """Queue a generation; it starts as soon as a slot is free."""
-        self._inbox.put(("generate", job))
+        self._put("generate", job, lambda: job.emit(_stopped_error(job.id)))
 
     def cancel(self, job_id: str) -> None:
         """Cancel a waiting or running generation; it ends with done_reason ``cancel``."""
-        self._inbox.put(("cancel", job_id))
+        self._put("cancel", job_id)
 
     def embed(self, job: EmbeddingJob) -> None:
         """Queue an embedding job (run between generation steps)."""
-        self._inbox.put(("embed", job))
+        self._put("embed", job, lambda: job.emit(_stopped_error(job.id)))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel everything, free llama.cpp resources and end the thread."""
-        self._inbox.put(("stop", None))
+        """Cancel everything, end the thread, then free llama.cpp's resources.
+
+        Call it once nothing else uses the model (prompt preparation reads its vocabulary).
+        """
+        self._put("stop", None)
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.model.close()
 
     def stats(self) -> Stats:
         """A snapshot of the gauges (approximate while the engine runs)."""
@@ -203,14 +241,13 @@ class Engine:
                 self._admit()
                 if any(slot.busy for slot in self.slots):
                     self._step()
-        except Exception:
-            log.exception("engine thread crashed")
-            for slot in self.slots:
-                if slot.job is not None:
-                    self._fail(slot, "internal error in the engine (see the runner log)")
-            raise
+        except BaseException:
+            self.crashed = True
+            log.exception("engine thread crashed; the runner exits")
         finally:
             self._shutdown()
+            if self._on_exit is not None:
+                self._on_exit()
 
     def _drain_inbox(self, block: bool) -> bool:
         """Handle queued commands; returns False when asked to stop."""
@@ -269,9 +306,7 @@ class Engine:
                     self.model.n_ctx_per_slot,
                 )
             except GrammarError as exc:
-                job.emit(
-                    {"event": "error", "id": job.id, "message": str(exc), "code": "bad_request"}
-                )
+                job.emit(ErrorEvent(id=job.id, message=str(exc), code="bad_request"))
                 continue
             last_n = job.options.repeat_last_n
             sampler.learn_prompt(
@@ -284,6 +319,7 @@ class Engine:
             slot.sampler = sampler
             slot.text = TextStream(job.options.stop)
             slot.pending = None
+            slot.logprobs = []
             slot.reused = reuse
             slot.generated = 0
             slot.admitted = time.perf_counter()
@@ -380,6 +416,9 @@ class Engine:
                 prefilled += slot.chunk
         with self._rates_lock:
             self._rates.append((now, decoded, prefilled))
+            # Pruned here too: nobody may be reading stats, and the window is all we need.
+            while self._rates[0][0] < now - _RATE_WINDOW_S:
+                self._rates.popleft()
         for slot in self.slots:
             if slot.job is not None and slot.batch_index >= 0:
                 self._sample(slot, now)
@@ -414,9 +453,12 @@ class Engine:
         if self.model.is_end_of_generation(token):
             self._finish(slot, "stop")
             return
-        piece = text.push(self.model.piece(token))
+        piece_bytes = self.model.piece(token)
+        if job.options.logprobs:
+            slot.logprobs.append(self._logprob(slot.batch_index, token, piece_bytes, job))
+        piece = text.push(piece_bytes)
         if piece:
-            job.emit({"event": "token", "id": job.id, "text": piece})
+            job.emit(TokenEvent(id=job.id, text=piece, logprobs=self._take_logprobs(slot)))
         options = job.options
         if text.stopped:
             self._finish(slot, "stop")
@@ -427,6 +469,28 @@ class Engine:
             self._finish(slot, "length")
         else:
             slot.pending = token
+
+    def _logprob(
+        self, batch_index: int, token: int, piece: bytes, job: GenerationJob
+    ) -> TokenLogprob:
+        logits = logits_at(self.model.ctx, batch_index, self.model.n_vocab)
+        chosen, top = token_logprobs(logits, token, job.options.top_logprobs)
+
+        def entry(token_id: int, logprob: float, data: bytes | None = None) -> TokenLogprob:
+            data = self.model.piece(token_id) if data is None else data
+            text = data.decode("utf-8", errors="replace")
+            return TokenLogprob(token=text, logprob=logprob, bytes=list(data))
+
+        result = entry(token, chosen, piece)
+        result.top_logprobs = [entry(t, lp) for t, lp in top]
+        return result
+
+    @staticmethod
+    def _take_logprobs(slot: Slot) -> list[TokenLogprob] | None:
+        if not slot.logprobs:
+            return None
+        taken, slot.logprobs = slot.logprobs, []
+        return taken
 
     def _timings(self, slot: Slot, now: float) -> Timings:
         job = slot.job
@@ -464,8 +528,10 @@ class Engine:
         slot.job, slot.sampler, slot.text, slot.pending = None, None, None, None
         slot.last_used = now
         self.requests_total += 1
+        logprobs = self._take_logprobs(slot) if tail else None
+        slot.logprobs = []  # tokens of a stop string that was cut leave no text, nor logprobs
         if tail:
-            job.emit({"event": "token", "id": job.id, "text": tail})
+            job.emit(TokenEvent(id=job.id, text=tail, logprobs=logprobs))
         job.emit(_done(job.id, full_text, reason, timings, error))
 
     def _fail(self, slot: Slot, message: str) -> None:
@@ -491,50 +557,59 @@ class Engine:
                 vectors.append(vector)
         except Exception as exc:
             log.exception("embedding failed")
-            job.emit(
-                {
-                    "event": "error",
-                    "id": job.id,
-                    "message": f"embedding failed: {exc}",
-                    "code": "internal",
-                }
-            )
+            job.emit(ErrorEvent(id=job.id, message=f"embedding failed: {exc}", code="internal"))
             return
-        job.emit(
-            {
-                "event": "embedding",
-                "id": job.id,
-                "result": {
-                    "id": job.id,
-                    "embeddings": vectors,
-                    "prompt_tokens": sum(len(t) for t in job.inputs),
-                    "total_ms": (time.perf_counter() - job.arrived) * 1000,
-                },
-            }
+        result = EmbeddingResult(
+            id=job.id,
+            embeddings=vectors,
+            prompt_tokens=sum(len(t) for t in job.inputs),
+            total_ms=(time.perf_counter() - job.arrived) * 1000,
         )
+        job.emit(EmbeddingEvent(id=job.id, result=result))
 
     def _shutdown(self) -> None:
+        """End every request the engine holds or has been handed, then free the model."""
+        with self._accepting_lock:
+            self._accepting = False
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "generate":
+                self.waiting.append(payload)
+            elif kind == "embed":
+                payload.emit(_stopped_error(payload.id))
+        reason = "error" if self.crashed else "cancel"
+        error = "internal error in the engine (see the runner log)" if self.crashed else None
         for job in list(self.waiting):
-            job.emit(_done(job.id, "", "cancel", Timings(prompt_tokens=len(job.prompt))))
+            job.emit(_done(job.id, "", reason, Timings(prompt_tokens=len(job.prompt)), error))
         self.waiting.clear()
         for slot in self.slots:
             if slot.job is not None:
-                self._finish(slot, "cancel")
-        self.model.close()
-        self.stopped.set()
+                try:
+                    self._finish(slot, reason, error)
+                except Exception:  # a crash may have left the slot half-updated
+                    log.exception("could not end request %s cleanly", slot.job.id)
+                    job = slot.job
+                    slot.job = None
+                    job.emit(_done(job.id, "", "error", Timings(), error or "engine stopped"))
+
+
+def _stopped_error(job_id: str) -> ErrorEvent:
+    return ErrorEvent(id=job_id, message="the engine has stopped", code="internal")
 
 
 def _done(
     job_id: str, text: str, reason: str, timings: Timings, error: str | None = None
-) -> dict[str, Any]:
-    return {
-        "event": "done",
-        "id": job_id,
-        "result": {
-            "id": job_id,
-            "text": text,
-            "done_reason": reason,
-            "timings": asdict(timings),
-            "error": error,
-        },
-    }
+) -> DoneEvent:
+    return DoneEvent(
+        id=job_id,
+        result=GenerationResult(
+            id=job_id,
+            text=text,
+            done_reason=reason,
+            timings=timings,
+            error=error,  # type: ignore[arg-type]
+        ),
+    )

@@ -8,6 +8,7 @@ generation context is used from the engine thread only.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ _FLASH = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
+log = logging.getLogger("localllm.runner.model")
+
 _LOG_LEVELS = {0: "NONE", 1: "INFO", 2: "WARN", 3: "ERROR", 4: "DEBUG", 5: "CONT"}
 
 
@@ -95,6 +98,8 @@ class Batch:
     def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
         """Append one token; returns its index in the batch (for reading its logits)."""
         index = self.size
+        if index >= self.capacity:  # writing past the C arrays would corrupt memory
+            raise IndexError(f"the batch holds {self.capacity} tokens")
         raw = self.raw
         raw.token[index] = token
         raw.pos[index] = pos
@@ -165,8 +170,19 @@ class LlamaModel:
         params = self._context_params(
             config.kv_cells or config.n_ctx_per_slot * config.n_slots, config.n_slots
         )
-        params.n_batch = config.n_batch
-        params.n_ubatch = config.n_batch
+        # Every generating slot puts one token in each step's batch, so a batch smaller than
+        # the slot count would overflow (llama.cpp aborts on it): clamp as llama.cpp's own
+        # tools clamp out-of-range settings, and report the value used in health.
+        n_batch = max(config.n_batch, config.n_slots, 1)
+        if n_batch != config.n_batch:
+            log.warning(
+                "num_batch %d is below the %d parallel slots; using %d",
+                config.n_batch,
+                config.n_slots,
+                n_batch,
+            )
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -256,6 +272,15 @@ class LlamaModel:
                 self.vocab, token, buffer, len(buffer), 0, special
             )
         return buffer.raw[:count]
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of ``tokens`` (special tokens rendered); ids outside the vocabulary are an
+        error, never passed to llama.cpp."""
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise ValueError(f"token {bad[0]} is not in the vocabulary (0..{self.n_vocab - 1})")
+        data = b"".join(self.piece(t, special=True) for t in tokens)
+        return data.decode("utf-8", errors="replace")
 
     def is_end_of_generation(self, token: int) -> bool:
         """EOS, EOT and the like."""

@@ -3,34 +3,107 @@
 These dataclasses are the narrow interface between the daemon and the engine; they import
 nothing from llama.cpp. On the wire each message is one JSON object per line (NDJSON) over the
 runner's Unix socket; see :mod:`localllm.daemon.runner` for the protocol.
+
+Both directions are typed: a request is one of the :data:`Request` classes (tagged ``op``), an
+event one of the :data:`Event` classes (tagged ``event``), and :func:`encode` / :func:`decode`
+are the only way either side turns them into bytes or back. Every message carries its request's
+``id`` at the top level, so the side that reads it can always answer or route it, even when the
+rest of the message is malformed.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
+    "CancelOp",
+    "DetokenizeOp",
+    "DoneEvent",
     "DoneReason",
+    "EmbedOp",
+    "EmbeddingEvent",
     "EmbeddingRequest",
     "EmbeddingResult",
+    "ErrorCode",
+    "ErrorEvent",
+    "Event",
+    "GenerateOp",
     "GenerationRequest",
     "GenerationResult",
+    "HealthEvent",
+    "HealthOp",
+    "PromptReadyEvent",
+    "ProtocolError",
+    "Request",
     "RunnerConfig",
     "SamplingOptions",
     "SlotStats",
     "Stats",
+    "StatsEvent",
+    "StatsOp",
+    "TextEvent",
     "Timings",
+    "TokenEvent",
+    "TokenLogprob",
+    "TokenizeOp",
+    "TokensEvent",
+    "decode",
+    "encode",
     "from_dict",
 ]
 
 DoneReason = Literal["stop", "length", "cancel", "error"]
+ErrorCode = Literal[
+    "bad_request", "context_overflow", "unsupported", "internal", "overloaded", "runner_died"
+]
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid message; ``id`` is the request it names, when readable."""
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.id = request_id
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    cached = _HINTS.get(cls)
+    if cached is None:
+        cached = _HINTS[cls] = typing.get_type_hints(cls)
+    return cached
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    """``value`` as type ``hint`` where that is a dataclass (or a list or optional of one)."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _convert(inner[0], value) if len(inner) == 1 else value
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(hint) or (Any,)
+        return [_convert(item, v) for v in value]
+    if isinstance(hint, type) and is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise TypeError(f"{hint.__name__} must be an object")
+        return from_dict(hint, value)
+    return value
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
-    """Build dataclass ``cls`` from ``data``, ignoring unknown keys (forward compatible)."""
+    """Build dataclass ``cls`` from ``data``, nested dataclasses included; unknown keys are
+    ignored (forward compatible). Missing required fields raise ``TypeError``."""
+    hints = _hints(cls)
     known = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in known})
+    return cls(**{k: _convert(hints[k], v) for k, v in data.items() if k in known})
 
 
 @dataclass
@@ -67,6 +140,27 @@ class SamplingOptions:
     """A JSON schema constraining the output (converted to GBNF by the runner)."""
     json_mode: bool = False
     """Constrain the output to any JSON value (Ollama's ``format: "json"``)."""
+    logprobs: bool = False
+    """Report each generated token's log probability (from the model's own distribution)."""
+    top_logprobs: int = 0
+    """With ``logprobs``: also the this many most likely tokens at each position (0-20)."""
+    logit_bias: dict[str, float] = field(default_factory=dict)
+    """Added to the logits of token ids (keys are ids as strings, as OpenAI sends them);
+    -100 or less bans a token."""
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log probability, in the shape both API families use."""
+
+    token: str
+    """The token's text (a partial UTF-8 character shows as U+FFFD)."""
+    logprob: float
+    """Natural log of its probability under the model (before sampling transforms)."""
+    bytes: list[int]
+    """The token's bytes."""
+    top_logprobs: list[TokenLogprob] = field(default_factory=list)
+    """The most likely tokens at this position, best first (as many as asked for)."""
 
 
 @dataclass
@@ -91,17 +185,11 @@ class GenerationRequest:
     """If the prompt is too long, drop the oldest tokens after the system prompt."""
     options: SamplingOptions = field(default_factory=SamplingOptions)
     """Sampling options."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GenerationRequest:
-        """Inverse of :meth:`to_dict`."""
-        request = from_dict(cls, data)
-        request.options = from_dict(SamplingOptions, data.get("options") or {})
-        return request
+    tools: list[dict[str, Any]] | None = None
+    """Tool definitions (OpenAI's ``{"type": "function", "function": {...}}``), rendered by the
+    chat template as Hugging Face's ``apply_chat_template(tools=...)`` does."""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the chat template (``enable_thinking``, ``reasoning_effort``...)."""
 
 
 @dataclass
@@ -247,3 +335,229 @@ class RunnerConfig:
     """Override for the GGUF's chat template."""
     log_path: str | None = None
     """Where llama.cpp's log goes."""
+
+
+# -- messages: requests (daemon → runner) -------------------------------------------------------
+
+
+@dataclass
+class GenerateOp:
+    """Start a generation: ``prompt_ready`` (or an error), ``token`` events, then ``done``."""
+
+    op: ClassVar[str] = "generate"
+    id: str
+    request: GenerationRequest
+
+
+@dataclass
+class EmbedOp:
+    """Embed texts: one ``embedding`` event (or an error)."""
+
+    op: ClassVar[str] = "embed"
+    id: str
+    request: EmbeddingRequest
+
+
+@dataclass
+class CancelOp:
+    """Cancel request ``id``; it ends with a ``done`` event whose reason is ``cancel``."""
+
+    op: ClassVar[str] = "cancel"
+    id: str
+
+
+@dataclass
+class HealthOp:
+    """Ask for the loaded model's facts: one ``health`` event."""
+
+    op: ClassVar[str] = "health"
+    id: str
+
+
+@dataclass
+class StatsOp:
+    """Ask for the engine's gauges: one ``stats`` event."""
+
+    op: ClassVar[str] = "stats"
+    id: str
+
+
+@dataclass
+class TokenizeOp:
+    """Tokenize text: one ``tokens`` event."""
+
+    op: ClassVar[str] = "tokenize"
+    id: str
+    text: str
+    add_special: bool = False
+    """Add BOS (when the model wants one)."""
+    parse_special: bool = False
+    """Turn special-token text (``<|im_start|>``) into those tokens."""
+
+
+@dataclass
+class DetokenizeOp:
+    """Turn token ids back into text: one ``text`` event."""
+
+    op: ClassVar[str] = "detokenize"
+    id: str
+    tokens: list[int]
+
+
+Request = GenerateOp | EmbedOp | CancelOp | HealthOp | StatsOp | TokenizeOp | DetokenizeOp
+
+
+# -- messages: events (runner → daemon) ---------------------------------------------------------
+
+
+@dataclass
+class PromptReadyEvent:
+    """The prompt of a generation is rendered and tokenized and the request is queued: errors in
+    the request itself (template, grammar, length) can no longer happen after this."""
+
+    event: ClassVar[str] = "prompt_ready"
+    id: str
+    prompt_tokens: int
+
+
+@dataclass
+class TokenEvent:
+    """New text of a generation: whole UTF-8 characters."""
+
+    event: ClassVar[str] = "token"
+    id: str
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    """When asked for: one entry per token generated since the previous event (text may lag
+    tokens: partial characters and possible stop strings are held back)."""
+
+
+@dataclass
+class DoneEvent:
+    """A generation ended (any reason, including ``cancel`` and ``error``)."""
+
+    event: ClassVar[str] = "done"
+    id: str
+    result: GenerationResult
+
+
+@dataclass
+class EmbeddingEvent:
+    """The vectors of an embedding request."""
+
+    event: ClassVar[str] = "embedding"
+    id: str
+    result: EmbeddingResult
+
+
+@dataclass
+class ErrorEvent:
+    """Request ``id`` failed before producing its result; it is over."""
+
+    event: ClassVar[str] = "error"
+    id: str | None
+    message: str
+    code: ErrorCode = "internal"
+
+
+@dataclass
+class HealthEvent:
+    """The answer to :class:`HealthOp`."""
+
+    event: ClassVar[str] = "health"
+    id: str
+    health: dict[str, Any]
+
+
+@dataclass
+class StatsEvent:
+    """The answer to :class:`StatsOp`."""
+
+    event: ClassVar[str] = "stats"
+    id: str
+    stats: Stats
+
+
+@dataclass
+class TokensEvent:
+    """The answer to :class:`TokenizeOp`."""
+
+    event: ClassVar[str] = "tokens"
+    id: str
+    tokens: list[int]
+
+
+@dataclass
+class TextEvent:
+    """The answer to :class:`DetokenizeOp`."""
+
+    event: ClassVar[str] = "text"
+    id: str
+    text: str
+
+
+Event = (
+    PromptReadyEvent
+    | TokenEvent
+    | DoneEvent
+    | EmbeddingEvent
+    | ErrorEvent
+    | HealthEvent
+    | StatsEvent
+    | TokensEvent
+    | TextEvent
+)
+
+_REQUESTS: dict[str, type] = {
+    cls.op: cls
+    for cls in (GenerateOp, EmbedOp, CancelOp, HealthOp, StatsOp, TokenizeOp, DetokenizeOp)
+}
+_EVENTS: dict[str, type] = {
+    cls.event: cls
+    for cls in (
+        PromptReadyEvent,
+        TokenEvent,
+        DoneEvent,
+        EmbeddingEvent,
+        ErrorEvent,
+        HealthEvent,
+        StatsEvent,
+        TokensEvent,
+        TextEvent,
+    )
+}
+
+
+def encode(message: Request | Event) -> bytes:
+    """One NDJSON line for ``message``: its tag (``op`` or ``event``), its ``id``, its fields."""
+    tag = "op" if hasattr(message, "op") else "event"
+    body = {tag: getattr(message, tag), **asdict(message)}  # type: ignore[call-overload]
+    # A lone surrogate in client text must not make the line unencodable: JSON escapes it.
+    return (json.dumps(body, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes | str) -> Request | Event:
+    """The message on one NDJSON line; :class:`ProtocolError` (carrying the request id when it
+    can be read) for anything that is not a valid message."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        raise ProtocolError("malformed message: not JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("malformed message: not an object")
+    raw_id = data.get("id")
+    request_id = raw_id if isinstance(raw_id, str) else None
+    if "op" in data:
+        cls = _REQUESTS.get(data["op"])
+        kind = f"op {data['op']!r}"
+    else:
+        cls = _EVENTS.get(data.get("event"))  # type: ignore[arg-type]
+        kind = f"event {data.get('event')!r}"
+    if cls is None:
+        raise ProtocolError(f"unknown {kind}", request_id)
+    if request_id is None and not (cls is ErrorEvent and raw_id is None):
+        raise ProtocolError(f"{kind} without a string id", None)
+    try:
+        return from_dict(cls, data)  # type: ignore[no-any-return]
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed {kind}: {exc}", request_id) from None

@@ -19,7 +19,17 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from .protocol import SamplingOptions
 
-__all__ = ["GrammarError", "Sampler", "grammar_for"]
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "GrammarError",
+    "Sampler",
+    "check_sampling",
+    "grammar_for",
+    "logits_at",
+    "token_logprobs",
+]
+
+MAX_TOP_LOGPROBS = 20
 
 _TOKEN_DATA = np.dtype([("id", np.intc), ("logit", np.single), ("p", np.single)], align=True)
 
@@ -40,6 +50,43 @@ def grammar_for(options: SamplingOptions) -> str | None:
     if options.json_mode:
         return JSON_GBNF
     return None
+
+
+def check_sampling(options: SamplingOptions, n_vocab: int) -> None:
+    """Refuse options the model cannot honour (``ValueError`` naming the option)."""
+    for key, bias in options.logit_bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if not 0 <= token < n_vocab:
+            raise ValueError(
+                f"logit_bias names token {token}, outside the vocabulary 0..{n_vocab - 1}"
+            )
+        if not isinstance(bias, int | float) or bias != bias:
+            raise ValueError(f"logit_bias[{key}] must be a number")
+    if not 0 <= options.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
+
+
+def logits_at(ctx: Any, batch_index: int, n_vocab: int) -> np.ndarray:
+    """The model's logits for one batch position (a view into llama.cpp's buffer)."""
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(n_vocab,))
+
+
+def token_logprobs(
+    logits: np.ndarray, token: int, top: int
+) -> tuple[float, list[tuple[int, float]]]:
+    """Log probability of ``token`` under softmax(``logits``), and the ``top`` most likely
+    tokens with theirs, best first."""
+    peak = float(logits.max())
+    log_total = peak + float(np.log(np.exp(logits - peak, dtype=np.float64).sum()))
+    chosen = float(logits[token]) - log_total
+    if top <= 0:
+        return chosen, []
+    best = np.argpartition(logits, -top)[-top:]
+    best = best[np.argsort(logits[best])[::-1]]
+    return chosen, [(int(i), float(logits[i]) - log_total) for i in best]
 
 
 class Sampler:
@@ -65,6 +112,12 @@ class Sampler:
                 raise GrammarError("the grammar could not be parsed (see the runner log)")
         add = self._add
         o = options
+        if o.logit_bias:
+            biases = [(int(k), float(v)) for k, v in o.logit_bias.items()]
+            array = (llama_cpp.llama_logit_bias * len(biases))(
+                *(llama_cpp.llama_logit_bias(token=t, bias=b) for t, b in biases)
+            )
+            add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), array))
         last_n = context_length if o.repeat_last_n < 0 else o.repeat_last_n
         if last_n and (o.repeat_penalty != 1.0 or o.frequency_penalty or o.presence_penalty):
             add(
@@ -102,9 +155,7 @@ class Sampler:
         if self.grammar is None:
             # Fast path: the whole chain runs in C and accepts the token itself.
             return int(llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index))
-        logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(self.n_vocab,)
-        )
+        logits = logits_at(ctx, batch_index, self.n_vocab)
         data, array = self._candidates()
         data["id"] = np.arange(self.n_vocab, dtype=np.intc)
         data["logit"] = logits

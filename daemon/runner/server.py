@@ -8,20 +8,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .chat import TemplateRenderError, render_chat
 from .engine import EmbeddingJob, Engine, GenerationJob
 from .model import LlamaModel
-from .protocol import EmbeddingRequest, GenerationRequest, from_dict
-from .sampling import GrammarError, grammar_for
+from .protocol import (
+    CancelOp,
+    DetokenizeOp,
+    DoneEvent,
+    EmbeddingEvent,
+    EmbedOp,
+    ErrorEvent,
+    Event,
+    GenerateOp,
+    GenerationRequest,
+    GenerationResult,
+    HealthEvent,
+    HealthOp,
+    PromptReadyEvent,
+    ProtocolError,
+    Request,
+    StatsEvent,
+    StatsOp,
+    TextEvent,
+    Timings,
+    TokenizeOp,
+    TokensEvent,
+    decode,
+    encode,
+)
+from .sampling import GrammarError, check_sampling, grammar_for
 
 __all__ = ["PromptError", "RunnerServer", "prepare_prompt"]
 
@@ -47,6 +69,19 @@ def _text(content: Any) -> str:
     raise PromptError("message content must be a string")
 
 
+def _encodable(text: str, field: str) -> str:
+    """``text`` if it can be UTF-8 encoded; JSON lets a client send a lone surrogate
+    (``"\\ud800"``), which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PromptError(
+            f"{field} is not valid Unicode: it holds a lone surrogate "
+            f"(U+{ord(text[exc.start]):04X}) at character {exc.start}"
+        ) from None
+    return text
+
+
 def _room_for_prompt(model: LlamaModel, request: GenerationRequest) -> int:
     """Prompt tokens allowed: the slot's context minus room to answer."""
     n_ctx = model.n_ctx_per_slot
@@ -60,12 +95,15 @@ def prepare_prompt(
 ) -> list[int]:
     """Render and tokenize a request's prompt, truncating it if asked and needed."""
     if request.suffix is not None:
+        _encodable(request.prompt or "", "prompt")
+        _encodable(request.suffix, "suffix")
         return _fill_in_the_middle(model, request)
     if request.messages is not None and not request.raw:
         return _chat_prompt(model, request, default_template)
     if request.messages is not None:
         raise PromptError("raw requests take a prompt, not messages")
-    tokens = model.tokenize(request.prompt or "", add_special=True, parse_special=True)
+    prompt = _encodable(request.prompt or "", "prompt")
+    tokens = model.tokenize(prompt, add_special=True, parse_special=True)
     return _fit(model, request, tokens, keep=1 if model.add_bos else 0)
 
 
@@ -96,9 +134,10 @@ def _chat_prompt(
     template = request.template or default_template or _FALLBACK_TEMPLATE
     bos, eos = model.token_text(model.bos_id), model.token_text(model.eos_id)
     messages = [{**m, "content": _text(m.get("content"))} for m in request.messages or []]
-    for message in messages:
+    for index, message in enumerate(messages):
         if not isinstance(message.get("role"), str):
             raise PromptError("every message needs a string role")
+        _encodable(message["content"], f"messages[{index}].content")
 
     def tokens_for(conversation: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
         try:
@@ -108,9 +147,13 @@ def _chat_prompt(
                 add_generation_prompt=generation_prompt,
                 bos_token=bos,
                 eos_token=eos,
+                tools=request.tools,
+                extra=request.template_kwargs,
             )
         except TemplateRenderError as exc:
             raise PromptError(str(exc)) from None
+        except UnicodeEncodeError:
+            raise PromptError("the conversation is not valid Unicode (a lone surrogate)") from None
         # Templates that write the BOS text themselves must not get a second one.
         add_special = model.add_bos and not (bos and text.startswith(bos))
         return model.tokenize(text, add_special=add_special, parse_special=True)
@@ -164,23 +207,27 @@ class _Connection:
         self.writer = writer
         self.loop = loop
         self.active: set[str] = set()
+        """Requests of this connection that have not ended (cancelled if it closes)."""
+        self.preparing: set[str] = set()
+        """Generations whose prompt is being prepared in a worker thread."""
+        self.cancelled: set[str] = set()
+        """Generations cancelled while being prepared: they end as soon as preparation does."""
         self.closed = False
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[Event] = []
         self._lock = threading.Lock()
 
-    def send(self, event: dict[str, Any]) -> None:
+    def send(self, event: Event) -> None:
         """Write one event (on the loop's thread)."""
         self._write([event])
 
-    def _write(self, events: list[dict[str, Any]]) -> None:
+    def _write(self, events: list[Event]) -> None:
         for event in events:
-            if event.get("event") in ("done", "error", "embedding"):
-                self.active.discard(str(event.get("id")))
+            if isinstance(event, DoneEvent | ErrorEvent | EmbeddingEvent):
+                self.active.discard(str(event.id))
         if self.closed:
             return
-        data = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
         try:
-            self.writer.write(data.encode())
+            self.writer.write(b"".join(encode(e) for e in events))
         except (ConnectionError, RuntimeError):
             self.closed = True
 
@@ -189,14 +236,15 @@ class _Connection:
             events, self._pending = self._pending, []
         self._write(events)
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: Event) -> None:
         with self._lock:
             self._pending.append(event)
             wake = len(self._pending) == 1
         if wake:
-            self.loop.call_soon_threadsafe(self._flush)
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the runner is exiting
+                self.loop.call_soon_threadsafe(self._flush)
 
-    def emitter(self) -> Callable[[dict[str, Any]], None]:
+    def emitter(self) -> Callable[[Event], None]:
         """A thread-safe callback for the engine."""
         return self._emit
 
@@ -211,6 +259,9 @@ class RunnerServer:
         self.default_template = model.config.chat_template or model.chat_template()
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
+        # Dispatched requests; close() waits for them, because prompt preparation reads the
+        # model's vocabulary from worker threads and the model must outlive them.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         """Listen on the socket (mode 0600)."""
@@ -226,7 +277,7 @@ class RunnerServer:
         os.chmod(self.socket_path, 0o600)
 
     async def close(self) -> None:
-        """Stop listening and drop connections."""
+        """Stop listening, drop connections and wait for requests being prepared."""
         if self._server is not None:
             self._server.close()
             for connection in list(self._connections):
@@ -234,6 +285,8 @@ class RunnerServer:
                 connection.writer.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
@@ -262,26 +315,23 @@ class RunnerServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(writer, asyncio.get_running_loop())
         self._connections.add(connection)
-        tasks: set[asyncio.Task[None]] = set()
         try:
             while line := await reader.readline():
                 try:
-                    message = json.loads(line)
-                    if not isinstance(message, dict):
-                        raise ValueError("not an object")
-                except ValueError:
+                    message = decode(line)
+                except ProtocolError as exc:
+                    connection.send(ErrorEvent(id=exc.id, message=str(exc), code="bad_request"))
+                    continue
+                if not isinstance(message, Request):
                     connection.send(
-                        {
-                            "event": "error",
-                            "id": None,
-                            "message": "malformed message",
-                            "code": "bad_request",
-                        }
+                        ErrorEvent(id=message.id, message="not a request", code="bad_request")
                     )
                     continue
+                if isinstance(message, GenerateOp | EmbedOp):
+                    connection.active.add(message.id)
                 task = asyncio.create_task(self._dispatch(connection, message))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
@@ -289,74 +339,85 @@ class RunnerServer:
             connection.closed = True
             # Whatever this client started is nobody's business any more.
             for job_id in list(connection.active):
-                self.engine.cancel(job_id)
+                self._cancel(connection, job_id)
             self._connections.discard(connection)
             writer.close()
 
-    async def _dispatch(self, connection: _Connection, message: dict[str, Any]) -> None:
-        op = message.get("op")
-        request_id = message.get("id")
+    async def _dispatch(self, connection: _Connection, message: Request) -> None:
+        """Run one request; whatever happens, a request that fails gets its error event."""
         try:
-            if op == "generate":
-                await self._generate(connection, message.get("request") or {})
-            elif op == "embed":
-                await self._embed(connection, message.get("request") or {})
-            elif op == "cancel":
-                # Also stops a request still being prepared from reaching the engine.
-                connection.active.discard(str(request_id))
-                self.engine.cancel(str(request_id))
-            elif op == "health":
-                connection.send({"event": "health", "id": request_id, "health": self.health()})
-            elif op == "stats":
-                connection.send(
-                    {"event": "stats", "id": request_id, "stats": asdict(self.engine.stats())}
-                )
-            elif op == "tokenize":
-                tokens = await asyncio.to_thread(
-                    self.model.tokenize, str(message.get("text", "")), False, False
-                )
-                connection.send({"event": "tokens", "id": request_id, "tokens": tokens})
-            else:
-                raise PromptError(f"unknown op {op!r}")
+            match message:
+                case GenerateOp():
+                    await self._generate(connection, message)
+                case EmbedOp():
+                    await self._embed(connection, message)
+                case CancelOp():
+                    self._cancel(connection, message.id)
+                case HealthOp():
+                    connection.send(HealthEvent(id=message.id, health=self.health()))
+                case StatsOp():
+                    connection.send(StatsEvent(id=message.id, stats=self.engine.stats()))
+                case TokenizeOp():
+                    tokens = await asyncio.to_thread(
+                        self.model.tokenize,
+                        _encodable(message.text, "text"),
+                        message.add_special,
+                        message.parse_special,
+                    )
+                    connection.send(TokensEvent(id=message.id, tokens=tokens))
+                case DetokenizeOp():
+                    try:
+                        text = await asyncio.to_thread(self.model.detokenize, message.tokens)
+                    except ValueError as exc:
+                        raise PromptError(str(exc)) from None
+                    connection.send(TextEvent(id=message.id, text=text))
         except PromptError as exc:
-            connection.send(
-                {"event": "error", "id": request_id, "message": str(exc), "code": exc.code}
-            )
+            connection.send(ErrorEvent(id=message.id, message=str(exc), code=exc.code))
         except Exception as exc:
-            log.exception("request failed")
+            log.exception("request %s failed", message.id)
             connection.send(
-                {
-                    "event": "error",
-                    "id": request_id,
-                    "message": f"internal error: {exc}",
-                    "code": "internal",
-                }
+                ErrorEvent(id=message.id, message=f"internal error: {exc}", code="internal")
             )
 
-    async def _generate(self, connection: _Connection, data: dict[str, Any]) -> None:
-        try:
-            request = GenerationRequest.from_json(data)
-        except TypeError as exc:
-            raise PromptError(f"malformed generate request: {exc}") from None
-        connection.active.add(request.id)
+    def _cancel(self, connection: _Connection, request_id: str) -> None:
+        if request_id in connection.preparing:
+            # Not in the engine yet: _generate ends it once preparation returns.
+            connection.cancelled.add(request_id)
+        else:
+            self.engine.cancel(request_id)
+
+    async def _generate(self, connection: _Connection, op: GenerateOp) -> None:
+        request = op.request
+        request.id = op.id
+        connection.preparing.add(op.id)
         try:
             tokens = await asyncio.to_thread(
                 prepare_prompt, self.model, request, self.default_template
             )
             grammar = await asyncio.to_thread(grammar_for, request.options)
-        except GrammarError as exc:
+            check_sampling(request.options, self.model.n_vocab)
+        except (GrammarError, ValueError) as exc:
+            if isinstance(exc, PromptError):
+                raise
             raise PromptError(str(exc)) from None
-        except PromptError as exc:
-            connection.active.discard(request.id)
+        finally:
+            connection.preparing.discard(op.id)
+        if op.id in connection.cancelled:
+            connection.cancelled.discard(op.id)
+            timings = Timings(prompt_tokens=len(tokens))
             connection.send(
-                {"event": "error", "id": request.id, "message": str(exc), "code": exc.code}
+                DoneEvent(
+                    id=op.id,
+                    result=GenerationResult(
+                        id=op.id, text="", done_reason="cancel", timings=timings
+                    ),
+                )
             )
             return
-        if request.id not in connection.active:  # the client left while we prepared
-            return
+        connection.send(PromptReadyEvent(id=op.id, prompt_tokens=len(tokens)))
         self.engine.submit(
             GenerationJob(
-                id=request.id,
+                id=op.id,
                 prompt=tokens,
                 options=request.options,
                 grammar=grammar,
@@ -364,25 +425,27 @@ class RunnerServer:
             )
         )
 
-    async def _embed(self, connection: _Connection, data: dict[str, Any]) -> None:
-        request: EmbeddingRequest = from_dict(EmbeddingRequest, data)
+    async def _embed(self, connection: _Connection, op: EmbedOp) -> None:
+        request = op.request
         limit = self.model.n_ctx_per_slot
         inputs = []
-        for text in request.inputs:
-            tokens = await asyncio.to_thread(self.model.tokenize, str(text), True, False)
+        for index, text in enumerate(request.inputs):
+            tokens = await asyncio.to_thread(
+                self.model.tokenize, _encodable(str(text), f"input[{index}]"), True, False
+            )
             if not tokens:
-                raise PromptError("cannot embed an empty input")
+                raise PromptError(f"input[{index}] is empty: there is nothing to embed")
             if len(tokens) > limit:
                 if not request.truncate:
                     raise PromptError(
-                        f"an input is {len(tokens)} tokens, more than the context of {limit}",
+                        f"input[{index}] is {len(tokens)} tokens, more than the context of "
+                        f"{limit}; shorten it or allow truncation",
                         "context_overflow",
                     )
                 tokens = tokens[:limit]
             inputs.append(tokens)
-        connection.active.add(request.id)
         self.engine.embed(
             EmbeddingJob(
-                id=request.id, inputs=inputs, normalize=request.normalize, emit=connection.emitter()
+                id=op.id, inputs=inputs, normalize=request.normalize, emit=connection.emitter()
             )
         )

@@ -1,0 +1,129 @@
+"""The runner protocol's one encode/decode pair: round trips, ids, and malformed lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localllm.daemon.runner.protocol import (
+    CancelOp,
+    DetokenizeOp,
+    DoneEvent,
+    EmbeddingEvent,
+    EmbeddingRequest,
+    EmbeddingResult,
+    EmbedOp,
+    ErrorEvent,
+    GenerateOp,
+    GenerationRequest,
+    GenerationResult,
+    HealthEvent,
+    HealthOp,
+    PromptReadyEvent,
+    ProtocolError,
+    SamplingOptions,
+    SlotStats,
+    Stats,
+    StatsEvent,
+    StatsOp,
+    TextEvent,
+    Timings,
+    TokenEvent,
+    TokenizeOp,
+    TokensEvent,
+    decode,
+    encode,
+)
+
+MESSAGES = [
+    GenerateOp(
+        id="g1",
+        request=GenerationRequest(
+            id="g1",
+            messages=[{"role": "user", "content": "hi \ud800"}],
+            options=SamplingOptions(temperature=0, stop=["\n"], json_schema={"type": "object"}),
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            template_kwargs={"enable_thinking": False},
+        ),
+    ),
+    EmbedOp(id="e1", request=EmbeddingRequest(id="e1", inputs=["a", "b"], truncate=False)),
+    CancelOp(id="g1"),
+    HealthOp(id="h1"),
+    StatsOp(id="s1"),
+    TokenizeOp(id="t1", text="<|im_start|>", add_special=True, parse_special=True),
+    DetokenizeOp(id="d1", tokens=[1, 2, 3]),
+    PromptReadyEvent(id="g1", prompt_tokens=12),
+    TokenEvent(id="g1", text="héllo"),
+    DoneEvent(
+        id="g1",
+        result=GenerationResult(
+            id="g1", text="x", done_reason="length", timings=Timings(ttft_ms=1.5, prompt_tokens=3)
+        ),
+    ),
+    EmbeddingEvent(
+        id="e1", result=EmbeddingResult(id="e1", embeddings=[[0.5]], prompt_tokens=1, total_ms=2)
+    ),
+    ErrorEvent(id="g1", message="no", code="context_overflow"),
+    ErrorEvent(id=None, message="unreadable", code="bad_request"),
+    HealthEvent(id="h1", health={"status": "ok"}),
+    StatsEvent(
+        id="s1",
+        stats=Stats(
+            slots=[SlotStats(id=0, state="decode", request_id="g1")],
+            waiting=0,
+            kv_cells_used=1,
+            kv_cells_total=2,
+            decode_tokens_per_s=1.0,
+            prefill_tokens_per_s=2.0,
+        ),
+    ),
+    TokensEvent(id="t1", tokens=[5]),
+    TextEvent(id="d1", text="abc"),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips_with_its_id_at_the_top(message: object) -> None:
+    line = encode(message)  # type: ignore[arg-type]
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    data = json.loads(line)
+    assert "id" in data and data["id"] == message.id  # type: ignore[attr-defined]
+    assert decode(line) == message
+
+
+def test_nested_dataclasses_are_rebuilt() -> None:
+    op = decode(encode(MESSAGES[0]))
+    assert isinstance(op, GenerateOp)
+    assert isinstance(op.request, GenerationRequest)
+    assert isinstance(op.request.options, SamplingOptions)
+    assert op.request.options.stop == ["\n"]
+    stats = decode(encode(MESSAGES[-3]))
+    assert isinstance(stats, StatsEvent)
+    assert isinstance(stats.stats.slots[0], SlotStats)
+
+
+@pytest.mark.parametrize(
+    ("line", "request_id", "reason"),
+    [
+        (b"not json\n", None, "not JSON"),
+        (b"[1, 2]\n", None, "not an object"),
+        (b'{"op": "explode", "id": "x1"}\n', "x1", "unknown op"),
+        (b'{"op": "generate", "request": {"id": "g"}}\n', None, "without a string id"),
+        (b'{"op": "generate", "id": "g2"}\n', "g2", "malformed op"),
+        (b'{"op": "generate", "id": "g3", "request": "text"}\n', "g3", "malformed op"),
+        (b'{"op": "tokenize", "id": "t2"}\n', "t2", "malformed op"),
+        (b'{"event": "done", "id": "g4", "result": {"text": "x"}}\n', "g4", "malformed event"),
+    ],
+)
+def test_malformed_lines_raise_with_the_id_when_readable(
+    line: bytes, request_id: str | None, reason: str
+) -> None:
+    with pytest.raises(ProtocolError, match=reason) as caught:
+        decode(line)
+    assert caught.value.id == request_id
+
+
+def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
+    line = b'{"event": "token", "id": "g1", "text": "a", "logprob": -0.5}\n'
+    assert decode(line) == TokenEvent(id="g1", text="a")
