@@ -1,0 +1,651 @@
+"""Tool-call parsers and the thinking splitter, on outputs as the model families write them.
+
+Each case is fed whole, at every split point into two pieces, and one character at a time:
+the parsed result must be the same however the stream was cut, and text streamed as content
+must never contain call syntax.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.daemon.toolcalls import (
+    GemmaParser,
+    GenericJsonParser,
+    GraniteParser,
+    HarmonyParser,
+    HermesParser,
+    Llama3Parser,
+    MistralParser,
+    OutputParser,
+    Parsed,
+    Qwen3CoderParser,
+    ThinkingSplitter,
+    ToolCall,
+    detect_family,
+    detect_thinking,
+    grammar_syntax,
+    lazy_triggers,
+    new_call_id,
+    parser_for,
+    template_supports_tools,
+    tool_call_grammar,
+)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
+    },
+}
+TOOLS = [WEATHER, TIME]
+
+Factory = Callable[[], object]
+
+
+def _run(make: Callable[[], object], pieces: list[str]) -> Parsed:
+    parser = make()
+    out = Parsed()
+    for piece in pieces:
+        step = parser.feed(piece)  # type: ignore[attr-defined]
+        out.add(step)
+    out.add(parser.finish())  # type: ignore[attr-defined]
+    return out
+
+
+def _splits(text: str) -> list[list[str]]:
+    cuts = [[text], list(text)]
+    cuts += [[text[:i], text[i:]] for i in range(1, len(text))]
+    cuts += [[text[:i], text[i:j], text[j:]] for i in range(1, len(text), 7) for j in (i + 3,)]
+    return cuts
+
+
+def check(
+    make: Callable[[], object],
+    text: str,
+    content: str,
+    calls: list[ToolCall],
+    thinking: str = "",
+    forbidden: tuple[str, ...] = (),
+) -> None:
+    """``text`` parses to ``content`` and ``calls`` however it is cut into pieces."""
+    for pieces in _splits(text):
+        out = _run(make, pieces)
+        assert out.calls == calls, pieces
+        assert out.content == content, pieces
+        assert out.thinking == thinking, pieces
+        for marker in forbidden:
+            assert marker not in out.content
+
+
+# --- Hermes / Qwen ---------------------------------------------------------------------------
+
+QWEN_ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+QWEN_TWO = (
+    "I'll check both.\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+    "</tool_call>\n"
+    '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}\n</tool_call>'
+)
+
+
+def test_hermes_one_call() -> None:
+    check(
+        lambda: HermesParser(TOOLS),
+        QWEN_ONE,
+        "",
+        [ToolCall("get_weather", {"city": "Paris"})],
+        forbidden=("<tool_call>",),
+    )
+
+
+def test_hermes_text_then_two_calls() -> None:
+    check(
+        lambda: HermesParser(TOOLS),
+        QWEN_TWO,
+        "I'll check both.",
+        [
+            ToolCall("get_weather", {"city": "Paris", "days": 2}),
+            ToolCall("get_time", {"zone": "Europe/Paris"}),
+        ],
+        forbidden=("<tool", "</tool"),
+    )
+
+
+def test_hermes_plain_text_that_looks_like_a_call() -> None:
+    text = "Use the <tool_call> tag like <tool_call>this</tool_call>, or write <tool_ca."
+    check(lambda: HermesParser(TOOLS), text, text, [])
+
+
+def test_hermes_invalid_json_comes_back_as_text() -> None:
+    text = (
+        'Before <tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call> after'
+    )
+    check(lambda: HermesParser(TOOLS), text, text, [])
+
+
+def test_hermes_braces_and_tags_inside_strings() -> None:
+    text = (
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "a}]</tool_call>\\"{"}}'
+        "</tool_call>"
+    )
+    check(
+        lambda: HermesParser(TOOLS),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": 'a}]</tool_call>"{'})],
+    )
+
+
+def test_hermes_call_cut_off_without_closing_tag() -> None:
+    # generation stopped (EOS or a stop string) right after the JSON
+    text = 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {}}'
+    check(lambda: HermesParser(TOOLS), text, "Sure.", [ToolCall("get_time", {})])
+
+
+def test_hermes_unfinished_call_is_text() -> None:
+    text = 'Sure.\n<tool_call>\n{"name": "get_time", "argu'
+    check(lambda: HermesParser(TOOLS), text, text, [])
+
+
+def test_hermes_text_after_a_call_is_content() -> None:
+    text = QWEN_ONE + "\nDone."
+    check(
+        lambda: HermesParser(TOOLS),
+        text,
+        "Done.",
+        [ToolCall("get_weather", {"city": "Paris"})],
+    )
+
+
+def test_hermes_streams_text_before_a_call_at_once() -> None:
+    parser = HermesParser(TOOLS)
+    assert parser.feed("Let me look").content == "Let me look"
+    assert parser.feed(" that up <tool").content == " that up"
+    step = parser.feed('_call>{"name": "get_time", "arguments": {}}</tool_call>')
+    assert step.content == "" and step.calls == [ToolCall("get_time", {})]
+    assert not parser.finish()
+
+
+def test_qwen3_coder_xml_calls() -> None:
+    text = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_time>\n<parameter=zone>\n42\n</parameter>\n</function>\n"
+        "</tool_call>"
+    )
+    check(
+        lambda: Qwen3CoderParser(TOOLS),
+        text,
+        "",
+        [
+            ToolCall("get_weather", {"city": "New York", "days": 3}),
+            ToolCall("get_time", {"zone": "42"}),  # the schema says string: kept as text
+        ],
+    )
+
+
+def test_qwen3_coder_still_reads_json_calls() -> None:
+    check(
+        lambda: Qwen3CoderParser(TOOLS),
+        QWEN_ONE,
+        "",
+        [ToolCall("get_weather", {"city": "Paris"})],
+    )
+
+
+# --- Llama 3.x -------------------------------------------------------------------------------
+
+
+def test_llama3_bare_json_call() -> None:
+    text = '{"name": "get_weather", "parameters": {"city": "Paris", "days": 1}}'
+    check(
+        lambda: Llama3Parser(TOOLS),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": "Paris", "days": 1})],
+    )
+
+
+def test_llama3_with_type_and_python_tag() -> None:
+    text = '<|python_tag|>{"type": "function", "name": "get_time", "parameters": {"zone": "UTC"}}'
+    check(lambda: Llama3Parser(TOOLS), text, "", [ToolCall("get_time", {"zone": "UTC"})])
+
+
+def test_llama3_several_calls_separated_by_semicolons() -> None:
+    text = (
+        '{"name": "get_weather", "parameters": {"city": "Oslo"}}; '
+        '{"name": "get_time", "parameters": {"zone": "CET"}}'
+    )
+    check(
+        lambda: Llama3Parser(TOOLS),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": "Oslo"}), ToolCall("get_time", {"zone": "CET"})],
+    )
+
+
+def test_llama3_builtin_tool_in_python_syntax() -> None:
+    text = '<|python_tag|>brave_search.call(query="weather in Paris")'
+    check(
+        lambda: Llama3Parser(TOOLS),
+        text,
+        "",
+        [ToolCall("brave_search", {"query": "weather in Paris"})],
+    )
+
+
+def test_llama3_json_that_is_not_a_call_is_text() -> None:
+    for text in (
+        '{"name": "Alice", "age": 3}',  # no parameters and not a declared tool
+        '{"name": "unknown_tool", "parameters": {}}',
+        '{"city": "Paris"}',
+        "The set {1, 2} has two elements.\n{ not json",
+        'Here it is: {"name": "get_time", "parameters": {}} inline',  # mid-line: prose
+    ):
+        check(lambda: Llama3Parser(TOOLS), text, text, [])
+
+
+def test_llama3_does_not_hold_prose_in_braces() -> None:
+    parser = Llama3Parser(TOOLS)
+    assert parser.feed("{this is").content == "{this is"
+
+
+# --- Mistral ---------------------------------------------------------------------------------
+
+
+def test_mistral_array_with_ids() -> None:
+    text = (
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"},'
+        ' {"name": "get_time", "arguments": {}, "id": "f5g6h7i8j"}]'
+    )
+    check(
+        lambda: MistralParser(TOOLS),
+        text,
+        "",
+        [
+            ToolCall("get_weather", {"city": "Paris"}, "a1b2c3d4e"),
+            ToolCall("get_time", {}, "f5g6h7i8j"),
+        ],
+    )
+
+
+def test_mistral_args_syntax_with_call_ids() -> None:
+    text = (
+        'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}'
+        '[TOOL_CALLS]get_time[CALL_ID]abc123XYZ[ARGS]{"zone": "UTC"}'
+    )
+    check(
+        lambda: MistralParser(TOOLS),
+        text,
+        "Checking.",
+        [
+            ToolCall("get_weather", {"city": "Lyon"}),
+            ToolCall("get_time", {"zone": "UTC"}, "abc123XYZ"),
+        ],
+    )
+
+
+def test_mistral_marker_in_prose_is_text() -> None:
+    for text in ("Write [TOOL_CALLS] then the calls.", "a [TOOL_CALL] b [TOOL_CALLS]"):
+        check(lambda: MistralParser(TOOLS), text, text, [])
+
+
+# --- Granite / Phi-4-mini --------------------------------------------------------------------
+
+
+def test_granite_list() -> None:
+    text = (
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Rome"}}, '
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]'
+    )
+    check(
+        lambda: GraniteParser(TOOLS),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": "Rome"}), ToolCall("get_time", {"zone": "CET"})],
+    )
+
+
+def test_phi4_mini_object_with_closing_marker() -> None:
+    text = 'OK <|tool_call|>{"name": "get_time", "arguments": {"zone": "PST"}}<|/tool_call|>'
+    check(lambda: GraniteParser(TOOLS), text, "OK", [ToolCall("get_time", {"zone": "PST"})])
+
+
+# --- Gemma-style and generic JSON ------------------------------------------------------------
+
+
+def test_gemma_tool_code_python_call() -> None:
+    text = '```tool_code\nprint(default_api.get_weather(city="Paris", days=2))\n```'
+    check(
+        lambda: GemmaParser(TOOLS),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": "Paris", "days": 2})],
+    )
+
+
+def test_gemma_json_fence_and_plain_json() -> None:
+    fenced = 'Sure!\n```json\n{"name": "get_time", "parameters": {"zone": "UTC"}}\n```'
+    check(lambda: GemmaParser(TOOLS), fenced, "Sure!", [ToolCall("get_time", {"zone": "UTC"})])
+    plain = (
+        '[{"name": "get_time", "arguments": {}}, '
+        '{"name": "get_weather", "arguments": {"city": "Nice"}}]'
+    )
+    check(
+        lambda: GenericJsonParser(TOOLS),
+        plain,
+        "",
+        [ToolCall("get_time", {}), ToolCall("get_weather", {"city": "Nice"})],
+    )
+
+
+def test_generic_json_code_and_data_stay_text() -> None:
+    for text in (
+        "```python\nprint(get_weather(city='x'))\n```",  # an example, not a tool_code block
+        '```json\n{"city": "Paris"}\n```',
+        '{"name": "Bob", "parameters": {}}',  # not a declared tool
+        "[link](http://x)\n[1, 2]",
+        "```tool_code\nimport os\n```",  # tool_code, but not a call
+    ):
+        check(lambda: GenericJsonParser(TOOLS), text, text, [])
+
+
+# --- Harmony (GPT-OSS) -----------------------------------------------------------------------
+
+
+def test_harmony_reasoning_then_answer() -> None:
+    text = (
+        "<|channel|>analysis<|message|>User greets. Answer.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>Hello there!"
+    )
+    check(lambda: HarmonyParser(TOOLS), text, "Hello there!", [], thinking="User greets. Answer.")
+
+
+def test_harmony_call_both_recipient_positions() -> None:
+    text = (
+        "<|channel|>analysis<|message|>Need weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        '<|message|>{"city": "Paris"}<|call|>'
+    )
+    check(
+        lambda: HarmonyParser(TOOLS),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": "Paris"})],
+        thinking="Need weather.",
+    )
+    text = "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}"
+    check(lambda: HarmonyParser(TOOLS), text, "", [ToolCall("get_time", {})])
+
+
+def test_harmony_plain_output_is_content() -> None:
+    check(lambda: HarmonyParser(TOOLS), "Just text <|x", "Just text <|x", [])
+
+
+# --- thinking --------------------------------------------------------------------------------
+
+
+def test_think_tags_split() -> None:
+    text = "<think>\nThe user wants 2+2.\n</think>\n\n4"
+    check(
+        lambda: ThinkingSplitter("<think>", "</think>"),
+        text,
+        "4",
+        [],
+        thinking="\nThe user wants 2+2.\n",
+    )
+
+
+def test_think_tag_later_in_the_answer_is_text() -> None:
+    text = "Tags like <think> and </think> mark reasoning."
+    check(lambda: ThinkingSplitter("<think>", "</think>"), text, text, [])
+
+
+def test_prompt_opened_thinking() -> None:
+    text = "Let me see.</think>The answer is 4."
+    check(
+        lambda: ThinkingSplitter("<think>", "</think>", starts_thinking=True),
+        text,
+        "The answer is 4.",
+        [],
+        thinking="Let me see.",
+    )
+
+
+def test_unfinished_thinking_stays_thinking() -> None:
+    check(
+        lambda: ThinkingSplitter("[THINK]", "[/THINK]"),
+        "[THINK]hmm, still going",
+        "",
+        [],
+        thinking="hmm, still going",
+    )
+
+
+def test_thinking_then_tool_call() -> None:
+    text = "<think>I should call it.</think>\n\n" + QWEN_ONE
+    check(
+        lambda: OutputParser(HermesParser(TOOLS), ThinkingSplitter("<think>", "</think>")),
+        text,
+        "",
+        [ToolCall("get_weather", {"city": "Paris"})],
+        thinking="I should call it.",
+    )
+
+
+# --- detection -------------------------------------------------------------------------------
+
+QWEN_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}"
+    "{{ tool | tojson }}{% endfor %}</tools>\nFor each function call, return a json object "
+    "within <tool_call></tool_call> XML tags{% endif %}{% for message in messages %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA_TEMPLATE = (
+    "{% for message in messages %}<|start_header_id|>{{ message.role }}<|end_header_id|>\n\n"
+    "{{ message.content }}<|eot_id|>{% endfor %}{% if tools %}Use tools: {{ tools | tojson }}"
+    "{% endif %}{% if message.role == 'ipython' %}x{% endif %}"
+)
+MISTRAL_TEMPLATE = (
+    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls[0].function.name }}"
+    "[ARGS]{{ m.tool_calls[0].function.arguments }}{% endif %}{% endfor %}"
+)
+CHATML_NO_TOOLS = (
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "<|im_end|>\n{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "family"),
+    [
+        (QWEN_TEMPLATE, HermesParser),
+        (QWEN_TEMPLATE.replace("</tools>", "</tools><function=x><parameter=y>"), Qwen3CoderParser),
+        (LLAMA_TEMPLATE, Llama3Parser),
+        (MISTRAL_TEMPLATE, MistralParser),
+        ("{% if tools %}<|tool_call|>{% endif %}", GraniteParser),
+        ("{% if tools %}<|channel|>commentary{% endif %}", HarmonyParser),
+        ("{% if tools %}```tool_code{% endif %}", GemmaParser),
+        ("{% for t in tools %}{{ t.function.name }}{% endfor %}", GenericJsonParser),
+        (CHATML_NO_TOOLS, None),
+        ("{{ messages[0]['content'] }} say tools", None),  # the word is not the variable
+        (None, None),
+    ],
+)
+def test_detect_family(template: str | None, family: type | None) -> None:
+    assert detect_family(template) is family
+    assert template_supports_tools(template) is (family is not None)
+    parser = parser_for(template, TOOLS)
+    assert (type(parser) if parser is not None else None) is family
+
+
+def test_grammar_syntax_and_thinking_detection() -> None:
+    assert grammar_syntax(MISTRAL_TEMPLATE) == "mistral-args"
+    assert grammar_syntax(QWEN_TEMPLATE) == "hermes"
+    assert grammar_syntax(CHATML_NO_TOOLS) is None
+    assert detect_thinking("{{ '<think>' }}x{{ '</think>' }}") == ("<think>", "</think>")
+    assert detect_thinking("<|channel|><think></think>") is None
+    assert detect_thinking(CHATML_NO_TOOLS) is None
+
+
+def test_call_ids() -> None:
+    ids = {new_call_id() for _ in range(50)}
+    assert len(ids) == 50
+    assert all(i.startswith("call_") and len(i) == 13 and i[5:].isalnum() for i in ids)
+
+
+# --- grammars --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab(tiny_gguf: Path) -> Iterator[Any]:
+    """The tiny model's vocabulary (byte-level: any text tokenizes), loaded by llama.cpp."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(tiny_gguf).encode(), params)
+    assert model
+    yield llama_cpp.llama_model_get_vocab(model)
+    llama_cpp.llama_model_free(model)
+
+
+def _accepts(vocab: Any, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler lets the tokens of ``text`` through, and then
+    the end of generation (so the grammar is complete there). Each token is checked with
+    ``apply`` before it is accepted: accepting a refused token would abort the process."""
+    import ctypes
+
+    import llama_cpp
+
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    assert sampler, f"llama.cpp refused the grammar:\n{grammar}"
+    data = text.encode()
+    buffer = (llama_cpp.llama_token * (len(data) + 8))()
+    count = llama_cpp.llama_tokenize(vocab, data, len(data), buffer, len(buffer), False, False)
+    assert count > 0
+    try:
+        for token in [*buffer[:count], llama_cpp.llama_vocab_eos(vocab)]:
+            candidate = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 1.0, 0))
+            array = llama_cpp.llama_token_data_array(candidate, 1, -1, False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(array))
+            if candidate[0].logit == float("-inf"):
+                return False
+            if token != llama_cpp.llama_vocab_eos(vocab):
+                llama_cpp.llama_sampler_accept(sampler, token)
+        return True
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+
+
+GRAMMAR_CASES = {
+    "hermes": (
+        '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_time", "arguments": {"zone": 5}}\n</tool_call>',
+        HermesParser,
+    ),
+    "qwen3-coder": (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "<tool_call>\n<function=get_weather>\n<parameter=town>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>",
+        Qwen3CoderParser,
+    ),
+    "llama3": (
+        '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}',
+        '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+        Llama3Parser,
+    ),
+    "mistral": (
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]',
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": null}}]',
+        MistralParser,
+    ),
+    "mistral-args": (
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}',
+        '[TOOL_CALLS]get_weather[ARGS]{"days": 1}',  # city is required
+        MistralParser,
+    ),
+    "granite": (
+        '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "CET"}}]',
+        '<|tool_call|>[{"name": "set_time", "arguments": {}}]',
+        GraniteParser,
+    ),
+    "json": (
+        '{"name": "get_time", "arguments": {"zone": "CET"}}',
+        '{"name": "get_time"}',
+        GenericJsonParser,
+    ),
+    "harmony": (
+        '<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{"zone": "X"}',
+        "<|channel|>analysis<|message|>hmm",
+        HarmonyParser,
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(GRAMMAR_CASES))
+def test_grammar_accepts_calls_and_refuses_others(family: str, vocab: Any) -> None:
+    """Every grammar is parsed by llama.cpp itself, lets a valid call through (which the
+    family's parser reads back), and refuses a malformed one."""
+    good, bad, parser = GRAMMAR_CASES[family]
+    grammar = tool_call_grammar(family, TOOLS, parallel=False)
+    assert _accepts(vocab, grammar, good)
+    assert not _accepts(vocab, grammar, bad)
+    assert _run(lambda: parser(TOOLS), [good]).calls  # type: ignore[operator]
+    for name in (None, "get_time"):
+        forced = tool_call_grammar(family, TOOLS, name=name, parallel=True)
+        assert _accepts(vocab, forced, good) is (name is None or "get_time" in good)
+        if name:
+            assert "get_weather" not in forced
+
+
+def test_parallel_grammar_takes_several_calls(vocab: Any) -> None:
+    one = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    two = one + "\n" + one
+    assert _accepts(vocab, tool_call_grammar("hermes", TOOLS), two)
+    assert not _accepts(vocab, tool_call_grammar("hermes", TOOLS, parallel=False), two)
+
+
+def test_grammar_for_unknown_tool_name() -> None:
+    from localllm.daemon.toolcalls import ToolGrammarError
+
+    with pytest.raises(ToolGrammarError):
+        tool_call_grammar("hermes", TOOLS, name="missing")
+
+
+def test_lazy_triggers() -> None:
+    import re
+
+    (pattern,) = lazy_triggers("hermes")
+    match = re.fullmatch(pattern, 'Let me check. <tool_call>\n{"name"')
+    assert match is not None and match.group(1) == "<tool_call>"
+    assert lazy_triggers("llama3") == []
+
+
+def test_arguments_keep_key_order() -> None:
+    text = '<tool_call>{"name": "get_weather", "arguments": {"z": 1, "a": 2, "m": 3}}</tool_call>'
+    (call,) = _run(lambda: HermesParser(TOOLS), [text]).calls
+    assert list(call.arguments) == ["z", "a", "m"]
+    assert json.dumps(call.arguments) == '{"z": 1, "a": 2, "m": 3}'
