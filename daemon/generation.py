@@ -172,6 +172,8 @@ class Generation:
         self.waited = waited
         """Seconds from the daemon's receipt of the request to handing it to the runner."""
         self._started_events = False
+        self._pump_task: asyncio.Task[None] | None = None
+        self._pump_stopped = False
 
     @property
     def model_name(self) -> str:
@@ -192,7 +194,9 @@ class Generation:
         """
         self._started_events = True
         items: asyncio.Queue[str | Outcome | BaseException] = asyncio.Queue()
-        pump = asyncio.create_task(self._pump(items))
+        self._pump_task = pump = asyncio.create_task(self._pump(items))
+        _background.add(pump)
+        pump.add_done_callback(_background.discard)
         try:
             while True:
                 item = await items.get()
@@ -202,10 +206,17 @@ class Generation:
                 if isinstance(item, Outcome):
                     return
         finally:
-            if not pump.done():
-                pump.cancel()
+            self._stop_pump()
+            # Shielded: if this generator is being cancelled too, the pump still finishes
+            # cancelling the runner request (and recording it) on its own.
             with contextlib.suppress(BaseException):
-                await pump
+                await asyncio.shield(pump)
+
+    def _stop_pump(self) -> None:
+        pump = self._pump_task
+        if pump is not None and not pump.done() and not self._pump_stopped:
+            self._pump_stopped = True
+            pump.cancel()
 
     async def _pump(self, items: asyncio.Queue[str | Outcome | BaseException]) -> None:
         result: Result | None = None
@@ -253,9 +264,12 @@ class Generation:
         )
 
     def close(self) -> None:
-        """Give the slot back and cancel the runner request if :meth:`events` never ran
-        (idempotent)."""
+        """The answer is over (sent, abandoned or never started): stop the runner request if
+        it still runs and give the slot back (idempotent)."""
         if self._started_events:
+            # A response body that was closed leaves events() suspended at a yield; the pump
+            # would otherwise keep generating for nobody until the generator is collected.
+            self._stop_pump()
             return
         self._started_events = True
         self.lease.release()
