@@ -83,6 +83,8 @@ class GenerationJob:
     emit: Emit
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+    return_context: bool = False
+    """Put prompt and generated tokens in the result (Ollama's ``context``)."""
 
 
 @dataclass
@@ -110,6 +112,8 @@ class Slot:
         self.text: TextStream | None = None
         self.pending: int | None = None
         """Sampled token not yet evaluated (the next decode input)."""
+        self.output: list[int] = []
+        """Tokens generated for the current request."""
         self.logprobs: list[TokenLogprob] = []
         """Log probabilities of tokens whose text has not been emitted yet (when asked for)."""
         self.batch_index = -1
@@ -319,6 +323,7 @@ class Engine:
             slot.sampler = sampler
             slot.text = TextStream(job.options.stop)
             slot.pending = None
+            slot.output = []
             slot.logprobs = []
             slot.reused = reuse
             slot.generated = 0
@@ -453,6 +458,7 @@ class Engine:
         if self.model.is_end_of_generation(token):
             self._finish(slot, "stop")
             return
+        slot.output.append(token)
         piece_bytes = self.model.piece(token)
         if job.options.logprobs:
             slot.logprobs.append(self._logprob(slot.batch_index, token, piece_bytes, job))
@@ -532,7 +538,10 @@ class Engine:
         slot.logprobs = []  # tokens of a stop string that was cut leave no text, nor logprobs
         if tail:
             job.emit(TokenEvent(id=job.id, text=tail, logprobs=logprobs))
-        job.emit(_done(job.id, full_text, reason, timings, error))
+        done = _done(job.id, full_text, reason, timings, error)
+        if job.return_context:
+            done.result.context = job.prompt + slot.output
+        job.emit(done)
 
     def _fail(self, slot: Slot, message: str) -> None:
         self._finish(slot, "error", message)

@@ -140,6 +140,11 @@ class SamplingOptions:
     """A JSON schema constraining the output (converted to GBNF by the runner)."""
     json_mode: bool = False
     """Constrain the output to any JSON value (Ollama's ``format: "json"``)."""
+    grammar_triggers: list[str] = field(default_factory=list)
+    """Make ``grammar`` lazy: free text until one of these regular expressions matches the
+    whole output so far (llama.cpp's lazy grammar patterns, for example
+    ``[\\s\\S]*?(<tool_call>)[\\s\\S]*``), then the grammar constrains the rest from the
+    first group's start. Tool calls use this: prose is free, a call once begun is valid."""
     logprobs: bool = False
     """Report each generated token's log probability (from the model's own distribution)."""
     top_logprobs: int = 0
@@ -185,6 +190,10 @@ class GenerationRequest:
     """If the prompt is too long, drop the oldest tokens after the system prompt."""
     options: SamplingOptions = field(default_factory=SamplingOptions)
     """Sampling options."""
+    context: list[int] | None = None
+    """Tokens of an earlier exchange (Ollama's ``context``), put before the prompt."""
+    return_context: bool = False
+    """Return the prompt and generated tokens in the result's ``context``."""
     tools: list[dict[str, Any]] | None = None
     """Tool definitions (OpenAI's ``{"type": "function", "function": {...}}``), rendered by the
     chat template as Hugging Face's ``apply_chat_template(tools=...)`` does."""
@@ -236,6 +245,8 @@ class GenerationResult:
     """Timings and token counts."""
     error: str | None = None
     """Set when done_reason is ``error``."""
+    context: list[int] | None = None
+    """Prompt and generated tokens, when the request asked (Ollama's ``context``)."""
 
 
 @dataclass

@@ -105,7 +105,16 @@ class Sampler:
             llama_cpp.llama_sampler_chain_default_params()
         )
         self.grammar = None
-        if grammar is not None:
+        if grammar is not None and options.grammar_triggers:
+            patterns = [p.encode() for p in options.grammar_triggers]
+            array = (ctypes.c_char_p * len(patterns))(*patterns)
+            self.grammar = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+                vocab, grammar.encode(), b"root", array, len(patterns), None, 0
+            )
+            if not self.grammar:
+                self.close()
+                raise GrammarError("the grammar or its triggers could not be parsed")
+        elif grammar is not None:
             self.grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
             if not self.grammar:
                 self.close()

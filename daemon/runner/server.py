@@ -98,13 +98,25 @@ def prepare_prompt(
         _encodable(request.prompt or "", "prompt")
         _encodable(request.suffix, "suffix")
         return _fill_in_the_middle(model, request)
+    if request.messages is not None and request.context:
+        raise PromptError("context continues a prompt, not a chat: send the messages instead")
     if request.messages is not None and not request.raw:
         return _chat_prompt(model, request, default_template)
     if request.messages is not None:
         raise PromptError("raw requests take a prompt, not messages")
     prompt = _encodable(request.prompt or "", "prompt")
-    tokens = model.tokenize(prompt, add_special=True, parse_special=True)
+    context = _checked_context(model, request.context)
+    tokens = context + model.tokenize(prompt, add_special=not context, parse_special=True)
     return _fit(model, request, tokens, keep=1 if model.add_bos else 0)
+
+
+def _checked_context(model: LlamaModel, context: list[int] | None) -> list[int]:
+    if not context:
+        return []
+    for token in context:
+        if not isinstance(token, int) or not 0 <= token < model.n_vocab:
+            raise PromptError(f"context holds {token!r}, which is not a token of this model")
+    return list(context)
 
 
 def _fill_in_the_middle(model: LlamaModel, request: GenerationRequest) -> list[int]:
@@ -422,6 +434,7 @@ class RunnerServer:
                 options=request.options,
                 grammar=grammar,
                 emit=connection.emitter(),
+                return_context=request.return_context,
             )
         )
 

@@ -1,0 +1,122 @@
+"""Runner features the agent APIs build on: logprobs, logit_bias, lazy grammars, context."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+from runner_harness import RunnerHarness, greedy
+from tiny_gguf import write_tiny_gguf
+
+from localllm.daemon.runner import GenerationRequest, RunnerConfig, RunnerError, TokenChunk
+from localllm.daemon.runner.protocol import TokenLogprob
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunnerHarness]:
+    """The tiny model that never ends a generation by itself: every stream runs to its limit."""
+    endless = write_tiny_gguf(tmp_path_factory.mktemp("endless") / "endless.gguf", never_ends=True)
+    config = RunnerConfig(model_path=str(endless), n_slots=2, n_ctx_per_slot=512, n_threads=2)
+    harness = RunnerHarness(config, tmp_path_factory.mktemp("features"))
+    yield harness
+    harness.close()
+
+
+def raw(prompt: str, **options: object) -> GenerationRequest:
+    return GenerationRequest(id="", prompt=prompt, raw=True, options=greedy(**options))  # type: ignore[arg-type]
+
+
+def logprobs_of(
+    runner: RunnerHarness, request: GenerationRequest
+) -> tuple[str, list[TokenLogprob]]:
+    async def collect() -> tuple[str, list[TokenLogprob]]:
+        text, entries = "", []
+        async for event in runner.client.generate(request):
+            if isinstance(event, TokenChunk):
+                text += event.text
+                entries += event.logprobs or []
+        return text, entries
+
+    return runner.run(collect())
+
+
+def test_logprobs_describe_the_greedy_choice(runner: RunnerHarness) -> None:
+    request = raw("logprob check: the sky", num_predict=12, repeat_penalty=1.0)
+    request.options.logprobs, request.options.top_logprobs = True, 5
+    text, entries = logprobs_of(runner, request)
+    assert len(entries) == 12  # one per generated token (none is held back at the end)
+    assert "".join(e.token for e in entries) == text
+    for entry in entries:
+        assert entry.logprob <= 0.0
+        assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+        assert len(entry.top_logprobs) == 5
+        top = [t.logprob for t in entry.top_logprobs]
+        assert top == sorted(top, reverse=True)
+        # Greedy without penalties picks the most likely token.
+        assert entry.top_logprobs[0].token == entry.token
+        assert math.isclose(top[0], entry.logprob, abs_tol=1e-4)
+        assert sum(math.exp(lp) for lp in top) <= 1.0 + 1e-4
+
+
+def test_no_logprobs_unless_asked(runner: RunnerHarness) -> None:
+    _, entries = logprobs_of(runner, raw("logprob check: the sky", num_predict=4))
+    assert entries == []
+
+
+def test_logit_bias_bans_the_greedy_token(runner: RunnerHarness) -> None:
+    prompt = "bias check: the sky"
+    first = runner.run(runner.client.tokenize(runner.generate(raw(prompt, num_predict=1))[0]))
+    assert len(first) == 1
+    banned = raw(prompt, num_predict=1)
+    banned.options.logit_bias = {str(first[0]): -100.0}
+    text, _ = runner.generate(banned)
+    assert runner.run(runner.client.tokenize(text)) != first
+
+
+@pytest.mark.parametrize(
+    ("bias", "words"),
+    [({"word": 1.0}, "token ids"), ({"99999999": 1.0}, "outside the vocabulary")],
+)
+def test_bad_logit_bias_is_refused(
+    runner: RunnerHarness, bias: dict[str, float], words: str
+) -> None:
+    request = raw("bias check", num_predict=1)
+    request.options.logit_bias = bias
+    with pytest.raises(RunnerError, match=words) as refused:
+        runner.generate(request)
+    assert refused.value.code == "bad_request"
+
+
+def test_lazy_grammar_is_free_until_its_trigger(runner: RunnerHarness) -> None:
+    # The trigger never appears at the start of this model's output, so the grammar (which
+    # would force "AAA...") must not constrain it; an eager grammar does.
+    grammar = 'root ::= "A"+'
+    eager = raw("grammar check: the sky", num_predict=6, grammar=grammar)
+    assert set(runner.generate(eager)[0]) == {"A"}
+    lazy = raw("grammar check: the sky", num_predict=6, grammar=grammar)
+    lazy.options.grammar_triggers = [r"[\s\S]*?(NEVER-SEEN-TRIGGER)[\s\S]*"]
+    free = runner.generate(raw("grammar check: the sky", num_predict=6))[0]
+    assert runner.generate(lazy)[0] == free
+
+
+def test_context_continues_a_generation(runner: RunnerHarness) -> None:
+    first = raw("context check: once", num_predict=5)
+    first.return_context = True
+    _text, result = runner.generate(first)
+    assert result.context is not None
+    assert len(result.context) == result.timings.prompt_tokens + 5
+    follow = raw(" and then", num_predict=5)
+    follow.context = result.context
+    _, continued = runner.generate(follow)
+    tail = runner.run(runner.client.tokenize(" and then"))
+    assert continued.timings.prompt_tokens == len(result.context) + len(tail)
+    # The earlier exchange is in the KV cache already: only the new words are evaluated.
+    assert continued.timings.cached_tokens >= result.timings.prompt_tokens
+
+
+def test_context_with_foreign_tokens_is_refused(runner: RunnerHarness) -> None:
+    request = raw("context check", num_predict=1)
+    request.context = [1, 2, 10**9]
+    with pytest.raises(RunnerError, match="not a token of this model"):
+        runner.generate(request)
