@@ -156,11 +156,12 @@ class Settings:
     host: str = _setting(
         "LOCALLLM_HOST",
         f"127.0.0.1:{DEFAULT_PORT}",
-        "TCP address of the daemon's HTTP endpoint. Clients use TCP instead of the Unix socket "
-        "when this is set. A non-loopback address requires LOCALLLM_API_KEY.",
+        "TCP address of the daemon's HTTP endpoint. Clients try the Unix socket first, then "
+        "this address (unless LOCALLLM_HOME fixes the socket's place); when this is set, this "
+        "address first. A non-loopback address requires LOCALLLM_API_KEY.",
     )
     host_from_env: bool = _setting(
-        "", False, "True when LOCALLLM_HOST was set explicitly (clients then prefer TCP)."
+        "", False, "True when LOCALLLM_HOST was set explicitly (clients then try TCP first)."
     )
     xdg_runtime_dir: Path | None = _setting(
         "",
