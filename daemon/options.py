@@ -55,6 +55,7 @@ _SAMPLING_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "num_predict",
+    "num_keep",
 )
 
 
@@ -111,8 +112,9 @@ def sampling_options(options: dict[str, Any]) -> SamplingOptions:
     for key in _SAMPLING_FIELDS:
         if key in options:
             setattr(sampling, key, options[key])
-    if sampling.num_predict == -2:  # Ollama's "fill the context" is the runner's "no limit"
+    if sampling.num_predict == -2:  # Ollama's "fill the context": stop there, no shift
         sampling.num_predict = -1
+        sampling.shift = False
     if "seed" in options:
         seed = int(options["seed"])
         # llama.cpp seeds are uint32 and -1 means random; fold others into range.

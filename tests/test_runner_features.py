@@ -120,3 +120,32 @@ def test_context_with_foreign_tokens_is_refused(runner: RunnerHarness) -> None:
     request.context = [1, 2, 10**9]
     with pytest.raises(RunnerError, match="not a token of this model"):
         runner.generate(request)
+
+
+def test_context_shift_lets_a_generation_run_past_the_context(runner: RunnerHarness) -> None:
+    prompt = "shift check: " + "the sky is blue and " * 20
+    _, shifted = runner.generate(raw(prompt, num_predict=700))
+    assert shifted.done_reason == "length"
+    assert shifted.timings.completion_tokens == 700  # more than the 512-token context
+    stopped = raw(prompt, num_predict=700)
+    stopped.options.shift = False
+    _, ended = runner.generate(stopped)
+    assert ended.done_reason == "length"
+    assert ended.timings.prompt_tokens + ended.timings.completion_tokens <= 512
+
+
+def test_a_shift_never_disturbs_a_stream_sharing_its_prefix(runner: RunnerHarness) -> None:
+    shared = "shared prefix check: " + "a long system prompt for both " * 10
+    short = raw(shared + "short one", num_predict=40)
+    alone = runner.generate(short)[0]
+    # Both streams share the long prefix's cells; the long one shifts while the short one is
+    # still decoding, which must not move the shared cells under it.
+    together = runner.generate_many([raw(shared + "long one", num_predict=700), short])
+    assert together[0][1].timings.completion_tokens == 700
+    assert together[1][0] == alone
+
+
+def test_no_num_predict_still_ends_after_one_context_of_tokens(runner: RunnerHarness) -> None:
+    _, result = runner.generate(raw("endless check", num_predict=-1))
+    assert result.done_reason == "length"
+    assert result.timings.completion_tokens == 512

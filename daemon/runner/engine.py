@@ -85,6 +85,8 @@ class GenerationJob:
     cancelled: bool = False
     return_context: bool = False
     """Put prompt and generated tokens in the result (Ollama's ``context``)."""
+    keep: int = 0
+    """Leading tokens a context shift keeps (the system prompt)."""
 
 
 @dataclass
@@ -466,15 +468,48 @@ class Engine:
         if piece:
             job.emit(TokenEvent(id=job.id, text=piece, logprobs=self._take_logprobs(slot)))
         options = job.options
+        # Without num_predict a generation makes at most one context's worth of tokens: with
+        # context shift it could otherwise run forever on a model that never stops.
+        limit = options.num_predict if options.num_predict > 0 else self.model.n_ctx_per_slot
+        at_context_end = len(slot.cache) + 1 >= self.model.n_ctx_per_slot
         if text.stopped:
             self._finish(slot, "stop")
-        elif (
-            0 < options.num_predict <= slot.generated
-            or len(slot.cache) + 1 >= self.model.n_ctx_per_slot
+        elif slot.generated >= limit or (
+            at_context_end and not (options.shift and self._shift(slot))
         ):
             self._finish(slot, "length")
         else:
             slot.pending = token
+
+    def _shift(self, slot: Slot) -> bool:
+        """Context shift: drop the older half of the slot's tokens after the kept prefix and
+        move the rest down. False when it cannot be done (the caller ends the request).
+
+        Cells a sequence shares with another (``llama_memory_seq_cp`` tags a cell with several
+        sequences; its position is one for all) must not move, so the kept prefix grows to
+        cover every prefix shared with another slot.
+        """
+        job = slot.job
+        assert job is not None
+        if not self.model.can_shift:
+            log.info("request %s reached the context end; this model cannot shift", job.id)
+            return False
+        n_past = len(slot.cache)
+        keep = max(
+            [min(job.keep, n_past)]
+            + [common_prefix_length(o.cache, slot.cache) for o in self.slots if o is not slot]
+        )
+        discard = (n_past - keep) // 2
+        if discard < 1:
+            return False
+        self.model.seq_remove(slot.seq_id, keep, keep + discard)
+        self.model.seq_shift(slot.seq_id, keep + discard, n_past, -discard)
+        del slot.cache[keep : keep + discard]
+        slot.shared = min(slot.shared, keep)
+        log.info(
+            "request %s: context shift dropped %d tokens after the first %d", job.id, discard, keep
+        )
+        return True
 
     def _logprob(
         self, batch_index: int, token: int, piece: bytes, job: GenerationJob

@@ -188,6 +188,8 @@ class LlamaModel:
             llama_cpp.llama_model_free(self.model)
             raise ModelLoadError("llama.cpp could not create the context (out of memory?)")
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.memory))
+        """Whether the KV cache can move positions (context shift); not for every model."""
         self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
         """KV cells in total (shared by all slots: the cache is unified)."""
         self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
@@ -295,6 +297,10 @@ class LlamaModel:
     def seq_copy(self, source: int, destination: int, start: int, end: int) -> None:
         """Make cells ``[start, end)`` of ``source`` belong to ``destination`` too (no copying)."""
         llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
+
+    def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
+        """Add ``delta`` to the positions of ``seq_id``'s cells in ``[start, end)``."""
+        llama_cpp.llama_memory_seq_add(self.memory, seq_id, start, end, delta)
 
     def decode(self) -> int:
         """Run the batch through the model; 0 ok, 1 no KV room, other values errors."""

@@ -131,7 +131,12 @@ class SamplingOptions:
     seed: int = -1
     """Random seed; -1 picks one."""
     num_predict: int = -1
-    """Maximum tokens to generate; -1 means until the context is full."""
+    """Maximum tokens to generate; -1 means no limit (the context shifts when full)."""
+    num_keep: int = -1
+    """Prompt tokens a context shift keeps; -1 means the system prompt (or the BOS token)."""
+    shift: bool = True
+    """When a generation reaches the end of its context, drop the oldest half of the tokens
+    after ``num_keep`` and go on (Ollama's context shift); False ends it with ``length``."""
     stop: list[str] = field(default_factory=list)
     """Stop strings; the matched text is not emitted."""
     grammar: str | None = None

@@ -12,11 +12,12 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .chat import TemplateRenderError, render_chat
-from .engine import EmbeddingJob, Engine, GenerationJob
+from .engine import EmbeddingJob, Engine, GenerationJob, common_prefix_length
 from .model import LlamaModel
 from .protocol import (
     CancelOp,
@@ -45,7 +46,7 @@ from .protocol import (
 )
 from .sampling import GrammarError, check_sampling, grammar_for
 
-__all__ = ["PromptError", "RunnerServer", "prepare_prompt"]
+__all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
 
 log = logging.getLogger("localllm.runner.server")
 
@@ -90,24 +91,44 @@ def _room_for_prompt(model: LlamaModel, request: GenerationRequest) -> int:
     return n_ctx - max(1, reserve)
 
 
-def prepare_prompt(
-    model: LlamaModel, request: GenerationRequest, default_template: str | None
-) -> list[int]:
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt, ready for the engine."""
+
+    tokens: list[int]
+    """The prompt tokens."""
+    keep: int
+    """Leading tokens a context shift keeps (the system prompt, or the BOS token)."""
+
+
+def prepare(model: LlamaModel, request: GenerationRequest, default_template: str | None) -> Prompt:
     """Render and tokenize a request's prompt, truncating it if asked and needed."""
+    bos_only = 1 if model.add_bos else 0
     if request.suffix is not None:
         _encodable(request.prompt or "", "prompt")
         _encodable(request.suffix, "suffix")
-        return _fill_in_the_middle(model, request)
-    if request.messages is not None and request.context:
+        prompt = Prompt(_fill_in_the_middle(model, request), bos_only)
+    elif request.messages is not None and request.context:
         raise PromptError("context continues a prompt, not a chat: send the messages instead")
-    if request.messages is not None and not request.raw:
-        return _chat_prompt(model, request, default_template)
-    if request.messages is not None:
+    elif request.messages is not None and not request.raw:
+        prompt = _chat_prompt(model, request, default_template)
+    elif request.messages is not None:
         raise PromptError("raw requests take a prompt, not messages")
-    prompt = _encodable(request.prompt or "", "prompt")
-    context = _checked_context(model, request.context)
-    tokens = context + model.tokenize(prompt, add_special=not context, parse_special=True)
-    return _fit(model, request, tokens, keep=1 if model.add_bos else 0)
+    else:
+        text = _encodable(request.prompt or "", "prompt")
+        context = _checked_context(model, request.context)
+        tokens = context + model.tokenize(text, add_special=not context, parse_special=True)
+        prompt = Prompt(_fit(model, request, tokens, keep=bos_only), bos_only)
+    if request.options.num_keep >= 0:
+        return Prompt(prompt.tokens, min(request.options.num_keep, len(prompt.tokens)))
+    return prompt
+
+
+def prepare_prompt(
+    model: LlamaModel, request: GenerationRequest, default_template: str | None
+) -> list[int]:
+    """The prompt tokens of :func:`prepare`."""
+    return prepare(model, request, default_template).tokens
 
 
 def _checked_context(model: LlamaModel, context: list[int] | None) -> list[int]:
@@ -142,7 +163,7 @@ def _fill_in_the_middle(model: LlamaModel, request: GenerationRequest) -> list[i
 
 def _chat_prompt(
     model: LlamaModel, request: GenerationRequest, default_template: str | None
-) -> list[int]:
+) -> Prompt:
     template = request.template or default_template or _FALLBACK_TEMPLATE
     bos, eos = model.token_text(model.bos_id), model.token_text(model.eos_id)
     messages = [{**m, "content": _text(m.get("content"))} for m in request.messages or []]
@@ -171,17 +192,21 @@ def _chat_prompt(
         return model.tokenize(text, add_special=add_special, parse_special=True)
 
     tokens = tokens_for(messages, request.add_generation_prompt)
+    system = [m for m in messages if m["role"] == "system"]
+    keep = (
+        common_prefix_length(tokens_for(system, False), tokens)
+        if system
+        else (1 if model.add_bos else 0)
+    )
     room = _room_for_prompt(model, request)
     if len(tokens) <= room or not request.truncate:
-        return _fit(model, request, tokens, keep=0)
+        return Prompt(_fit(model, request, tokens, keep=0), keep)
     # Drop whole turns from the front, keeping system messages and the last turn.
-    system = [m for m in messages if m["role"] == "system"]
     rest = [m for m in messages if m["role"] != "system"]
     while len(rest) > 1 and len(tokens) > room:
         rest = rest[1:]
         tokens = tokens_for(system + rest, request.add_generation_prompt)
-    keep = len(tokens_for(system, False)) if system else (1 if model.add_bos else 0)
-    return _fit(model, request, tokens, keep=keep)
+    return Prompt(_fit(model, request, tokens, keep=keep), keep)
 
 
 def _overflow(model: LlamaModel, count: int) -> PromptError:
@@ -403,9 +428,7 @@ class RunnerServer:
         request.id = op.id
         connection.preparing.add(op.id)
         try:
-            tokens = await asyncio.to_thread(
-                prepare_prompt, self.model, request, self.default_template
-            )
+            prompt = await asyncio.to_thread(prepare, self.model, request, self.default_template)
             grammar = await asyncio.to_thread(grammar_for, request.options)
             check_sampling(request.options, self.model.n_vocab)
         except (GrammarError, ValueError) as exc:
@@ -416,7 +439,7 @@ class RunnerServer:
             connection.preparing.discard(op.id)
         if op.id in connection.cancelled:
             connection.cancelled.discard(op.id)
-            timings = Timings(prompt_tokens=len(tokens))
+            timings = Timings(prompt_tokens=len(prompt.tokens))
             connection.send(
                 DoneEvent(
                     id=op.id,
@@ -426,11 +449,12 @@ class RunnerServer:
                 )
             )
             return
-        connection.send(PromptReadyEvent(id=op.id, prompt_tokens=len(tokens)))
+        connection.send(PromptReadyEvent(id=op.id, prompt_tokens=len(prompt.tokens)))
         self.engine.submit(
             GenerationJob(
                 id=op.id,
-                prompt=tokens,
+                prompt=prompt.tokens,
+                keep=prompt.keep,
                 options=request.options,
                 grammar=grammar,
                 emit=connection.emitter(),
