@@ -1,9 +1,13 @@
 """The FastAPI application: routes of both API families, error rendering, middleware.
 
 Errors take the shape of the API they belong to: ``{"error": "..."}`` under ``/api`` and
-``/``, OpenAI's ``{"error": {"message", "type", "param", "code"}}`` under ``/v1``. Bad input is
-always a 4xx naming the field; anything unexpected is logged with its traceback and answered
-with a plain 500 message (the traceback never reaches a client).
+``/``, OpenAI's ``{"error": {"message", "type", "param", "code"}}`` on the OpenAI routes (under
+``/v1`` and their bare aliases). Bad input is always a 4xx naming the field; anything
+unexpected is logged with its traceback and answered with a plain 500 message (the traceback
+never reaches a client).
+
+Request bodies are JSON whatever their ``Content-Type`` says, as Ollama and llama-server read
+them: ``curl -d`` sends ``application/x-www-form-urlencoded`` and litellm sends none.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from localllm.settings import Settings
 from .api import ollama, openai
 from .errors import ClientGone, HTTPProblem, problem_from
 from .runner.client import RunnerError
-from .security import GuardMiddleware, origin_regex
+from .security import GuardMiddleware, is_openai_path, origin_regex
 from .state import DaemonState
 
 __all__ = ["create_app"]
@@ -34,8 +38,9 @@ log = logging.getLogger("localllm.daemon")
 
 
 def _render(request: Request, problem: HTTPProblem) -> Response:
-    if request.url.path.startswith("/v1"):
-        body: dict[str, Any] = openai.error_body(problem)
+    path = request.url.path
+    if is_openai_path(path):
+        body: dict[str, Any] = openai.error_body(problem, path)
     else:
         body = {"error": problem.message}
     return JSONResponse(body, status_code=problem.status, headers=problem.headers)
@@ -66,6 +71,35 @@ def _validation_problem(exc: RequestValidationError) -> HTTPProblem:
         return HTTPProblem(400, f"{field} is required", param=field, code="missing_field")
     message = str(first.get("msg", "invalid value"))
     return HTTPProblem(400, f"invalid {field}: {message}", param=field, code="invalid_field")
+
+
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+def _is_json_type(value: bytes) -> bool:
+    kind = value.split(b";", 1)[0].strip().lower()
+    return kind == b"application/json" or kind.endswith(b"+json")
+
+
+class _JsonBodies:
+    """Every request body is read as JSON, whatever its ``Content-Type`` says.
+
+    Ollama and llama-server do the same, and clients rely on it: ``curl -d`` labels its body
+    a form, litellm sends no type. Rewriting the header once here means every route (and its
+    "not valid JSON" 400) treats them alike. Blob uploads (``/api/blobs/``) are raw bytes and
+    keep their header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("path", "").startswith("/api/blobs/"):
+            headers = scope["headers"]
+            current = [v for k, v in headers if k.lower() == b"content-type"]
+            if not current or not _is_json_type(current[0]):
+                kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
+                scope = {**scope, "headers": [*kept, _JSON_TYPE]}
+        await self.app(scope, receive, send)
 
 
 class _CountRequests:
@@ -106,7 +140,18 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     )
     app.state.daemon = state or DaemonState.create(settings)
     app.include_router(ollama.router)
-    app.include_router(openai.router)
+    app.include_router(openai.router, prefix="/v1")
+    # llama-server serves the OpenAI routes at the root too; clients given a bare base URL
+    # (http://127.0.0.1:11435) call /chat/completions.
+    app.include_router(openai.router, include_in_schema=False)
+
+    @app.get("/health", summary="Liveness (llama-server's shape)")
+    @app.get("/v1/health", include_in_schema=False)
+    async def health() -> dict[str, str]:
+        """``{"status": "ok"}`` while the daemon serves (no API key needed, as in
+        llama-server). Models load on demand, so there is no loading state to report here;
+        ``/api/ps`` lists what is loaded."""
+        return {"status": "ok"}
 
     @app.exception_handler(HTTPProblem)
     async def _problem(request: Request, exc: HTTPProblem) -> Response:
@@ -140,6 +185,7 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return _render(request, problem_from(exc))
 
+    app.add_middleware(_JsonBodies)
     app.add_middleware(
         CORSMiddleware,
         allow_origin_regex=origin_regex(settings.origins),

@@ -9,7 +9,7 @@
   "simple" cross-site POSTs that a browser sends without a preflight.
 * Size: a request body over :data:`MAX_JSON_BODY` is refused with 413 before it is read
   (except blob uploads, which stream to disk).
-* API key: with ``LOCALLLM_API_KEY`` set, every route except ``/`` needs
+* API key: with ``LOCALLLM_API_KEY`` set, every route except ``/`` and ``/health`` needs
   ``Authorization: Bearer <key>``, compared in constant time.
 
 Plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so streaming responses and client
@@ -35,6 +35,7 @@ __all__ = [
     "GuardMiddleware",
     "check_bind_allowed",
     "is_loopback_host",
+    "is_openai_path",
     "origin_regex",
 ]
 
@@ -49,6 +50,17 @@ LOCAL_ORIGIN_REGEX = (
     r"(https?://(localhost|127\.0\.0\.1|\[::1\]|0\.0\.0\.0|[a-z0-9-]+\.localhost)(:\d+)?"
     r"|app://[^/]*|file://.*|tauri://[^/]*|vscode-webview://[^/]*|vscode-file://[^/]*)"
 )
+
+
+# The OpenAI routes llama-server also serves without the /v1 prefix.
+_OPENAI_BARE = ("/chat/completions", "/completions", "/embeddings", "/models")
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether ``path`` is an OpenAI-compatible route, whose errors take OpenAI's shape."""
+    if path.startswith("/v1/") or path == "/v1":
+        return True
+    return path in _OPENAI_BARE or path.startswith("/models/")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -140,13 +152,17 @@ class GuardMiddleware:
 
 
 def _public(scope: Scope) -> bool:
-    return scope.get("path") == "/" and scope.get("method") in ("GET", "HEAD")
+    # liveness only: nothing about models or requests
+    return scope.get("path") in ("/", "/health", "/v1/health") and scope.get("method") in (
+        "GET",
+        "HEAD",
+    )
 
 
 async def _deny(
     send: Send, path: str, status: int, message: str, extra: dict[str, str] | None = None
 ) -> None:
-    if path.startswith("/v1"):
+    if is_openai_path(path):
         kind = {401: "authentication_error", 403: "permission_error"}.get(
             status, "invalid_request_error"
         )

@@ -36,8 +36,9 @@ from ..generation import resolve_model
 from ..state import DaemonState, StateDep
 from .schemas_ollama import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
 from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
+from .tooling import supports_tools
 
-__all__ = ["router", "safe_details"]
+__all__ = ["capabilities", "router", "safe_details"]
 
 log = logging.getLogger("localllm.daemon")
 
@@ -83,6 +84,15 @@ async def tags(state: StateDep) -> dict[str, Any]:
     return {"models": models}
 
 
+def capabilities(model: LocalModel) -> list[str]:
+    """Ollama's ``capabilities``: the store's (completion, embedding, insert) plus ``tools``
+    when the chat template the runner renders takes tools, as Ollama judges it."""
+    found = list(model.capabilities())
+    if "completion" in found and supports_tools(model) and "tools" not in found:
+        found.insert(found.index("completion") + 1, "tools")
+    return found
+
+
 def _json_value(value: Any, verbose: bool) -> Any:
     if isinstance(value, ArrayInfo):
         return None
@@ -115,7 +125,7 @@ def _show(model: LocalModel, verbose: bool) -> dict[str, Any]:
         "template": model.template or "",
         "details": model.details(),
         "model_info": model_info,
-        "capabilities": model.capabilities(),
+        "capabilities": capabilities(model),
         "modified_at": _iso(model.entry.modified),
     }
     if model.system:

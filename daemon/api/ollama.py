@@ -45,10 +45,28 @@ from .schemas_ollama import (
     Options,
 )
 from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
+from .tooling import (
+    ToolPlan,
+    history_tool_calls,
+    jinja_override,
+    map_call_id,
+    model_template,
+    plan_tools,
+    split_output,
+)
 
-__all__ = ["router"]
+__all__ = ["OLLAMA_API_VERSION", "chat_messages", "no_vision", "ollama_tool_calls", "router"]
 
 log = logging.getLogger("localllm.daemon")
+
+OLLAMA_API_VERSION = "0.6.4"
+"""The Ollama release whose ``/api`` surface this daemon implements, reported as ``version``
+by ``/api/version`` for the clients that check it (VS Code Copilot's Ollama provider wants at
+least 0.6.4, the release whose ``/api/show`` reports ``capabilities``). 0.6.4 covers what is
+served here: chat and generate with tools and structured outputs, embed, show with
+capabilities, create from files or a model with quantize, pull, copy, delete, ps, blobs.
+Raise it only together with the routes and fields of a later release (``think`` → 0.9.0);
+localllm's own version is ``localllm_version``."""
 
 router = APIRouter()
 router.include_router(model_routes.router)
@@ -75,9 +93,14 @@ def apply_format(sampling: SamplingOptions, value: str | dict[str, Any] | None) 
         raise HTTPProblem(400, 'format must be "json" or a JSON schema object', param="format")
 
 
+def no_vision(model: LocalModel) -> str:
+    """The one sentence every route that takes images answers for a model without vision."""
+    return f"{model.name.short} cannot read images: the model has no vision support"
+
+
 def _check_unsupported(model: LocalModel, images: Any, think: Any) -> None:
     if images:
-        raise HTTPProblem(400, f"{model.name.short} does not support images", param="images")
+        raise HTTPProblem(400, no_vision(model), param="images")
     if think not in (None, False, "", "false", "none"):
         raise HTTPProblem(400, f"{model.name.short} does not support thinking", param="think")
 
@@ -95,25 +118,17 @@ def _prepare(
     return model, keep_alive, options
 
 
-def _jinja_override(text: str | None) -> str | None:
-    # Ollama's template layers are Go templates ({{ .Prompt }}); only Jinja can go to the
-    # runner, which otherwise renders the GGUF's own chat template.
-    if not text or "{{ ." in text or "{{." in text or "{{- ." in text:
-        return None
-    return text
-
-
-def _model_template(model: LocalModel) -> str | None:
-    from localllm.manifest import MEDIA_TEMPLATE
-
-    layer = model.entry.manifest.layer(MEDIA_TEMPLATE)
-    return _jinja_override(model.template) if layer is not None else None
-
-
 def chat_messages(
-    model: LocalModel, messages: list[ChatMessage], system: str | None = None
+    model: LocalModel,
+    messages: list[ChatMessage],
+    system: str | None = None,
+    plan: ToolPlan | None = None,
 ) -> list[dict[str, Any]]:
-    """The conversation the runner renders: system prompt, the model's MESSAGEs, the chat."""
+    """The conversation the runner renders: system prompt, the model's MESSAGEs, the chat.
+
+    Calls and tool results keep the fields chat templates read (Hugging Face's convention):
+    an assistant's ``tool_calls`` with arguments as objects, a tool result's
+    ``tool_call_id`` and its tool's ``name`` (Ollama's ``tool_name``)."""
     out: list[dict[str, Any]] = []
     has_system = any(m.role == "system" for m in messages)
     system_text = system if system is not None else model.system
@@ -125,16 +140,30 @@ def chat_messages(
         )
     for index, message in enumerate(messages):
         if message.images:
-            raise HTTPProblem(
-                400, f"{model.name.short} does not support images", param=f"messages[{index}]"
-            )
-        item: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+            raise HTTPProblem(400, no_vision(model), param=f"messages[{index}].images")
+        item: dict[str, Any] = {"role": message.role.lower(), "content": message.content or ""}
         if message.tool_calls:
-            item["tool_calls"] = message.tool_calls
+            item["tool_calls"] = history_tool_calls(
+                message.tool_calls, f"messages[{index}].tool_calls", plan
+            )
         if message.tool_name:
             item["tool_name"] = message.tool_name
+            item["name"] = message.tool_name
+        if message.tool_call_id:
+            item["tool_call_id"] = map_call_id(message.tool_call_id, plan)
         out.append(item)
     return out
+
+
+def ollama_tool_calls(plan: ToolPlan, calls: list[Any], first_index: int) -> list[dict[str, Any]]:
+    """Calls in Ollama's shape: ``{"id", "function": {"index", "name", "arguments"}}``."""
+    return [
+        {
+            "id": plan.call_id(call),
+            "function": {"index": first_index + i, "name": call.name, "arguments": call.arguments},
+        }
+        for i, call in enumerate(calls)
+    ]
 
 
 def _final(model: str, outcome: Outcome, extra: dict[str, Any]) -> dict[str, Any]:
@@ -150,6 +179,10 @@ def _final(model: str, outcome: Outcome, extra: dict[str, Any]) -> dict[str, Any
     }
 
 
+def _chat_piece(text: str) -> dict[str, Any]:
+    return {"message": {"role": "assistant", "content": text}}
+
+
 async def _run(
     state: DaemonState,
     request: Request,
@@ -157,13 +190,42 @@ async def _run(
     stream: bool,
     name: str,
     piece: Any,
+    plan: ToolPlan | None = None,
 ) -> Response:
     """Run ``job`` and answer as NDJSON (stream) or one JSON object; ``piece(text)`` gives
-    the API's field for generated text (``response`` or ``message``)."""
+    the API's field for generated text (``response`` or ``message``). With a tool ``plan``
+    (chat only), calls are parsed out of the text: streamed, the text before a call streams
+    as it comes and each call arrives whole in a chunk of its own, as Ollama streams them."""
     generation = await start(state, request, job)
     if not stream:
         text, outcome = await generation.whole(request)
-        return JSONResponse(_final(name, outcome, piece(text)))
+        if plan is None:
+            return JSONResponse(_final(name, outcome, piece(text)))
+        parsed = split_output(plan, text)
+        extra = piece(parsed.content)
+        if parsed.calls:
+            extra["message"]["tool_calls"] = ollama_tool_calls(plan, parsed.calls, 0)
+        return JSONResponse(_final(name, outcome, extra))
+
+    parser = plan.parser() if plan is not None else None
+    calls_sent = 0
+
+    def chunk(fields: dict[str, Any]) -> bytes:
+        return ndjson_line({"model": name, "created_at": now_rfc3339(), **fields, "done": False})
+
+    def parsed_chunks(parsed: Any) -> list[bytes]:
+        nonlocal calls_sent
+        assert plan is not None
+        lines = []
+        if parsed.content:
+            lines.append(chunk(piece(parsed.content)))
+        calls = parsed.calls if plan.parallel else parsed.calls[: max(1 - calls_sent, 0)]
+        if calls:
+            fields = piece("")
+            fields["message"]["tool_calls"] = ollama_tool_calls(plan, calls, calls_sent)
+            calls_sent += len(calls)
+            lines.append(chunk(fields))
+        return lines
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -172,11 +234,15 @@ async def _run(
                     if event.result.done_reason == "error":
                         yield ndjson_line({"error": event.result.error or "generation failed"})
                     else:
+                        if parser is not None:
+                            for line in parsed_chunks(parser.finish()):
+                                yield line
                         yield ndjson_line(_final(name, event, piece("")))
+                elif parser is not None:
+                    for line in parsed_chunks(parser.feed(event)):
+                        yield line
                 else:
-                    yield ndjson_line(
-                        {"model": name, "created_at": now_rfc3339(), **piece(event), "done": False}
-                    )
+                    yield chunk(piece(event))
         except Exception as exc:
             problem = problem_from(exc, name)
             if problem.status >= 500:
@@ -218,6 +284,15 @@ async def _load_or_unload(
 @router.post("/api/generate", summary="Generate a completion")
 async def generate(body: GenerateRequest, request: Request, state: StateDep) -> Response:
     """Ollama's /api/generate: a prompt (templated unless ``raw``), optional ``suffix``."""
+    if body.raw:
+        # Ollama's rule: raw means the prompt is the whole input, so nothing may wrap it.
+        for field in ("system", "template", "context"):
+            if getattr(body, field):
+                raise HTTPProblem(
+                    400,
+                    f"raw mode does not support template, system, or context ({field} was given)",
+                    param=field,
+                )
     model, keep_alive, options = _prepare(state, body, body.images)
     name = model.name.short
     if not body.prompt and not body.suffix:
@@ -235,7 +310,7 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
     else:
         user = [ChatMessage(role="user", content=body.prompt)]
         runner_request.messages = chat_messages(model, user, body.system)
-        runner_request.template = _jinja_override(body.template) or _model_template(model)
+        runner_request.template = jinja_override(body.template) or model_template(model)
     job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
     return await _run(
         state,
@@ -252,8 +327,7 @@ async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response
     """Ollama's /api/chat: messages rendered with the model's chat template."""
     model, keep_alive, options = _prepare(state, body, None)
     name = model.name.short
-    if body.tools:
-        raise HTTPProblem(400, f"{name} does not support tools", param="tools")
+    plan = plan_tools(model, body.tools)
     empty_message = {"message": {"role": "assistant", "content": ""}}
     if not body.messages:
         return await _load_or_unload(state, request, model, options, keep_alive, empty_message)
@@ -261,19 +335,13 @@ async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response
     apply_format(sampling, body.format)
     runner_request = GenerationRequest(
         id="",
-        messages=chat_messages(model, body.messages),
-        template=_model_template(model),
+        messages=chat_messages(model, body.messages, plan=plan),
+        template=model_template(model),
         options=sampling,
+        tools=plan.tools if plan is not None else None,
     )
     job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
-    return await _run(
-        state,
-        request,
-        job,
-        body.stream is not False,
-        name,
-        lambda text: {"message": {"role": "assistant", "content": text}},
-    )
+    return await _run(state, request, job, body.stream is not False, name, _chat_piece, plan=plan)
 
 
 def _shorten(vector: list[float], dimensions: int | None) -> list[float]:
@@ -339,10 +407,11 @@ async def embeddings_route(
     return JSONResponse({"embedding": result.embeddings[0] if result.embeddings else []})
 
 
-@router.get("/api/version", summary="The daemon's version")
+@router.get("/api/version", summary="The Ollama API version served, and localllm's own")
+@router.head("/api/version", include_in_schema=False)
 async def version() -> dict[str, str]:
-    """``{"version": "..."}``."""
-    return {"version": __version__}
+    """``{"version": <Ollama API version>, "localllm_version": <this daemon's version>}``."""
+    return {"version": OLLAMA_API_VERSION, "localllm_version": __version__}
 
 
 @router.get("/", summary="Liveness", response_class=PlainTextResponse)

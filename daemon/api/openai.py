@@ -1,5 +1,6 @@
 """The OpenAI-compatible API: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``,
-``/v1/models``.
+``/v1/models``, each also without the ``/v1`` prefix (as llama-server serves them, for clients
+configured with a bare base URL).
 
 Streams are server-sent events ending with ``data: [DONE]``; ``stream_options.include_usage``
 adds a last chunk with ``usage`` and no choices. Errors use OpenAI's shape
@@ -9,6 +10,7 @@ adds a last chunk with ``usage`` and no choices. Errors use OpenAI's shape
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import secrets
 import struct
@@ -23,11 +25,12 @@ from starlette.concurrency import run_in_threadpool
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
-from ..generation import Job, Outcome, embed, resolve_model, start
+from ..generation import Job, Outcome, embed, resolve_model, start, until_disconnect
 from ..options import merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest
 from ..state import DaemonState, StateDep
-from .ollama import chat_messages
+from ..toolcalls import Parsed, ToolCall
+from .ollama import chat_messages, no_vision
 from .schemas_ollama import ChatMessage
 from .schemas_openai import (
     ChatCompletionRequest,
@@ -37,12 +40,14 @@ from .schemas_openai import (
     ResponseFormat,
 )
 from .streaming import ClosingStreamingResponse, sse_event
+from .tooling import ToolPlan, model_template, plan_tools, split_output
 
-__all__ = ["router"]
+__all__ = ["error_body", "router"]
 
 log = logging.getLogger("localllm.daemon")
 
-router = APIRouter(prefix="/v1")
+router = APIRouter()
+"""The routes without a prefix; the app mounts them under ``/v1`` and at the root."""
 
 _FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
 
@@ -99,11 +104,13 @@ def _apply_response_format(job: GenerationRequest, fmt: ResponseFormat | None) -
     job.options.json_schema = schema
 
 
-def _text_content(message: Message, index: int) -> str:
+def _text_content(model: LocalModel, message: Message, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     parts = []
     for part in message.content:
+        if part.type in ("image_url", "input_image", "image"):
+            raise HTTPProblem(400, no_vision(model), param=f"messages[{index}].content")
         if part.type != "text":
             raise HTTPProblem(
                 400,
@@ -114,12 +121,21 @@ def _text_content(message: Message, index: int) -> str:
     return "".join(parts)
 
 
-def _messages(model: LocalModel, body: ChatCompletionRequest) -> list[dict[str, Any]]:
-    converted = [
-        ChatMessage(role="system" if m.role == "developer" else m.role, content=_text_content(m, i))
-        for i, m in enumerate(body.messages)
-    ]
-    return chat_messages(model, converted)
+def _messages(
+    model: LocalModel, body: ChatCompletionRequest, plan: ToolPlan | None
+) -> list[dict[str, Any]]:
+    converted = []
+    for i, m in enumerate(body.messages):
+        message = ChatMessage(
+            role="system" if m.role == "developer" else m.role,
+            content=_text_content(model, m, i),
+            tool_calls=m.tool_calls,
+            tool_call_id=m.tool_call_id,
+            # a tool result's name is the tool's (OpenAI's deprecated function messages)
+            tool_name=m.name if m.role == "tool" else None,
+        )
+        converted.append(message)
+    return chat_messages(model, converted, plan=plan)
 
 
 def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
@@ -140,9 +156,12 @@ async def _answer(
     include_usage: bool,
     object_name: str,
     id_prefix: str,
-    choice: Callable[[str, str | None], dict[str, Any]],
-    delta: Callable[[str | None, str | None, bool], dict[str, Any]],
+    choice: Callable[[Parsed, str | None], dict[str, Any]],
+    delta: Callable[[Parsed | None, str | None, bool], dict[str, Any]],
+    plan: ToolPlan | None = None,
 ) -> Response:
+    """Run ``job`` and answer in OpenAI's shape; with a tool ``plan`` the text is parsed for
+    calls (streamed: text before a call streams as it comes, each call comes whole)."""
     name = job.model.name.short
     generation = await start(state, request, job)
     ident = f"{id_prefix}-{secrets.token_hex(12)}"
@@ -151,15 +170,25 @@ async def _answer(
 
     if not stream:
         text, outcome = await generation.whole(request)
-        finish = _FINISH.get(outcome.result.done_reason, "stop")
+        parsed = split_output(plan, text)
+        finish = "tool_calls" if parsed.calls else _FINISH.get(outcome.result.done_reason, "stop")
         return JSONResponse(
             {
                 **base,
                 "object": object_name,
-                "choices": [choice(text, finish)],
+                "choices": [choice(parsed, finish)],
                 "usage": _usage(outcome),
             }
         )
+    parser = plan.parser() if plan is not None else None
+    calls_sent = 0
+
+    def limited(parsed: Parsed) -> Parsed:
+        nonlocal calls_sent
+        if plan is not None and not plan.parallel:
+            parsed.calls = parsed.calls[: max(1 - calls_sent, 0)]
+        calls_sent += len(parsed.calls)
+        return parsed
 
     chunk_object = f"{object_name}.chunk" if object_name == "chat.completion" else object_name
 
@@ -174,13 +203,22 @@ async def _answer(
                     if event.result.done_reason == "error":
                         yield _sse_error(500, event.result.error or "generation failed")
                         return
+                    if parser is not None:
+                        rest = limited(parser.finish())
+                        if rest:
+                            yield chunk([delta(rest, None, first)])
+                            first = False
                     finish = _FINISH.get(event.result.done_reason, "stop")
+                    if calls_sent:
+                        finish = "tool_calls"
                     yield chunk([delta(None, finish, first)])
                     if include_usage:
                         yield chunk([], usage=_usage(event))
                 else:
-                    yield chunk([delta(event, None, first)])
-                    first = False
+                    parsed = limited(parser.feed(event)) if parser else Parsed(content=event)
+                    if parsed:
+                        yield chunk([delta(parsed, None, first)])
+                        first = False
         except Exception as exc:
             yield _sse_error(problem_from(exc, name))
             return
@@ -197,8 +235,19 @@ def _sse_error(problem: HTTPProblem | int, message: str = "") -> bytes:
     return sse_event({"error": error_body(problem)["error"]})
 
 
-def error_body(problem: HTTPProblem) -> dict[str, Any]:
-    """OpenAI's error object for ``problem``."""
+_OVERFLOW_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
+
+
+def error_body(problem: HTTPProblem, path: str = "") -> dict[str, Any]:
+    """OpenAI's error object for ``problem`` on the route at ``path``.
+
+    A prompt over the context is OpenAI's ``context_length_exceeded`` (what its clients and
+    agents that trim history look for), naming the request field that holds the prompt."""
+    code, param = problem.code, problem.param
+    if code in ("context_overflow", "context_length_exceeded"):
+        code = "context_length_exceeded"
+        route = path.removeprefix("/v1").strip("/")
+        param = param or _OVERFLOW_PARAM.get(route)
     kinds = {
         400: "invalid_request_error",
         401: "authentication_error",
@@ -212,8 +261,8 @@ def error_body(problem: HTTPProblem) -> dict[str, Any]:
         "error": {
             "message": problem.message,
             "type": kinds.get(problem.status, "api_error"),
-            "param": problem.param,
-            "code": problem.code,
+            "param": param,
+            "code": code,
         }
     }
 
@@ -225,30 +274,61 @@ async def chat_completions(
     """OpenAI's chat completions, streamed as SSE when ``stream`` is true."""
     model = resolve_model(state, body.model)
     _check_model(model)
-    if body.tools:
-        raise HTTPProblem(400, f"{model.name.short} does not support tools", param="tools")
+    formatted = body.response_format is not None and body.response_format.type != "text"
+    plan = plan_tools(
+        model,
+        body.tools,
+        tool_choice=body.tool_choice,
+        parallel=body.parallel_tool_calls,
+        constrained_output=formatted,
+    )
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = _sampling(model, body, max_tokens)
     runner_request = GenerationRequest(
-        id="", messages=_messages(model, body), options=sampling_options(options)
+        id="",
+        messages=_messages(model, body, plan),
+        template=model_template(model),
+        options=sampling_options(options),
+        tools=plan.tools if plan is not None else None,
     )
     _apply_response_format(runner_request, body.response_format)
+    if plan is not None and plan.grammar is not None:
+        runner_request.options.grammar = plan.grammar
     job = Job.for_model(state, model, options, runner_request, None, "openai")
+    call_index = 0
 
-    def choice(text: str, finish: str | None) -> dict[str, Any]:
-        return {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": None,
-        }
+    def openai_calls(calls: list[ToolCall], streamed: bool) -> list[dict[str, Any]]:
+        nonlocal call_index
+        assert plan is not None
+        out = []
+        for call in calls:
+            item: dict[str, Any] = {
+                "id": plan.call_id(call),
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            if streamed:
+                item = {"index": call_index, **item}
+            call_index += 1
+            out.append(item)
+        return out
 
-    def delta(text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
+    def choice(parsed: Parsed, finish: str | None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.calls:
+            message["content"] = parsed.content or None
+            message["tool_calls"] = openai_calls(parsed.calls, streamed=False)
+        return {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+
+    def delta(parsed: Parsed | None, finish: str | None, first: bool) -> dict[str, Any]:
         content: dict[str, Any] = {}
         if first:
             content["role"] = "assistant"
-        if text is not None:
-            content["content"] = text
+        if parsed is not None:
+            if parsed.content or not parsed.calls:
+                content["content"] = parsed.content
+            if parsed.calls:
+                content["tool_calls"] = openai_calls(parsed.calls, streamed=True)
         return {"index": 0, "delta": content, "finish_reason": finish, "logprobs": None}
 
     return await _answer(
@@ -261,6 +341,7 @@ async def chat_completions(
         id_prefix="chatcmpl",
         choice=choice,
         delta=delta,
+        plan=plan,
     )
 
 
@@ -286,11 +367,16 @@ async def completions(body: CompletionRequest, request: Request, state: StateDep
     job = Job.for_model(state, model, options, runner_request, None, "openai")
     echo = prompt if body.echo else ""
 
-    def choice(text: str, finish: str | None) -> dict[str, Any]:
-        return {"index": 0, "text": echo + text, "finish_reason": finish, "logprobs": None}
+    def choice(parsed: Parsed, finish: str | None) -> dict[str, Any]:
+        return {
+            "index": 0,
+            "text": echo + parsed.content,
+            "finish_reason": finish,
+            "logprobs": None,
+        }
 
-    def delta(text: str | None, finish: str | None, first: bool) -> dict[str, Any]:
-        shown = (echo if first else "") + (text or "")
+    def delta(parsed: Parsed | None, finish: str | None, first: bool) -> dict[str, Any]:
+        shown = (echo if first else "") + (parsed.content if parsed is not None else "")
         return {"index": 0, "text": shown, "finish_reason": finish, "logprobs": None}
 
     return await _answer(
@@ -320,23 +406,19 @@ def _encode(vector: list[float], encoding: str | None, dimensions: int | None) -
 async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep) -> JSONResponse:
     """OpenAI's embeddings; ``encoding_format`` float or base64 (what the SDK asks for)."""
     model = resolve_model(state, body.model)
+    options = merge_options(model, {})
+    config = runner_config(state.settings, model, options)
     if isinstance(body.input, str):
         inputs = [body.input]
     elif all(isinstance(item, str) for item in body.input):
         inputs = [str(item) for item in body.input]
     else:
-        raise HTTPProblem(400, "token arrays are not supported; send text", param="input")
+        inputs = await _texts_of_tokens(state, request, model, config, body.input)
     if not inputs or any(not text for text in inputs):
         raise HTTPProblem(400, "input must be a non-empty string or list of them", param="input")
-    options = merge_options(model, {})
+    # OpenAI refuses an input over the model's context (400) rather than cutting it.
     result, _, _ = await embed(
-        state,
-        request,
-        model,
-        runner_config(state.settings, model, options),
-        inputs,
-        truncate=True,
-        keep_alive=None,
+        state, request, model, config, inputs, truncate=False, keep_alive=None
     )
     return JSONResponse(
         {
@@ -353,6 +435,47 @@ async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep) 
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
     )
+
+
+async def _texts_of_tokens(
+    state: DaemonState,
+    request: Request,
+    model: LocalModel,
+    config: Any,
+    value: list[Any],
+) -> list[str]:
+    """Token-array ``input`` (one array, or a list of them) as text, checked to be exact.
+
+    The ids are the model's own vocabulary's, as llama-server and vLLM read them. The runner
+    embeds text, so the ids are turned into text and that text must tokenize back to the
+    very same ids: otherwise the embedding would be of other tokens, and the request gets a
+    400 instead."""
+    arrays: list[list[int]] = [value] if value and isinstance(value[0], int) else value
+    if not arrays or any(not array for array in arrays):
+        raise HTTPProblem(400, "input must not hold an empty token array", param="input")
+
+    async def convert() -> list[str]:
+        lease = await state.scheduler.acquire(model, config, None)
+        async with lease:
+            texts = []
+            for index, ids in enumerate(arrays):
+                text = await lease.runner.detokenize(ids)
+                if await lease.runner.tokenize(text) != ids:
+                    raise HTTPProblem(
+                        400,
+                        f"input[{index}]: these token ids do not spell a text that tokenizes "
+                        "back to the same ids in this model's vocabulary; send the text instead",
+                        param="input",
+                    )
+                texts.append(text)
+            return texts
+
+    try:
+        return await until_disconnect(request, convert())
+    except HTTPProblem:
+        raise
+    except Exception as exc:
+        raise problem_from(exc, model.name.short) from exc
 
 
 def _model_object(name: str, created: float) -> dict[str, Any]:

@@ -74,7 +74,9 @@ class GenerateRequest(_ModelBody):
     suffix: str | None = None
     system: str | None = None
     template: str | None = None
-    context: list[int] | None = Field(None, description="Deprecated; ignored.")
+    context: list[int] | None = Field(
+        None, description="Deprecated; refused with raw, otherwise ignored."
+    )
     stream: bool | None = True
     raw: bool | None = False
     format: Format = None
@@ -90,8 +92,11 @@ class ChatMessage(_Body):
     role: str
     content: str | None = ""
     images: list[str] | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(
+        None, description="An assistant's calls: {function: {name, arguments (an object)}}."
+    )
+    tool_name: str | None = Field(None, description="The tool a tool message answers for.")
+    tool_call_id: str | None = Field(None, description="The call a tool message answers.")
     thinking: str | None = None
 
 

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible API (``/v1/*``), as pydantic models.
 
 Only what a local model can honour is declared; other fields OpenAI SDKs send (``user``,
-``metadata``, ``tools``...) are accepted and ignored. Ranges follow OpenAI's documentation.
+``metadata``...) are accepted and ignored. Ranges follow OpenAI's documentation.
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(
+        None, description="An assistant's calls: {id, type: function, function: {name, arguments}}."
+    )
+    tool_call_id: str | None = Field(None, description="Which call a tool message answers.")
 
 
 class StreamOptions(_Body):
@@ -81,7 +85,17 @@ class ChatCompletionRequest(_Sampling):
     messages: list[Message] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=1 << 24)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        None, description='Function tools: {"type": "function", "function": {name, parameters}}.'
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        None,
+        description='"none", "auto", "required", {"type": "function", "function": {"name"}} or '
+        '{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}.',
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one call per answer (default true)."
+    )
 
 
 class CompletionRequest(_Sampling):
