@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterator
 
@@ -9,7 +10,13 @@ import pytest
 from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner import GenerationRequest, RunnerConfig, RunnerError, TokenChunk
+from localllm.daemon.runner import (
+    EmbeddingRequest,
+    GenerationRequest,
+    RunnerConfig,
+    RunnerError,
+    TokenChunk,
+)
 from localllm.daemon.runner.protocol import TokenLogprob
 
 
@@ -149,3 +156,41 @@ def test_no_num_predict_still_ends_after_one_context_of_tokens(runner: RunnerHar
     _, result = runner.generate(raw("endless check", num_predict=-1))
     assert result.done_reason == "length"
     assert result.timings.completion_tokens == 512
+
+
+def test_batched_embeddings_equal_one_at_a_time(runner: RunnerHarness) -> None:
+    texts = [f"embedding check {i}: " + "word " * (i % 7) for i in range(20)]
+    together = runner.run(runner.client.embed(EmbeddingRequest(id="", inputs=texts))).embeddings
+    for text, vector in zip(texts, together, strict=True):
+        (alone,) = runner.run(
+            runner.client.embed(EmbeddingRequest(id="", inputs=[text]))
+        ).embeddings
+        cosine = sum(a * b for a, b in zip(alone, vector, strict=True))
+        assert cosine > 0.999  # both are normalised; batching changes only float rounding
+
+
+def test_a_large_embedding_request_does_not_stall_a_stream(runner: RunnerHarness) -> None:
+    texts = [f"stall check {i}: " + "the sky is blue " * 6 for i in range(100)]
+
+    async def scenario() -> tuple[int, int]:
+        tokens_before = tokens_during = 0
+        embedding: asyncio.Future[object] | None = None
+        async for event in runner.client.generate(raw("stream during embed", num_predict=400)):
+            if not isinstance(event, TokenChunk):
+                break
+            if embedding is None:
+                tokens_before += 1
+                if tokens_before == 3:
+                    embedding = asyncio.ensure_future(
+                        runner.client.embed(EmbeddingRequest(id="", inputs=texts))
+                    )
+            elif not embedding.done():
+                tokens_during += 1
+        assert embedding is not None
+        result = await embedding
+        assert len(result.embeddings) == 100  # type: ignore[attr-defined]
+        return tokens_before, tokens_during
+
+    _, during = runner.run(scenario())
+    # The 100 inputs need several embedding batches; the stream gets a step between each.
+    assert during >= 5

@@ -98,6 +98,8 @@ class EmbeddingJob:
     normalize: bool
     emit: Emit
     arrived: float = field(default_factory=time.perf_counter)
+    vectors: list[list[float]] = field(default_factory=list)
+    """Embeddings of ``inputs[:len(vectors)]``, computed so far."""
 
 
 class Slot:
@@ -153,6 +155,8 @@ class Engine:
         self.model = model
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.waiting: collections.deque[GenerationJob] = collections.deque()
+        self.embeddings: collections.deque[EmbeddingJob] = collections.deque()
+        """Embedding jobs in arrival order; one batch of inputs runs between two steps."""
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self._rates: collections.deque[tuple[float, int, int]] = collections.deque()
@@ -241,10 +245,16 @@ class Engine:
     def _run(self) -> None:
         try:
             while True:
-                idle = not self.waiting and not any(slot.busy for slot in self.slots)
+                idle = (
+                    not self.waiting
+                    and not self.embeddings
+                    and not any(slot.busy for slot in self.slots)
+                )
                 if not self._drain_inbox(block=idle):
                     break
                 self._admit()
+                if self.embeddings:
+                    self._embed_step()
                 if any(slot.busy for slot in self.slots):
                     self._step()
         except BaseException:
@@ -268,11 +278,16 @@ class Engine:
             elif kind == "cancel":
                 self._cancel(payload)
             elif kind == "embed":
-                self._run_embedding(payload)
+                self.embeddings.append(payload)
             elif kind == "stop":
                 return False
 
     def _cancel(self, job_id: str) -> None:
+        for embedding in self.embeddings:
+            if embedding.id == job_id:
+                self.embeddings.remove(embedding)
+                embedding.emit(ErrorEvent(id=job_id, message="cancelled", code="cancelled"))
+                return
         for job in list(self.waiting):
             if job.id == job_id:
                 self.waiting.remove(job)
@@ -590,22 +605,42 @@ class Engine:
                 self._fail(slot, message)
             slot.batch_index, slot.chunk = -1, 0
 
-    def _run_embedding(self, job: EmbeddingJob) -> None:
+    def _embed_step(self) -> None:
+        """Embed the next batch of inputs of the oldest embedding job.
+
+        A batch holds about as many tokens as a generation step's batch (at least one input,
+        which must be embedded whole), so a large embedding request delays the streams
+        generating meanwhile by one batch per step instead of stalling them until it is done.
+        """
+        job = self.embeddings[0]
+        start = len(job.vectors)
+        end, tokens = start, 0
+        budget = min(self.model.n_batch, self.model.n_ctx_per_slot)
+        while (
+            end < len(job.inputs)
+            and end - start < self.model.embed_batch_sequences
+            and (end == start or tokens + len(job.inputs[end]) <= budget)
+        ):
+            tokens += len(job.inputs[end])
+            end += 1
         try:
-            vectors = []
-            for tokens in job.inputs:
-                vector = self.model.embed(tokens)
-                if job.normalize:
-                    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-                    vector = [v / norm for v in vector]
-                vectors.append(vector)
+            vectors = self.model.embed_many(job.inputs[start:end])
         except Exception as exc:
             log.exception("embedding failed")
+            self.embeddings.popleft()
             job.emit(ErrorEvent(id=job.id, message=f"embedding failed: {exc}", code="internal"))
             return
+        for vector in vectors:
+            if job.normalize:
+                norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+                vector = [v / norm for v in vector]
+            job.vectors.append(vector)
+        if len(job.vectors) < len(job.inputs):
+            return
+        self.embeddings.popleft()
         result = EmbeddingResult(
             id=job.id,
-            embeddings=vectors,
+            embeddings=job.vectors,
             prompt_tokens=sum(len(t) for t in job.inputs),
             total_ms=(time.perf_counter() - job.arrived) * 1000,
         )
@@ -623,7 +658,10 @@ class Engine:
             if kind == "generate":
                 self.waiting.append(payload)
             elif kind == "embed":
-                payload.emit(_stopped_error(payload.id))
+                self.embeddings.append(payload)
+        for embedding in self.embeddings:
+            embedding.emit(_stopped_error(embedding.id))
+        self.embeddings.clear()
         reason = "error" if self.crashed else "cancel"
         error = "internal error in the engine (see the runner log)" if self.crashed else None
         for job in list(self.waiting):

@@ -308,12 +308,24 @@ class LlamaModel:
 
     # -- embeddings ----------------------------------------------------------------------
 
+    embed_batch_sequences = 16
+    """Most inputs embedded by one decode of the embedding context."""
+
     def embed(self, tokens: list[int]) -> list[float]:
-        """Mean-pooled embedding of one token sequence (created on first use)."""
+        """Mean-pooled embedding of one token sequence."""
+        return self.embed_many([tokens])[0]
+
+    def embed_many(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Mean-pooled embeddings of several sequences in one decode (at most
+        :attr:`embed_batch_sequences`, their tokens together at most the context per slot).
+        The embedding context is created on first use."""
+        if len(sequences) > self.embed_batch_sequences:
+            raise ValueError(f"at most {self.embed_batch_sequences} sequences per batch")
         if self._embedding_ctx is None:
-            params = self._context_params(self.n_ctx_per_slot, 1)
+            params = self._context_params(self.n_ctx_per_slot, self.embed_batch_sequences)
             params.embeddings = True
             params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            # Non-causal (encoder) models need every token of a sequence in one ubatch.
             params.n_batch = self.n_ctx_per_slot
             params.n_ubatch = self.n_ctx_per_slot
             params.type_k = llama_cpp.GGML_TYPE_F16
@@ -328,18 +340,22 @@ class LlamaModel:
         assert batch is not None
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         batch.clear()
-        for position, token in enumerate(tokens):
-            batch.add(token, position, 0, True)
+        for seq_id, tokens in enumerate(sequences):
+            for position, token in enumerate(tokens):
+                batch.add(token, position, seq_id, True)
         if llama_cpp.llama_model_has_encoder(self.model):
             status = llama_cpp.llama_encode(ctx, batch.raw)
         else:
             status = llama_cpp.llama_decode(ctx, batch.raw)
         if status != 0:
             raise RuntimeError(f"llama.cpp failed to embed (status {status})")
-        pointer = llama_cpp.llama_get_embeddings_seq(ctx, 0)
-        if not pointer:
-            raise RuntimeError("llama.cpp returned no pooled embedding")
-        return list(pointer[: self.n_embd])
+        vectors = []
+        for seq_id in range(len(sequences)):
+            pointer = llama_cpp.llama_get_embeddings_seq(ctx, seq_id)
+            if not pointer:
+                raise RuntimeError("llama.cpp returned no pooled embedding")
+            vectors.append(list(pointer[: self.n_embd]))
+        return vectors
 
     # -- teardown ------------------------------------------------------------------------
 

@@ -58,7 +58,13 @@ __all__ = [
 
 DoneReason = Literal["stop", "length", "cancel", "error"]
 ErrorCode = Literal[
-    "bad_request", "context_overflow", "unsupported", "internal", "overloaded", "runner_died"
+    "bad_request",
+    "context_overflow",
+    "unsupported",
+    "internal",
+    "overloaded",
+    "runner_died",
+    "cancelled",
 ]
 
 
