@@ -97,7 +97,14 @@ def test_api_key_required_everywhere_but_root(tmp_path: Path) -> None:
     with running_daemon(tmp_path / "home", api_key="s3cret-key") as daemon:
         with daemon.http() as http:
             assert http.get("/").status_code == 200
+            # liveness is public, as llama-server's /health is
+            assert http.get("/health").json() == {"status": "ok"}
+            assert http.get("/v1/health").status_code == 200
             assert http.get("/api/tags").status_code == 401
+            # the bare OpenAI routes refuse in OpenAI's shape too
+            bare = http.get("/models")
+            assert bare.status_code == 401
+            assert bare.json()["error"]["type"] == "authentication_error"
             wrong = http.get("/api/tags", headers={"Authorization": "Bearer nope"})
             assert wrong.status_code == 401
             assert wrong.json()["error"].startswith("missing or invalid API key")
@@ -131,6 +138,9 @@ _HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "messages": "hello"}}),
     ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "messages": [{"content": "x"}]}}),
     ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "tools": [{"type": "function"}]}}),
+    ("POST", "/api/chat", {"json": {"model": "smollm2:135m", "tools": {"a": 1}}}),
+    ("POST", "/chat/completions", {"json": {"model": "smollm2:135m", "tool_choice": 5}}),
+    ("POST", "/api/generate", {"content": b"model=x&prompt=y"}),
     ("POST", "/api/chat", {"json": {"model": "x" * 10_000, "messages": []}}),
     ("POST", "/api/chat", {"content": b"[" * 100_000 + b"]" * 100_000}),
     ("POST", "/api/embed", {"json": {"model": "smollm2:135m", "input": [1, 2]}}),

@@ -203,6 +203,8 @@ async def _run(
             return JSONResponse(_final(name, outcome, piece(text)))
         parsed = split_output(plan, text)
         extra = piece(parsed.content)
+        if parsed.thinking:
+            extra["message"]["thinking"] = parsed.thinking
         if parsed.calls:
             extra["message"]["tool_calls"] = ollama_tool_calls(plan, parsed.calls, 0)
         return JSONResponse(_final(name, outcome, extra))
@@ -217,6 +219,10 @@ async def _run(
         nonlocal calls_sent
         assert plan is not None
         lines = []
+        if parsed.thinking:  # harmony's analysis channel: reasoning, before the answer
+            fields = piece("")
+            fields["message"]["thinking"] = parsed.thinking
+            lines.append(chunk(fields))
         if parsed.content:
             lines.append(chunk(piece(parsed.content)))
         calls = parsed.calls if plan.parallel else parsed.calls[: max(1 - calls_sent, 0)]

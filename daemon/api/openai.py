@@ -315,6 +315,8 @@ async def chat_completions(
 
     def choice(parsed: Parsed, finish: str | None) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.thinking:  # llama-server's and DeepSeek's field for reasoning
+            message["reasoning_content"] = parsed.thinking
         if parsed.calls:
             message["content"] = parsed.content or None
             message["tool_calls"] = openai_calls(parsed.calls, streamed=False)
@@ -325,7 +327,9 @@ async def chat_completions(
         if first:
             content["role"] = "assistant"
         if parsed is not None:
-            if parsed.content or not parsed.calls:
+            if parsed.thinking:
+                content["reasoning_content"] = parsed.thinking
+            if parsed.content or not (parsed.calls or parsed.thinking):
                 content["content"] = parsed.content
             if parsed.calls:
                 content["tool_calls"] = openai_calls(parsed.calls, streamed=True)

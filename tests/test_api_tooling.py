@@ -1,0 +1,100 @@
+"""The API layer's tool handling on real models in a real store (no daemon): which template
+counts, tool_choice, and the call ids Mistral templates insist on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+from localllm.daemon.api.tooling import (
+    effective_template,
+    history_tool_calls,
+    map_call_id,
+    plan_tools,
+    split_output,
+    supports_tools,
+)
+from localllm.daemon.errors import HTTPProblem
+from localllm.models import create_model, load_model
+from localllm.store import Store
+
+MISTRAL_TEMPLATE = (
+    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "{% if c.id|length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric "
+    "strings with length 9!') }}{% endif %}[TOOL_CALLS]{{ c.function.name }}[ARGS]"
+    "{{ c.function.arguments | tojson }}{% endfor %}{% else %}[INST]{{ m.content }}[/INST]"
+    "{% endif %}{% endfor %}"
+)
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def _model(store: Store, tmp_path: Path, name: str, template: str | None) -> object:
+    path = write_tiny_gguf(tmp_path / f"{name}.gguf", chat_template=template)
+    create_model(store, f"{name}:latest", gguf_file=path)
+    return load_model(store, f"{name}:latest")
+
+
+def test_modelfile_template_overrides_the_gguf(store: Store, tmp_path: Path) -> None:
+    plain = _model(store, tmp_path, "plain", None)
+    assert not supports_tools(plain)  # type: ignore[arg-type]
+    path = write_tiny_gguf(tmp_path / "base.gguf")
+    create_model(store, "withtools:latest", gguf_file=path, template=MISTRAL_TEMPLATE)
+    model = load_model(store, "withtools:latest")
+    assert effective_template(model) == MISTRAL_TEMPLATE
+    assert supports_tools(model)
+    # an Ollama Go template cannot be rendered: the GGUF's own template is the one that counts
+    create_model(store, "gotemplate:latest", base="withtools", template="{{ .Prompt }}")
+    go = load_model(store, "gotemplate:latest")
+    assert effective_template(go) == go.info.chat_template
+
+
+def test_mistral_call_ids(store: Store, tmp_path: Path) -> None:
+    model = _model(store, tmp_path, "mistral", MISTRAL_TEMPLATE)
+    plan = plan_tools(model, [TOOL])  # type: ignore[arg-type]
+    assert plan is not None and plan.mistral_ids
+    parsed = split_output(plan, '[TOOL_CALLS]f[ARGS]{"a": 1}')
+    (call,) = parsed.calls
+    new_id = plan.call_id(call)
+    assert len(new_id) == 9 and new_id.isalnum()
+    # ids from other clients become 9 characters, the same each time
+    mapped = map_call_id("call_k3j9x0ab", plan)
+    assert len(mapped) == 9 and mapped.isalnum() and mapped == map_call_id("call_k3j9x0ab", plan)
+    assert map_call_id("abcDEF123", plan) == "abcDEF123"
+    history = history_tool_calls(
+        [{"id": "call_k3j9x0ab", "function": {"name": "f", "arguments": '{"a": 1}'}}],
+        "messages[1].tool_calls",
+        plan,
+    )
+    assert history == [
+        {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}, "id": mapped}
+    ]
+
+
+def test_tool_choice_rules(store: Store, tmp_path: Path) -> None:
+    model = _model(store, tmp_path, "mistral2", MISTRAL_TEMPLATE)
+    assert plan_tools(model, [TOOL], tool_choice="none") is None  # type: ignore[arg-type]
+    assert plan_tools(model, None) is None  # type: ignore[arg-type]
+    with pytest.raises(HTTPProblem) as info:
+        plan_tools(model, [], tool_choice="auto")  # type: ignore[arg-type]
+    assert info.value.param == "tool_choice"
+    required = plan_tools(model, [TOOL], tool_choice="required")  # type: ignore[arg-type]
+    assert required is not None and required.grammar is not None
+    assert "[TOOL_CALLS]f[ARGS]" in required.grammar  # the template's [ARGS] syntax
+    auto = plan_tools(model, [TOOL])  # type: ignore[arg-type]
+    assert auto is not None and auto.grammar is None
+    off = plan_tools(model, [TOOL, {**TOOL, "function": {"name": "g"}}], parallel=False)  # type: ignore[arg-type]
+    assert off is not None
+    two = split_output(off, "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}")
+    assert [c.name for c in two.calls] == ["f"]
+
+
+def test_no_tool_template_refuses_unless_none(store: Store, tmp_path: Path) -> None:
+    model = _model(store, tmp_path, "chatml", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    with pytest.raises(HTTPProblem) as info:
+        plan_tools(model, [TOOL])  # type: ignore[arg-type]
+    assert info.value.status == 400 and "does not support tools" in info.value.message
+    assert info.value.param == "tools"
+    assert plan_tools(model, [TOOL], tool_choice="none") is None  # type: ignore[arg-type]
