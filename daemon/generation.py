@@ -28,7 +28,13 @@ from localllm.settings import parse_duration
 from .errors import ClientGone, HTTPProblem, problem_from
 from .options import runner_config
 from .runner.client import GenerationStream, RunnerDiedError, RunnerError, TokenChunk
-from .runner.protocol import EmbeddingRequest, EmbeddingResult, GenerationRequest, RunnerConfig
+from .runner.protocol import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    GenerationRequest,
+    RunnerConfig,
+    TokenLogprob,
+)
 from .runner.protocol import GenerationResult as Result
 from .scheduler import Lease
 from .state import DaemonState
@@ -140,6 +146,8 @@ class Outcome:
     """Time spent loading the model for this request."""
     total_seconds: float
     """From arrival at the daemon to the end."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """Every generated token's log probability, when the request asked for them."""
 
 
 def _add_daemon_wait(result: Result, waited_s: float, load_s: float) -> None:
@@ -186,14 +194,23 @@ class Generation:
         return self.stream.prompt_tokens
 
     async def events(self) -> AsyncIterator[str | Outcome]:
-        """Generated text pieces, then one :class:`Outcome`. Runner errors propagate.
+        """Generated text pieces, then one :class:`Outcome`. Runner errors propagate."""
+        async for item in self.chunks():
+            if isinstance(item, Outcome):
+                yield item
+            elif item.text:
+                yield item.text
+
+    async def chunks(self) -> AsyncIterator[TokenChunk | Outcome]:
+        """Generated chunks (text with the tokens' log probabilities when asked for), then
+        one :class:`Outcome`. Runner errors propagate.
 
         A task of its own reads the runner's events and gives the slot back as soon as the
         runner is done, so a client that reads slowly (or not at all) holds its buffered text,
         bounded by the context length, but never a slot that others are waiting for.
         """
         self._started_events = True
-        items: asyncio.Queue[str | Outcome | BaseException] = asyncio.Queue()
+        items: asyncio.Queue[TokenChunk | Outcome | BaseException] = asyncio.Queue()
         self._pump_task = pump = asyncio.create_task(self._pump(items))
         _background.add(pump)
         pump.add_done_callback(_background.discard)
@@ -218,21 +235,25 @@ class Generation:
             self._pump_stopped = True
             pump.cancel()
 
-    async def _pump(self, items: asyncio.Queue[str | Outcome | BaseException]) -> None:
+    async def _pump(self, items: asyncio.Queue[TokenChunk | Outcome | BaseException]) -> None:
         result: Result | None = None
+        logprobs: list[TokenLogprob] = []
         try:
             async with self.lease:
                 async for item in self.stream:
                     if isinstance(item, TokenChunk):
-                        if item.text:
-                            items.put_nowait(item.text)
+                        if item.text or item.logprobs:
+                            items.put_nowait(item)
+                            logprobs += item.logprobs or []
                     else:
                         result = item
                         _add_daemon_wait(result, self.waited, self.lease.load_seconds)
                         self.lease.record(item)
             if result is None:  # the runner closed the stream without a result
                 raise RunnerDiedError("the runner ended the request without a result")
-            items.put_nowait(self._outcome(result))
+            outcome = self._outcome(result)
+            outcome.logprobs = logprobs
+            items.put_nowait(outcome)
         except asyncio.CancelledError:
             log.info("%s: request ended early (client gone)", self.model_name)
             raise

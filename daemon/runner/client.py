@@ -145,6 +145,8 @@ class GenerationStream:
         """The runner request's id."""
         self.prompt_tokens = 0
         """Prompt length in tokens, known once the runner accepted the prompt."""
+        self.prompt_tail = ""
+        """The end of the rendered prompt (does it open a reasoning block?)."""
         self._client = client
         self._queue = queue
         self._on_cancelled = on_cancelled
@@ -156,6 +158,7 @@ class GenerationStream:
         event = await self._queue.get()
         if isinstance(event, PromptReadyEvent):
             self.prompt_tokens = event.prompt_tokens
+            self.prompt_tail = event.prompt_tail
         elif isinstance(event, DoneEvent):  # cancelled while the prompt was being prepared
             self._early = event
         else:

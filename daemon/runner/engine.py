@@ -87,6 +87,8 @@ class GenerationJob:
     """Put prompt and generated tokens in the result (Ollama's ``context``)."""
     keep: int = 0
     """Leading tokens a context shift keeps (the system prompt)."""
+    render_special: bool = False
+    """Emit control tokens as their text (for tool-call and thinking parsers)."""
 
 
 @dataclass
@@ -476,7 +478,7 @@ class Engine:
             self._finish(slot, "stop")
             return
         slot.output.append(token)
-        piece_bytes = self.model.piece(token)
+        piece_bytes = self.model.piece(token, special=job.render_special)
         if job.options.logprobs:
             slot.logprobs.append(self._logprob(slot.batch_index, token, piece_bytes, job))
         piece = text.push(piece_bytes)

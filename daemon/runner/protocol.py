@@ -210,6 +210,9 @@ class GenerationRequest:
     chat template as Hugging Face's ``apply_chat_template(tools=...)`` does."""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra variables for the chat template (``enable_thinking``, ``reasoning_effort``...)."""
+    render_special: bool = False
+    """Emit control tokens (``<|python_tag|>``, ``[TOOL_CALLS]``, ``<think>``...) as their text,
+    for the API's tool-call and thinking parsers; end-of-generation tokens never appear."""
 
 
 @dataclass
@@ -268,6 +271,8 @@ class EmbeddingRequest:
     """Unique per connection."""
     inputs: list[str]
     """Texts to embed."""
+    token_inputs: list[list[int]] | None = None
+    """Inputs given as the model's token ids instead of texts (then ``inputs`` is empty)."""
     truncate: bool = True
     """Cut inputs longer than the context instead of failing."""
     normalize: bool = True
@@ -440,6 +445,9 @@ class PromptReadyEvent:
     event: ClassVar[str] = "prompt_ready"
     id: str
     prompt_tokens: int
+    prompt_tail: str = ""
+    """The end of the rendered prompt (up to 200 characters): whether it opens a reasoning
+    block (``<think>``) or a tool call tells the API's parsers how the answer starts."""
 
 
 @dataclass

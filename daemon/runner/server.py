@@ -99,6 +99,8 @@ class Prompt:
     """The prompt tokens."""
     keep: int
     """Leading tokens a context shift keeps (the system prompt, or the BOS token)."""
+    tail: str = ""
+    """The end of the rendered prompt text."""
 
 
 def prepare(model: LlamaModel, request: GenerationRequest, default_template: str | None) -> Prompt:
@@ -118,9 +120,10 @@ def prepare(model: LlamaModel, request: GenerationRequest, default_template: str
         text = _encodable(request.prompt or "", "prompt")
         context = _checked_context(model, request.context)
         tokens = context + model.tokenize(text, add_special=not context, parse_special=True)
-        prompt = Prompt(_fit(model, request, tokens, keep=bos_only), bos_only)
+        prompt = Prompt(_fit(model, request, tokens, keep=bos_only), bos_only, text[-200:])
     if request.options.num_keep >= 0:
-        return Prompt(prompt.tokens, min(request.options.num_keep, len(prompt.tokens)))
+        keep = min(request.options.num_keep, len(prompt.tokens))
+        return Prompt(prompt.tokens, keep, prompt.tail)
     return prompt
 
 
@@ -131,12 +134,14 @@ def prepare_prompt(
     return prepare(model, request, default_template).tokens
 
 
-def _checked_context(model: LlamaModel, context: list[int] | None) -> list[int]:
+def _checked_context(
+    model: LlamaModel, context: list[int] | None, field: str = "context"
+) -> list[int]:
     if not context:
         return []
     for token in context:
         if not isinstance(token, int) or not 0 <= token < model.n_vocab:
-            raise PromptError(f"context holds {token!r}, which is not a token of this model")
+            raise PromptError(f"{field} holds {token!r}, which is not a token of this model")
     return list(context)
 
 
@@ -172,6 +177,8 @@ def _chat_prompt(
             raise PromptError("every message needs a string role")
         _encodable(message["content"], f"messages[{index}].content")
 
+    rendered = [""]
+
     def tokens_for(conversation: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
         try:
             text = render_chat(
@@ -187,11 +194,13 @@ def _chat_prompt(
             raise PromptError(str(exc)) from None
         except UnicodeEncodeError:
             raise PromptError("the conversation is not valid Unicode (a lone surrogate)") from None
+        rendered[0] = text
         # Templates that write the BOS text themselves must not get a second one.
         add_special = model.add_bos and not (bos and text.startswith(bos))
         return model.tokenize(text, add_special=add_special, parse_special=True)
 
     tokens = tokens_for(messages, request.add_generation_prompt)
+    tail = rendered[0][-200:]
     system = [m for m in messages if m["role"] == "system"]
     keep = (
         common_prefix_length(tokens_for(system, False), tokens)
@@ -200,13 +209,13 @@ def _chat_prompt(
     )
     room = _room_for_prompt(model, request)
     if len(tokens) <= room or not request.truncate:
-        return Prompt(_fit(model, request, tokens, keep=0), keep)
+        return Prompt(_fit(model, request, tokens, keep=0), keep, tail)
     # Drop whole turns from the front, keeping system messages and the last turn.
     rest = [m for m in messages if m["role"] != "system"]
     while len(rest) > 1 and len(tokens) > room:
         rest = rest[1:]
         tokens = tokens_for(system + rest, request.add_generation_prompt)
-    return Prompt(_fit(model, request, tokens, keep=keep), keep)
+    return Prompt(_fit(model, request, tokens, keep=keep), keep, tail)
 
 
 def _overflow(model: LlamaModel, count: int) -> PromptError:
@@ -449,7 +458,9 @@ class RunnerServer:
                 )
             )
             return
-        connection.send(PromptReadyEvent(id=op.id, prompt_tokens=len(prompt.tokens)))
+        connection.send(
+            PromptReadyEvent(id=op.id, prompt_tokens=len(prompt.tokens), prompt_tail=prompt.tail)
+        )
         self.engine.submit(
             GenerationJob(
                 id=op.id,
@@ -459,6 +470,7 @@ class RunnerServer:
                 grammar=grammar,
                 emit=connection.emitter(),
                 return_context=request.return_context,
+                render_special=request.render_special,
             )
         )
 
@@ -466,10 +478,18 @@ class RunnerServer:
         request = op.request
         limit = self.model.n_ctx_per_slot
         inputs = []
-        for index, text in enumerate(request.inputs):
-            tokens = await asyncio.to_thread(
-                self.model.tokenize, _encodable(str(text), f"input[{index}]"), True, False
-            )
+        texts: list[str | list[int]] = list(request.inputs)
+        if request.token_inputs is not None:
+            if request.inputs:
+                raise PromptError("give inputs as texts or as token ids, not both")
+            texts = list(request.token_inputs)
+        for index, text in enumerate(texts):
+            if isinstance(text, list):
+                tokens = _checked_context(self.model, text, f"input[{index}]")
+            else:
+                tokens = await asyncio.to_thread(
+                    self.model.tokenize, _encodable(str(text), f"input[{index}]"), True, False
+                )
             if not tokens:
                 raise PromptError(f"input[{index}] is empty: there is nothing to embed")
             if len(tokens) > limit:
