@@ -141,4 +141,7 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         n_gpu_layers=int(options.get("num_gpu", -1)),
         kv_cache_type=settings.kv_cache_type,
         flash_attention=settings.flash_attention,
+        kv_cache_dir=str(settings.kv_cache_dir),
+        kv_cache_ram=settings.kv_cache_ram,
+        kv_cache_disk=settings.kv_cache_disk,
     )

@@ -69,6 +69,23 @@ def parse_duration(value: str | int | float) -> float:
     return -total if match.group(1) else total
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: str) -> int:
+    """Bytes from ``"1073741824"``, ``"512M"``, ``"2G"``, ``"1.5GiB"`` (binary units)."""
+    text = value.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = text[-1:] if text[-1:] in _SIZE_UNITS and text[-1:].isalpha() else ""
+    number = text[: len(text) - len(unit)]
+    try:
+        size = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise SettingsError(f"expected a size like 512M or 2G, got {value!r}") from None
+    if size < 0 or size != size:
+        raise SettingsError(f"a size cannot be negative, got {value!r}")
+    return int(size)
+
+
 def parse_host(value: str) -> tuple[str, int]:
     """Split ``LOCALLLM_HOST`` (``host``, ``host:port``, ``[v6]:port``, ``http://host:port``)."""
     text = value.strip()
@@ -240,6 +257,18 @@ class Settings:
     debug: bool = _setting(
         "LOCALLLM_DEBUG", False, "Verbose logging in the daemon and runner logs."
     )
+    kv_cache_ram: int = _setting(
+        "LOCALLLM_KV_CACHE_RAM",
+        1 << 30,
+        "Bytes of host RAM per loaded model for idle prompt prefixes' KV state (accepts 512M, "
+        "2G); least recently used prefixes move to disk beyond it. 0 turns the tier off.",
+    )
+    kv_cache_disk: int = _setting(
+        "LOCALLLM_KV_CACHE_DISK",
+        4 << 30,
+        "Bytes of disk for saved prompt prefixes (kvcache/ under the data root), which outlive "
+        "runner unloads and daemon restarts; least recently used go first. 0 turns it off.",
+    )
 
     # -- construction -------------------------------------------------------------------
 
@@ -321,6 +350,15 @@ class Settings:
             values["pull_retries"] = number
         if (raw := get("LOCALLLM_DEBUG")) is not None:
             values["debug"] = raw.lower() not in ("0", "false", "no", "off")
+        for name, attr in (
+            ("LOCALLLM_KV_CACHE_RAM", "kv_cache_ram"),
+            ("LOCALLLM_KV_CACHE_DISK", "kv_cache_disk"),
+        ):
+            if (raw := get(name)) is not None:
+                try:
+                    values[attr] = parse_size(raw)
+                except SettingsError as exc:
+                    raise SettingsError(f"{name}: {exc}") from None
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -333,6 +371,11 @@ class Settings:
     def data_dir(self) -> Path:
         """Root of the model store: ``blobs/``, ``manifests/``, ``partial/`` (Ollama's layout)."""
         return self.home if self.home is not None else _default_data_dir()
+
+    @property
+    def kv_cache_dir(self) -> Path:
+        """Saved prompt prefixes (KV state), one folder per model and KV layout."""
+        return self.data_dir / "kvcache"
 
     @property
     def log_dir(self) -> Path:

@@ -10,8 +10,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from .kvcache import PrefixCache, layout_folder
 from .protocol import RunnerConfig
+
+if TYPE_CHECKING:
+    from .model import LlamaModel
 
 # How often the runner checks that the daemon that started it is still alive.
 _PARENT_CHECK_S = 1.0
@@ -40,6 +45,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--log-file", default=None, help="where llama.cpp and the runner log")
     parser.add_argument(
+        "--kv-cache-dir", default=None, help="root folder for saved prompt prefixes (disk tier)"
+    )
+    parser.add_argument(
+        "--kv-cache-ram", type=int, default=0, help="bytes of RAM for saved prompt prefixes"
+    )
+    parser.add_argument(
+        "--kv-cache-disk", type=int, default=0, help="bytes of disk for saved prompt prefixes"
+    )
+    parser.add_argument(
         "--ready-fd", type=int, default=None, help="write 'ready' here once serving"
     )
     parser.add_argument("--debug", action="store_true", help="log llama.cpp debug output")
@@ -64,6 +78,9 @@ async def _serve(args: argparse.Namespace) -> int:
         flash_attention=args.flash_attention,
         chat_template=args.chat_template,
         log_path=args.log_file,
+        kv_cache_dir=args.kv_cache_dir,
+        kv_cache_ram=args.kv_cache_ram,
+        kv_cache_disk=args.kv_cache_disk,
     )
     try:
         model = await asyncio.to_thread(LlamaModel, config)
@@ -79,7 +96,7 @@ async def _serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(RuntimeError):  # the loop already closed: we are exiting
             loop.call_soon_threadsafe(stop.set)
 
-    engine = Engine(model, on_exit=engine_ended)
+    engine = Engine(model, on_exit=engine_ended, prefix_cache=_prefix_cache(config, model))
     engine.start()
     server = RunnerServer(model, engine, Path(args.socket))
     await server.start()
@@ -115,6 +132,39 @@ async def _serve(args: argparse.Namespace) -> int:
         logging.getLogger("localllm.runner").error("exiting: the engine thread crashed")
         return 1
     return 0
+
+
+def _model_identity(path: str) -> str:
+    """What names a model's weights across restarts: the store's content digest when the file
+    is a blob (``sha256-<hex>``), else its path, size and modification time."""
+    file = Path(path)
+    if file.name.startswith("sha256-"):
+        return file.name
+    stat = file.stat()
+    return f"{file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _prefix_cache(config: RunnerConfig, model: LlamaModel) -> PrefixCache | None:
+    if config.kv_cache_ram <= 0 and config.kv_cache_disk <= 0:
+        return None
+    import llama_cpp
+
+    # Everything that changes the bytes of a sequence's saved state.
+    layout = "|".join(
+        [
+            config.kv_cache_type,
+            f"fa={config.flash_attention}",
+            f"llama_cpp={llama_cpp.__version__}",
+            model.describe(),
+            *config.extra_model_paths,
+        ]
+    )
+    folder = None
+    if config.kv_cache_dir and config.kv_cache_disk > 0:
+        folder = layout_folder(
+            Path(config.kv_cache_dir), _model_identity(config.model_path), layout
+        )
+    return PrefixCache(folder, config.kv_cache_ram, config.kv_cache_disk if folder else 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -451,6 +451,9 @@ class RunnerProcess:
             args += ["--model-part", part]
         if c.chat_template is not None:
             args += ["--chat-template", c.chat_template]
+        if c.kv_cache_dir is not None:
+            args += ["--kv-cache-dir", c.kv_cache_dir]
+        args += ["--kv-cache-ram", str(c.kv_cache_ram), "--kv-cache-disk", str(c.kv_cache_disk)]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:

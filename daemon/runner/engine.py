@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .kvcache import PrefixCache
 from .model import LlamaModel
 from .protocol import (
     DoneEvent,
@@ -56,6 +57,9 @@ Emit = Callable[[Event], None]
 _RATE_WINDOW_S = 3.0
 # Waiting for another request's prefill only pays off for a prefix of some length.
 _MIN_SHARED_WAIT = 16
+# Saving a sequence's state, or restoring one, costs a copy of its cells: worth it only for
+# prefixes of some length (a system prompt, a conversation), not for a few tokens.
+_MIN_SAVED_TOKENS = 32
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -120,6 +124,8 @@ class Slot:
         """Sampled token not yet evaluated (the next decode input)."""
         self.output: list[int] = []
         """Tokens generated for the current request."""
+        self.saved = 0
+        """Length of ``cache`` when it was last saved to the prefix cache (0: never)."""
         self.logprobs: list[TokenLogprob] = []
         """Log probabilities of tokens whose text has not been emitted yet (when asked for)."""
         self.batch_index = -1
@@ -153,8 +159,15 @@ class Engine:
     process exit when the engine thread is gone, so no request can wait for a dead engine.
     """
 
-    def __init__(self, model: LlamaModel, on_exit: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        on_exit: Callable[[], None] | None = None,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache
+        """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.waiting: collections.deque[GenerationJob] = collections.deque()
         self.embeddings: collections.deque[EmbeddingJob] = collections.deque()
@@ -206,6 +219,8 @@ class Engine:
         self._put("stop", None)
         self._thread.join(timeout)
         if not self._thread.is_alive():
+            if not self.crashed:
+                self._persist_prefixes()
             self.model.close()
 
     def stats(self) -> Stats:
@@ -232,6 +247,7 @@ class Engine:
             decoded = sum(r[1] for r in self._rates)
             prefilled = sum(r[2] for r in self._rates)
         used = sum(len(s.cache) - s.shared for s in self.slots)
+        saved = self.prefix_cache.stats() if self.prefix_cache is not None else None
         return Stats(
             slots=slots,
             waiting=len(self.waiting),
@@ -240,6 +256,9 @@ class Engine:
             decode_tokens_per_s=decoded / _RATE_WINDOW_S,
             prefill_tokens_per_s=prefilled / _RATE_WINDOW_S,
             requests_total=self.requests_total,
+            saved_prefix_ram_bytes=saved.ram_bytes if saved else 0,
+            saved_prefix_disk_bytes=saved.disk_bytes if saved else 0,
+            prefix_restores=saved.restored if saved else 0,
         )
 
     # -- the engine thread ----------------------------------------------------------------
@@ -320,6 +339,9 @@ class Engine:
             ]
             reuse, _, slot = max(scored, key=lambda item: (item[0], item[1]))
             reuse = min(reuse, len(job.prompt) - 1)
+            if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
+                self._save(slot)  # the cells about to be overwritten stay reachable
+            reuse = self._restore(slot, job.prompt, reuse)
             try:
                 sampler = Sampler(
                     self.model.vocab,
@@ -450,22 +472,89 @@ class Engine:
             slot.chunk = 0
 
     def _make_room(self, prefill_in_batch: bool, prefill_budget: int) -> bool:
-        """llama_decode found no KV room: free idle caches, then shrink prefill chunks, then
-        end the longest sequence (its share of the cache is the most that frees). False if
-        nothing is left to try."""
-        freed = False
-        for slot in self.slots:
-            if not slot.busy and slot.cache:
-                self.model.seq_remove(slot.seq_id, 0)
-                slot.cache, slot.shared = [], 0
-                freed = True
-        if freed or (prefill_in_batch and prefill_budget > 1):
+        """llama_decode found no KV room: free the least recently used idle cache (saved to
+        the prefix cache first), then shrink prefill chunks, then end the longest sequence
+        (its share of the cache is the most that frees). False if nothing is left to try."""
+        idle = [slot for slot in self.slots if not slot.busy and slot.cache]
+        if idle:
+            self._evict(min(idle, key=lambda slot: slot.last_used))
+            return True
+        if prefill_in_batch and prefill_budget > 1:
             return True
         busiest = max((s for s in self.slots if s.busy), key=lambda s: len(s.cache), default=None)
         if busiest is None:
             return False
         self._finish(busiest, "length")
         return True
+
+    # -- the prefix cache's tiers ---------------------------------------------------------
+
+    def _save(self, slot: Slot) -> None:
+        """Copy an idle slot's cells into the prefix cache (unless they are there already)."""
+        cache = self.prefix_cache
+        if cache is None or len(slot.cache) < _MIN_SAVED_TOKENS or slot.saved == len(slot.cache):
+            return
+        try:
+            data = self.model.seq_state(slot.seq_id)
+        except Exception:  # saving is an optimisation: never fail a request over it
+            log.exception("could not save the state of slot %d", slot.seq_id)
+            return
+        cache.save(slot.cache, data)
+        slot.saved = len(slot.cache)
+
+    def _evict(self, slot: Slot) -> None:
+        """Free an idle slot's cells, keeping them in the prefix cache."""
+        self._save(slot)
+        self.model.seq_remove(slot.seq_id, 0)
+        slot.cache, slot.shared, slot.saved = [], 0, 0
+
+    def _restore(self, slot: Slot, prompt: list[int], reuse: int) -> int:
+        """Restore the saved prefix sharing most with ``prompt`` into ``slot`` when it beats
+        what the context holds already; returns the prompt tokens the slot now holds."""
+        cache = self.prefix_cache
+        if cache is None:
+            return reuse
+        found = cache.best(prompt)
+        if found is None:
+            return reuse
+        length, key = found
+        length = min(length, len(prompt) - 1)
+        # A prefix another slot holds is shared into this one by _share_prefixes for free.
+        in_context = max(common_prefix_length(s.cache, prompt) for s in self.slots)
+        if length < max(reuse, in_context) + _MIN_SAVED_TOKENS:
+            return reuse
+        data = cache.load(key)
+        tokens = cache.tokens(key)
+        if data is None or tokens is None:
+            return reuse
+        restored = self.model.restore_seq_state(slot.seq_id, data)
+        if not restored:
+            # Perhaps no room: make some from idle slots and try once more.
+            for other in self.slots:
+                if other is not slot and not other.busy and other.cache:
+                    self._evict(other)
+            restored = self.model.restore_seq_state(slot.seq_id, data)
+        if not restored:
+            log.warning("llama.cpp refused a saved prefix of %d tokens; dropping it", len(tokens))
+            cache.forget(key)
+            slot.cache, slot.shared, slot.saved = [], 0, 0
+            return 0
+        slot.cache, slot.shared = list(tokens), 0
+        slot.saved = len(slot.cache)
+        log.debug("restored a saved prefix of %d tokens into slot %d", length, slot.seq_id)
+        return length
+
+    def _persist_prefixes(self) -> None:
+        """The runner is stopping: keep every idle prefix on disk for the next one."""
+        if self.prefix_cache is None:
+            return
+        try:
+            for slot in self.slots:
+                if slot.job is None:
+                    self._save(slot)
+            self.prefix_cache.persist()
+        except Exception:
+            log.exception("could not save the prefix cache")
 
     def _sample(self, slot: Slot, now: float) -> None:
         job, sampler, text = slot.job, slot.sampler, slot.text

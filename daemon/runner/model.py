@@ -298,6 +298,25 @@ class LlamaModel:
         """Make cells ``[start, end)`` of ``source`` belong to ``destination`` too (no copying)."""
         llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
 
+    def seq_state(self, seq_id: int) -> bytes:
+        """The KV state of ``seq_id`` (its cells' keys and values), for saving elsewhere."""
+        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, seq_id))
+        if size <= 0:
+            return b""
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, buffer, size, seq_id))
+        return bytes(buffer)[:written]
+
+    def restore_seq_state(self, seq_id: int, data: bytes) -> bool:
+        """Load a state saved by :meth:`seq_state` into ``seq_id`` (emptied first); False
+        when llama.cpp refuses it (another model or layout, or no room)."""
+        self.seq_remove(seq_id, 0)
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        read = int(llama_cpp.llama_state_seq_set_data(self.ctx, buffer, len(data), seq_id))
+        if read == 0:
+            self.seq_remove(seq_id, 0)
+        return read > 0
+
     def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
         """Add ``delta`` to the positions of ``seq_id``'s cells in ``[start, end)``."""
         llama_cpp.llama_memory_seq_add(self.memory, seq_id, start, end, delta)

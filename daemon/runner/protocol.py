@@ -331,6 +331,12 @@ class Stats:
     """Prompt tokens per second over the last few seconds."""
     requests_total: int = 0
     """Requests finished since the runner started."""
+    saved_prefix_ram_bytes: int = 0
+    """Idle prefixes' KV state kept in host RAM."""
+    saved_prefix_disk_bytes: int = 0
+    """Idle prefixes' KV state kept on disk for this model."""
+    prefix_restores: int = 0
+    """Saved prefixes restored into a slot since the runner started."""
 
 
 @dataclass
@@ -362,6 +368,12 @@ class RunnerConfig:
     """Override for the GGUF's chat template."""
     log_path: str | None = None
     """Where llama.cpp's log goes."""
+    kv_cache_dir: str | None = None
+    """Root folder of saved prompt prefixes (None: no disk tier)."""
+    kv_cache_ram: int = 0
+    """Bytes of host RAM for saved prefixes (0: no RAM tier)."""
+    kv_cache_disk: int = 0
+    """Bytes of disk for saved prefixes, over the whole folder (0: no disk tier)."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------
