@@ -67,14 +67,18 @@ __all__ = [
     "MessagesRequest",
     "ReplyEnd",
     "ReplyParser",
+    "chat_history",
     "check_generates",
     "error_route",
+    "needs_special",
     "plan_renamed",
     "read_reply",
     "reply_parser",
     "request_problem",
     "router",
+    "strict_calls",
     "supports_thinking",
+    "thinking_kwargs",
 ]
 
 log = logging.getLogger("localllm.daemon")
@@ -644,8 +648,16 @@ def _conversation(
             "end the conversation with a user turn",
             param=f"messages[{len(body.messages) - 1}]",
         )
+    return chat_history(model, converted, plan)
+
+
+def chat_history(
+    model: LocalModel, converted: list[ChatMessage], plan: ToolPlan | None
+) -> list[dict[str, Any]]:
+    """The runner's messages for ``converted`` (the model's own SYSTEM and MESSAGEs first, as
+    on ``/api/chat``); an assistant's earlier reasoning goes in ``reasoning_content``, the
+    field templates that show past reasoning read (Qwen3, llama.cpp's convention)."""
     out = chat_messages(model, converted, plan=plan)
-    # chat_messages puts the model's own SYSTEM and MESSAGEs first; the rest are ours, in order
     offset = len(out) - len(converted)
     for index, message in enumerate(converted):
         if message.thinking:
