@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -124,10 +125,18 @@ def _environment(root: Path, runtime_dir: Path | None) -> dict[str, str]:
 
 
 def _run(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    done = subprocess.run(
-        args, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
-    )
-    return {"status": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    """Run a command to its end (bounded); its status and output. The output goes through
+    files: a daemon it might start must not keep a pipe of ours open."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        try:
+            status = subprocess.run(
+                args, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, timeout=120
+            ).returncode
+        except subprocess.TimeoutExpired:
+            status = -1
+        out.seek(0)
+        err.seek(0)
+        return {"status": status, "stdout": out.read(), "stderr": err.read()}
 
 
 def _scenario(name: str, root: Path, daemon_env: dict[str, str], cli_env: dict[str, str]) -> Any:
@@ -142,25 +151,29 @@ def _scenario(name: str, root: Path, daemon_env: dict[str, str], cli_env: dict[s
     )
     assert daemon.stderr is not None
     try:
-        first = daemon.stderr.readline()
-        if "listening" not in first:
-            raise SystemExit(f"{name}: the daemon did not start: {first}{daemon.stderr.read()}")
+        head = []  # what it printed up to its announcement (a warning would come first)
+        for line in daemon.stderr:
+            head.append(line)
+            if "listening" in line:
+                break
+        else:
+            raise SystemExit(f"{name}: the daemon did not start: {''.join(head)}")
         listed = _run([sys.executable, "-m", "localllm", "list"], cli_env)
         probe = _run([sys.executable, "-c", _ASYNC_PROBE], cli_env)
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
-            status = daemon.wait(60)
+            _, rest = daemon.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             daemon.kill()
-            status = daemon.wait()
+            _, rest = daemon.communicate()
     return {
         "name": name,
         "list": listed,
         "async_probe": probe,
         "serve_log": serve_log.read_text() if serve_log.exists() else "",
-        "daemon_status": status,
-        "daemon_stderr": first + daemon.stderr.read(),
+        "daemon_status": daemon.returncode,
+        "daemon_stderr": "".join(head) + rest,
     }
 
 
