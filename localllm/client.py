@@ -1,9 +1,10 @@
 """The one client for the localllm daemon, synchronous (:class:`Client`) and asynchronous
 (:class:`AsyncClient`), used by the CLI and the terminal UI alike.
 
-It finds the daemon by itself: its Unix socket, then its TCP address, taking the first that
-answers as localllm (TCP first when ``LOCALLLM_HOST`` is set); ``base_url=``, ``socket_path=``
-or ``use_tcp=`` fix one transport instead. Every daemon route has a method;
+It finds the daemon by itself: its Unix socket, then its TCP address (where the socket's place
+depends on ``XDG_RUNTIME_DIR``, i.e. without ``LOCALLLM_HOME``), taking the first that answers
+as localllm; TCP first when ``LOCALLLM_HOST`` is set. ``base_url=``, ``socket_path=`` or
+``use_tcp=`` fix one transport instead. Every daemon route has a method;
 streaming methods yield parsed chunks as they arrive, and leaving such an iteration early
 closes the connection, which cancels the request in the daemon::
 
