@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 __all__ = [
     "FAMILIES",
+    "THINKING_SWITCHES",
     "GemmaParser",
     "GenericJsonParser",
     "GraniteParser",
@@ -52,6 +53,7 @@ __all__ = [
     "Parsed",
     "Qwen3CoderParser",
     "ThinkingSplitter",
+    "ThinkingStyle",
     "ToolCall",
     "ToolCallParser",
     "ToolGrammarError",
@@ -61,7 +63,9 @@ __all__ = [
     "lazy_triggers",
     "new_call_id",
     "parser_for",
+    "starts_thinking",
     "template_supports_tools",
+    "thinking_style",
     "tool_call_grammar",
     "tool_names",
 ]
@@ -991,6 +995,68 @@ def detect_thinking(template: str | None) -> tuple[str, str] | None:
         if open_tag in template and close_tag in template:
             return open_tag, close_tag
     return None
+
+
+THINKING_SWITCHES: tuple[str, ...] = ("enable_thinking", "reasoning_effort", "thinking")
+"""Template variables that turn reasoning on or off or set its level: ``enable_thinking``
+(Qwen3, and every template llama.cpp renders), ``reasoning_effort`` (GPT-OSS: low, medium,
+high), ``thinking`` (Granite 3.2+, DeepSeek V3.1)."""
+
+
+@dataclass(frozen=True)
+class ThinkingStyle:
+    """How a chat template's model reasons: where the reasoning is in its output and which
+    template switches control it."""
+
+    tags: tuple[str, str] | None
+    """(open, close) tags around reasoning in the output; None for harmony (channels)."""
+    harmony: bool
+    """GPT-OSS's channels: reasoning in ``analysis``, which cannot be switched off."""
+    switches: frozenset[str]
+    """Which of :data:`THINKING_SWITCHES` the template reads."""
+
+    @property
+    def takes_level(self) -> bool:
+        """Whether a level (low, medium, high) changes the prompt, not just on or off."""
+        return "reasoning_effort" in self.switches
+
+
+def _template_variables(template: str) -> set[str]:
+    """Variables a Jinja template reads without setting them (empty when it cannot parse)."""
+    try:
+        from jinja2 import meta
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        environment = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+        return set(meta.find_undeclared_variables(environment.parse(template)))
+    except Exception:
+        return set()
+
+
+@lru_cache(maxsize=64)
+def thinking_style(template: str | None) -> ThinkingStyle | None:
+    """The reasoning a chat template supports (Ollama's ``thinking`` capability), or None.
+
+    As Ollama judges it: a template showing ``<think>`` and ``</think>`` (or a family's
+    equivalent tags) has a model that reasons; harmony templates reason in channels. A
+    template with a reasoning switch but no tags in its text gets ``<think>`` tags, the
+    output convention of every family whose template hides them."""
+    if not template:
+        return None
+    harmony = "<|channel|>" in template
+    tags = detect_thinking(template)
+    switches = frozenset(_template_variables(template) & set(THINKING_SWITCHES))
+    if harmony:
+        return ThinkingStyle(tags=None, harmony=True, switches=switches)
+    if tags is None and not switches:
+        return None
+    return ThinkingStyle(tags=tags or THINK_TAGS[0], harmony=False, switches=switches)
+
+
+def starts_thinking(prompt_tail: str, open_tag: str) -> bool:
+    """Whether a rendered prompt ends inside an open reasoning block (DeepSeek R1's and
+    Qwen3's templates write ``<think>\\n`` themselves), so the answer starts as reasoning."""
+    return prompt_tail.rstrip().endswith(open_tag)
 
 
 class ThinkingSplitter:

@@ -83,8 +83,13 @@ def test_tool_choice_rules(store: Store, tmp_path: Path) -> None:
     required = plan_tools(model, [TOOL], tool_choice="required")  # type: ignore[arg-type]
     assert required is not None and required.grammar is not None
     assert "[TOOL_CALLS]f[ARGS]" in required.grammar  # the template's [ARGS] syntax
+    # auto: the same grammar, lazy: it waits for the family's call opener
     auto = plan_tools(model, [TOOL])  # type: ignore[arg-type]
-    assert auto is not None and auto.grammar is None
+    assert auto is not None and auto.grammar == required.grammar
+    assert auto.triggers == [r"^[\s\S]*?(\[TOOL_CALLS\])[\s\S]*"]
+    # a format constrains the whole output already: no lazy grammar then
+    formatted = plan_tools(model, [TOOL], constrained_output=True)  # type: ignore[arg-type]
+    assert formatted is not None and formatted.grammar is None and not formatted.triggers
     off = plan_tools(model, [TOOL, {**TOOL, "function": {"name": "g"}}], parallel=False)  # type: ignore[arg-type]
     assert off is not None
     two = split_output(off, "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}")

@@ -33,9 +33,11 @@ from ..generation import (
     timing_fields,
 )
 from ..options import merge_options, runner_config, sampling_options
-from ..runner.protocol import GenerationRequest, SamplingOptions
+from ..runner.protocol import GenerationRequest, SamplingOptions, TokenLogprob
 from ..state import DaemonState, StateDep
+from ..toolcalls import Parsed
 from . import models as model_routes
+from .logprobs import apply_logprobs, check_top_logprobs, ollama_logprobs
 from .schemas_ollama import (
     ChatMessage,
     ChatRequest,
@@ -46,13 +48,16 @@ from .schemas_ollama import (
 )
 from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
 from .tooling import (
+    AnswerStream,
+    ThinkPlan,
     ToolPlan,
     history_tool_calls,
     jinja_override,
     map_call_id,
     model_template,
+    parse_think,
+    plan_thinking,
     plan_tools,
-    split_output,
 )
 
 __all__ = ["OLLAMA_API_VERSION", "chat_messages", "no_vision", "ollama_tool_calls", "router"]
@@ -98,11 +103,9 @@ def no_vision(model: LocalModel) -> str:
     return f"{model.name.short} cannot read images: the model has no vision support"
 
 
-def _check_unsupported(model: LocalModel, images: Any, think: Any) -> None:
+def _check_unsupported(model: LocalModel, images: Any) -> None:
     if images:
         raise HTTPProblem(400, no_vision(model), param="images")
-    if think not in (None, False, "", "false", "none"):
-        raise HTTPProblem(400, f"{model.name.short} does not support thinking", param="think")
 
 
 def _prepare(
@@ -112,10 +115,23 @@ def _prepare(
     model = resolve_model(state, body.model_name())
     keep_alive = parse_keep_alive(body.keep_alive)
     options = merge_options(model, _options_dict(body.options))
-    _check_unsupported(model, images, body.think)
+    _check_unsupported(model, images)
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} does not support generate", param="model")
     return model, keep_alive, options
+
+
+def _sampling(body: GenerateRequest | ChatRequest, options: dict[str, Any]) -> SamplingOptions:
+    """Sampling of a generate or chat request: its options, ``format``, ``logprobs`` and
+    ``top_logprobs``, and ``shift``."""
+    sampling = sampling_options(options)
+    apply_format(sampling, body.format)
+    top = check_top_logprobs(body.top_logprobs)
+    # top_logprobs alone asks for log probabilities too: alternatives need the chosen token.
+    apply_logprobs(sampling, bool(body.logprobs) or top > 0, top)
+    if body.shift is False:
+        sampling.shift = False
+    return sampling
 
 
 def chat_messages(
@@ -128,7 +144,9 @@ def chat_messages(
 
     Calls and tool results keep the fields chat templates read (Hugging Face's convention):
     an assistant's ``tool_calls`` with arguments as objects, a tool result's
-    ``tool_call_id`` and its tool's ``name`` (Ollama's ``tool_name``)."""
+    ``tool_call_id`` and its tool's ``name`` (Ollama's ``tool_name``), an assistant's
+    reasoning as ``reasoning_content`` (what Qwen3's and DeepSeek's templates read) and
+    ``thinking`` (Ollama's name)."""
     out: list[dict[str, Any]] = []
     has_system = any(m.role == "system" for m in messages)
     system_text = system if system is not None else model.system
@@ -142,6 +160,9 @@ def chat_messages(
         if message.images:
             raise HTTPProblem(400, no_vision(model), param=f"messages[{index}].images")
         item: dict[str, Any] = {"role": message.role.lower(), "content": message.content or ""}
+        if message.thinking:
+            item["reasoning_content"] = message.thinking
+            item["thinking"] = message.thinking
         if message.tool_calls:
             item["tool_calls"] = history_tool_calls(
                 message.tool_calls, f"messages[{index}].tool_calls", plan
@@ -179,76 +200,107 @@ def _final(model: str, outcome: Outcome, extra: dict[str, Any]) -> dict[str, Any
     }
 
 
-def _chat_piece(text: str) -> dict[str, Any]:
-    return {"message": {"role": "assistant", "content": text}}
+def _fields(
+    chat: bool, parsed: Parsed, calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """An answer's fields: ``message`` (chat) or ``response`` and ``thinking`` (generate)."""
+    if chat:
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if parsed.thinking:
+            message["thinking"] = parsed.thinking
+        if calls:
+            message["tool_calls"] = calls
+        return {"message": message}
+    fields: dict[str, Any] = {"response": parsed.content}
+    if parsed.thinking:
+        fields["thinking"] = parsed.thinking
+    return fields
 
 
 async def _run(
     state: DaemonState,
     request: Request,
     job: Job,
+    *,
     stream: bool,
-    name: str,
-    piece: Any,
-    plan: ToolPlan | None = None,
+    chat: bool,
+    tools: ToolPlan | None = None,
+    think: ThinkPlan | None = None,
+    return_context: bool = False,
 ) -> Response:
-    """Run ``job`` and answer as NDJSON (stream) or one JSON object; ``piece(text)`` gives
-    the API's field for generated text (``response`` or ``message``). With a tool ``plan``
-    (chat only), calls are parsed out of the text: streamed, the text before a call streams
-    as it comes and each call arrives whole in a chunk of its own, as Ollama streams them."""
-    generation = await start(state, request, job)
-    if not stream:
-        text, outcome = await generation.whole(request)
-        if plan is None:
-            return JSONResponse(_final(name, outcome, piece(text)))
-        parsed = split_output(plan, text)
-        extra = piece(parsed.content)
-        if parsed.thinking:
-            extra["message"]["thinking"] = parsed.thinking
-        if parsed.calls:
-            extra["message"]["tool_calls"] = ollama_tool_calls(plan, parsed.calls, 0)
-        return JSONResponse(_final(name, outcome, extra))
+    """Run ``job`` and answer as NDJSON (stream) or one JSON object.
 
-    parser = plan.parser() if plan is not None else None
+    The output goes through an :class:`AnswerStream`: reasoning comes out as ``thinking``
+    (streamed before the answer), and with a tool ``plan`` (chat only) the text before a call
+    streams as it comes and each call arrives whole in a chunk of its own, as Ollama streams
+    them. Log probabilities travel with the chunk whose text they produced (text a parser
+    holds back takes its tokens' log probabilities along to the chunk that releases it)."""
+    name = job.model.name.short
+    options = job.request.options
+    top = options.top_logprobs
+    generation = await start(state, request, job)
+    # Only now is the rendered prompt known: did the template open the reasoning block?
+    answer = AnswerStream(tools, think, generation.stream.prompt_tail)
     calls_sent = 0
 
-    def chunk(fields: dict[str, Any]) -> bytes:
+    def calls_of(parsed: Parsed) -> list[dict[str, Any]] | None:
+        nonlocal calls_sent
+        if not parsed.calls or tools is None:
+            return None
+        calls = ollama_tool_calls(tools, parsed.calls, calls_sent)
+        calls_sent += len(calls)
+        return calls
+
+    def final(outcome: Outcome, parsed: Parsed, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+        fields = _fields(chat, parsed, calls_of(parsed))
+        if options.logprobs:
+            fields["logprobs"] = ollama_logprobs(logprobs, top)
+        body = _final(name, outcome, fields)
+        if return_context and outcome.result.context is not None:
+            body["context"] = outcome.result.context
+        return body
+
+    if not stream:
+        text, outcome = await generation.whole(request)
+        return JSONResponse(final(outcome, answer.whole(text), outcome.logprobs))
+
+    def line(fields: dict[str, Any]) -> bytes:
         return ndjson_line({"model": name, "created_at": now_rfc3339(), **fields, "done": False})
 
-    def parsed_chunks(parsed: Any) -> list[bytes]:
-        nonlocal calls_sent
-        assert plan is not None
-        lines = []
-        if parsed.thinking:  # harmony's analysis channel: reasoning, before the answer
-            fields = piece("")
-            fields["message"]["thinking"] = parsed.thinking
-            lines.append(chunk(fields))
+    def lines_for(parsed: Parsed, logprobs: list[TokenLogprob]) -> list[bytes]:
+        pieces = []
+        if parsed.thinking:  # reasoning first, as Ollama streams it
+            pieces.append(_fields(chat, Parsed(thinking=parsed.thinking)))
         if parsed.content:
-            lines.append(chunk(piece(parsed.content)))
-        calls = parsed.calls if plan.parallel else parsed.calls[: max(1 - calls_sent, 0)]
+            pieces.append(_fields(chat, Parsed(content=parsed.content)))
+        calls = calls_of(parsed)
         if calls:
-            fields = piece("")
-            fields["message"]["tool_calls"] = ollama_tool_calls(plan, calls, calls_sent)
-            calls_sent += len(calls)
-            lines.append(chunk(fields))
-        return lines
+            pieces.append(_fields(chat, Parsed(), calls))
+        if pieces and options.logprobs:
+            pieces[0]["logprobs"] = ollama_logprobs(logprobs, top)
+        return [line(fields) for fields in pieces]
 
     async def body() -> AsyncIterator[bytes]:
+        pending: list[TokenLogprob] = []
         try:
-            async for event in generation.events():
-                if isinstance(event, Outcome):
-                    if event.result.done_reason == "error":
-                        yield ndjson_line({"error": event.result.error or "generation failed"})
-                    else:
-                        if parser is not None:
-                            for line in parsed_chunks(parser.finish()):
-                                yield line
-                        yield ndjson_line(_final(name, event, piece("")))
-                elif parser is not None:
-                    for line in parsed_chunks(parser.feed(event)):
-                        yield line
-                else:
-                    yield chunk(piece(event))
+            async for item in generation.chunks():
+                if isinstance(item, Outcome):
+                    if item.result.done_reason == "error":
+                        yield ndjson_line({"error": item.result.error or "generation failed"})
+                        return
+                    rest = answer.finish()
+                    if rest:
+                        for out in lines_for(rest, pending):
+                            yield out
+                        pending = []
+                    yield ndjson_line(final(item, Parsed(), pending))
+                    return
+                pending += item.logprobs or []
+                parsed = answer.feed(item.text) if item.text else Parsed()
+                if parsed:
+                    for out in lines_for(parsed, pending):
+                        yield out
+                    pending = []
         except Exception as exc:
             problem = problem_from(exc, name)
             if problem.status >= 500:
@@ -287,9 +339,42 @@ async def _load_or_unload(
     return _load_response(name, "load", extra)
 
 
+# The runner's template for a model that has none (its prepare() falls back to the same).
+_PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}"
+
+
+def _continuation(
+    model: LocalModel, body: GenerateRequest, template: str | None, kwargs: dict[str, Any]
+) -> str:
+    """The templated prompt of a generate request that continues ``context``.
+
+    Ollama renders the new prompt and puts it after the context's tokens; the runner takes
+    ``context`` only before a prompt it does not template, so the template is rendered here
+    (in the same sandbox the runner uses). The model's default system prompt was part of
+    the earlier exchange and is not repeated; a ``system`` in the request is. The prompt
+    continues a sequence, so the template's BOS text is left out (``bos_token`` is empty).
+    """
+    from ..runner.chat import TemplateRenderError, render_chat
+
+    messages: list[dict[str, Any]] = []
+    if body.system:
+        messages.append({"role": "system", "content": body.system})
+    messages.append({"role": "user", "content": body.prompt or ""})
+    try:
+        return render_chat(
+            template or model.info.chat_template or _PLAIN_TEMPLATE,
+            messages,
+            add_generation_prompt=True,
+            extra=kwargs,
+        )
+    except TemplateRenderError as exc:
+        raise HTTPProblem(400, str(exc), param="template") from None
+
+
 @router.post("/api/generate", summary="Generate a completion")
 async def generate(body: GenerateRequest, request: Request, state: StateDep) -> Response:
-    """Ollama's /api/generate: a prompt (templated unless ``raw``), optional ``suffix``."""
+    """Ollama's /api/generate: a prompt (templated unless ``raw``), optional ``suffix``,
+    ``context`` from an earlier answer, ``think``, ``logprobs``."""
     if body.raw:
         # Ollama's rule: raw means the prompt is the whole input, so nothing may wrap it.
         for field in ("system", "template", "context"):
@@ -300,54 +385,85 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
                     param=field,
                 )
     model, keep_alive, options = _prepare(state, body, body.images)
-    name = model.name.short
+    think = parse_think(body.think)
     if not body.prompt and not body.suffix:
         return await _load_or_unload(state, request, model, options, keep_alive, {"response": ""})
-    sampling = sampling_options(options)
-    apply_format(sampling, body.format)
-    runner_request = GenerationRequest(id="", options=sampling)
-    if body.raw:
+    if body.suffix:
+        # fill-in-the-middle is its own prompt format: no template, no earlier exchange
+        for field, value in (("context", body.context), ("think", think)):
+            if value:
+                raise HTTPProblem(400, f"{field} cannot be combined with suffix", param=field)
+    runner_request = GenerationRequest(
+        id="", options=_sampling(body, options), truncate=body.truncate is True
+    )
+    thinking: ThinkPlan | None = None
+    if body.raw or body.suffix:
         runner_request.prompt = body.prompt or ""
-        runner_request.raw = True
+        runner_request.raw = bool(body.raw)
         runner_request.suffix = body.suffix
-    elif body.suffix:
-        runner_request.prompt = body.prompt or ""
-        runner_request.suffix = body.suffix
+        if body.raw and think:
+            # no template to switch: the reasoning the model writes is split out
+            thinking = plan_thinking(model, think)
     else:
-        user = [ChatMessage(role="user", content=body.prompt)]
-        runner_request.messages = chat_messages(model, user, body.system)
-        runner_request.template = jinja_override(body.template) or model_template(model)
+        template = jinja_override(body.template) or model_template(model)
+        thinking = plan_thinking(model, think, template=template)
+        if body.context:
+            kwargs = thinking.template_kwargs() if thinking is not None else {}
+            runner_request.prompt = _continuation(model, body, template, kwargs)
+            runner_request.raw = True
+            runner_request.context = list(body.context)
+        else:
+            user = [ChatMessage(role="user", content=body.prompt)]
+            runner_request.messages = chat_messages(model, user, body.system)
+            runner_request.template = template
+    # Ollama returns the context of templated answers only (a raw prompt has no turn to
+    # continue).
+    runner_request.return_context = not body.raw
+    if thinking is not None:
+        thinking.apply(runner_request)
     job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
     return await _run(
         state,
         request,
         job,
-        body.stream is not False,
-        name,
-        lambda text: {"response": text},
+        stream=body.stream is not False,
+        chat=False,
+        think=thinking,
+        return_context=not body.raw,
     )
 
 
 @router.post("/api/chat", summary="Chat with a model")
 async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response:
-    """Ollama's /api/chat: messages rendered with the model's chat template."""
+    """Ollama's /api/chat: messages rendered with the model's chat template; ``tools``,
+    ``think``, ``logprobs``."""
     model, keep_alive, options = _prepare(state, body, None)
-    name = model.name.short
-    plan = plan_tools(model, body.tools)
+    plan = plan_tools(model, body.tools, constrained_output=bool(body.format))
+    thinking = plan_thinking(model, parse_think(body.think))
     empty_message = {"message": {"role": "assistant", "content": ""}}
     if not body.messages:
         return await _load_or_unload(state, request, model, options, keep_alive, empty_message)
-    sampling = sampling_options(options)
-    apply_format(sampling, body.format)
     runner_request = GenerationRequest(
         id="",
         messages=chat_messages(model, body.messages, plan=plan),
         template=model_template(model),
-        options=sampling,
-        tools=plan.tools if plan is not None else None,
+        options=_sampling(body, options),
+        truncate=body.truncate is True,
     )
+    if plan is not None:
+        plan.apply(runner_request)
+    if thinking is not None:
+        thinking.apply(runner_request)
     job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
-    return await _run(state, request, job, body.stream is not False, name, _chat_piece, plan=plan)
+    return await _run(
+        state,
+        request,
+        job,
+        stream=body.stream is not False,
+        chat=True,
+        tools=plan,
+        think=thinking,
+    )
 
 
 def _shorten(vector: list[float], dimensions: int | None) -> list[float]:

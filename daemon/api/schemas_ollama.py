@@ -75,7 +75,9 @@ class GenerateRequest(_ModelBody):
     system: str | None = None
     template: str | None = None
     context: list[int] | None = Field(
-        None, description="Deprecated; refused with raw, otherwise ignored."
+        None,
+        description="Tokens of an earlier exchange (an answer's context) that this prompt "
+        "continues; refused with raw (Ollama's rule).",
     )
     stream: bool | None = True
     raw: bool | None = False
@@ -83,7 +85,19 @@ class GenerateRequest(_ModelBody):
     images: list[str] | None = None
     options: Options | None = None
     keep_alive: KeepAlive = None
-    think: bool | str | None = None
+    think: bool | str | None = Field(
+        None, description='Reasoning: true, false, or a level ("low", "medium", "high", "max").'
+    )
+    logprobs: bool | None = Field(None, description="Report each token's log probability.")
+    top_logprobs: int | None = Field(
+        None, description="With logprobs: this many most likely tokens at each position (0-20)."
+    )
+    shift: bool | None = Field(
+        None, description="false: end with done_reason length at the end of the context."
+    )
+    truncate: bool | None = Field(
+        None, description="true: cut a prompt longer than the context instead of a 400."
+    )
 
 
 class ChatMessage(_Body):
@@ -109,7 +123,19 @@ class ChatRequest(_ModelBody):
     format: Format = None
     options: Options | None = None
     keep_alive: KeepAlive = None
-    think: bool | str | None = None
+    think: bool | str | None = Field(
+        None, description='Reasoning: true, false, or a level ("low", "medium", "high", "max").'
+    )
+    logprobs: bool | None = Field(None, description="Report each token's log probability.")
+    top_logprobs: int | None = Field(
+        None, description="With logprobs: this many most likely tokens at each position (0-20)."
+    )
+    shift: bool | None = Field(
+        None, description="false: end with done_reason length at the end of the context."
+    )
+    truncate: bool | None = Field(
+        None, description="true: drop the oldest turns of a chat longer than the context."
+    )
 
 
 class EmbedRequest(_ModelBody):

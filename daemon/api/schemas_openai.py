@@ -42,6 +42,10 @@ class Message(_Body):
         None, description="An assistant's calls: {id, type: function, function: {name, arguments}}."
     )
     tool_call_id: str | None = Field(None, description="Which call a tool message answers.")
+    reasoning_content: str | None = Field(
+        None, description="An assistant's reasoning (llama-server's and DeepSeek's name)."
+    )
+    reasoning: str | None = Field(None, description="An assistant's reasoning (vLLM's name).")
 
 
 class StreamOptions(_Body):
@@ -70,13 +74,18 @@ class _Sampling(_Body):
     max_tokens: int | None = Field(None, ge=1, le=1 << 24)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    n: int | None = Field(None, ge=1, le=1, description="Only 1 is supported.")
+    n: int | None = Field(
+        None, ge=1, le=16, description="Choices to generate from the one prompt (at most 16)."
+    )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) → bias from -100 to 100 added to its logit."
+    )
 
 
 class ChatCompletionRequest(_Sampling):
@@ -96,6 +105,20 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = Field(
         None, description="false: at most one call per answer (default true)."
     )
+    logprobs: bool | None = Field(None, description="Report each token's log probability.")
+    top_logprobs: int | None = Field(
+        None, description="With logprobs: this many most likely tokens at each position (0-20)."
+    )
+    reasoning_effort: str | None = Field(
+        None,
+        description="none, minimal, low, medium, high, xhigh or max: the model's reasoning "
+        "(none switches it off); a model that does not reason takes only none.",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Extra variables for the chat template, as llama-server takes them "
+        '(e.g. {"enable_thinking": false}).',
+    )
 
 
 class CompletionRequest(_Sampling):
@@ -104,6 +127,12 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] = ""
     suffix: str | None = None
     echo: bool | None = False
+    logprobs: int | None = Field(
+        None, description="Log probabilities of each token and this many alternatives (0-20)."
+    )
+    best_of: int | None = Field(
+        None, ge=1, description="Only best_of equal to n (or absent) is supported."
+    )
 
 
 class EmbeddingRequest(_Body):

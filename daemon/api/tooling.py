@@ -15,33 +15,47 @@ import re
 import secrets
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem
+from ..runner.protocol import GenerationRequest
 from ..toolcalls import (
+    HarmonyParser,
     OutputParser,
     Parsed,
+    ThinkingSplitter,
+    ThinkingStyle,
     ToolCall,
     ToolGrammarError,
     detect_family,
     grammar_syntax,
+    lazy_triggers,
     new_call_id,
     parser_for,
+    starts_thinking,
     template_supports_tools,
+    thinking_style,
     tool_call_grammar,
 )
 
 __all__ = [
+    "THINK_LEVELS",
+    "AnswerStream",
+    "ThinkPlan",
     "ToolPlan",
     "effective_template",
     "history_tool_calls",
     "jinja_override",
     "map_call_id",
     "model_template",
+    "model_thinking",
+    "parse_think",
+    "plan_thinking",
     "plan_tools",
+    "reasoning_effort_think",
     "split_output",
     "supports_tools",
 ]
@@ -95,15 +109,28 @@ class ToolPlan:
     template: str | None
     """The chat template (its family decides the call syntax)."""
     grammar: str | None = None
-    """A GBNF grammar forcing a call (``tool_choice`` required or a named function)."""
+    """A GBNF grammar for the calls: forcing one (``tool_choice`` required or a named
+    function), or, with ``triggers``, lazy (``auto``)."""
+    triggers: list[str] = field(default_factory=list)
+    """Make ``grammar`` lazy: free text until one of these patterns (the family's call
+    opener) matches, then the call is constrained to the tools' schemas."""
     parallel: bool = True
     """False: keep at most one call per answer (``parallel_tool_calls: false``)."""
     mistral_ids: bool = False
     """Mistral templates insist on call ids of 9 letters and digits."""
 
-    def parser(self) -> OutputParser:
-        """A fresh output parser for one answer."""
-        return OutputParser(parser_for(self.template, self.tools))
+    def parser(self, thinking: ThinkingSplitter | None = None) -> OutputParser:
+        """A fresh output parser for one answer (splitting reasoning out first, if given)."""
+        return OutputParser(parser_for(self.template, self.tools), thinking)
+
+    def apply(self, request: GenerationRequest) -> None:
+        """Put the tools, their grammar and the control-token output the parsers read into
+        a runner request (its sampling options must be final, format included)."""
+        request.tools = self.tools
+        request.render_special = True
+        if self.grammar is not None:
+            request.options.grammar = self.grammar
+            request.options.grammar_triggers = list(self.triggers)
 
     def finish_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
         """The calls an answer reports: the first only when parallel calls are off."""
@@ -252,17 +279,27 @@ def plan_tools(
     plan = ToolPlan(tools=offered, template=template, parallel=parallel is not False)
     family = detect_family(template)
     plan.mistral_ids = family is not None and family.family == "mistral"
+    syntax = grammar_syntax(template) or "json"
     if mode == "required":
         if constrained_output:
             raise _problem(
                 "a required tool call cannot be combined with a response format",
                 "tool_choice",
             )
-        syntax = grammar_syntax(template) or "json"
         try:
             plan.grammar = tool_call_grammar(syntax, offered, name=forced, parallel=plan.parallel)
         except ToolGrammarError as exc:
             raise _problem(f"{field}: {exc}", field) from None
+    elif not constrained_output and (triggers := lazy_triggers(syntax)):
+        # auto: prose stays free; once the model writes its family's call opener, the lazy
+        # grammar keeps the call valid for the schemas (llama.cpp's lazy grammar). A format
+        # already constrains the whole output, and bare-JSON families have no opener to wait
+        # for: those parse what the model writes unconstrained.
+        try:
+            plan.grammar = tool_call_grammar(syntax, offered, parallel=plan.parallel)
+        except ToolGrammarError as exc:
+            raise _problem(f"{field}: {exc}", field) from None
+        plan.triggers = triggers
     return plan
 
 
@@ -327,11 +364,183 @@ def map_call_id(call_id: str, plan: ToolPlan | None) -> str:
     return _mistral_id(call_id) if plan is not None and plan.mistral_ids else call_id
 
 
-def split_output(plan: ToolPlan | None, text: str) -> Parsed:
-    """A whole answer parsed at once (non-streamed responses)."""
-    if plan is None:
-        return Parsed(content=text)
-    parser = plan.parser()
-    out = parser.feed(text).add(parser.finish())
-    out.calls = plan.finish_calls(out.calls)
-    return out
+def split_output(
+    plan: ToolPlan | None, text: str, think: ThinkPlan | None = None, prompt_tail: str = ""
+) -> Parsed:
+    """A whole answer parsed at once (non-streamed responses); see :class:`AnswerStream`."""
+    return AnswerStream(plan, think, prompt_tail).whole(text)
+
+
+# --- thinking -------------------------------------------------------------------------------
+
+THINK_LEVELS = ("low", "medium", "high", "max")
+"""Ollama's reasoning levels (``think: "high"``); ``true`` means medium."""
+
+
+def parse_think(value: Any, field: str = "think") -> bool | str | None:
+    """Ollama's ``think``: true, false, or a level; None when not given; 400 otherwise."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("true", "false"):
+            return word == "true"
+        if word in THINK_LEVELS:
+            return word
+    raise _problem(
+        f'{field} must be true, false, "low", "medium", "high" or "max", got {value!r}', field
+    )
+
+
+_EFFORTS = {
+    "none": False,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "max",
+    "max": "max",
+}
+
+
+def reasoning_effort_think(value: Any, field: str = "reasoning_effort") -> bool | str | None:
+    """OpenAI's ``reasoning_effort`` as a ``think`` value, mapped as Ollama maps it
+    (``none`` switches reasoning off, ``minimal`` is low, ``xhigh`` is max)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.lower() in _EFFORTS:
+        return _EFFORTS[value.lower()]
+    raise _problem(f"{field} must be one of {', '.join(_EFFORTS)}, got {value!r}", field)
+
+
+def model_thinking(model: LocalModel, template: str | None = None) -> ThinkingStyle | None:
+    """How ``model`` (with ``template`` instead of its own, when given) reasons, or None when
+    its template shows no reasoning (its ``thinking`` capability)."""
+    try:
+        return thinking_style(template or effective_template(model))
+    except Exception:  # a model whose GGUF cannot be read has no capabilities to show
+        return None
+
+
+@dataclass
+class ThinkPlan:
+    """What a request's ``think`` (or ``reasoning_effort``) means for a model that reasons."""
+
+    style: ThinkingStyle
+    """The template's reasoning style."""
+    think: bool | str | None
+    """The request's value: on, off, a level; None leaves the template's default (on)."""
+
+    @property
+    def keep(self) -> bool:
+        """Whether the answer reports the reasoning. Off drops it, except for harmony, whose
+        reasoning cannot be switched off (Ollama reports it all the same)."""
+        return self.think is not False or self.style.harmony
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The template switches for this request (only those the template reads)."""
+        if self.think is None:
+            return {}
+        on = self.think is not False
+        switches = self.style.switches
+        kwargs: dict[str, Any] = {}
+        if "enable_thinking" in switches:
+            kwargs["enable_thinking"] = on
+        if "thinking" in switches:
+            kwargs["thinking"] = on
+        if "reasoning_effort" in switches:
+            if on:
+                level = self.think if isinstance(self.think, str) else "medium"
+                # harmony knows low, medium and high; max is the most it has
+                kwargs["reasoning_effort"] = "high" if level == "max" else level
+            elif self.style.harmony:
+                kwargs["reasoning_effort"] = "low"  # harmony cannot reason less than this
+        return kwargs
+
+    def apply(self, request: GenerationRequest) -> None:
+        """Set the template switches and the control-token output the splitter reads."""
+        request.template_kwargs.update(self.template_kwargs())
+        request.render_special = True
+
+    def splitter(self, prompt_tail: str = "") -> ThinkingSplitter | None:
+        """A fresh splitter for one answer (None for harmony, whose parser splits channels);
+        ``prompt_tail`` tells whether the template opened the reasoning block itself."""
+        if self.style.tags is None:
+            return None
+        open_tag, close_tag = self.style.tags
+        return ThinkingSplitter(
+            open_tag, close_tag, starts_thinking=starts_thinking(prompt_tail, open_tag)
+        )
+
+
+def plan_thinking(
+    model: LocalModel,
+    think: bool | str | None,
+    *,
+    field: str = "think",
+    template: str | None = None,
+) -> ThinkPlan | None:
+    """The thinking plan of a request whose ``think`` was parsed by :func:`parse_think` (or
+    :func:`reasoning_effort_think`); None for a model that does not reason.
+
+    Asking a model that does not reason to think is Ollama's 400 (``"<model>" does not
+    support thinking``); asking it not to is fine."""
+    style = model_thinking(model, template)
+    if style is None:
+        if think not in (None, False):
+            raise _problem(
+                f'"{model.name.short}" does not support thinking', field, "thinking_unsupported"
+            )
+        return None
+    return ThinkPlan(style=style, think=think)
+
+
+class AnswerStream:
+    """One answer's output as an API reports it: reasoning split out, tool calls parsed (at
+    most one when parallel calls are off), reasoning dropped when it was switched off.
+
+    Feed it the generated text as it comes; without tools or reasoning it passes the text
+    through as content."""
+
+    def __init__(
+        self,
+        tools: ToolPlan | None = None,
+        think: ThinkPlan | None = None,
+        prompt_tail: str = "",
+    ) -> None:
+        self.tools = tools
+        self.think = think
+        splitter = think.splitter(prompt_tail) if think is not None else None
+        self._parser: OutputParser | None = None
+        if tools is not None:
+            self._parser = tools.parser(splitter)
+        elif think is not None and think.style.harmony:
+            self._parser = OutputParser(HarmonyParser())
+        elif splitter is not None:
+            self._parser = OutputParser(None, splitter)
+        self.calls_made = 0
+        """Calls reported so far."""
+
+    def feed(self, text: str) -> Parsed:
+        """What the next piece of output is, as far as it is certain."""
+        if self._parser is None:
+            return Parsed(content=text)
+        return self._shape(self._parser.feed(text))
+
+    def finish(self) -> Parsed:
+        """The output ended: the rest."""
+        if self._parser is None:
+            return Parsed()
+        return self._shape(self._parser.finish())
+
+    def whole(self, text: str) -> Parsed:
+        """A whole answer at once (non-streamed responses)."""
+        return self.feed(text).add(self.finish())
+
+    def _shape(self, parsed: Parsed) -> Parsed:
+        if self.tools is not None and not self.tools.parallel:
+            parsed.calls = parsed.calls[: max(1 - self.calls_made, 0)]
+        self.calls_made += len(parsed.calls)
+        if self.think is not None and not self.think.keep:
+            parsed.thinking = ""
+        return parsed
