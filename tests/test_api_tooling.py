@@ -9,14 +9,20 @@ import pytest
 from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.api.tooling import (
+    AnswerStream,
+    ThinkPlan,
     effective_template,
     history_tool_calls,
     map_call_id,
+    parse_think,
+    plan_thinking,
     plan_tools,
+    reasoning_effort_think,
     split_output,
     supports_tools,
 )
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.toolcalls import thinking_style
 from localllm.models import create_model, load_model
 from localllm.store import Store
 
@@ -85,11 +91,12 @@ def test_tool_choice_rules(store: Store, tmp_path: Path) -> None:
     assert "[TOOL_CALLS]f[ARGS]" in required.grammar  # the template's [ARGS] syntax
     # auto: the same grammar, lazy: it waits for the family's call opener
     auto = plan_tools(model, [TOOL])  # type: ignore[arg-type]
-    assert auto is not None and auto.grammar == required.grammar
+    assert auto is not None and auto.grammar is None
+    assert auto.lazy_grammar == required.grammar
     assert auto.triggers == [r"^[\s\S]*?(\[TOOL_CALLS\])[\s\S]*"]
     # a format constrains the whole output already: no lazy grammar then
     formatted = plan_tools(model, [TOOL], constrained_output=True)  # type: ignore[arg-type]
-    assert formatted is not None and formatted.grammar is None and not formatted.triggers
+    assert formatted is not None and formatted.lazy_grammar is None and not formatted.triggers
     off = plan_tools(model, [TOOL, {**TOOL, "function": {"name": "g"}}], parallel=False)  # type: ignore[arg-type]
     assert off is not None
     two = split_output(off, "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}")
@@ -103,3 +110,97 @@ def test_no_tool_template_refuses_unless_none(store: Store, tmp_path: Path) -> N
     assert info.value.status == 400 and "does not support tools" in info.value.message
     assert info.value.param == "tools"
     assert plan_tools(model, [TOOL], tool_choice="none") is None  # type: ignore[arg-type]
+
+
+THINKER_TEMPLATE = (
+    "{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+    "{% for m in messages %}{{ m.content }}{% endfor %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        (True, True),
+        (False, False),
+        ("high", "high"),
+        ("MAX", "max"),
+        ("false", False),
+    ],
+)
+def test_parse_think(value: object, expected: object) -> None:
+    assert parse_think(value) == expected
+
+
+@pytest.mark.parametrize("value", ["extreme", 3, [], {"a": 1}])
+def test_parse_think_refuses_the_rest(value: object) -> None:
+    with pytest.raises(HTTPProblem) as info:
+        parse_think(value)
+    assert info.value.status == 400 and info.value.param == "think"
+
+
+def test_reasoning_effort_maps_as_ollama_does() -> None:
+    assert reasoning_effort_think("none") is False
+    assert reasoning_effort_think("minimal") == "low"
+    assert reasoning_effort_think("xhigh") == "max"
+    assert reasoning_effort_think(None) is None
+    with pytest.raises(HTTPProblem) as info:
+        reasoning_effort_think("lots")
+    assert info.value.param == "reasoning_effort"
+
+
+def test_think_plan_switches() -> None:
+    style = thinking_style(THINKER_TEMPLATE)
+    assert style is not None
+    assert ThinkPlan(style, None).template_kwargs() == {}
+    assert ThinkPlan(style, True).template_kwargs() == {
+        "enable_thinking": True,
+        "reasoning_effort": "medium",
+    }
+    assert ThinkPlan(style, "max").template_kwargs()["reasoning_effort"] == "high"
+    assert ThinkPlan(style, False).template_kwargs() == {"enable_thinking": False}
+    harmony = thinking_style("{{ reasoning_effort }}<|channel|>")
+    assert harmony is not None
+    # harmony cannot stop reasoning: off is its lowest level, and its reasoning is kept
+    off = ThinkPlan(harmony, False)
+    assert off.template_kwargs() == {"reasoning_effort": "low"} and off.keep
+
+
+def test_answer_stream_thinking() -> None:
+    style = thinking_style(THINKER_TEMPLATE)
+    assert style is not None
+    on = ThinkPlan(style, True)
+    # the prompt opened the block: everything up to the close tag is reasoning
+    parsed = AnswerStream(None, on, "question<think>\n").whole("hmm</think>\n\nAnswer")
+    assert (parsed.thinking, parsed.content) == ("hmm", "Answer")
+    pieces = AnswerStream(None, on, "")
+    out = pieces.feed("<thi").add(pieces.feed("nk>a</th")).add(pieces.feed("ink>b"))
+    out.add(pieces.finish())
+    assert (out.thinking, out.content) == ("a", "b")
+    # switched off: reasoning a model writes anyway is not reported
+    off = AnswerStream(None, ThinkPlan(style, False), "")
+    parsed = off.whole("<think>x</think>y")
+    assert (parsed.thinking, parsed.content) == ("", "y")
+    assert AnswerStream().whole("<think>x</think>").content == "<think>x</think>"
+
+
+def test_plan_thinking_on_models(store: Store, tmp_path: Path) -> None:
+    plain = _model(
+        store, tmp_path, "plainchat", "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    with pytest.raises(HTTPProblem) as info:
+        plan_thinking(plain, True)  # type: ignore[arg-type]
+    message = info.value.message
+    assert message.startswith('"plainchat') and message.endswith('" does not support thinking')
+    assert info.value.status == 400 and info.value.param == "think"
+    assert plan_thinking(plain, False) is None  # type: ignore[arg-type]
+    assert plan_thinking(plain, None) is None  # type: ignore[arg-type]
+    with pytest.raises(HTTPProblem) as effort:
+        plan_thinking(plain, "high", field="reasoning_effort")  # type: ignore[arg-type]
+    assert effort.value.param == "reasoning_effort"
+    thinker = _model(store, tmp_path, "thinker", THINKER_TEMPLATE)
+    plan = plan_thinking(thinker, "low")  # type: ignore[arg-type]
+    assert plan is not None and plan.template_kwargs()["reasoning_effort"] == "low"

@@ -33,7 +33,9 @@ from localllm.daemon.toolcalls import (
     lazy_triggers,
     new_call_id,
     parser_for,
+    starts_thinking,
     template_supports_tools,
+    thinking_style,
     tool_call_grammar,
 )
 
@@ -507,6 +509,33 @@ def test_grammar_syntax_and_thinking_detection() -> None:
     assert detect_thinking("{{ '<think>' }}x{{ '</think>' }}") == ("<think>", "</think>")
     assert detect_thinking("<|channel|><think></think>") is None
     assert detect_thinking(CHATML_NO_TOOLS) is None
+
+
+def test_thinking_style() -> None:
+    qwen3 = (
+        "{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+        "{% endif %}{% endif %}"
+    )
+    style = thinking_style(qwen3)
+    assert style is not None and style.tags == ("<think>", "</think>")
+    assert style.switches == {"enable_thinking"} and not style.takes_level
+    assert not style.harmony
+    harmony = "<|start|>system<|message|>Reasoning: {{ reasoning_effort }}<|channel|>"
+    style = thinking_style(harmony)
+    assert style is not None and style.harmony and style.tags is None and style.takes_level
+    # a switch without tags in the template: the model writes <think> tags all the same
+    granite = "{% if thinking %}Think first.{% endif %}{{ messages[0].content }}"
+    style = thinking_style(granite)
+    assert style is not None and style.tags == ("<think>", "</think>")
+    assert style.switches == {"thinking"}
+    # reading a message's own field is no switch; no tags and no switch: no thinking
+    assert thinking_style("{% for m in messages %}{{ m.thinking }}{% endfor %}") is None
+    assert thinking_style(CHATML_NO_TOOLS) is None
+    assert thinking_style(None) is None
+    assert starts_thinking("<|im_start|>assistant\n<think>\n", "<think>")
+    assert not starts_thinking("assistant\n<think>\n\n</think>\n\n", "<think>")
+    assert not starts_thinking("", "<think>")
 
 
 def test_call_ids() -> None:

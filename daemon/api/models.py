@@ -36,7 +36,7 @@ from ..generation import resolve_model
 from ..state import DaemonState, StateDep
 from .schemas_ollama import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
 from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
-from .tooling import supports_tools
+from .tooling import model_thinking, supports_tools
 
 __all__ = ["capabilities", "router", "safe_details"]
 
@@ -85,11 +85,16 @@ async def tags(state: StateDep) -> dict[str, Any]:
 
 
 def capabilities(model: LocalModel) -> list[str]:
-    """Ollama's ``capabilities``: the store's (completion, embedding, insert) plus ``tools``
-    when the chat template the runner renders takes tools, as Ollama judges it."""
+    """Ollama's ``capabilities``: the store's (``completion`` or ``embedding`` from the GGUF,
+    ``insert`` when its vocabulary has fill-in-the-middle tokens) plus ``tools`` when the
+    chat template the runner renders takes tools and ``thinking`` when it shows reasoning
+    (think tags, a reasoning switch, harmony channels), as Ollama judges them."""
     found = list(model.capabilities())
-    if "completion" in found and supports_tools(model) and "tools" not in found:
-        found.insert(found.index("completion") + 1, "tools")
+    if "completion" in found:
+        if supports_tools(model) and "tools" not in found:
+            found.insert(found.index("completion") + 1, "tools")
+        if model_thinking(model) is not None and "thinking" not in found:
+            found.append("thinking")
     return found
 
 

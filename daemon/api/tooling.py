@@ -109,11 +109,12 @@ class ToolPlan:
     template: str | None
     """The chat template (its family decides the call syntax)."""
     grammar: str | None = None
-    """A GBNF grammar for the calls: forcing one (``tool_choice`` required or a named
-    function), or, with ``triggers``, lazy (``auto``)."""
+    """A GBNF grammar forcing a call (``tool_choice`` required or a named function)."""
+    lazy_grammar: str | None = None
+    """For ``tool_choice: auto``: the calls' grammar, applied lazily from ``triggers``."""
     triggers: list[str] = field(default_factory=list)
-    """Make ``grammar`` lazy: free text until one of these patterns (the family's call
-    opener) matches, then the call is constrained to the tools' schemas."""
+    """Patterns (the family's call opener) that switch ``lazy_grammar`` on: prose is free,
+    a call once begun is constrained to the tools' schemas."""
     parallel: bool = True
     """False: keep at most one call per answer (``parallel_tool_calls: false``)."""
     mistral_ids: bool = False
@@ -130,6 +131,8 @@ class ToolPlan:
         request.render_special = True
         if self.grammar is not None:
             request.options.grammar = self.grammar
+        elif self.lazy_grammar is not None:
+            request.options.grammar = self.lazy_grammar
             request.options.grammar_triggers = list(self.triggers)
 
     def finish_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
@@ -296,7 +299,7 @@ def plan_tools(
         # already constrains the whole output, and bare-JSON families have no opener to wait
         # for: those parse what the model writes unconstrained.
         try:
-            plan.grammar = tool_call_grammar(syntax, offered, parallel=plan.parallel)
+            plan.lazy_grammar = tool_call_grammar(syntax, offered, parallel=plan.parallel)
         except ToolGrammarError as exc:
             raise _problem(f"{field}: {exc}", field) from None
         plan.triggers = triggers
