@@ -32,6 +32,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "num_thread": (0, 1 << 10),
     "num_predict": (-2, 1 << 24),
     "num_keep": (-1, None),
+    "num_draft": (0, 64),
     "top_k": (0, 1 << 20),
     "repeat_last_n": (-1, 1 << 20),
     "temperature": (0, None),
@@ -56,6 +57,7 @@ _SAMPLING_FIELDS = (
     "frequency_penalty",
     "num_predict",
     "num_keep",
+    "num_draft",
 )
 
 
@@ -141,6 +143,7 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         n_gpu_layers=int(options.get("num_gpu", -1)),
         kv_cache_type=settings.kv_cache_type,
         flash_attention=settings.flash_attention,
+        num_draft=settings.num_draft if settings.speculative != "off" else 0,
         kv_cache_dir=str(settings.kv_cache_dir),
         kv_cache_ram=settings.kv_cache_ram,
         kv_cache_disk=settings.kv_cache_disk,

@@ -44,6 +44,7 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "num_ctx": int,
     "num_predict": int,
     "num_keep": int,
+    "num_draft": int,
     "num_batch": int,
     "num_gpu": int,
     "main_gpu": int,

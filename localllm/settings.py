@@ -257,6 +257,18 @@ class Settings:
     debug: bool = _setting(
         "LOCALLLM_DEBUG", False, "Verbose logging in the daemon and runner logs."
     )
+    speculative: str = _setting(
+        "LOCALLLM_SPECULATIVE",
+        "auto",
+        "Speculative decoding: auto or ngram (prompt-lookup drafts from the request's own "
+        "tokens, used only while the measured acceptance makes them pay), or off. Draft "
+        "models are not supported yet.",
+    )
+    num_draft: int = _setting(
+        "LOCALLLM_NUM_DRAFT",
+        8,
+        "Most draft tokens verified per step and request (a request's num_draft overrides).",
+    )
     kv_cache_ram: int = _setting(
         "LOCALLLM_KV_CACHE_RAM",
         1 << 30,
@@ -350,6 +362,15 @@ class Settings:
             values["pull_retries"] = number
         if (raw := get("LOCALLLM_DEBUG")) is not None:
             values["debug"] = raw.lower() not in ("0", "false", "no", "off")
+        if (raw := get("LOCALLLM_SPECULATIVE")) is not None:
+            if raw.lower() not in ("auto", "ngram", "off"):
+                hint = " (draft models are not supported yet)" if raw.lower() == "draft" else ""
+                raise SettingsError(
+                    f"LOCALLLM_SPECULATIVE must be auto, ngram or off, got {raw!r}{hint}"
+                )
+            values["speculative"] = raw.lower()
+        if (number := as_int("LOCALLLM_NUM_DRAFT", 0)) is not None:
+            values["num_draft"] = min(number, 64)
         for name, attr in (
             ("LOCALLLM_KV_CACHE_RAM", "kv_cache_ram"),
             ("LOCALLLM_KV_CACHE_DISK", "kv_cache_disk"),

@@ -45,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--log-file", default=None, help="where llama.cpp and the runner log")
     parser.add_argument(
+        "--num-draft", type=int, default=0, help="n-gram speculative draft tokens (0 = off)"
+    )
+    parser.add_argument(
         "--kv-cache-dir", default=None, help="root folder for saved prompt prefixes (disk tier)"
     )
     parser.add_argument(
@@ -78,6 +81,7 @@ async def _serve(args: argparse.Namespace) -> int:
         flash_attention=args.flash_attention,
         chat_template=args.chat_template,
         log_path=args.log_file,
+        num_draft=args.num_draft,
         kv_cache_dir=args.kv_cache_dir,
         kv_cache_ram=args.kv_cache_ram,
         kv_cache_disk=args.kv_cache_disk,
@@ -96,7 +100,12 @@ async def _serve(args: argparse.Namespace) -> int:
         with contextlib.suppress(RuntimeError):  # the loop already closed: we are exiting
             loop.call_soon_threadsafe(stop.set)
 
-    engine = Engine(model, on_exit=engine_ended, prefix_cache=_prefix_cache(config, model))
+    engine = Engine(
+        model,
+        on_exit=engine_ended,
+        prefix_cache=_prefix_cache(config, model),
+        num_draft=config.num_draft,
+    )
     engine.start()
     server = RunnerServer(model, engine, Path(args.socket))
     await server.start()

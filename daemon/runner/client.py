@@ -454,6 +454,7 @@ class RunnerProcess:
         if c.kv_cache_dir is not None:
             args += ["--kv-cache-dir", c.kv_cache_dir]
         args += ["--kv-cache-ram", str(c.kv_cache_ram), "--kv-cache-disk", str(c.kv_cache_disk)]
+        args += ["--num-draft", str(c.num_draft)]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:

@@ -46,6 +46,7 @@ from .protocol import (
     TokenLogprob,
 )
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
+from .speculative import BatchCost, DraftPolicy, NgramDrafter
 from .text import TextStream
 
 __all__ = ["EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
@@ -60,6 +61,12 @@ _MIN_SHARED_WAIT = 16
 # Saving a sequence's state, or restoring one, costs a copy of its cells: worth it only for
 # prefixes of some length (a system prompt, a conversation), not for a few tokens.
 _MIN_SAVED_TOKENS = 32
+# Idle cells are not free: attention in a unified cache spans them, slowing every active
+# stream. With a prefix cache to keep them in, a slot idle this long while others generate
+# gives its cells up (a later hit restores them at the cost of a copy).
+_IDLE_EVICT_S = 2.0
+# Draft lengths whose decode cost is measured (the rest is interpolated).
+_COST_POINTS = (1, 2, 4, 8, 16)
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -126,6 +133,20 @@ class Slot:
         """Tokens generated for the current request."""
         self.saved = 0
         """Length of ``cache`` when it was last saved to the prefix cache (0: never)."""
+        self.drafter: NgramDrafter | None = None
+        """Proposes draft tokens from the request's own tokens (when speculation is on)."""
+        self.policy: DraftPolicy | None = None
+        """Whether and how much to draft, from the acceptance seen so far."""
+        self.proposal: list[int] = []
+        """This step's proposal (verified or not, it teaches the policy)."""
+        self.draft: list[int] = []
+        """Draft tokens in this step's batch, after ``pending``."""
+        self.draft_indices: list[int] = []
+        """Their places in the batch."""
+        self.drafted = 0
+        """Draft tokens verified for the current request."""
+        self.accepted = 0
+        """Draft tokens accepted for the current request."""
         self.logprobs: list[TokenLogprob] = []
         """Log probabilities of tokens whose text has not been emitted yet (when asked for)."""
         self.batch_index = -1
@@ -164,8 +185,12 @@ class Engine:
         model: LlamaModel,
         on_exit: Callable[[], None] | None = None,
         prefix_cache: PrefixCache | None = None,
+        num_draft: int = 0,
     ) -> None:
         self.model = model
+        self.num_draft = num_draft
+        """Default most draft tokens per step for n-gram speculation (0: off)."""
+        self._cost: BatchCost | None = None
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -274,6 +299,7 @@ class Engine:
                 if not self._drain_inbox(block=idle):
                     break
                 self._admit()
+                self._evict_idle()
                 if self.embeddings:
                     self._embed_step()
                 if any(slot.busy for slot in self.slots):
@@ -366,6 +392,13 @@ class Engine:
             slot.pending = None
             slot.output = []
             slot.logprobs = []
+            max_draft = job.options.num_draft if job.options.num_draft >= 0 else self.num_draft
+            if max_draft > 0:
+                slot.drafter = NgramDrafter(job.prompt)
+                slot.policy = DraftPolicy(max_draft=max_draft)
+            else:
+                slot.drafter = slot.policy = None
+            slot.drafted = slot.accepted = 0
             slot.reused = reuse
             slot.generated = 0
             slot.admitted = time.perf_counter()
@@ -410,16 +443,21 @@ class Engine:
         batch = model.batch
         waiting = self._share_prefixes()
         prefill_budget = batch.capacity
+        drafting = True
         while True:
             batch.clear()
             decoding = [slot for slot in self.slots if slot.decoding]
             for slot in decoding:
                 slot.batch_index = batch.add(slot.pending, len(slot.cache), slot.seq_id, True)  # type: ignore[arg-type]
                 slot.chunk = 0
+                slot.draft, slot.draft_indices = [], []
             prefilling = sorted(
                 (s for s in self.slots if s.prefilling and s.seq_id not in waiting),
                 key=lambda s: s.job.arrived,  # type: ignore[union-attr]
             )
+            if drafting:
+                prefill = sum(len(s.job.prompt) - len(s.cache) for s in prefilling)  # type: ignore[union-attr]
+                self._plan_drafts(decoding, min(prefill, prefill_budget, batch.free))
             budget = min(batch.free, prefill_budget)
             for slot in prefilling:
                 slot.batch_index, slot.chunk = -1, 0
@@ -441,6 +479,9 @@ class Engine:
             if status == 0:
                 break
             prefill_in_batch = any(slot.chunk for slot in prefilling)
+            if status == 1 and any(slot.draft for slot in decoding):
+                drafting = False  # drafts are the first thing to give up for room
+                continue
             if status == 1 and self._make_room(prefill_in_batch, prefill_budget):
                 if prefill_in_batch:
                     prefill_budget = max(1, prefill_budget // 2)
@@ -502,6 +543,20 @@ class Engine:
         cache.save(slot.cache, data)
         slot.saved = len(slot.cache)
 
+    def _evict_idle(self) -> None:
+        """Move long-idle slots' cells to the prefix cache while other slots generate."""
+        if self.prefix_cache is None or not any(slot.busy for slot in self.slots):
+            return
+        now = time.perf_counter()
+        # A prompt being prefilled may be about to share an idle slot's cells: keep those.
+        wanted = [s.job.prompt for s in self.slots if s.job is not None and s.prefilling]
+        for slot in self.slots:
+            if slot.busy or not slot.cache or now - slot.last_used <= _IDLE_EVICT_S:
+                continue
+            if any(common_prefix_length(slot.cache, p) >= _MIN_SAVED_TOKENS for p in wanted):
+                continue
+            self._evict(slot)
+
     def _evict(self, slot: Slot) -> None:
         """Free an idle slot's cells, keeping them in the prefix cache."""
         self._save(slot)
@@ -556,20 +611,106 @@ class Engine:
         except Exception:
             log.exception("could not save the prefix cache")
 
+    def _plan_drafts(self, decoding: list[Slot], prefill_tokens: int) -> None:
+        """Add each decoding slot's draft, as long as the policy says it pays, to the batch."""
+        batch = self.model.batch
+        tokens, outputs = len(decoding) + prefill_tokens, float(len(decoding))
+        for slot in decoding:
+            job, drafter, policy = slot.job, slot.drafter, slot.policy
+            slot.proposal = []
+            if job is None or drafter is None or policy is None:
+                continue
+            limit = job.options.num_predict if job.options.num_predict > 0 else 1 << 30
+            room = min(
+                policy.max_draft,
+                self.model.n_ctx_per_slot - len(slot.cache) - 3,  # never shift mid-draft
+                limit - slot.generated - 1,
+                batch.free - prefill_tokens // 2,
+            )
+            slot.proposal = drafter.propose(policy.max_draft)
+            if room <= 0 or not slot.proposal:
+                continue
+            k = policy.length(min(room, len(slot.proposal)), tokens, outputs, self._batch_cost())
+            if k == 0:
+                continue
+            slot.draft = slot.proposal[:k]
+            start = len(slot.cache) + 1
+            slot.draft_indices = [
+                batch.add(token, start + i, slot.seq_id, True) for i, token in enumerate(slot.draft)
+            ]
+            tokens += k
+            outputs += sum(policy.acceptance**i for i in range(1, k + 1))
+
+    def _batch_cost(self) -> BatchCost:
+        """Decode cost of n tokens relative to one, measured once on a scratch sequence."""
+        if self._cost is not None:
+            return self._cost
+        model, batch, scratch = self.model, self.model.batch, self.model.n_slots
+        seconds: dict[int, float] = {}
+        for n in (1, *_COST_POINTS):  # the first run of 1 only warms up
+            if n > batch.capacity:
+                break
+            runs = []
+            for _ in range(2):
+                batch.clear()
+                for position in range(n):
+                    batch.add(max(model.bos_id, 0), position, scratch, True)
+                started = time.perf_counter()
+                status = model.decode()
+                runs.append(time.perf_counter() - started)
+                model.seq_remove(scratch, 0)
+                if status != 0:
+                    break
+            seconds[n] = min(runs)
+        batch.clear()
+        base = seconds.get(1) or 1e-9
+        self._cost = BatchCost({n: t / base for n, t in seconds.items()})
+        log.info("decode cost of n tokens relative to 1: %s", self._cost.relative)
+        return self._cost
+
     def _sample(self, slot: Slot, now: float) -> None:
-        job, sampler, text = slot.job, slot.sampler, slot.text
-        assert job is not None and sampler is not None and text is not None
-        token = sampler.sample(self.model.ctx, slot.batch_index)
+        """Sample the slot's next token, and go on through its draft while the samples agree
+        with it; rejected draft cells leave the KV cache."""
+        sampler = slot.sampler
+        assert sampler is not None
+        draft = slot.draft
+        produced: list[int] = []
+        for i, index in enumerate([slot.batch_index, *slot.draft_indices]):
+            token = sampler.sample(self.model.ctx, index)
+            produced.append(token)
+            matched = i < len(draft) and token == draft[i]
+            if matched:
+                slot.cache.append(token)  # its cell, computed as a draft, is valid
+                slot.accepted += 1
+            if self._take(slot, token, index, now):
+                break
+            if not matched:
+                slot.pending = token
+                break
+        if draft:
+            slot.drafted += len(draft)
+            # Cells past the accepted tokens hold rejected drafts.
+            self.model.seq_remove(slot.seq_id, len(slot.cache), -1)
+        if slot.policy is not None:
+            slot.policy.learn(slot.proposal, produced)
+        slot.proposal, slot.draft, slot.draft_indices = [], [], []
+
+    def _take(self, slot: Slot, token: int, index: int, now: float) -> bool:
+        """Account for one generated token; True when it ended the request."""
+        job, text = slot.job, slot.text
+        assert job is not None and text is not None
         if slot.first_token_at == 0.0:
             slot.first_token_at = now
         slot.generated += 1
         if self.model.is_end_of_generation(token):
             self._finish(slot, "stop")
-            return
+            return True
         slot.output.append(token)
+        if slot.drafter is not None:
+            slot.drafter.append(token)
         piece_bytes = self.model.piece(token, special=job.render_special)
         if job.options.logprobs:
-            slot.logprobs.append(self._logprob(slot.batch_index, token, piece_bytes, job))
+            slot.logprobs.append(self._logprob(index, token, piece_bytes, job))
         piece = text.push(piece_bytes)
         if piece:
             job.emit(TokenEvent(id=job.id, text=piece, logprobs=self._take_logprobs(slot)))
@@ -580,12 +721,13 @@ class Engine:
         at_context_end = len(slot.cache) + 1 >= self.model.n_ctx_per_slot
         if text.stopped:
             self._finish(slot, "stop")
-        elif slot.generated >= limit or (
+            return True
+        if slot.generated >= limit or (
             at_context_end and not (options.shift and self._shift(slot))
         ):
             self._finish(slot, "length")
-        else:
-            slot.pending = token
+            return True
+        return False
 
     def _shift(self, slot: Slot) -> bool:
         """Context shift: drop the older half of the slot's tokens after the kept prefix and
@@ -659,6 +801,8 @@ class Engine:
             if slot.generated > 1 and decode_s > 0
             else 0.0,
             total_ms=(now - job.arrived) * 1000,
+            draft_tokens=slot.drafted,
+            draft_accepted=slot.accepted,
         )
 
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:

@@ -167,16 +167,18 @@ class LlamaModel:
         self.n_ctx_per_slot = config.n_ctx_per_slot
         """Tokens each slot may hold."""
 
+        # One sequence more than the slots: a scratch sequence, for measuring decode costs.
         params = self._context_params(
-            config.kv_cells or config.n_ctx_per_slot * config.n_slots, config.n_slots
+            config.kv_cells or config.n_ctx_per_slot * config.n_slots, config.n_slots + 1
         )
-        # Every generating slot puts one token in each step's batch, so a batch smaller than
-        # the slot count would overflow (llama.cpp aborts on it): clamp as llama.cpp's own
-        # tools clamp out-of-range settings, and report the value used in health.
-        n_batch = max(config.n_batch, config.n_slots, 1)
+        # Every generating slot puts one token in each step's batch, and llama.cpp wants a
+        # batch at least as large as the sequences (the slots and the scratch one): smaller
+        # would abort, so clamp as llama.cpp's own tools clamp out-of-range settings, and
+        # report the value used in health.
+        n_batch = max(config.n_batch, config.n_slots + 1)
         if n_batch != config.n_batch:
             log.warning(
-                "num_batch %d is below the %d parallel slots; using %d",
+                "num_batch %d is below the %d parallel slots plus one; using %d",
                 config.n_batch,
                 config.n_slots,
                 n_batch,
@@ -316,6 +318,10 @@ class LlamaModel:
         if read == 0:
             self.seq_remove(seq_id, 0)
         return read > 0
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The highest position ``seq_id`` holds a cell for (-1 when it holds none)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, seq_id))
 
     def seq_shift(self, seq_id: int, start: int, end: int, delta: int) -> None:
         """Add ``delta`` to the positions of ``seq_id``'s cells in ``[start, end)``."""

@@ -156,6 +156,9 @@ class SamplingOptions:
     whole output so far (llama.cpp's lazy grammar patterns, for example
     ``[\\s\\S]*?(<tool_call>)[\\s\\S]*``), then the grammar constrains the rest from the
     first group's start. Tool calls use this: prose is free, a call once begun is valid."""
+    num_draft: int = -1
+    """Most speculative (n-gram) draft tokens per step; 0 turns speculation off for this
+    request, -1 takes the runner's default."""
     logprobs: bool = False
     """Report each generated token's log probability (from the model's own distribution)."""
     top_logprobs: int = 0
@@ -368,6 +371,8 @@ class RunnerConfig:
     """Override for the GGUF's chat template."""
     log_path: str | None = None
     """Where llama.cpp's log goes."""
+    num_draft: int = 0
+    """Default most draft tokens per step for n-gram speculative decoding (0: off)."""
     kv_cache_dir: str | None = None
     """Root folder of saved prompt prefixes (None: no disk tier)."""
     kv_cache_ram: int = 0

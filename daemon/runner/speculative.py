@@ -1,0 +1,131 @@
+"""Speculative decoding's pieces that need no llama.cpp: drafting and the decision to draft.
+
+* :class:`NgramDrafter` proposes the tokens that followed the most recent earlier occurrence
+  of a slot's last few tokens, in its own prompt and output (prompt-lookup decoding). It costs
+  no second model and shines where answers quote their input: edits, code, RAG, summaries.
+* :class:`BatchCost` is the measured cost of a decode of n tokens relative to one token.
+* :class:`DraftPolicy` keeps a slot's running estimate of how often a drafted token is
+  accepted, and picks the draft length that maximises expected tokens per unit of step time
+  (zero when drafting does not pay, which on a CPU is most free text).
+
+The engine adds a slot's pending token plus its draft to the step's batch with logits on, and
+the slot's own sampler samples each position in order, accepting while the sample equals the
+draft: the output is exactly what plain decoding gives, for any sampler.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+__all__ = ["BatchCost", "DraftPolicy", "NgramDrafter"]
+
+
+class NgramDrafter:
+    """Prompt-lookup drafting over one sequence of tokens, updated as tokens are added.
+
+    For every n-gram size up to ``max_ngram`` an index maps each n-gram to the position just
+    after its latest occurrence; before the index learns the n-gram that now ends the
+    sequence, its previous occurrence is remembered, and that is where a draft is copied from.
+    """
+
+    def __init__(self, tokens: list[int], max_ngram: int = 3, min_ngram: int = 2) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.tokens: list[int] = []
+        self._latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
+        self._previous: list[int | None] = [None] * (max_ngram + 1)
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        """Add tokens to the end of the sequence."""
+        for token in tokens:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """Add one token to the end of the sequence."""
+        self.tokens.append(token)
+        end = len(self.tokens)
+        for n in range(1, self.max_ngram + 1):
+            if end < n:
+                self._previous[n] = None
+                continue
+            gram = tuple(self.tokens[end - n : end])
+            index = self._latest[n]
+            self._previous[n] = index.get(gram)
+            index[gram] = end
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed the longest n-gram match, or none."""
+        if limit <= 0:
+            return []
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            start = self._previous[n]
+            if start is not None:
+                draft = self.tokens[start : start + limit]
+                if draft:
+                    return draft
+        return []
+
+
+@dataclass
+class BatchCost:
+    """Seconds of a decode of n tokens, relative to one token, measured on this machine."""
+
+    relative: dict[int, float] = field(default_factory=lambda: {1: 1.0})
+    """Measured points: tokens in the batch → cost relative to a batch of one."""
+
+    def __call__(self, tokens: int) -> float:
+        """The cost of ``tokens`` (interpolated between measured points, linear beyond)."""
+        points = sorted(self.relative.items())
+        if tokens <= points[0][0]:
+            return points[0][1]
+        for (n0, c0), (n1, c1) in itertools.pairwise(points):
+            if tokens <= n1:
+                return c0 + (c1 - c0) * (tokens - n0) / (n1 - n0)
+        if len(points) == 1:
+            return points[0][1] * tokens
+        (n0, c0), (n1, c1) = points[-2], points[-1]
+        return c1 + (c1 - c0) / (n1 - n0) * (tokens - n1)
+
+
+@dataclass
+class DraftPolicy:
+    """One slot's drafting statistics and decisions."""
+
+    max_draft: int
+    """Most drafted tokens per step (the request's ``num_draft``)."""
+    acceptance: float = 0.6
+    """Running estimate of the chance that a drafted token is accepted."""
+    drafted: int = 0
+    """Tokens drafted for verification so far."""
+    accepted: int = 0
+    """Drafted tokens the sampler accepted so far."""
+
+    # How fast the estimate follows recent outcomes.
+    _WEIGHT = 0.15
+
+    def learn(self, proposal: list[int], produced: list[int]) -> None:
+        """Update the estimate from a proposal and the tokens really produced after it (also
+        when the proposal was not verified: comparing costs nothing)."""
+        for guess, actual in zip(proposal, produced, strict=False):
+            hit = 1.0 if guess == actual else 0.0
+            self.acceptance += self._WEIGHT * (hit - self.acceptance)
+            if not hit:
+                break
+
+    def length(
+        self, proposal: int, batch_tokens: int, batch_outputs: float, cost: BatchCost
+    ) -> int:
+        """How many of ``proposal`` drafted tokens to verify in a step that already holds
+        ``batch_tokens`` tokens producing ``batch_outputs`` tokens: the k maximising
+        expected outputs per unit of step time (0 when nothing beats plain decoding)."""
+        best_k, best_rate = 0, batch_outputs / cost(max(batch_tokens, 1))
+        expected, chance = 0.0, 1.0
+        for k in range(1, min(proposal, self.max_draft) + 1):
+            chance *= self.acceptance
+            expected += chance
+            rate = (batch_outputs + expected) / cost(batch_tokens + k)
+            if rate > best_rate * 1.02:  # a margin: the estimates are noisy
+                best_k, best_rate = k, rate
+        return best_k

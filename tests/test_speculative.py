@@ -1,0 +1,179 @@
+"""Speculative decoding: the drafter and policy alone, then the engine with real llama.cpp.
+
+The engine tests run an in-process :class:`Engine` on the tiny model with a flat decode-cost
+curve, so that drafting always pays and every step verifies drafts; the outputs must be
+exactly those of plain decoding.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.runner.protocol import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    GenerationResult,
+    RunnerConfig,
+    SamplingOptions,
+    TokenEvent,
+)
+from localllm.daemon.runner.sampling import grammar_for
+from localllm.daemon.runner.speculative import BatchCost, DraftPolicy, NgramDrafter
+
+# -- drafting and deciding, no llama.cpp ------------------------------------------------------
+
+
+def test_ngram_drafter_copies_what_followed_the_last_occurrence() -> None:
+    drafter = NgramDrafter([5, 6, 7, 8, 9, 1, 2, 5, 6])
+    assert drafter.propose(3) == [7, 8, 9]
+    drafter.append(7)
+    assert drafter.propose(2) == [8, 9]
+    drafter.append(4)  # "6 7 4" breaks the pattern; "7 4" was never seen
+    assert drafter.propose(3) == []
+
+
+def test_ngram_drafter_prefers_the_longest_match_and_the_latest_occurrence() -> None:
+    drafter = NgramDrafter([1, 2, 3, 10, 9, 2, 3, 20, 1, 2, 3])
+    assert drafter.propose(1) == [10]  # "1 2 3" (trigram) beats the later "2 3"
+    latest = NgramDrafter([1, 2, 30, 1, 2, 40, 1, 2])
+    assert latest.propose(1) == [40]
+
+
+def test_batch_cost_interpolates_and_extrapolates() -> None:
+    cost = BatchCost({1: 1.0, 2: 1.2, 4: 1.6})
+    assert cost(1) == 1.0
+    assert cost(3) == pytest.approx(1.4)
+    assert cost(6) == pytest.approx(2.0)
+
+
+def test_policy_drafts_only_when_it_pays() -> None:
+    flat = BatchCost({1: 1.0, 64: 1.0})
+    steep = BatchCost({1: 1.0, 2: 2.0})
+    eager = DraftPolicy(max_draft=8, acceptance=0.9)
+    assert eager.length(8, batch_tokens=1, batch_outputs=1, cost=flat) == 8
+    assert eager.length(8, batch_tokens=1, batch_outputs=1, cost=steep) == 0
+    doubtful = DraftPolicy(max_draft=8, acceptance=0.1)
+    assert doubtful.length(8, batch_tokens=1, batch_outputs=1, cost=BatchCost({1: 1, 2: 1.3})) == 0
+
+
+def test_policy_learns_acceptance_from_outcomes() -> None:
+    policy = DraftPolicy(max_draft=4, acceptance=0.5)
+    for _ in range(20):
+        policy.learn([1, 2, 3], [1, 2, 3])
+    assert policy.acceptance > 0.95
+    for _ in range(20):
+        policy.learn([1, 2, 3], [7])
+    assert policy.acceptance < 0.1
+
+
+# -- the engine ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
+    path = write_tiny_gguf(tmp_path_factory.mktemp("spec") / "endless.gguf", never_ends=True)
+    llama = LlamaModel(
+        RunnerConfig(model_path=str(path), n_slots=3, n_ctx_per_slot=512, n_threads=2)
+    )
+    yield llama
+    llama.close()
+
+
+class Run:
+    """An engine on the shared model; collects each request's text and result."""
+
+    def __init__(self, model: LlamaModel, num_draft: int) -> None:
+        self.engine = Engine(model, num_draft=num_draft)
+        if num_draft:
+            self.engine._cost = BatchCost({1: 1.0, 64: 1.0})  # drafting always pays
+        self.texts: dict[str, str] = {}
+        self.results: dict[str, GenerationResult] = {}
+        self.errors: dict[str, str] = {}
+        self._done = threading.Condition()
+
+    def emit(self, event: Event) -> None:
+        with self._done:
+            if isinstance(event, TokenEvent):
+                self.texts[event.id] = self.texts.get(event.id, "") + event.text
+            elif isinstance(event, DoneEvent):
+                self.results[event.id] = event.result
+            elif isinstance(event, ErrorEvent):
+                self.errors[str(event.id)] = event.message
+            self._done.notify_all()
+
+    def run(self, jobs: list[tuple[str, str, SamplingOptions]]) -> dict[str, str]:
+        model = self.engine.model
+        # Each run starts from an empty cache: the runs compare decoding, not caching.
+        for seq in range(model.n_slots + 1):
+            model.seq_remove(seq, 0)
+        self.engine.start()
+        try:
+            for name, prompt, options in jobs:
+                self.engine.submit(
+                    GenerationJob(
+                        id=name,
+                        prompt=model.tokenize(prompt, add_special=True),
+                        options=options,
+                        grammar=grammar_for(options),
+                        emit=self.emit,
+                    )
+                )
+            with self._done:
+                assert self._done.wait_for(lambda: len(self.results) == len(jobs), 120)
+            # A rejected draft leaves no cells: every sequence holds exactly its cache.
+            for slot in self.engine.slots:
+                assert model.seq_pos_max(slot.seq_id) == len(slot.cache) - 1
+        finally:
+            self.engine._put("stop", None)
+            self.engine._thread.join(30)
+        return {name: self.texts.get(name, "") for name, _, _ in jobs}
+
+
+def options(**changes: object) -> SamplingOptions:
+    base = SamplingOptions(temperature=0.0, num_predict=60, repeat_penalty=1.0)
+    for key, value in changes.items():
+        setattr(base, key, value)
+    return base
+
+
+JOBS = [
+    ("plain", "speculation check: the sky is blue and the sea is", options()),
+    ("stops", "speculation check: a stop string ends this", options(stop=["e t"])),
+    ("grammar", "speculation check: json", options(grammar='root ::= "{" [a-z ]* "}"')),
+]
+
+
+def test_greedy_output_is_identical_with_speculation(model: LlamaModel) -> None:
+    reference = Run(model, num_draft=0)
+    plain = reference.run(JOBS)
+    speculating = Run(model, num_draft=6)
+    assert speculating.run(JOBS) == plain
+    for name, result in speculating.results.items():
+        expected = reference.results[name]
+        assert result.done_reason == expected.done_reason
+        assert result.timings.completion_tokens == expected.timings.completion_tokens
+    timings = [r.timings for r in speculating.results.values()]
+    assert sum(t.draft_tokens for t in timings) > 0, "the engine must have verified drafts"
+    assert sum(t.draft_accepted for t in timings) > 0
+    assert all(t.draft_accepted <= t.draft_tokens for t in timings)
+
+
+def test_seeded_sampling_is_reproducible_and_unchanged_by_speculation(model: LlamaModel) -> None:
+    seeded = [("seeded", "speculation check: sampled", options(temperature=0.9, seed=42))]
+    plain = Run(model, num_draft=0).run(seeded)
+    first = Run(model, num_draft=6).run(seeded)
+    second = Run(model, num_draft=6).run(seeded)
+    assert first == second == plain
+
+
+def test_num_draft_zero_turns_speculation_off_per_request(model: LlamaModel) -> None:
+    run = Run(model, num_draft=6)
+    run.run([("off", "speculation check: off", options(num_draft=0))])
+    assert run.results["off"].timings.draft_tokens == 0
