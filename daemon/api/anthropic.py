@@ -43,24 +43,11 @@ from ..generation import Generation, Job, Outcome, resolve_model, start, until_d
 from ..options import merge_options, sampling_options
 from ..runner.protocol import GenerationRequest
 from ..state import DaemonState, StateDep
-from ..toolcalls import (
-    HarmonyParser,
-    OutputParser,
-    Parsed,
-    ThinkingSplitter,
-    ToolCall,
-    ToolGrammarError,
-    detect_family,
-    detect_thinking,
-    grammar_syntax,
-    lazy_triggers,
-    parser_for,
-    tool_call_grammar,
-)
+from ..toolcalls import Parsed, ToolCall
 from .ollama import chat_messages, no_vision
 from .schemas_ollama import ChatMessage
 from .streaming import ClosingStreamingResponse
-from .tooling import ToolPlan, effective_template, model_template, plan_tools
+from .tooling import AnswerStream, ThinkPlan, ToolPlan, model_template, plan_thinking, plan_tools
 
 __all__ = [
     "CountTokensRequest",
@@ -69,16 +56,14 @@ __all__ = [
     "ReplyParser",
     "chat_history",
     "check_generates",
+    "check_strict",
     "error_route",
-    "needs_special",
     "plan_renamed",
     "read_reply",
+    "render_error",
     "reply_parser",
     "request_problem",
     "router",
-    "strict_calls",
-    "supports_thinking",
-    "thinking_kwargs",
 ]
 
 log = logging.getLogger("localllm.daemon")
@@ -163,28 +148,6 @@ def check_generates(model: LocalModel) -> None:
         raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
 
 
-def supports_thinking(template: str | None) -> bool:
-    """Whether a chat template has reasoning: think tags, harmony channels or a reasoning
-    switch (``enable_thinking``)."""
-    if not template:
-        return False
-    return (
-        detect_thinking(template) is not None
-        or "<|channel|>" in template
-        or "enable_thinking" in template
-    )
-
-
-def thinking_kwargs(on: bool, effort: str | None = None) -> dict[str, Any]:
-    """Template variables switching reasoning on or off: ``enable_thinking`` (Qwen3 and the
-    templates llama.cpp renders), ``thinking`` (Granite, DeepSeek V3.1), and for harmony
-    templates a ``reasoning_effort`` level."""
-    kwargs: dict[str, Any] = {"enable_thinking": on, "thinking": on}
-    if effort is not None:
-        kwargs["reasoning_effort"] = effort
-    return kwargs
-
-
 def plan_renamed(
     model: LocalModel,
     tools: list[dict[str, Any]],
@@ -215,29 +178,20 @@ def _partial_stop(text: str, stops: Sequence[str]) -> int:
 
 
 class ReplyParser:
-    """A model's output as a client sees it: cut at the first stop sequence, reasoning split
-    out, tool calls parsed (at most one when parallel calls are off).
+    """A model's output as a client sees it: cut at the first stop sequence, then through an
+    :class:`AnswerStream` (reasoning split out, tool calls parsed).
 
     Stop sequences are matched here rather than in the runner because the APIs report which
     one matched (Anthropic's ``stop_sequence``), which the runner does not say."""
 
-    def __init__(
-        self,
-        output: OutputParser,
-        stops: Sequence[str] = (),
-        *,
-        parallel: bool = True,
-        starts_thinking: bool = False,
-    ) -> None:
-        self.output = output
+    def __init__(self, answer: AnswerStream, stops: Sequence[str] = ()) -> None:
+        self.answer = answer
         self.stops = [s for s in stops if s]
-        self.parallel = parallel
         self.stopped: str | None = None
         """The stop sequence that ended the output, once one has."""
-        self.in_thinking = starts_thinking
+        self.in_thinking = False
         """Whether the model is (still) reasoning, as far as the output shows."""
         self._held = ""
-        self._calls = 0
 
     def feed(self, text: str) -> Parsed:
         """The next piece of output."""
@@ -263,15 +217,12 @@ class ReplyParser:
         """The output ended (or was stopped): what was held back."""
         out = self._parse(self._held)
         self._held = ""
-        return self._note(out.add(self.output.finish()))
+        return self._note(out.add(self.answer.finish()))
 
     def _parse(self, text: str) -> Parsed:
-        return self._note(self.output.feed(text)) if text else Parsed()
+        return self._note(self.answer.feed(text)) if text else Parsed()
 
     def _note(self, parsed: Parsed) -> Parsed:
-        if not self.parallel:
-            parsed.calls = parsed.calls[: max(1 - self._calls, 0)]
-        self._calls += len(parsed.calls)
         if parsed.thinking:
             self.in_thinking = True
         if parsed.content.strip() or parsed.calls:
@@ -281,35 +232,28 @@ class ReplyParser:
 
 def reply_parser(
     plan: ToolPlan | None,
-    template: str | None,
+    think: ThinkPlan | None,
     prompt_tail: str,
     stops: Sequence[str] = (),
 ) -> ReplyParser:
-    """The parser for one answer of a model with ``template``; ``prompt_tail`` (the rendered
-    prompt's end) tells whether the template already opened a reasoning block."""
-    tags = detect_thinking(template)
-    tools = parser_for(template, plan.tools) if plan is not None else None
-    if tools is None and detect_family(template) is HarmonyParser:
-        tools = HarmonyParser(None)  # harmony's channels carry the reasoning, tools or not
-    # A grammar-forced call starts at once: no reasoning comes before it.
-    forced = plan is not None and plan.grammar is not None
-    starts = tags is not None and not forced and prompt_tail.rstrip().endswith(tags[0])
-    splitter = ThinkingSplitter(*tags, starts_thinking=starts) if tags else None
-    return ReplyParser(
-        OutputParser(tools, splitter),
-        stops,
-        parallel=plan.parallel if plan is not None else True,
-        starts_thinking=starts,
-    )
+    """The parser for one answer; ``prompt_tail`` (the rendered prompt's end) tells whether
+    the template already opened a reasoning block."""
+    if plan is not None and plan.grammar is not None:
+        prompt_tail = ""  # a grammar-forced call starts at once: no reasoning comes first
+    return ReplyParser(AnswerStream(plan, think, prompt_tail), stops)
 
 
-def needs_special(plan: ToolPlan | None, template: str | None) -> bool:
-    """Whether the runner must emit control tokens as text for the parsers to see them."""
-    return (
-        plan is not None
-        or detect_thinking(template) is not None
-        or detect_family(template) is HarmonyParser
-    )
+def check_strict(plan: ToolPlan | None, strict: bool, field: str = "tools") -> None:
+    """Strict tools need every call checked against its schema: by the forced call's grammar
+    or the lazy one that starts at the family's call opener. Without either, a 400."""
+    if strict and plan is not None and plan.grammar is None and plan.lazy_grammar is None:
+        raise HTTPProblem(
+            400,
+            "strict tools: calls cannot be checked against their schemas here (this model's "
+            "call syntax has no opener to start checking at, or the output has a format); "
+            "drop strict, or force a call with tool_choice",
+            param=field,
+        )
 
 
 @dataclass
@@ -601,6 +545,8 @@ def _conversation(
                         )
                     names[call_id] = name
                     arguments = block.get("input", {})
+                    if not isinstance(arguments, dict):
+                        raise HTTPProblem(400, f"{at}.input must be an object", param=f"{at}.input")
                     calls.append(
                         {
                             "id": call_id,
@@ -744,10 +690,7 @@ _RENAMES = (
 )
 
 
-def _plan(
-    model: LocalModel, body: _Conversation, formatted: bool
-) -> tuple[ToolPlan | None, tuple[str, list[str]] | None]:
-    """The tool plan, and for strict tools a lazy grammar with its triggers."""
+def _plan(model: LocalModel, body: _Conversation, formatted: bool) -> ToolPlan | None:
     tools, strict = _tools(body)
     choice: str | dict[str, Any] | None = None
     parallel = None
@@ -772,29 +715,8 @@ def _plan(
         constrained_output=formatted,
         field="tools",
     )
-    if plan is not None and strict and plan.grammar is None:
-        return plan, strict_calls(plan)
-    return plan, None
-
-
-def strict_calls(plan: ToolPlan) -> tuple[str, list[str]]:
-    """A lazy grammar and its triggers that make every call the model starts valid for its
-    tool's schema (strict tools) without forcing one: checking begins at the template's
-    call opener."""
-    syntax = grammar_syntax(plan.template) or "json"
-    triggers = lazy_triggers(syntax)
-    if not triggers:
-        raise HTTPProblem(
-            400,
-            "strict tools: this model's call syntax has no opener to start checking calls at; "
-            "drop strict, or force a call with tool_choice",
-            param="tools",
-        )
-    try:
-        grammar = tool_call_grammar(syntax, plan.tools, parallel=plan.parallel)
-    except ToolGrammarError as exc:
-        raise HTTPProblem(400, f"tools: {exc}", param="tools") from None
-    return grammar, triggers
+    check_strict(plan, strict)
+    return plan
 
 
 @dataclass
@@ -802,39 +724,35 @@ class _Prepared:
     model: LocalModel
     job: Job
     plan: ToolPlan | None
-    template: str | None
+    think: ThinkPlan | None
     stops: list[str]
     budget: int | None
     omit_thinking: bool
 
 
-# Anthropic's effort levels as the reasoning_effort templates know (harmony: low to high).
-_EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+# Anthropic's effort levels as reasoning levels (think values).
+_EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "max", "max": "max"}
 
 
 def _thinking(
-    model: LocalModel,
-    body: _Conversation,
-    template: str | None,
-    forced: bool,
-    max_tokens: int | None,
-) -> tuple[dict[str, Any], int | None]:
-    """The template variables for ``thinking`` and ``output_config.effort``, and the
-    reasoning budget."""
+    model: LocalModel, body: _Conversation, forced: bool, max_tokens: int | None
+) -> tuple[ThinkPlan | None, int | None]:
+    """The reasoning plan for ``thinking`` and ``output_config.effort``, and the budget."""
     thinking = body.thinking
+    effort = body.output_config.effort if body.output_config is not None else None
     budget = None
+    if thinking is not None and thinking.type != "enabled" and thinking.budget_tokens is not None:
+        raise HTTPProblem(
+            400,
+            f'thinking.budget_tokens only goes with type "enabled", not {thinking.type!r}',
+            param="thinking.budget_tokens",
+        )
+    think: bool | str | None
     if thinking is None or thinking.type == "disabled":
-        kwargs = thinking_kwargs(False)
+        think = False  # Anthropic's default: no reasoning unless asked for
     elif thinking.type == "adaptive":
-        kwargs = {}  # the template's own default: the model decides
+        think = None  # the template's own default: the model decides
     else:
-        if not supports_thinking(template):
-            raise HTTPProblem(
-                400,
-                f"{model.name.short} does not support thinking: its chat template has no "
-                "reasoning (leave thinking out, or set it to disabled)",
-                param="thinking",
-            )
         if forced:
             # Anthropic refuses this too: a forced call leaves no room for reasoning.
             raise HTTPProblem(
@@ -842,7 +760,6 @@ def _thinking(
                 "thinking may not be enabled when tool_choice forces tool use",
                 param="thinking",
             )
-        kwargs = thinking_kwargs(True)
         budget = thinking.budget_tokens
         if budget is None:
             raise HTTPProblem(
@@ -854,23 +771,25 @@ def _thinking(
                 "max_tokens must be greater than thinking.budget_tokens",
                 param="thinking.budget_tokens",
             )
-    if thinking is not None and thinking.type != "enabled" and thinking.budget_tokens is not None:
+        think = True
+    if effort is None:
+        return plan_thinking(model, think, field="thinking"), budget
+    if think is False:
         raise HTTPProblem(
             400,
-            f'thinking.budget_tokens only goes with type "enabled", not {thinking.type!r}',
-            param="thinking.budget_tokens",
+            "output_config.effort: a local model's effort is how much it reasons, and thinking "
+            "is off; enable thinking (or adaptive) or leave effort out",
+            param="output_config.effort",
         )
-    effort = body.output_config.effort if body.output_config is not None else None
-    if effort is not None:
-        if not template or "reasoning_effort" not in template:
-            raise HTTPProblem(
-                400,
-                f"output_config.effort: {model.name.short}'s chat template has no effort levels "
-                "(reasoning_effort); leave it out",
-                param="output_config.effort",
-            )
-        kwargs["reasoning_effort"] = _EFFORT[effort]
-    return kwargs, budget
+    plan = plan_thinking(model, _EFFORT[effort], field="output_config.effort")
+    if plan is None or not plan.style.takes_level:
+        raise HTTPProblem(
+            400,
+            f"output_config.effort: {model.name.short}'s chat template has no reasoning "
+            "levels; leave effort out",
+            param="output_config.effort",
+        )
+    return plan, budget
 
 
 def _prepare(
@@ -883,38 +802,28 @@ def _prepare(
     model = resolve_model(state, body.model)
     check_generates(model)
     output_format = body.output_config.format if body.output_config is not None else None
-    plan, strict = _plan(model, body, output_format is not None)
-    template = effective_template(model)
+    plan = _plan(model, body, output_format is not None)
     forced = plan is not None and plan.grammar is not None
-    kwargs, budget = _thinking(model, body, template, forced, max_tokens)
+    think, budget = _thinking(model, body, forced, max_tokens)
     options = merge_options(model, overrides, prefix="")
     sampling = sampling_options(options)
     # The runner's log probabilities count tokens exactly when the answer may be cut here.
     sampling.logprobs = bool(stops) or budget is not None
-    if plan is not None and plan.grammar is not None:
-        sampling.grammar = plan.grammar
-    elif strict is not None:
-        sampling.grammar, sampling.grammar_triggers = strict
     if output_format is not None:
-        if strict is not None:
-            raise HTTPProblem(
-                400,
-                "output_config.format cannot be combined with strict tools",
-                param="output_config.format",
-            )
         sampling.json_schema = output_format.schema_
     runner_request = GenerationRequest(
         id="",
         messages=_conversation(model, body, plan),
         template=model_template(model),
         options=sampling,
-        tools=plan.tools if plan is not None else None,
-        template_kwargs=kwargs,
-        render_special=needs_special(plan, template),
     )
+    if plan is not None:
+        plan.apply(runner_request)
+    if think is not None:
+        think.apply(runner_request)
     job = Job.for_model(state, model, options, runner_request, None, "anthropic")
     omit = body.thinking is not None and body.thinking.display == "omitted"
-    return _Prepared(model, job, plan, template, stops, budget, omit)
+    return _Prepared(model, job, plan, think, stops, budget, omit)
 
 
 # --- answer ----------------------------------------------------------------------------------
@@ -1088,7 +997,7 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
     prepared = _prepare(state, body, overrides, stops, body.max_tokens)
     generation = await start(state, request, prepared.job)
     parser = reply_parser(
-        prepared.plan, prepared.template, generation.stream.prompt_tail, prepared.stops
+        prepared.plan, prepared.think, generation.stream.prompt_tail, prepared.stops
     )
     blocks = _Blocks(prepared.plan, prepared.omit_thinking)
     name = prepared.model.name.short

@@ -35,20 +35,23 @@ from .anthropic import (
     ReplyEnd,
     chat_history,
     check_generates,
+    check_strict,
     error_route,
-    needs_special,
     plan_renamed,
     read_reply,
     reply_parser,
-    strict_calls,
-    supports_thinking,
-    thinking_kwargs,
 )
 from .ollama import no_vision
 from .openai import error_body
 from .schemas_ollama import ChatMessage
 from .streaming import ClosingStreamingResponse
-from .tooling import ToolPlan, effective_template, model_template
+from .tooling import (
+    ThinkPlan,
+    ToolPlan,
+    model_template,
+    plan_thinking,
+    reasoning_effort_think,
+)
 
 __all__ = ["ResponsesRequest", "router"]
 
@@ -270,11 +273,22 @@ def _conversation(
                     400, f"{where} needs a string call_id and name", param=f"{where}.call_id"
                 )
             names[call_id] = name
+            arguments = item.get("arguments") or "{}"
+            try:
+                parsed = json.loads(arguments) if isinstance(arguments, str) else None
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise HTTPProblem(
+                    400,
+                    f"{where}.arguments must be a JSON object in a string",
+                    param=f"{where}.arguments",
+                )
             message = assistant()
             call = {
                 "id": call_id,
                 "type": "function",
-                "function": {"name": name, "arguments": item.get("arguments", "")},
+                "function": {"name": name, "arguments": parsed},
             }
             message.tool_calls = [*(message.tool_calls or []), call]
         elif kind == "function_call_output":
@@ -367,23 +381,13 @@ _RENAMES = (
     (".function.", "."),
 )
 
-_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 
-
-def _thinking(model: LocalModel, body: ResponsesRequest, template: str | None) -> dict[str, Any]:
+def _thinking(model: LocalModel, body: ResponsesRequest) -> ThinkPlan | None:
+    """``reasoning.effort`` as Chat Completions' ``reasoning_effort`` maps it: absent, the
+    template's default; ``none``, off; a level, on at that level (for templates with levels)."""
     effort = body.reasoning.effort if body.reasoning is not None else None
-    if effort is None:
-        return {}  # the template's default
-    if effort == "none":
-        return thinking_kwargs(False)
-    if not supports_thinking(template):
-        raise HTTPProblem(
-            400,
-            f"{model.name.short} does not support thinking: its chat template has no reasoning "
-            '(leave reasoning.effort out, or set it to "none")',
-            param="reasoning.effort",
-        )
-    return thinking_kwargs(True, _EFFORT[effort])
+    think = reasoning_effort_think(effort, field="reasoning.effort")
+    return plan_thinking(model, think, field="reasoning.effort")
 
 
 def _format(job: GenerationRequest, text: TextConfig | None) -> None:
@@ -609,7 +613,7 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
         constrained_output=formatted,
         field="tools",
     )
-    template = effective_template(model)
+    check_strict(plan, strict)
     overrides: dict[str, Any] = {}
     if body.max_output_tokens is not None:
         overrides["num_predict"] = body.max_output_tokens
@@ -618,30 +622,22 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
         if value is not None:
             overrides[key] = value
     options = merge_options(model, overrides, prefix="")
+    think = _thinking(model, body)
     runner_request = GenerationRequest(
         id="",
         messages=_conversation(model, body, plan),
         template=model_template(model),
         options=sampling_options(options),
-        tools=plan.tools if plan is not None else None,
-        template_kwargs=_thinking(model, body, template),
-        render_special=needs_special(plan, template),
         truncate=body.truncation == "auto",
     )
     _format(runner_request, body.text)
-    if plan is not None and plan.grammar is not None:
-        runner_request.options.grammar = plan.grammar
-    elif plan is not None and strict:
-        if formatted:
-            raise HTTPProblem(
-                400, "text.format cannot be combined with strict tools", param="text.format"
-            )
-        grammar, triggers = strict_calls(plan)
-        runner_request.options.grammar = grammar
-        runner_request.options.grammar_triggers = triggers
+    if plan is not None:
+        plan.apply(runner_request)
+    if think is not None:
+        think.apply(runner_request)
     job = Job.for_model(state, model, options, runner_request, None, "openai")
     generation = await start(state, request, job)
-    parser = reply_parser(plan, template, generation.stream.prompt_tail)
+    parser = reply_parser(plan, think, generation.stream.prompt_tail)
     reasoning = body.reasoning
     output = _Output(
         plan,
