@@ -418,4 +418,6 @@ def timing_fields(outcome: Outcome) -> dict[str, Any]:
         "prompt_evaluated_count": evaluated,
         "prompt_eval_rate": round(t.prompt_tokens_per_s, 2),
         "eval_rate": round(t.decode_tokens_per_s, 2),
+        "draft_count": t.draft_tokens,
+        "draft_accepted_count": t.draft_accepted,
     }

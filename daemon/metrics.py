@@ -51,12 +51,30 @@ class Metrics:
         self.generated_tokens = Counter(
             "localllm_generated_tokens", "Tokens generated, by model.", ["model"], registry=r
         )
+        self.draft_tokens = Counter(
+            "localllm_draft_tokens",
+            "Speculative draft tokens verified, by model and outcome (accepted or rejected).",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.saved_prefix_bytes = Gauge(
+            "localllm_saved_prefix_bytes",
+            "KV state of idle prompt prefixes kept outside the context, by model and tier.",
+            ["model", "tier"],
+            registry=r,
+        )
+        self.prefix_restores = Gauge(
+            "localllm_prefix_restores",
+            "Saved prefixes restored into a slot since the model's runner started.",
+            ["model"],
+            registry=r,
+        )
         self.embedded_tokens = Counter(
             "localllm_embedding_tokens", "Tokens embedded, by model.", ["model"], registry=r
         )
         self.ttft = Histogram(
             "localllm_time_to_first_token_seconds",
-            "Time from arrival at the runner to the first generated token.",
+            "Time from arrival at the daemon to the first generated token.",
             ["model"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
@@ -124,6 +142,8 @@ class Metrics:
             self.kv_total,
             self.decode_rate,
             self.prefill_rate,
+            self.saved_prefix_bytes,
+            self.prefix_restores,
         )
 
     def observe_load(self, loaded: LoadedModel) -> None:
@@ -141,6 +161,9 @@ class Metrics:
             self.ttft.labels(model).observe(t.ttft_ms / 1000)
             self.decode.labels(model).observe(t.decode_ms / 1000)
         self.queue_wait.labels(model).observe(t.queued_ms / 1000)
+        if t.draft_tokens:
+            self.draft_tokens.labels(model, "accepted").inc(t.draft_accepted)
+            self.draft_tokens.labels(model, "rejected").inc(t.draft_tokens - t.draft_accepted)
         self.prefill.labels(model).observe(t.prompt_ms / 1000)
 
     async def render(self, scheduler: Scheduler) -> bytes:
@@ -162,4 +185,7 @@ class Metrics:
             self.kv_total.labels(name).set(stats.kv_cells_total)
             self.decode_rate.labels(name).set(stats.decode_tokens_per_s)
             self.prefill_rate.labels(name).set(stats.prefill_tokens_per_s)
+            self.saved_prefix_bytes.labels(name, "ram").set(stats.saved_prefix_ram_bytes)
+            self.saved_prefix_bytes.labels(name, "disk").set(stats.saved_prefix_disk_bytes)
+            self.prefix_restores.labels(name).set(stats.prefix_restores)
         return generate_latest(self.registry)

@@ -115,6 +115,10 @@ class RequestRecord:
     """Decode speed."""
     done_reason: str
     """stop, length, cancel or error."""
+    draft_tokens: int = 0
+    """Speculative draft tokens verified."""
+    draft_accepted: int = 0
+    """Of those, accepted."""
 
 
 @dataclass(eq=False)
@@ -228,6 +232,8 @@ class Lease:
                 completion_tokens=t.completion_tokens,
                 decode_tokens_per_s=t.decode_tokens_per_s,
                 done_reason=result.done_reason,
+                draft_tokens=t.draft_tokens,
+                draft_accepted=t.draft_accepted,
             )
         )
 

@@ -70,5 +70,14 @@ def format_timings(final: Mapping[str, Any]) -> str:
         ("eval duration", format_duration(_number(final, "eval_duration"))),
         ("eval rate", f"{_rate(final, 'eval_rate', generated, 'eval_duration'):.2f} tokens/s"),
     ]
+    drafted = _number(final, "draft_count")
+    if drafted:
+        accepted = _number(final, "draft_accepted_count")
+        rows.append(
+            (
+                "draft tokens",
+                f"{accepted:.0f} of {drafted:.0f} accepted ({accepted / drafted:.0%}, speculative)",
+            )
+        )
     width = max(len(label) for label, _ in rows) + 2
     return "\n".join(f"{label + ':':<{width}}{value}" for label, value in rows)

@@ -177,3 +177,12 @@ def test_num_draft_zero_turns_speculation_off_per_request(model: LlamaModel) -> 
     run = Run(model, num_draft=6)
     run.run([("off", "speculation check: off", options(num_draft=0))])
     assert run.results["off"].timings.draft_tokens == 0
+
+
+def test_verbose_block_reports_drafts_only_when_there_were_some() -> None:
+    from localllm.run_stats import format_timings
+
+    final = {"total_duration": 1e9, "eval_count": 10, "eval_duration": 5e8}
+    assert "draft" not in format_timings(final)
+    block = format_timings({**final, "draft_count": 8, "draft_accepted_count": 6})
+    assert "6 of 8 accepted (75%" in block

@@ -125,9 +125,12 @@ class LoadedModelCard(Vertical, can_focus=True):
         self._prefill_rate.update(rate(self.prefill_rate))
         recent = [r for r in entry.get("recent") or [] if r.get("completion_tokens")]
         ttfts = [duration_ms(float(r.get("ttft_ms", 0))) for r in recent[-_RECENT_TTFTS:]]
-        self._ttfts.update(
-            "TTFT of recent requests: " + (" · ".join(reversed(ttfts)) if ttfts else "none yet")
-        )
+        line = "TTFT of recent requests: " + (" · ".join(reversed(ttfts)) if ttfts else "none yet")
+        drafted = sum(int(r.get("draft_tokens") or 0) for r in recent)
+        if drafted:
+            accepted = sum(int(r.get("draft_accepted") or 0) for r in recent)
+            line += f"  ·  speculative drafts accepted {accepted / drafted:.0%} of {drafted:,}"
+        self._ttfts.update(line)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         """The Unload button."""
