@@ -10,6 +10,7 @@ the whole answer (greedy decoding, same run).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -423,3 +424,12 @@ def test_unknown_model_and_client_errors(claude: anthropic.Anthropic, http: http
     headers = {"x-api-key": "k", "anthropic-version": "2023-06-01", "anthropic-beta": "x"}
     ok = http.post("/v1/messages", json={**BASE, **GREEDY}, headers=headers)
     assert ok.status_code == 200 and ok.json()["type"] == "message"
+
+
+def test_prompt_too_long(http: httpx.Client) -> None:
+    # Anthropic's wording, which Claude Code looks for to compact the conversation
+    long = [{"role": "user", "content": "hello " * 8000}]
+    for stream in (False, True):
+        status, kind, message = _error(http, {**BASE, "messages": long, "stream": stream})
+        assert (status, kind) == (400, "invalid_request_error")
+        assert re.match(r"prompt is too long: \d+ tokens > \d+ maximum", message), message

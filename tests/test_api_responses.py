@@ -371,3 +371,12 @@ def test_errors_with_the_client(oai: openai.OpenAI, http: httpx.Client) -> None:
     )
     assert kept.store is False and kept.metadata == {"k": "v"}
     assert http.get(f"/v1/responses/{kept.id}").status_code == 404
+
+
+def test_prompt_too_long(http: httpx.Client) -> None:
+    for stream in (False, True):
+        body = {**BASE, "input": "hello " * 8000, "stream": stream}
+        response = http.post("/v1/responses", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "input"

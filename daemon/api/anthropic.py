@@ -376,8 +376,8 @@ class OutputFormat(_Body):
 
 
 class OutputConfig(_Body):
-    """``output_config``: ``effort`` becomes the template's ``reasoning_effort`` (400 for a
-    template without effort levels); ``format`` constrains the text by grammar."""
+    """``output_config``: ``effort`` is the reasoning level (with thinking enabled or
+    adaptive; 400 for a template without levels); ``format`` constrains the text by grammar."""
 
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormat | None = None
@@ -407,8 +407,9 @@ class _Conversation(_Body):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = Field(
         None,
-        description="Absent or disabled: the template's reasoning switch is turned off. "
-        "enabled: on (400 for a model without reasoning). adaptive: the template's default.",
+        description="Absent or disabled: the template's reasoning switch is turned off (and "
+        "reasoning a model writes anyway is dropped). enabled: on (400 for a model without "
+        "reasoning). adaptive: the template's default.",
     )
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = Field(

@@ -57,6 +57,15 @@ __all__ = ["ResponsesRequest", "router"]
 
 
 def _render(request: Request, problem: HTTPProblem) -> Response:
+    if problem.code in ("context_overflow", "context_length_exceeded") and problem.param is None:
+        # the prompt is the input (with the instructions and tools)
+        problem = HTTPProblem(
+            problem.status,
+            problem.message,
+            param="input",
+            code=problem.code,
+            headers=problem.headers,
+        )
     return JSONResponse(
         error_body(problem, request.url.path), status_code=problem.status, headers=problem.headers
     )
