@@ -359,6 +359,8 @@ class _EarlyStop:
     def feed(self, piece: str, now: float) -> str:
         """Take ``piece``; return the text that may be sent now (a new line is held until
         its indentation is known)."""
+        if self.stopped:  # nothing after the stop belongs to the completion
+            return ""
         if self.first_token_at is None:
             self.first_token_at = now
         sent = len(self._released())
