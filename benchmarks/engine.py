@@ -8,7 +8,11 @@ Measures on SmolLM2-135M (the bundled starter model by default):
 * aggregate decode tokens/s at 4 and 8 concurrent streams: raw batched loop vs runner;
 * prefill tokens/s on a 512-token prompt: raw vs runner;
 * TTFT of a cold ~1,000-token prompt, of the same prefix when it is already cached, and the
-  worst TTFT of 4 simultaneous cold requests that share a ~1,000-token prefix.
+  worst TTFT of 4 simultaneous cold requests that share a ~1,000-token prefix;
+* decode and prefill of one stream after 20 distinct long chats went idle, relative to a
+  fresh runner (idle prefixes move to the RAM tier instead of slowing attention);
+* TTFT of a ~1,500-token system prompt after a runner restart (restored from the disk tier),
+  next to the cold TTFT of the same prompt.
 
 The "raw" side is the least Python one can write on llama-cpp-python's low-level API: one
 batch, llama_decode, a greedy sampler, no detokenization, no IPC. The runner side goes through
@@ -220,15 +224,19 @@ def best(values: list[float]) -> float:
 
 
 @contextlib.asynccontextmanager
-async def fresh_runner(model: str, threads: int) -> AsyncIterator[RunnerClient]:
+async def fresh_runner(
+    model: str, threads: int, kv_dir: Path | None = None
+) -> AsyncIterator[RunnerClient]:
     """A new runner process, so each measurement starts from an empty KV cache, like the raw
-    side (which clears its memory before every run)."""
+    side (which clears its memory before every run). With ``kv_dir`` it has the prefix
+    cache's RAM and disk tiers there."""
     with tempfile.TemporaryDirectory(prefix="localllm-bench-") as scratch:
-        process = RunnerProcess(
-            RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads),
-            Path(scratch) / "runner.sock",
-            Path(scratch) / "runner.log",
-        )
+        config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
+        if kv_dir is not None:
+            config.kv_cache_dir = str(kv_dir)
+            config.kv_cache_ram = 1 << 30
+            config.kv_cache_disk = 1 << 30
+        process = RunnerProcess(config, Path(scratch) / "runner.sock", Path(scratch) / "runner.log")
         client = await process.start()
         try:
             yield client
@@ -254,6 +262,48 @@ async def decode_rates(
                 count, seconds = await runner_decode(client, texts, tokens)
                 engine_rates.append(count / seconds)
     return raw_rates, engine_rates
+
+
+async def idle_chats(
+    raw: RawLlama, model: str, threads: int, kv_dir: Path, args: argparse.Namespace
+) -> dict[str, float]:
+    """One stream's decode and prefill after 20 long chats went idle, over a fresh runner's."""
+    async with fresh_runner(model, threads, kv_dir) as client:
+        _, fresh_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
+        _, fresh_decode = await decode_rates(raw, client, 1, args.repeat, args.tokens)
+    async with fresh_runner(model, threads, kv_dir) as client:
+        for batch in range(5):  # 20 chats of ~600 tokens, 4 at a time
+            await runner_ttft(client, [words(500, seed=1000 + batch * 4 + i) for i in range(4)])
+        # The engine moves cells of slots idle for a while to the RAM tier once others work.
+        await asyncio.sleep(2.5)
+        await runner_ttft(client, [words(50, seed=1999)])
+        _, idle_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
+        _, idle_decode = await decode_rates(raw, client, 1, args.repeat, args.tokens)
+    figures = {
+        "idle20_decode_ratio": best(idle_decode) / best(fresh_decode),
+        "idle20_prefill_ratio": best(idle_prefill) / best(fresh_prefill),
+    }
+    print(
+        f"after 20 idle chats: decode {figures['idle20_decode_ratio']:.3f}, "
+        f"prefill {figures['idle20_prefill_ratio']:.3f} of a fresh runner"
+    )
+    return figures
+
+
+async def restart_ttft(model: str, threads: int, kv_dir: Path) -> dict[str, float]:
+    """TTFT of a ~1,500-token system prompt: cold, then after a runner restart."""
+    system = words(1230, seed=77)
+    async with fresh_runner(model, threads, kv_dir) as client:
+        cold = (await runner_ttft(client, [system + " first question: why?"]))[0]
+    # The first runner saved its idle prefix to disk when it stopped.
+    async with fresh_runner(model, threads, kv_dir) as client:
+        restored = (await runner_ttft(client, [system + " second question: how?"]))[0]
+    print(f"1,500-token system prompt ttft ms: cold {cold:.0f}, after a restart {restored:.0f}")
+    return {
+        "restart_cold_ttft_ms": cold,
+        "restart_cached_ttft_ms": restored,
+        "ratio_restart_cached_ttft": restored / cold,
+    }
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, float]:
@@ -307,6 +357,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
     results["cached_prefix_ttft_ms"] = cached
     results["shared4_max_ttft_ms"] = max(shared)
     print(f"ttft ms: cold {cold:.0f}, cached prefix {cached:.0f}, 4 sharing max {max(shared):.0f}")
+
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-kv-") as kv:
+        results.update(await idle_chats(raw, model, threads, Path(kv), args))
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-kv-") as kv:
+        results.update(await restart_ttft(model, threads, Path(kv)))
 
     results["ratio_decode"] = results["engine_decode_tps"] / results["raw_decode_tps"]
     results["ratio_batched4"] = results["engine_batched4_tps"] / results["raw_batched4_tps"]

@@ -1,0 +1,192 @@
+"""Speculative decoding benchmark: the runner with n-gram drafts on and off, in one run.
+
+    python benchmarks/speculative.py [--model PATH] [--threads N] [--repeat 3]
+
+On SmolLM2-135M (the bundled starter model by default), greedy, side by side:
+
+* single-stream decode tokens/s on a copy-heavy task (rewrite a ~300-token code block with one
+  identifier renamed), where prompt-lookup drafts should be accepted often;
+* single-stream decode tokens/s on free text (a story), where they mostly are not and the
+  adaptive policy should stop drafting;
+* aggregate decode tokens/s of 8 simultaneous copy tasks;
+* the cost of decoding a batch of k tokens of one sequence relative to one token, measured
+  with a plain llama.cpp loop (what makes speculation pay or not on this machine).
+
+Each pair alternates which side runs first and keeps the best of ``--repeat`` runs, since
+this machine is shared and noisy. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import llama_cpp
+
+from localllm.daemon.runner import (
+    GenerationRequest,
+    RunnerClient,
+    RunnerConfig,
+    RunnerProcess,
+    SamplingOptions,
+)
+from localllm.daemon.runner.model import default_threads, route_llama_log
+from localllm.starter import starter_gguf_path
+
+
+def code_block() -> str:
+    """About 300 tokens of Python whose identifiers repeat (as real code's do)."""
+    functions = []
+    for name in ("load_items", "save_items", "count_items", "clean_items"):
+        functions.append(
+            f"def {name}(store, limit=10):\n"
+            f'    """Work on the items of the store, at most limit of them."""\n'
+            f"    result = []\n"
+            f"    for item in store.items[:limit]:\n"
+            f"        if item.ready:\n"
+            f"            result.append(item.value)\n"
+            f"    return result\n"
+        )
+    return "\n".join(functions)
+
+
+COPY_PROMPT = (
+    "Rewrite this code exactly, renaming the parameter `store` to `repository` everywhere. "
+    "Output only the code.\n\n" + code_block()
+)
+FREE_PROMPT = "Write a long, imaginative story about a lighthouse keeper and a storm."
+
+
+@contextlib.asynccontextmanager
+async def runner(model: str, threads: int, num_draft: int) -> AsyncIterator[RunnerClient]:
+    """A fresh runner process with speculation on (``num_draft`` > 0) or off."""
+    with tempfile.TemporaryDirectory(prefix="localllm-spec-") as scratch:
+        config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
+        config.num_draft = num_draft
+        process = RunnerProcess(config, Path(scratch) / "r.sock", Path(scratch) / "r.log")
+        client = await process.start()
+        try:
+            yield client
+        finally:
+            await client.close()
+            await process.stop()
+
+
+async def decode_rate(client: RunnerClient, prompt: str, streams: int, tokens: int) -> float:
+    """Aggregate decode tokens/s of ``streams`` simultaneous greedy chats of ``prompt``."""
+    firsts: list[float] = []
+    lasts: list[float] = []
+    counts: list[int] = []
+
+    async def one(index: int) -> None:
+        request = GenerationRequest(
+            id="",
+            messages=[{"role": "user", "content": prompt + ("" if index == 0 else " " * index)}],
+            options=SamplingOptions(temperature=0, num_predict=tokens, repeat_penalty=1.0),
+        )
+        first = 0.0
+        async for event in client.generate(request):
+            if hasattr(event, "timings"):
+                lasts.append(time.perf_counter())
+                counts.append(event.timings.completion_tokens - 1)
+            else:
+                first = first or time.perf_counter()
+        firsts.append(first)
+
+    await asyncio.gather(*(one(i) for i in range(streams)))
+    return sum(counts) / max(max(lasts) - max(firsts), 1e-9)
+
+
+async def pair(
+    model: str, threads: int, prompt: str, streams: int, tokens: int, repeat: int
+) -> tuple[float, float]:
+    """Best decode rate with speculation off and on."""
+    off: list[float] = []
+    on: list[float] = []
+    for attempt in range(repeat):
+        for num_draft in (0, 8) if attempt % 2 == 0 else (8, 0):
+            async with runner(model, threads, num_draft) as client:
+                rate = await decode_rate(client, prompt, streams, tokens)
+            (on if num_draft else off).append(rate)
+    return max(off), max(on)
+
+
+def batch_cost(model: str, threads: int) -> dict[int, float]:
+    """Seconds to decode k tokens of one sequence, relative to one token (plain llama.cpp)."""
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    llama = llama_cpp.llama_model_load_from_file(model.encode(), params)
+    context_params = llama_cpp.llama_context_default_params()
+    context_params.n_ctx = 512
+    context_params.n_batch = context_params.n_ubatch = 64
+    context_params.n_threads = context_params.n_threads_batch = threads
+    ctx = llama_cpp.llama_init_from_model(llama, context_params)
+    batch = llama_cpp.llama_batch_init(64, 0, 1)
+    memory = llama_cpp.llama_get_memory(ctx)
+    seconds: dict[int, float] = {}
+    for k in (1, 1, 2, 4, 8, 16):  # the first run warms up
+        runs = []
+        for _ in range(5):
+            llama_cpp.llama_memory_clear(memory, True)
+            batch.n_tokens = 0
+            for position in range(k):
+                batch.token[position] = 1
+                batch.pos[position] = position
+                batch.n_seq_id[position] = 1
+                batch.seq_id[position][0] = 0
+                batch.logits[position] = True
+            batch.n_tokens = k
+            started = time.perf_counter()
+            llama_cpp.llama_decode(ctx, batch)
+            runs.append(time.perf_counter() - started)
+        seconds[k] = min(runs)
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(llama)
+    return {k: round(t / seconds[1], 3) for k, t in seconds.items()}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    model = args.model or str(starter_gguf_path())
+    threads = args.threads or default_threads()
+    results: dict[str, object] = {"threads": threads, "tokens": args.tokens}
+    cost = batch_cost(model, threads)
+    results["batch_cost"] = cost
+    print(f"decode cost of k tokens relative to 1: {cost}", flush=True)
+    for key, prompt, streams in (
+        ("copy", COPY_PROMPT, 1),
+        ("free", FREE_PROMPT, 1),
+        ("copy8", COPY_PROMPT, 8),
+    ):
+        off, on = await pair(model, threads, prompt, streams, args.tokens, args.repeat)
+        results[f"{key}_tps_off"] = round(off, 2)
+        results[f"{key}_tps_on"] = round(on, 2)
+        results[f"{key}_ratio"] = round(on / off, 3)
+        print(f"{key}: off {off:.1f} tok/s, on {on:.1f} tok/s ({on / off:.3f})", flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="GGUF to use (default: the bundled SmolLM2-135M)")
+    parser.add_argument("--threads", type=int, default=0, help="threads (default: cores)")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens generated per stream")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
+    args = parser.parse_args()
+    with open("/dev/null", "w") as quiet:
+        route_llama_log(quiet)  # llama.cpp's loading chatter would bury the figures
+        results = asyncio.run(main_async(args))
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
