@@ -23,6 +23,10 @@ from test_api_tools import HERMES, HERMES_TEMPLATE, JSONTOOLS, TOOLS, _valid
 from test_daemon_support import Daemon
 
 from localllm.client import Client
+from localllm.daemon.api import anthropic as anthropic_api
+from localllm.daemon.api.anthropic import ReplyParser
+from localllm.daemon.api.tooling import AnswerStream
+from localllm.daemon.errors import HTTPProblem
 
 pytestmark = pytest.mark.slow
 
@@ -433,3 +437,38 @@ def test_prompt_too_long(http: httpx.Client) -> None:
         status, kind, message = _error(http, {**BASE, "messages": long, "stream": stream})
         assert (status, kind) == (400, "invalid_request_error")
         assert re.match(r"prompt is too long: \d+ tokens > \d+ maximum", message), message
+
+
+# --- units -------------------------------------------------------------------------------------
+
+
+def test_stop_sequences_across_pieces() -> None:
+    parser = ReplyParser(AnswerStream(), ["END", "STOP"])
+    pieces = [parser.feed(t).content for t in ("hello E", "x E", "N", "Dmore", "after")]
+    assert pieces == ["hello ", "Ex ", "", "", ""]
+    assert parser.stopped == "END"
+    assert parser.finish().content == ""
+    earliest = ReplyParser(AnswerStream(), ["later", "soon"])
+    assert earliest.feed("a soon and later").content == "a "
+    assert earliest.stopped == "soon"
+    unmatched = ReplyParser(AnswerStream(), ["END"])
+    assert unmatched.feed("the EN").content == "the "
+    assert unmatched.finish().content == "EN"  # held back, then released at the end
+
+
+@pytest.mark.parametrize(
+    ("problem", "status", "kind"),
+    [
+        (HTTPProblem(400, "bad"), 400, "invalid_request_error"),
+        (HTTPProblem(401, "key"), 401, "authentication_error"),
+        (HTTPProblem(404, "no model", code="model_not_found"), 404, "not_found_error"),
+        (HTTPProblem(413, "big"), 413, "request_too_large"),
+        (HTTPProblem(503, "busy", code="server_busy"), 529, "overloaded_error"),
+        (HTTPProblem(500, "runner died"), 500, "api_error"),
+        (HTTPProblem(507, "disk full"), 507, "api_error"),
+    ],
+)
+def test_error_shapes(problem: HTTPProblem, status: int, kind: str) -> None:
+    got_status, body = anthropic_api._anthropic_problem(problem)
+    assert got_status == status
+    assert body == {"type": "error", "error": {"type": kind, "message": problem.message}}
