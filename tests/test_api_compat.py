@@ -106,6 +106,7 @@ def test_version_is_one_ollama_clients_accept(http: httpx.Client, daemon: Daemon
     # VS Code Copilot compares numerically per part and wants at least 0.6.4
     parts = tuple(int(p) for p in data["version"].split("."))
     assert parts >= (0, 6, 4)
+    assert parts >= (0, 9, 0)  # think is served: the release that added it
     assert data["localllm_version"] == localllm.__version__
     assert http.head("/api/version").status_code == 200
     assert daemon.client().version() == localllm.__version__

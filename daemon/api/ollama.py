@@ -64,14 +64,17 @@ __all__ = ["OLLAMA_API_VERSION", "chat_messages", "no_vision", "ollama_tool_call
 
 log = logging.getLogger("localllm.daemon")
 
-OLLAMA_API_VERSION = "0.6.4"
+OLLAMA_API_VERSION = "0.9.0"
 """The Ollama release whose ``/api`` surface this daemon implements, reported as ``version``
 by ``/api/version`` for the clients that check it (VS Code Copilot's Ollama provider wants at
-least 0.6.4, the release whose ``/api/show`` reports ``capabilities``). 0.6.4 covers what is
-served here: chat and generate with tools and structured outputs, embed, show with
-capabilities, create from files or a model with quantize, pull, copy, delete, ps, blobs.
-Raise it only together with the routes and fields of a later release (``think`` → 0.9.0);
-localllm's own version is ``localllm_version``."""
+least 0.6.4, the release whose ``/api/show`` reports ``capabilities``). 0.9.0 is the release
+that added ``think`` (``message.thinking``, the ``thinking`` capability), and covers what is
+served here: chat and generate with tools (calls streamed whole, as 0.8 streams them),
+thinking and structured outputs, embed, show with capabilities, create from files or a
+model with quantize, pull, copy, delete, ps, blobs. Images are refused per model (no vision
+support), as 0.9.0 refuses them for a model without a projector. Raise it only together with
+the routes and fields of a later release; localllm's own version is ``localllm_version``
+(``logprobs``, ``shift`` and ``truncate``, from later releases, are served as extras)."""
 
 router = APIRouter()
 router.include_router(model_routes.router)
