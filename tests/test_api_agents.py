@@ -171,6 +171,10 @@ def test_ollama_think_splits_the_reasoning_out(oll: ollama.Client) -> None:
     assert low.prompt_eval_count != on.prompt_eval_count  # "low" vs true's "medium"
     generated = oll.generate(model=THINKER, prompt="Hello there", think=True, options=options)
     assert generated.thinking and not generated.response
+    # a format constrains the output from its first token: it is the answer, not reasoning
+    formatted = oll.chat(model=THINKER, messages=HI, format="json", options=options)
+    assert formatted.message.content and not formatted.message.thinking
+    assert (formatted.prompt_eval_count or 0) == off.prompt_eval_count  # switched off
 
 
 def test_openai_reasoning_content(oai: openai.OpenAI) -> None:

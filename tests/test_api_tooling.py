@@ -22,6 +22,7 @@ from localllm.daemon.api.tooling import (
     supports_tools,
 )
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.runner.protocol import GenerationRequest
 from localllm.daemon.toolcalls import thinking_style
 from localllm.models import create_model, load_model
 from localllm.store import Store
@@ -204,3 +205,24 @@ def test_plan_thinking_on_models(store: Store, tmp_path: Path) -> None:
     thinker = _model(store, tmp_path, "thinker", THINKER_TEMPLATE)
     plan = plan_thinking(thinker, "low")  # type: ignore[arg-type]
     assert plan is not None and plan.template_kwargs()["reasoning_effort"] == "low"
+
+
+def test_constrained_output_is_the_answer() -> None:
+    """A format or a forced call constrains the output from its first token: reasoning left
+    to the template's default is switched off, and the output is read as the answer even
+    where the prompt opened a reasoning block."""
+    style = thinking_style(THINKER_TEMPLATE)
+    assert style is not None
+    request = GenerationRequest(id="")
+    request.options.json_mode = True
+    plan = ThinkPlan(style, None)
+    plan.apply(request)
+    assert request.template_kwargs == {"enable_thinking": False} and request.render_special
+    parsed = AnswerStream(None, plan, "question<think>\n").whole('{"a": 1}')
+    assert (parsed.content, parsed.thinking) == ('{"a": 1}', "")
+    # a lazy grammar waits for its trigger: the output is free until then
+    lazy = GenerationRequest(id="")
+    lazy.options.grammar, lazy.options.grammar_triggers = 'root ::= "x"', ["x"]
+    free = ThinkPlan(style, None)
+    free.apply(lazy)
+    assert lazy.template_kwargs == {} and not free.constrained

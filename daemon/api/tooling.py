@@ -21,7 +21,7 @@ from typing import Any
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem
-from ..runner.protocol import GenerationRequest
+from ..runner.protocol import GenerationRequest, SamplingOptions
 from ..toolcalls import (
     HarmonyParser,
     OutputParser,
@@ -52,6 +52,7 @@ __all__ = [
     "map_call_id",
     "model_template",
     "model_thinking",
+    "output_constrained",
     "parse_think",
     "plan_thinking",
     "plan_tools",
@@ -433,6 +434,9 @@ class ThinkPlan:
     """The template's reasoning style."""
     think: bool | str | None
     """The request's value: on, off, a level; None leaves the template's default (on)."""
+    constrained: bool = False
+    """The output is constrained from its first token (a format, a forced call): it is the
+    answer, even where the template opened a reasoning block."""
 
     @property
     def keep(self) -> bool:
@@ -461,7 +465,17 @@ class ThinkPlan:
         return kwargs
 
     def apply(self, request: GenerationRequest) -> None:
-        """Set the template switches and the control-token output the splitter reads."""
+        """Set the template switches and the control-token output the splitter reads (call
+        it once the request's sampling options are final: format and tool grammar included).
+
+        Output constrained from its first token cannot hold reasoning: the grammar forces
+        the answer (JSON, a call) at once. Then reasoning left to the template's default is
+        switched off, so templates like Qwen3's close the block in the prompt, and the
+        output is read as the answer even where the prompt opened a block."""
+        if output_constrained(request.options):
+            self.constrained = True
+            if self.think is None:
+                self.think = False
         request.template_kwargs.update(self.template_kwargs())
         request.render_special = True
 
@@ -471,9 +485,15 @@ class ThinkPlan:
         if self.style.tags is None:
             return None
         open_tag, close_tag = self.style.tags
-        return ThinkingSplitter(
-            open_tag, close_tag, starts_thinking=starts_thinking(prompt_tail, open_tag)
-        )
+        opened = not self.constrained and starts_thinking(prompt_tail, open_tag)
+        return ThinkingSplitter(open_tag, close_tag, starts_thinking=opened)
+
+
+def output_constrained(options: SamplingOptions) -> bool:
+    """Whether a grammar constrains the output from its first token (``format``,
+    ``response_format``, a forced tool call); a lazy grammar waits for its trigger."""
+    forced = options.grammar is not None and not options.grammar_triggers
+    return options.json_mode or options.json_schema is not None or forced
 
 
 def plan_thinking(
