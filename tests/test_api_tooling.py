@@ -226,3 +226,29 @@ def test_constrained_output_is_the_answer() -> None:
     free = ThinkPlan(style, None)
     free.apply(lazy)
     assert lazy.template_kwargs == {} and not free.constrained
+
+
+def test_lazy_call_grammar_waits_for_the_reasoning_to_close() -> None:
+    import re
+
+    from localllm.daemon.toolcalls import lazy_triggers
+
+    style = thinking_style(THINKER_TEMPLATE)
+    assert style is not None
+    (trigger,) = lazy_triggers("hermes")
+
+    def triggers(think: bool | str | None) -> list[str]:
+        request = GenerationRequest(id="")
+        request.options.grammar, request.options.grammar_triggers = "root ::= x", [trigger]
+        ThinkPlan(style, think).apply(request)
+        return request.options.grammar_triggers
+
+    (waiting,) = triggers(True)
+    assert triggers(None) == [waiting]
+    pattern = re.compile(waiting)
+    # a call opener written while reasoning does not start the grammar; one after it does
+    assert not pattern.fullmatch("I could use <tool_call> here")
+    match = pattern.fullmatch("I will call it.</think>\n\n<tool_call>\n{")
+    assert match is not None and match.group(1) == "<tool_call>"
+    # reasoning switched off in the template: the plain trigger
+    assert triggers(False) == [trigger]

@@ -46,6 +46,7 @@ __all__ = [
     "AnswerStream",
     "ThinkPlan",
     "ToolPlan",
+    "after_reasoning",
     "effective_template",
     "history_tool_calls",
     "jinja_override",
@@ -478,6 +479,21 @@ class ThinkPlan:
                 self.think = False
         request.template_kwargs.update(self.template_kwargs())
         request.render_special = True
+        if request.options.grammar_triggers and self.reasons_in_output:
+            assert self.style.tags is not None
+            request.options.grammar_triggers = [
+                after_reasoning(pattern, self.style.tags[1])
+                for pattern in request.options.grammar_triggers
+            ]
+
+    @property
+    def reasons_in_output(self) -> bool:
+        """Whether the answer is expected to hold a reasoning block (tags, not switched off
+        by the template): a lazy call grammar must then wait for the block to close."""
+        if self.style.tags is None or self.constrained:
+            return False
+        switchable = bool(self.style.switches & {"enable_thinking", "thinking"})
+        return not (self.think is False and switchable)
 
     def splitter(self, prompt_tail: str = "") -> ThinkingSplitter | None:
         """A fresh splitter for one answer (None for harmony, whose parser splits channels);
@@ -487,6 +503,17 @@ class ThinkPlan:
         open_tag, close_tag = self.style.tags
         opened = not self.constrained and starts_thinking(prompt_tail, open_tag)
         return ThinkingSplitter(open_tag, close_tag, starts_thinking=opened)
+
+
+def after_reasoning(pattern: str, close_tag: str) -> str:
+    """A lazy-grammar trigger (``^[\\s\\S]*?(<opener>)...``) that fires only after the
+    reasoning block closed: a model that writes its family's call opener while reasoning
+    (Qwen3 may mention ``<tool_call>`` in its thoughts) is not forced into a call there, and
+    the call it makes after reasoning is constrained as usual."""
+    lead = r"^[\s\S]*?"
+    if not pattern.startswith(lead):
+        return pattern
+    return lead + re.escape(close_tag) + pattern[len("^") :]
 
 
 def output_constrained(options: SamplingOptions) -> bool:
