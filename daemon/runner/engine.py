@@ -46,18 +46,24 @@ from .protocol import (
     TokenLogprob,
 )
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
+from .slots import (
+    Slot,
+    SlotState,
+    choose_slot,
+    common_prefix_length,
+    prefix_source,
+    should_wait_for,
+)
 from .speculative import BatchCost, DraftPolicy, NgramDrafter
 from .text import TextStream
 
-__all__ = ["EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
+__all__ = ["BatchPlan", "EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
 
 log = logging.getLogger("localllm.runner.engine")
 
 Emit = Callable[[Event], None]
 # Window over which the tokens/s gauges are computed.
 _RATE_WINDOW_S = 3.0
-# Waiting for another request's prefill only pays off for a prefix of some length.
-_MIN_SHARED_WAIT = 16
 # Saving a sequence's state, or restoring one, costs a copy of its cells: worth it only for
 # prefixes of some length (a system prompt, a conversation), not for a few tokens.
 _MIN_SAVED_TOKENS = 32
@@ -67,20 +73,6 @@ _MIN_SAVED_TOKENS = 32
 _IDLE_EVICT_S = 2.0
 # Draft lengths whose decode cost is measured (the rest is interpolated).
 _COST_POINTS = (1, 2, 4, 8, 16)
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (bisection over C-speed slice comparisons)."""
-    low, high = 0, min(len(a), len(b))
-    if a[:high] == b[:high]:
-        return high
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 @dataclass
@@ -115,61 +107,20 @@ class EmbeddingJob:
     """Embeddings of ``inputs[:len(vectors)]``, computed so far."""
 
 
-class Slot:
-    """One llama.cpp sequence and the request it serves."""
+@dataclass
+class BatchPlan:
+    """What one step's batch holds: every generating slot's pending token (followed by its
+    draft, when it speculates), then prompt chunks of slots still prefilling."""
 
-    def __init__(self, seq_id: int) -> None:
-        self.seq_id = seq_id
-        self.cache: list[int] = []
-        """Tokens whose KV cells this sequence holds, at positions 0..len-1."""
-        self.shared = 0
-        """Leading cells obtained from another sequence (for the KV-use estimate)."""
-        self.job: GenerationJob | None = None
-        self.sampler: Sampler | None = None
-        self.text: TextStream | None = None
-        self.pending: int | None = None
-        """Sampled token not yet evaluated (the next decode input)."""
-        self.output: list[int] = []
-        """Tokens generated for the current request."""
-        self.saved = 0
-        """Length of ``cache`` when it was last saved to the prefix cache (0: never)."""
-        self.drafter: NgramDrafter | None = None
-        """Proposes draft tokens from the request's own tokens (when speculation is on)."""
-        self.policy: DraftPolicy | None = None
-        """Whether and how much to draft, from the acceptance seen so far."""
-        self.proposal: list[int] = []
-        """This step's proposal (verified or not, it teaches the policy)."""
-        self.draft: list[int] = []
-        """Draft tokens in this step's batch, after ``pending``."""
-        self.draft_indices: list[int] = []
-        """Their places in the batch."""
-        self.drafted = 0
-        """Draft tokens verified for the current request."""
-        self.accepted = 0
-        """Draft tokens accepted for the current request."""
-        self.logprobs: list[TokenLogprob] = []
-        """Log probabilities of tokens whose text has not been emitted yet (when asked for)."""
-        self.batch_index = -1
-        """Where this slot's logits are in the current batch, or -1."""
-        self.chunk = 0
-        """Prompt tokens this slot put in the current batch."""
-        self.last_used = 0.0
-        self.reused = 0
-        self.generated = 0
-        self.admitted = 0.0
-        self.first_token_at = 0.0
+    decoding: list[Slot]
+    """Slots generating, in batch order."""
+    prefill: list[tuple[Slot, int]]
+    """Slots prefilling and how many prompt tokens each puts in."""
 
     @property
-    def busy(self) -> bool:
-        return self.job is not None
-
-    @property
-    def prefilling(self) -> bool:
-        return self.job is not None and self.pending is None and self.first_token_at == 0.0
-
-    @property
-    def decoding(self) -> bool:
-        return self.job is not None and self.pending is not None
+    def empty(self) -> bool:
+        """True when there is nothing to decode."""
+        return not self.decoding and not any(count for _, count in self.prefill)
 
 
 class Engine:
@@ -253,7 +204,7 @@ class Engine:
         slots = []
         for slot in self.slots:
             job = slot.job
-            state = "idle" if job is None else ("prefill" if slot.prefilling else "decode")
+            state = "idle" if job is None else ("prefill" if slot.prefilling else "decode")  # type: ignore[assignment]
             slots.append(
                 SlotStats(
                     id=slot.seq_id,
@@ -357,14 +308,7 @@ class Engine:
             if not free:
                 return
             job = self.waiting.popleft()
-            # Longest common prefix first; among equals the least recently used slot, so
-            # other slots' caches survive for the prompts that want them.
-            scored = [
-                (common_prefix_length(slot.cache, job.prompt), -slot.last_used, slot)
-                for slot in free
-            ]
-            reuse, _, slot = max(scored, key=lambda item: (item[0], item[1]))
-            reuse = min(reuse, len(job.prompt) - 1)
+            slot, reuse = choose_slot(free, job.prompt)
             if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
                 self._save(slot)  # the cells about to be overwritten stay reachable
             reuse = self._restore(slot, job.prompt, reuse)
@@ -387,6 +331,7 @@ class Engine:
             slot.cache = slot.cache[:reuse]
             slot.shared = min(slot.shared, reuse)
             slot.job = job
+            slot.state = SlotState.PREFILLING
             slot.sampler = sampler
             slot.text = TextStream(job.options.stop)
             slot.pending = None
@@ -404,113 +349,119 @@ class Engine:
             slot.admitted = time.perf_counter()
             slot.first_token_at = 0.0
 
-    def _share_prefixes(self) -> set[int]:
-        """Copy prompt prefixes other sequences hold; return slots that should wait this step."""
-        waiting: set[int] = set()
-        prefilling = [slot for slot in self.slots if slot.prefilling]
-        if not prefilling:
-            return waiting
-        for slot in sorted(prefilling, key=lambda s: s.job.arrived):  # type: ignore[union-attr]
+    def _share_prefixes(self) -> None:
+        """Copy prompt prefixes other sequences hold into prefilling slots; a slot whose
+        prefix an older request is still prefilling waits this step (state WAITING)."""
+        prefilling = sorted(
+            (slot for slot in self.slots if slot.prefilling),
+            key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
+        )
+        for slot in prefilling:
             job = slot.job
             assert job is not None
-            limit = len(job.prompt) - 1
-            best, source = len(slot.cache), None
-            for other in self.slots:
-                if other is slot or not other.cache:
-                    continue
-                shared = min(common_prefix_length(other.cache, job.prompt), limit)
-                if shared > best:
-                    best, source = shared, other
+            source = prefix_source(slot, self.slots, job.prompt)
             if source is not None:
                 start = len(slot.cache)
-                self.model.seq_copy(source.seq_id, slot.seq_id, start, best)
-                slot.cache.extend(job.prompt[start:best])
-                slot.shared = best if slot.shared == start else slot.shared + best - start
-                slot.reused += best - start
-            # An older request still prefilling a prefix we share: let it finish that part
-            # and copy it next step rather than compute it twice.
-            for other in prefilling:
-                if other is slot or other.job is None or other.job.arrived >= job.arrived:
-                    continue
-                shared = min(common_prefix_length(other.job.prompt, job.prompt), limit)
-                if shared >= len(slot.cache) + _MIN_SHARED_WAIT and len(other.cache) < shared:
-                    waiting.add(slot.seq_id)
-                    break
-        return waiting
+                self.model.seq_copy(source.slot.seq_id, slot.seq_id, start, source.end)
+                slot.cache.extend(job.prompt[start : source.end])
+                added = source.end - start
+                slot.shared = source.end if slot.shared == start else slot.shared + added
+                slot.reused += added
+            waits = should_wait_for(slot, prefilling)
+            slot.state = SlotState.WAITING if waits else SlotState.PREFILLING
 
     def _step(self) -> None:
-        model = self.model
-        batch = model.batch
-        waiting = self._share_prefixes()
-        prefill_budget = batch.capacity
+        """One llama_decode: plan the batch, decode it, apply the results."""
+        self._share_prefixes()
+        prefill_budget = self.model.batch.capacity
         drafting = True
         while True:
-            batch.clear()
-            decoding = [slot for slot in self.slots if slot.decoding]
-            for slot in decoding:
-                slot.batch_index = batch.add(slot.pending, len(slot.cache), slot.seq_id, True)  # type: ignore[arg-type]
-                slot.chunk = 0
-                slot.draft, slot.draft_indices = [], []
-            prefilling = sorted(
-                (s for s in self.slots if s.prefilling and s.seq_id not in waiting),
-                key=lambda s: s.job.arrived,  # type: ignore[union-attr]
-            )
-            if drafting:
-                prefill = sum(len(s.job.prompt) - len(s.cache) for s in prefilling)  # type: ignore[union-attr]
-                self._plan_drafts(decoding, min(prefill, prefill_budget, batch.free))
-            budget = min(batch.free, prefill_budget)
-            for slot in prefilling:
-                slot.batch_index, slot.chunk = -1, 0
-                if budget <= 0:
-                    continue
-                prompt = slot.job.prompt  # type: ignore[union-attr]
-                start = len(slot.cache)
-                count = min(len(prompt) - start, budget)
-                last = len(prompt) - 1
-                for position in range(start, start + count):
-                    index = batch.add(prompt[position], position, slot.seq_id, position == last)
-                slot.chunk = count
-                budget -= count
-                if start + count == len(prompt):
-                    slot.batch_index = index
-            if batch.size == 0:
+            plan = self._plan(prefill_budget, drafting)
+            if plan.empty:
                 return
-            status = model.decode()
+            self._fill(plan)
+            status = self.model.decode()
             if status == 0:
                 break
-            prefill_in_batch = any(slot.chunk for slot in prefilling)
-            if status == 1 and any(slot.draft for slot in decoding):
+            prefill_in_batch = any(count for _, count in plan.prefill)
+            if status == 1 and any(slot.draft for slot in plan.decoding):
                 drafting = False  # drafts are the first thing to give up for room
                 continue
             if status == 1 and self._make_room(prefill_in_batch, prefill_budget):
                 if prefill_in_batch:
                     prefill_budget = max(1, prefill_budget // 2)
                 continue
-            self._fail_batch(f"llama_decode failed with status {status}")
+            self._fail_batch(plan, f"llama_decode failed with status {status}")
             return
+        self._apply(plan)
 
-        now = time.perf_counter()
-        decoded = prefilled = 0
+    def _plan(self, prefill_budget: int, drafting: bool) -> BatchPlan:
+        """Choose this step's tokens: pending tokens (and drafts), then prompt chunks, oldest
+        request first, within the batch size."""
+        decoding = [slot for slot in self.slots if slot.decoding]
+        for slot in decoding:
+            slot.draft = []
+            slot.state = SlotState.DECODING
+        prefilling = sorted(
+            (slot for slot in self.slots if slot.state is SlotState.PREFILLING),
+            key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
+        )
+        capacity = self.model.batch.capacity - len(decoding)
+        if drafting:
+            wanted = sum(slot.remaining_prompt for slot in prefilling)
+            capacity -= self._plan_drafts(decoding, min(wanted, prefill_budget, capacity))
+        budget = min(capacity, prefill_budget)
+        prefill = []
+        for slot in prefilling:
+            count = max(min(slot.remaining_prompt, budget), 0)
+            prefill.append((slot, count))
+            budget -= count
+        return BatchPlan(decoding=decoding, prefill=prefill)
+
+    def _fill(self, plan: BatchPlan) -> None:
+        """Write the plan into llama.cpp's batch, noting where each slot's logits will be."""
+        batch = self.model.batch
+        batch.clear()
         for slot in self.slots:
-            if slot.job is None:
+            slot.batch_index, slot.chunk, slot.draft_indices = -1, 0, []
+        for slot in plan.decoding:
+            position = len(slot.cache)
+            slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
+            slot.draft_indices = [
+                batch.add(token, position + 1 + i, slot.seq_id, True)
+                for i, token in enumerate(slot.draft)
+            ]
+        for slot, count in plan.prefill:
+            if not count:
                 continue
-            if slot.decoding and slot.batch_index >= 0 and slot.chunk == 0:
-                slot.cache.append(slot.pending)  # type: ignore[arg-type]
-                decoded += 1
-            elif slot.chunk:
+            prompt = slot.job.prompt  # type: ignore[union-attr]
+            start, last = len(slot.cache), len(prompt) - 1
+            for position in range(start, start + count):
+                index = batch.add(prompt[position], position, slot.seq_id, position == last)
+            slot.chunk = count
+            if start + count == len(prompt):
+                slot.batch_index = index
+
+    def _apply(self, plan: BatchPlan) -> None:
+        """Record the evaluated tokens in each slot's cache, then sample."""
+        now = time.perf_counter()
+        for slot in plan.decoding:
+            slot.cache.append(slot.pending)  # type: ignore[arg-type]
+        prefilled = 0
+        for slot, count in plan.prefill:
+            if count:
                 start = len(slot.cache)
-                slot.cache.extend(slot.job.prompt[start : start + slot.chunk])
-                prefilled += slot.chunk
+                slot.cache.extend(slot.job.prompt[start : start + count])  # type: ignore[union-attr]
+                prefilled += count
         with self._rates_lock:
-            self._rates.append((now, decoded, prefilled))
+            self._rates.append((now, len(plan.decoding), prefilled))
             # Pruned here too: nobody may be reading stats, and the window is all we need.
             while self._rates[0][0] < now - _RATE_WINDOW_S:
                 self._rates.popleft()
         for slot in self.slots:
             if slot.job is not None and slot.batch_index >= 0:
                 self._sample(slot, now)
-            slot.batch_index = -1
-            slot.chunk = 0
+            slot.batch_index, slot.chunk = -1, 0
 
     def _make_room(self, prefill_in_batch: bool, prefill_budget: int) -> bool:
         """llama_decode found no KV room: free the least recently used idle cache (saved to
@@ -611,10 +562,12 @@ class Engine:
         except Exception:
             log.exception("could not save the prefix cache")
 
-    def _plan_drafts(self, decoding: list[Slot], prefill_tokens: int) -> None:
-        """Add each decoding slot's draft, as long as the policy says it pays, to the batch."""
-        batch = self.model.batch
+    def _plan_drafts(self, decoding: list[Slot], prefill_tokens: int) -> int:
+        """Give each decoding slot a draft as long as the policy says it pays; returns the
+        draft tokens planned."""
+        capacity = self.model.batch.capacity - len(decoding) - prefill_tokens // 2
         tokens, outputs = len(decoding) + prefill_tokens, float(len(decoding))
+        planned = 0
         for slot in decoding:
             job, drafter, policy = slot.job, slot.drafter, slot.policy
             slot.proposal = []
@@ -625,7 +578,7 @@ class Engine:
                 policy.max_draft,
                 self.model.n_ctx_per_slot - len(slot.cache) - 3,  # never shift mid-draft
                 limit - slot.generated - 1,
-                batch.free - prefill_tokens // 2,
+                capacity - planned,
             )
             slot.proposal = drafter.propose(policy.max_draft)
             if room <= 0 or not slot.proposal:
@@ -634,12 +587,11 @@ class Engine:
             if k == 0:
                 continue
             slot.draft = slot.proposal[:k]
-            start = len(slot.cache) + 1
-            slot.draft_indices = [
-                batch.add(token, start + i, slot.seq_id, True) for i, token in enumerate(slot.draft)
-            ]
+            slot.state = SlotState.SPECULATING
+            planned += k
             tokens += k
             outputs += sum(policy.acceptance**i for i in range(1, k + 1))
+        return planned
 
     def _batch_cost(self) -> BatchCost:
         """Decode cost of n tokens relative to one, measured once on a scratch sequence."""
@@ -686,6 +638,7 @@ class Engine:
                 break
             if not matched:
                 slot.pending = token
+                slot.state = SlotState.DECODING
                 break
         if draft:
             slot.drafted += len(draft)
@@ -817,6 +770,7 @@ class Engine:
         # Free the slot before telling anyone: a client that reacts to "done" by asking for
         # stats must see the slot idle.
         slot.job, slot.sampler, slot.text, slot.pending = None, None, None, None
+        slot.state = SlotState.IDLE
         slot.last_used = now
         self.requests_total += 1
         logprobs = self._take_logprobs(slot) if tail else None
@@ -831,13 +785,15 @@ class Engine:
     def _fail(self, slot: Slot, message: str) -> None:
         self._finish(slot, "error", message)
 
-    def _fail_batch(self, message: str) -> None:
+    def _fail_batch(self, plan: BatchPlan, message: str) -> None:
         """A decode error: fail the requests in the batch and drop their uncertain KV state."""
-        for slot in self.slots:
-            if slot.job is not None and (slot.batch_index >= 0 or slot.chunk or slot.decoding):
+        in_batch = plan.decoding + [slot for slot, count in plan.prefill if count]
+        for slot in in_batch:
+            if slot.job is not None:
                 self.model.seq_remove(slot.seq_id, 0)
                 slot.cache, slot.shared = [], 0
                 self._fail(slot, message)
+        for slot in self.slots:
             slot.batch_index, slot.chunk = -1, 0
 
     def _embed_step(self) -> None:
@@ -909,7 +865,7 @@ class Engine:
                 except Exception:  # a crash may have left the slot half-updated
                     log.exception("could not end request %s cleanly", slot.job.id)
                     job = slot.job
-                    slot.job = None
+                    slot.job, slot.state = None, SlotState.IDLE
                     job.emit(_done(job.id, "", "error", Timings(), error or "engine stopped"))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .chat import TemplateRenderError, render_chat
-from .engine import EmbeddingJob, Engine, GenerationJob, common_prefix_length
+from .engine import EmbeddingJob, Engine, GenerationJob
 from .model import LlamaModel
 from .protocol import (
     CancelOp,
@@ -45,6 +45,7 @@ from .protocol import (
     encode,
 )
 from .sampling import GrammarError, check_sampling, grammar_for
+from .slots import common_prefix_length
 
 __all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
 
