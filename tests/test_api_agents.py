@@ -27,7 +27,7 @@ import openai
 import pytest
 import tiny_gguf
 from test_api_tools import ASK, HERMES_TEMPLATE, TOOLS, _valid
-from test_daemon_support import Daemon, running_daemon
+from test_daemon_support import Daemon, running_daemon, wait_for_stats
 from tiny_gguf import write_tiny_gguf
 
 from localllm.client import Client
@@ -332,6 +332,30 @@ def test_n_choices(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(n=17, **kwargs)
     assert isinstance(info.value.body, dict) and info.value.body.get("param") == "n"
+
+
+def test_n_choices_end_when_the_client_leaves(daemon: Daemon, http: httpx.Client) -> None:
+    """A streamed answer of n choices whose reader goes away frees every choice's slot,
+    including one still waiting for a slot (n above the daemon's 2 slots)."""
+    body = {"model": PLAIN, "messages": HI, "n": 3, "max_tokens": 4000, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        seen = 0
+        for line in lines:
+            seen += line.startswith("data: ")
+            if seen == 4:
+                break
+
+    def idle(snapshot: dict[str, Any]) -> bool:
+        models = [m for m in snapshot["models"] if m["name"].startswith(PLAIN)]
+        return (
+            bool(models)
+            and all(m["active_requests"] == 0 and m["queued_requests"] == 0 for m in models)
+            and snapshot["queue_depth"] == 0
+        )
+
+    wait_for_stats(daemon, idle)
 
 
 def test_logit_bias(oai: openai.OpenAI, http: httpx.Client) -> None:
