@@ -281,6 +281,12 @@ class Settings:
         "Bytes of disk for saved prompt prefixes (kvcache/ under the data root), which outlive "
         "runner unloads and daemon restarts; least recently used go first. 0 turns it off.",
     )
+    ollama_models: Path | None = _setting(
+        "OLLAMA_MODELS",
+        None,
+        "Ollama's model store, which `localllm import ollama` reads (Ollama's own variable). "
+        "Default: ~/.ollama/models, else the Linux service's /usr/share/ollama/.ollama/models.",
+    )
 
     # -- construction -------------------------------------------------------------------
 
@@ -380,6 +386,8 @@ class Settings:
                     values[attr] = parse_size(raw)
                 except SettingsError as exc:
                     raise SettingsError(f"{name}: {exc}") from None
+        if (raw := get("OLLAMA_MODELS")) is not None:
+            values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -433,6 +441,14 @@ class Settings:
             return natural
         tag = hashlib.sha256(os.fsencode(self.runtime_dir)).hexdigest()[:16]
         return Path("/tmp") / f"localllm-{os.getuid()}-{tag}-{name}"
+
+    @property
+    def ollama_model_dirs(self) -> tuple[Path, ...]:
+        """Where to look for Ollama's model store, in order: ``OLLAMA_MODELS`` alone when set,
+        else the user's ``~/.ollama/models`` and the Linux service's store."""
+        if self.ollama_models is not None:
+            return (self.ollama_models,)
+        return (Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models"))
 
     @property
     def bind_host(self) -> str:

@@ -229,6 +229,26 @@ class Store:
         """A writer that publishes a blob on commit (see :class:`BlobWriter`)."""
         return BlobWriter(self, expected_digest)
 
+    def temp_path(self) -> Path:
+        """A fresh name in ``partial/`` for a blob being assembled by other means than a
+        :class:`BlobWriter` (a hard link, a reflink); swept like the writers' own files when
+        its process is gone."""
+        self.partial_dir.mkdir(parents=True, exist_ok=True)
+        return self.partial_dir / f"tmp-{os.getpid()}-{secrets.token_hex(8)}"
+
+    def publish(self, temp: Path, digest: str) -> bool:
+        """Move ``temp`` (from :meth:`temp_path`, its bytes already verified to hash to
+        ``digest``) into ``blobs/`` atomically. False when the blob was already there (``temp``
+        is then removed: the bytes are the same)."""
+        target = self.blob_path(digest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_file():
+            temp.unlink(missing_ok=True)
+            return False
+        os.replace(temp, target)
+        _fsync_dir(target.parent)
+        return True
+
     def write_blob(self, chunks: Iterable[bytes], expected_digest: str | None = None) -> Layer:
         """Store the bytes of ``chunks`` as a blob; returns a layer (media type left empty)."""
         with self.blob_writer(expected_digest) as writer:

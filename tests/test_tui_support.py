@@ -22,9 +22,10 @@ T = TypeVar("T")
 def make_app(daemon: Daemon, data: Path, **kwargs: Any) -> LocalLLMApp:
     """The app talking to ``daemon``, with its own data dir (chat database) at ``data``."""
     kwargs.setdefault("autostart", False)
-    return LocalLLMApp(
-        daemon.settings.replace(home=data), client=AsyncClient(daemon.settings), **kwargs
-    )
+    # No Ollama store, whatever this machine has in ~/.ollama: the models screen would offer
+    # its import (and the app's data dir is not the daemon's store here).
+    settings = daemon.settings.replace(home=data, ollama_models=data / "no-ollama")
+    return LocalLLMApp(settings, client=AsyncClient(daemon.settings), **kwargs)
 
 
 async def wait_for(

@@ -123,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_requantize(sub)
 
+    sub = add("import", "importer:cmd_import", "Import models from Ollama without downloading")
+    sub.add_argument("source", choices=["ollama"], help="where from: ollama")
+    sub.add_argument("models", nargs="*", metavar="MODEL", help="only these (default: all)")
+    sub.add_argument(
+        "--models",
+        dest="models_dir",
+        metavar="DIR",
+        help="Ollama's models folder (default: OLLAMA_MODELS, ~/.ollama/models, "
+        "/usr/share/ollama/.ollama/models)",
+    )
+
     add("version", "daemon:cmd_version", "Show the version")
     add("tui", "tui:cmd_tui", "Open the terminal UI")
     return parser

@@ -1,9 +1,12 @@
 """The models screen: the store's models, details of one, delete, copy, pull with live progress
-(several at once, each cancellable) and quantization to a chosen type."""
+(several at once, each cancellable), quantization to a chosen type, and the import of an Ollama
+store found on this machine with models localllm does not have."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -13,9 +16,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Markdown
 from textual.worker import Worker
 
-from localllm._exceptions import APIError, DaemonError
+from localllm._exceptions import APIError, DaemonError, LocalLLMError
 from localllm._format import human_size
 from localllm.client import ModelSummary, ShowResponse
+from localllm.ollama_import import ImportReport, OllamaModel
 from localllm.quantize import QUANT_TYPES
 
 from ..format import modified
@@ -28,6 +32,19 @@ __all__ = ["ModelsScreen", "details_markdown"]
 
 _COLUMNS = ("Name", "Size", "Quantization", "Parameters", "Modified")
 _TEMPLATE_LINES = 8
+
+
+class ImportPanel(TransferPanel):
+    """A transfer panel for an Ollama import: its bars verify blobs already on this machine, so
+    the status keeps naming the model being imported instead of saying "downloading"."""
+
+    async def show_progress(self, line: dict[str, Any]) -> None:
+        """Apply one progress line of the importer."""
+        status = self.status
+        await super().show_progress(line)
+        if line.get("digest") and status:
+            self.status = status
+            self._status.update(status)
 
 
 def details_markdown(name: str, show: ShowResponse) -> str:
@@ -71,6 +88,8 @@ class ModelsScreen(MainScreen):
         Binding("q", "quantize", "Quantize", id="models.quantize"),
         Binding("r", "refresh", "Refresh", id="models.refresh"),
         Binding("x", "cancel_transfer", "Cancel pull", id="models.cancel"),
+        # Shown only while an Ollama store with models localllm lacks was found (check_action).
+        Binding("i", "import_ollama", "Import from Ollama", id="models.import"),
     ]
 
     def __init__(self) -> None:
@@ -79,6 +98,9 @@ class ModelsScreen(MainScreen):
         """The store's models as last listed."""
         self.transfers: dict[TransferPanel, Worker[None]] = {}
         """Pulls and quantizations, running or over, with their workers."""
+        self.ollama_offer: tuple[Path, list[OllamaModel]] | None = None
+        """An Ollama store on this machine and its models localllm does not have."""
+        self._offered = False
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -95,8 +117,47 @@ class ModelsScreen(MainScreen):
         yield Footer(compact=True, show_command_palette=False)
 
     async def on_daemon_connected(self) -> None:
-        """List the models."""
+        """List the models, then look for an Ollama store with models to import."""
         await self.refresh_models()
+        self.look_for_ollama()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Hide the import from the footer unless there is something to import."""
+        if action == "import_ollama":
+            return self.ollama_offer is not None
+        return True
+
+    @work(exclusive=True, group="ollama")
+    async def look_for_ollama(self) -> None:
+        """Find an Ollama store with models the store lacks; offer them once per session."""
+        from localllm.autostart import is_local
+        from localllm.ollama_import import find_ollama_store, missing_models
+        from localllm.store import Store
+
+        settings = self.llm.settings
+        if not is_local(settings):
+            return  # the import writes this machine's store, which a remote daemon never reads
+
+        def scan() -> tuple[Path, list[OllamaModel]] | None:
+            root = find_ollama_store(settings)
+            if root is None:
+                return None
+            return root, missing_models(root, Store(settings.data_dir))
+
+        found = await asyncio.to_thread(scan)
+        listed = {m["name"] for m in self.models}
+        missing = [m for m in found[1] if m.label not in listed] if found else []
+        self.ollama_offer = (found[0], missing) if found and missing else None
+        self.refresh_bindings()
+        if self.ollama_offer is not None and not self._offered:
+            self._offered = True
+            size = human_size(sum(m.size for m in missing))
+            self.notify(
+                f"Ollama has {len(missing)} model(s) localllm does not ({size}): press i to "
+                "import them without downloading.",
+                title="Ollama models found",
+                timeout=10,
+            )
 
     @property
     def selected(self) -> str | None:
@@ -212,6 +273,21 @@ class ModelsScreen(MainScreen):
             quant, target = answer
             await self.start_quantize(name, quant, target)
 
+    @work(exclusive=True, group="dialog")
+    async def action_import_ollama(self) -> None:
+        """Import the Ollama models localllm lacks, after asking."""
+        if self.ollama_offer is None:
+            return
+        root, models = self.ollama_offer
+        names = ", ".join(m.label for m in models[:3]) + (", ..." if len(models) > 3 else "")
+        question = (
+            f"Import {len(models)} model(s) from Ollama ({names}, "
+            f"{human_size(sum(m.size for m in models))})? Nothing is downloaded: each file is "
+            f"verified, then hard-linked, cloned or copied from {root}."
+        )
+        if await self.app.push_screen_wait(ConfirmDialog(question, "Import")):
+            await self.start_import(root, [m.label for m in models])
+
     def action_cancel_transfer(self) -> None:
         """Cancel the newest running transfer (each also has its own button)."""
         running = [p for p in self.transfers if p.state == "running"]
@@ -228,6 +304,56 @@ class ModelsScreen(MainScreen):
         """Quantize ``source`` to ``quant`` as ``target`` with a progress panel."""
         lines = self.llm.client.create(target, from_=source, quantize=quant)
         return await self._start_transfer(f"{source} → {target}", "quantize", lines, target)
+
+    async def start_import(self, root: Path, names: list[str]) -> TransferPanel:
+        """Import ``names`` from the Ollama store at ``root`` with a progress panel."""
+        panel = ImportPanel(f"import from {root}", kind="import")
+        await self.query_one("#transfers").mount(panel)
+        self.transfers[panel] = self.run_worker(
+            self._follow_import(panel, root, names), group="transfers", name=panel.heading
+        )
+        return panel
+
+    async def _follow_import(self, panel: TransferPanel, root: Path, names: list[str]) -> None:
+        """Run the import in a thread (hashing gigabytes), its progress shown by ``panel``."""
+        from localllm.ollama_import import OllamaImporter
+        from localllm.store import Store
+
+        loop = asyncio.get_running_loop()
+        lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        cancel = threading.Event()
+        importer = OllamaImporter(
+            root,
+            Store(self.llm.settings.data_dir),
+            progress=lambda event: loop.call_soon_threadsafe(lines.put_nowait, event.to_json()),
+            cancel=cancel,
+        )
+
+        def job() -> ImportReport:
+            try:
+                return importer.run(names)
+            finally:
+                loop.call_soon_threadsafe(lines.put_nowait, None)
+
+        task = asyncio.ensure_future(asyncio.to_thread(job))
+        try:
+            while (line := await lines.get()) is not None:
+                await panel.show_progress(line)
+            report = await task
+        except asyncio.CancelledError:
+            cancel.set()  # the thread stops at its next chunk and removes its partial file
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+            panel.finish("cancelled", "cancelled")
+            raise
+        except LocalLLMError as exc:
+            panel.finish("failed", str(exc))
+            return
+        for outcome in report.skipped:
+            self.notify(f"{outcome.label}: {outcome.reason}", title="Not imported", timeout=10)
+        imported = [o.label for o in report.outcomes if o.status == "imported"]
+        await self.refresh_models(select=imported[0] if imported else None)
+        panel.finish("failed" if report.skipped else "done", report.summary())
+        self.look_for_ollama()
 
     async def _start_transfer(self, title: str, kind: str, lines: Any, model: str) -> TransferPanel:
         panel = TransferPanel(title, kind=kind)
