@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         "/usr/share/ollama/.ollama/models)",
     )
 
+    from .bench import add_arguments as add_bench_arguments
+
+    add_bench_arguments(add("bench", "bench:cmd_bench", "Measure throughput and latency"))
     add("version", "daemon:cmd_version", "Show the version")
     add("tui", "tui:cmd_tui", "Open the terminal UI")
     return parser
