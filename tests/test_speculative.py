@@ -89,9 +89,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
 class Run:
     """An engine on the shared model; collects each request's text and result."""
 
-    def __init__(self, model: LlamaModel, num_draft: int) -> None:
+    def __init__(self, model: LlamaModel, num_draft: int, measure: bool = False) -> None:
         self.engine = Engine(model, num_draft=num_draft)
-        if num_draft:
+        if num_draft and not measure:
             self.engine._cost = BatchCost({1: 1.0, 64: 1.0})  # drafting always pays
         self.texts: dict[str, str] = {}
         self.results: dict[str, GenerationResult] = {}
@@ -163,6 +163,18 @@ def test_greedy_output_is_identical_with_speculation(model: LlamaModel) -> None:
     assert sum(t.draft_tokens for t in timings) > 0, "the engine must have verified drafts"
     assert sum(t.draft_accepted for t in timings) > 0
     assert all(t.draft_accepted <= t.draft_tokens for t in timings)
+
+
+def test_measuring_the_cost_curve_mid_step_leaves_the_batch_intact(model: LlamaModel) -> None:
+    # The first step with a draft proposal measures decode costs on a scratch sequence; the
+    # step's own batch must come out of it unharmed (it once lost its pending tokens).
+    jobs = JOBS[:2]
+    plain = Run(model, num_draft=0).run(jobs)
+    measuring = Run(model, num_draft=6, measure=True)
+    assert measuring.run(jobs) == plain
+    assert measuring.engine._cost is not None
+    assert measuring.engine._cost.relative[1] == 1.0
+    assert not measuring.errors
 
 
 def test_seeded_sampling_is_reproducible_and_unchanged_by_speculation(model: LlamaModel) -> None:
