@@ -211,6 +211,19 @@ def test_context_overflow_streamed_ollama_is_a_400(http: httpx.Client) -> None:
         assert "context" in _error(response)
 
 
+def test_ollama_truncate_drops_the_oldest_turns(http: httpx.Client) -> None:
+    history = [
+        {"role": "user", "content": LONG},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "hi"},
+    ]
+    body = {"model": SMOL, "messages": history, "stream": False, "options": FEW}
+    assert http.post("/api/chat", json=body).status_code == 400
+    kept = http.post("/api/chat", json={**body, "truncate": True})
+    assert kept.status_code == 200, kept.text
+    assert kept.json()["prompt_eval_count"] < 256
+
+
 # --- embeddings -------------------------------------------------------------------------------
 
 
