@@ -10,7 +10,8 @@
 * Size: a request body over :data:`MAX_JSON_BODY` is refused with 413 before it is read
   (except blob uploads, which stream to disk).
 * API key: with ``LOCALLLM_API_KEY`` set, every route except ``/`` and ``/health`` needs
-  ``Authorization: Bearer <key>``, compared in constant time.
+  ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key: <key>``), compared in constant
+  time.
 
 Plain ASGI middleware (not Starlette's BaseHTTPMiddleware) so streaming responses and client
 disconnects pass through untouched.
@@ -130,16 +131,16 @@ class GuardMiddleware:
             await _deny(send, path, 403, f"origin {origin!r} is not allowed; see LOCALLLM_ORIGINS")
             return
         if self.api_key and not _public(scope) and scope["method"] != "OPTIONS":
-            supplied = headers.get("authorization", "")
-            scheme, _, token = supplied.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), self.api_key.encode()
-            ):
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            # Anthropic's clients (and Claude Code's ANTHROPIC_API_KEY) send x-api-key.
+            supplied = token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key", "")
+            if not hmac.compare_digest(supplied.encode(), self.api_key.encode()):
                 await _deny(
                     send,
                     path,
                     401,
-                    "missing or invalid API key: send 'Authorization: Bearer <LOCALLLM_API_KEY>'",
+                    "missing or invalid API key: send 'Authorization: Bearer <LOCALLLM_API_KEY>' "
+                    "(or 'x-api-key: <LOCALLLM_API_KEY>')",
                     {"www-authenticate": "Bearer"},
                 )
                 return

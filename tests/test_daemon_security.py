@@ -111,6 +111,9 @@ def test_api_key_required_everywhere_but_root(tmp_path: Path) -> None:
             assert http.get("/v1/models").json()["error"]["type"] == "authentication_error"
             ok = http.get("/api/tags", headers={"Authorization": "Bearer s3cret-key"})
             assert ok.status_code == 200
+            # Anthropic's header, as its SDK and Claude Code send it
+            assert http.get("/api/tags", headers={"x-api-key": "s3cret-key"}).status_code == 200
+            assert http.get("/api/tags", headers={"x-api-key": "nope"}).status_code == 401
         # the localllm client sends the key from the settings, over either transport
         assert daemon.client().list_models()
         assert daemon.client(use_tcp=True).list_models()
