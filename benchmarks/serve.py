@@ -10,6 +10,7 @@ greedy completion of a counting prompt (so nobody stops early) on SmolLM2-135M, 
   another request arrives;
 * ``raw``: a plain low-level llama.cpp greedy decode loop in this process, no server at all.
 
+The load generator is ``localllm bench``'s (:func:`localllm.bench.run_level`).
 Reported per server and concurrency: TTFT p50/p95 (client side, request sent → first token),
 per-stream decode tokens/s (tokens after the first / time from first to last), and aggregate
 tokens/s (all tokens received / wall time of the run). The last line is one JSON object with
@@ -25,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import json
 import os
@@ -34,14 +36,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from localllm.bench import OpenAIDriver, Sample, percentile, run_level
 from localllm.starter import starter_gguf_path
 
 
@@ -56,80 +57,33 @@ def _prompt(index: int) -> str:
     return ", ".join(str(n) for n in range(start, start + 8)) + ","
 
 
-@dataclass
-class Stream:
-    """What one client saw."""
-
-    sent: float
-    first: float | None = None
-    last: float | None = None
-    tokens: int = 0
-    error: str | None = None
-
-    @property
-    def ttft_ms(self) -> float:
-        return ((self.first or self.sent) - self.sent) * 1000
-
-    @property
-    def decode_tps(self) -> float:
-        if self.first is None or self.last is None or self.tokens < 2 or self.last <= self.first:
-            return 0.0
-        return (self.tokens - 1) / (self.last - self.first)
-
-
-def _stream_one(url: str, model: str, prompt: str, tokens: int, out: Stream) -> None:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "temperature": 0,
-        "stream": True,
-    }
-    try:
-        with (
-            httpx.Client(timeout=600) as http,
-            http.stream("POST", f"{url}/v1/completions", json=body) as response,
-        ):
-            response.raise_for_status()
-            for line in response.iter_lines():
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                data = json.loads(line[5:])
-                choices = data.get("choices") or []
-                if choices and choices[0].get("text"):
-                    now = time.perf_counter()
-                    out.first = out.first or now
-                    out.last = now
-                    out.tokens += 1
-    except Exception as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-
-
 def run_load(url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
-    """``clients`` simultaneous streams; summary of what they saw."""
-    streams = [Stream(sent=0.0) for _ in range(clients)]
-    threads = []
-    start = time.perf_counter()
-    for i, stream in enumerate(streams):
-        stream.sent = time.perf_counter()
-        thread = threading.Thread(
-            target=_stream_one, args=(url, model, _prompt(i), tokens, stream), daemon=True
-        )
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    errors = [s.error for s in streams if s.error]
+    """``clients`` simultaneous streams; summary of what they saw.
+
+    The load generator is ``localllm bench``'s own (:func:`localllm.bench.run_level`, the
+    OpenAI driver on ``/v1/completions``), so this benchmark and the user-facing one measure
+    the same way.
+    """
+
+    async def measure() -> tuple[list[Sample], float]:
+        driver = OpenAIDriver(url)
+        try:
+            prompts = [_prompt(i) for i in range(clients)]
+            return await run_level(driver, model, prompts, tokens)
+        finally:
+            await driver.close()
+
+    streams, wall = asyncio.run(measure())
+    errors = [s.error for s in streams if not s.ok]
     if errors:
         raise RuntimeError(f"{len(errors)} stream(s) failed: {errors[0]}")
-    ttfts = sorted(s.ttft_ms for s in streams)
+    ttfts = [s.ttft_ms or 0.0 for s in streams]
     total_tokens = sum(s.tokens for s in streams)
     return {
         "clients": clients,
         "ttft_p50_ms": statistics.median(ttfts),
-        "ttft_p95_ms": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
-        "stream_tps": statistics.median(s.decode_tps for s in streams),
+        "ttft_p95_ms": percentile(ttfts, 0.95),
+        "stream_tps": statistics.median(s.stream_tps or 0.0 for s in streams),
         "aggregate_tps": total_tokens / wall,
         "tokens": total_tokens,
         "wall_s": wall,

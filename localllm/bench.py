@@ -1419,7 +1419,7 @@ def point_rows(
     else:
         headers = ["target", "prompt", "cache", "ok", "TTFT p50", "prefill tok/s", "cached"]
     if show_ratio:
-        headers.append("vs ref: agg / TTFT" if sweep == "concurrency" else "vs ref: prefill / TTFT")
+        headers.append("vs ref")
     rows = []
     points = [p for p in result_points if p.sweep == sweep]
     order = {"cold": 0, "warm": 1}

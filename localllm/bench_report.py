@@ -87,7 +87,9 @@ def chart_series(points: Sequence[Point]) -> list[list[Series]]:
 def _table(title: str, headers: list[str], rows: list[list[str]]) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold", box=None, pad_edge=False)
     for index, header in enumerate(headers):
-        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=index == 0)
+        # The first column (names) and the last (ratios, "1.09× / 1.22×") read badly wrapped.
+        edge = index in (0, len(headers) - 1)
+        table.add_column(header, justify="left" if index == 0 else "right", no_wrap=edge)
     for row in rows:
         table.add_row(*row)
     return table
@@ -146,7 +148,8 @@ def print_tables(result: BenchResult, console: Console) -> None:
         console.print()
     if len(result.targets) > 1:
         console.print(
-            f"[dim]vs ref: this target ÷ {result.targets[0].label} at the same level[/dim]"
+            f"[dim]vs ref: this target ÷ {result.targets[0].label} at the same level: aggregate "
+            "tok/s / TTFT p50 (concurrency), prefill tok/s / TTFT p50 (prompt length)[/dim]"
         )
     for target in result.targets:
         if target.error:
