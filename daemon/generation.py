@@ -377,8 +377,10 @@ async def embed(
     *,
     truncate: bool,
     keep_alive: float | None,
+    token_inputs: list[list[int]] | None = None,
 ) -> tuple[EmbeddingResult, float, float]:
-    """Embed ``inputs``: (result, load seconds, total seconds)."""
+    """Embed ``inputs`` (or ``token_inputs``, the model's own token ids):
+    (result, load seconds, total seconds)."""
     started = time.monotonic()
 
     async def run() -> tuple[EmbeddingResult, float]:
@@ -386,7 +388,7 @@ async def embed(
         lease.keep_alive = keep_alive
         async with lease:
             result = await lease.runner.embed(
-                EmbeddingRequest(id="", inputs=inputs, truncate=truncate)
+                EmbeddingRequest(id="", inputs=inputs, truncate=truncate, token_inputs=token_inputs)
             )
         return result, lease.load_seconds
 

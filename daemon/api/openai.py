@@ -27,14 +27,11 @@ from starlette.concurrency import run_in_threadpool
 
 from localllm.models import LocalModel
 
-from ..errors import ClientGone, HTTPProblem, problem_from
-from ..generation import Generation, Job, Outcome, embed, resolve_model, start, until_disconnect
+from ..errors import HTTPProblem, problem_from
+from ..generation import Generation, Job, Outcome, embed, resolve_model, start
 from ..options import merge_options, runner_config, sampling_options
-from ..runner.protocol import EmbeddingRequest as RunnerEmbeddingRequest
 from ..runner.protocol import (
-    EmbeddingResult,
     GenerationRequest,
-    RunnerConfig,
     SamplingOptions,
     TokenLogprob,
 )
@@ -698,7 +695,16 @@ async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep) 
             state, request, model, config, inputs, truncate=False, keep_alive=None
         )
     else:
-        result = await _embed_tokens(state, request, model, config, body.input)
+        arrays: list[list[int]] = (
+            [body.input] if isinstance(body.input[0], int) else body.input  # type: ignore[list-item]
+        )
+        if any(not array for array in arrays):
+            raise HTTPProblem(400, "input must not hold an empty token array", param="input")
+        # The ids are the model's own vocabulary's, as llama-server and vLLM read them
+        # (LangChain's OpenAIEmbeddings sends them by default); the runner checks them.
+        result, _, _ = await embed(
+            state, request, model, config, [], truncate=False, keep_alive=None, token_inputs=arrays
+        )
     return JSONResponse(
         {
             "object": "list",
@@ -714,39 +720,6 @@ async def embeddings(body: EmbeddingRequest, request: Request, state: StateDep) 
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
     )
-
-
-async def _embed_tokens(
-    state: DaemonState,
-    request: Request,
-    model: LocalModel,
-    config: RunnerConfig,
-    value: list[Any],
-) -> EmbeddingResult:
-    """Embed token-array ``input`` (one array, or a list of them) as the very tokens given.
-
-    The ids are the model's own vocabulary's, as llama-server and vLLM read them (LangChain's
-    ``OpenAIEmbeddings`` sends them by default); the runner checks them. A local version of
-    :func:`..generation.embed` for token inputs."""
-    arrays: list[list[int]] = [value] if value and isinstance(value[0], int) else value
-    if not arrays or any(not array for array in arrays):
-        raise HTTPProblem(400, "input must not hold an empty token array", param="input")
-
-    async def run() -> EmbeddingResult:
-        lease = await state.scheduler.acquire(model, config, None)
-        async with lease:
-            return await lease.runner.embed(
-                RunnerEmbeddingRequest(id="", inputs=[], token_inputs=arrays, truncate=False)
-            )
-
-    try:
-        result = await until_disconnect(request, run())
-    except (HTTPProblem, ClientGone):
-        raise
-    except Exception as exc:
-        raise problem_from(exc, model.name.short) from exc
-    state.metrics.embedded_tokens.labels(model.name.short).inc(result.prompt_tokens)
-    return result
 
 
 def _model_object(name: str, created: float) -> dict[str, Any]:
