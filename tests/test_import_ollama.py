@@ -195,6 +195,36 @@ def test_imports_good_models_links_them_and_skips_broken_ones(
     assert set(local.iter_blobs()) == local.referenced_digests()
 
 
+# Openings of templates Ollama ships (Go templates), each as a whole template layer.
+OLLAMA_TEMPLATES = [
+    GO_TEMPLATE,
+    "{{- if .Messages }}{{- if or .System .Tools }}<|im_start|>system\n{{- if .System }}"
+    "\n{{ .System }}{{- end }}{{- end }}{{- range $i, $_ := .Messages }}"
+    "<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}{{ end }}",
+    "{{- range $i, $_ := .Messages }}{{- $last := eq (len (slice $.Messages $i)) 1 }}"
+    "<start_of_turn>user\n{{ .Content }}<end_of_turn>\n{{ end }}",
+    "{{ if .System }}<|system|>\n{{ .System }}<|end|>\n{{ end }}<|user|>\n{{ .Prompt }}",
+]
+
+
+@pytest.mark.parametrize("template", OLLAMA_TEMPLATES)
+def test_go_template_layers_are_shown_but_the_gguf_template_renders(
+    ollama: OllamaStore, local: Store, tiny_gguf: Path, template: str
+) -> None:
+    from localllm.daemon.api.tooling import effective_template, model_template
+
+    layers = [
+        ollama.blob(tiny_gguf.read_bytes(), MEDIA_MODEL),
+        ollama.blob(template.encode(), MEDIA_TEMPLATE),
+    ]
+    ollama.model("gotmpl:latest", layers)
+    OllamaImporter(ollama.root, local).run(["gotmpl"])
+    model = load_model(local, "gotmpl")
+    assert model.template == template  # what show prints
+    assert model_template(model) is None  # never sent to the runner, which renders Jinja only
+    assert effective_template(model) == model.info.chat_template
+
+
 def test_rerun_is_idempotent_and_reads_nothing_again(ollama: OllamaStore, local: Store) -> None:
     OllamaImporter(ollama.root, local).run()
     blobs = sorted(local.iter_blobs())
@@ -388,6 +418,7 @@ async def test_tui_models_screen_offers_the_import(
         )
         await wait_for(pilot, lambda: screen.ollama_offer is not None, "the Ollama offer")
         assert [m.label for m in screen.ollama_offer[1]] == ["tuitiny:latest"]
+        assert any("press i to import" in n.message for n in app._notifications)
         assert screen.check_action("import_ollama", ()) is True
 
         await pilot.press("i")

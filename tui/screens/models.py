@@ -153,8 +153,8 @@ class ModelsScreen(MainScreen):
             self._offered = True
             size = human_size(sum(m.size for m in missing))
             self.notify(
-                f"Ollama has {len(missing)} model(s) localllm does not ({size}): press i to "
-                "import them without downloading.",
+                f"{self.ollama_offer[0]} has {len(missing)} model(s) localllm does not "
+                f"({size}): press i to import them without downloading.",
                 title="Ollama models found",
                 timeout=10,
             )
@@ -279,12 +279,9 @@ class ModelsScreen(MainScreen):
         if self.ollama_offer is None:
             return
         root, models = self.ollama_offer
-        names = ", ".join(m.label for m in models[:3]) + (", ..." if len(models) > 3 else "")
-        question = (
-            f"Import {len(models)} model(s) from Ollama ({names}, "
-            f"{human_size(sum(m.size for m in models))})? Nothing is downloaded: each file is "
-            f"verified, then hard-linked, cloned or copied from {root}."
-        )
+        # One short line: the dialog does not wrap. What is imported shows in the panel.
+        size = human_size(sum(m.size for m in models))
+        question = f"Import {len(models)} model(s) from Ollama ({size}), without downloading?"
         if await self.app.push_screen_wait(ConfirmDialog(question, "Import")):
             await self.start_import(root, [m.label for m in models])
 
@@ -307,7 +304,7 @@ class ModelsScreen(MainScreen):
 
     async def start_import(self, root: Path, names: list[str]) -> TransferPanel:
         """Import ``names`` from the Ollama store at ``root`` with a progress panel."""
-        panel = ImportPanel(f"import from {root}", kind="import")
+        panel = ImportPanel("import from Ollama", kind="import")
         await self.query_one("#transfers").mount(panel)
         self.transfers[panel] = self.run_worker(
             self._follow_import(panel, root, names), group="transfers", name=panel.heading
