@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
@@ -76,14 +76,11 @@ class ProtocolError(ValueError):
         self.id = request_id
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    cached = _HINTS.get(cls)
-    if cached is None:
-        cached = _HINTS[cls] = typing.get_type_hints(cls)
-    return cached
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
+def _nests_dataclass(hint: Any) -> bool:
+    """Whether values of type ``hint`` need converting (a dataclass is somewhere inside)."""
+    if isinstance(hint, type) and is_dataclass(hint):
+        return True
+    return any(_nests_dataclass(arg) for arg in typing.get_args(hint))
 
 
 def _convert(hint: Any, value: Any) -> Any:
@@ -104,12 +101,31 @@ def _convert(hint: Any, value: Any) -> Any:
     return value
 
 
+def _fields_of(cls: type) -> dict[str, Any]:
+    """Field name → its type hint when values need converting, else None (cached per class:
+    this runs for every token event)."""
+    cached = _FIELDS.get(cls)
+    if cached is None:
+        hints = typing.get_type_hints(cls)
+        cached = _FIELDS[cls] = {
+            f.name: hints[f.name] if _nests_dataclass(hints[f.name]) else None for f in fields(cls)
+        }
+    return cached
+
+
+_FIELDS: dict[type, dict[str, Any]] = {}
+
+
 def from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Build dataclass ``cls`` from ``data``, nested dataclasses included; unknown keys are
     ignored (forward compatible). Missing required fields raise ``TypeError``."""
-    hints = _hints(cls)
-    known = {f.name for f in fields(cls)}
-    return cls(**{k: _convert(hints[k], v) for k, v in data.items() if k in known})
+    known = _fields_of(cls)
+    values = {}
+    for key, value in data.items():
+        if key in known:
+            hint = known[key]
+            values[key] = value if hint is None else _convert(hint, value)
+    return cls(**values)
 
 
 @dataclass
@@ -575,12 +591,29 @@ _EVENTS: dict[str, type] = {
 }
 
 
+def _shallow(value: Any) -> dict[str, Any]:
+    """A dataclass as a dict of its fields, for json.dumps to walk (no deep copy)."""
+    cls = type(value)
+    names = _NAMES.get(cls)
+    if names is None:
+        if not is_dataclass(cls):
+            raise TypeError(f"{cls.__name__} is not JSON serialisable")
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return {name: getattr(value, name) for name in names}
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_shallow)
+
+
 def encode(message: Request | Event) -> bytes:
     """One NDJSON line for ``message``: its tag (``op`` or ``event``), its ``id``, its fields."""
     tag = "op" if hasattr(message, "op") else "event"
-    body = {tag: getattr(message, tag), **asdict(message)}  # type: ignore[call-overload]
+    body = {tag: getattr(message, tag), **_shallow(message)}
     # A lone surrogate in client text must not make the line unencodable: JSON escapes it.
-    return (json.dumps(body, separators=(",", ":")) + "\n").encode()
+    return (_ENCODER.encode(body) + "\n").encode()
 
 
 def decode(line: bytes | str) -> Request | Event:
