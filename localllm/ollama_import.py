@@ -56,7 +56,7 @@ from ._exceptions import (
     StoreError,
 )
 from ._format import human_size
-from .manifest import MAX_MANIFEST_BYTES, MEDIA_MODEL, Layer, Manifest
+from .manifest import MAX_MANIFEST_BYTES, MEDIA_ADAPTER, MEDIA_MODEL, Layer, Manifest
 from .names import ModelName, parse_name
 from .settings import Settings
 from .sources.progress import PullProgress, RateMeter
@@ -243,6 +243,11 @@ def _read_model(path: Path, parts: tuple[str, str, str, str]) -> OllamaModel:
     if manifest.layer(MEDIA_MODEL) is None:
         # Ollama's safetensors-based or adapter-only models: nothing llama.cpp can load here.
         return OllamaModel(label, path, name, manifest, problem="it has no GGUF model layer")
+    if manifest.layer(MEDIA_ADAPTER) is not None:
+        # Imported, it would answer as its base model with the adapter silently left out.
+        return OllamaModel(
+            label, path, name, manifest, problem="it has a LoRA adapter (not applied by localllm)"
+        )
     return OllamaModel(label, path, name, manifest)
 
 
@@ -324,7 +329,6 @@ class OllamaImporter:
         *,
         progress: Callable[[PullProgress], None] | None = None,
         cancel: threading.Event | None = None,
-        allow_links: bool = True,
     ) -> None:
         self.root = Path(root)
         """The Ollama store."""
@@ -332,7 +336,6 @@ class OllamaImporter:
         """localllm's store."""
         self._progress = progress
         self._cancel = cancel
-        self._allow_links = allow_links
 
     def run(self, names: Iterable[str] = ()) -> ImportReport:
         """Import every model of the Ollama store (only those in ``names``, when given)."""
@@ -371,8 +374,8 @@ class OllamaImporter:
         # collection (a daemon deleting a model) can neither remove a blob counted as present
         # nor one published here before the manifest references it.
         with self.store.writing():
-            if self.store.exists(name):
-                return self._compare_existing(label, name, manifest)
+            if self.store.exists(name) and self._already_imported(label, name, manifest):
+                return ModelOutcome(label, "present", size=manifest.size)
             self._emit(PullProgress(f"importing {label}"))
             todo = [x for x in _unique_layers(manifest) if not self.store.has_blob(x.digest)]
             sources = [(layer, self._source(layer)) for layer in todo]  # all there, else skip
@@ -396,18 +399,20 @@ class OllamaImporter:
             label, "imported", methods=methods, size=manifest.size, new_bytes=new_bytes
         )
 
-    def _compare_existing(self, label: str, name: ModelName, manifest: Manifest) -> ModelOutcome:
+    def _already_imported(self, label: str, name: ModelName, manifest: Manifest) -> bool:
+        """True when localllm has this very model; False when it has its manifest but lost a
+        blob (the import then repairs it); skips when the name holds another model."""
         try:
             existing = self.store.get(name).manifest
         except StoreError:
             existing = None
-        if existing == manifest and all(self.store.has_blob(d) for d in manifest.digests):
-            return ModelOutcome(label, "present", size=manifest.size)
-        # Never overwrite a model the user pulled or created under the same name.
-        raise _Skip(
-            f"localllm already has a different {label} (remove it with `localllm rm {label}` "
-            "to import Ollama's)"
-        )
+        if existing != manifest:
+            # Never overwrite a model the user pulled or created under the same name.
+            raise _Skip(
+                f"localllm already has a different {label} (remove it with "
+                f"`localllm rm {label}` to import Ollama's)"
+            )
+        return all(self.store.has_blob(d) for d in manifest.digests)
 
     def _source(self, layer: Layer) -> Path:
         short = layer.digest.removeprefix("sha256:")[:12]
@@ -469,15 +474,15 @@ class OllamaImporter:
             raise
 
     def _link_or_clone(self, source: Path, temp: Path) -> LinkMethod | None:
-        if self._allow_links:
-            try:
-                os.link(source, temp)
-                return LinkMethod.LINKED
-            except OSError as exc:
-                if exc.errno not in _NO_LINK:
-                    raise
-            if _reflink(source, temp):
-                return LinkMethod.REFLINKED
+        """A hard link, else a reflink, at ``temp``; None when neither is possible here."""
+        try:
+            os.link(source, temp)
+            return LinkMethod.LINKED
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise
+        if _reflink(source, temp):
+            return LinkMethod.REFLINKED
         return None
 
     def _hash(self, path: Path, layer: Layer) -> str:

@@ -243,6 +243,15 @@ def test_rerun_is_idempotent_and_reads_nothing_again(ollama: OllamaStore, local:
     assert not [e for e in events if e.status.startswith("importing tiny")]
 
 
+def test_a_lost_blob_is_brought_back(ollama: OllamaStore, local: Store) -> None:
+    OllamaImporter(ollama.root, local).run([GOOD])
+    lost = load_model(local, GOOD).model_layer.digest
+    local.blob_path(lost).unlink()
+    [outcome] = OllamaImporter(ollama.root, local).run([GOOD]).outcomes
+    assert outcome.status == "imported" and outcome.methods == (LinkMethod.LINKED,)
+    assert local.has_blob(lost)
+
+
 def test_only_named_models_and_unknown_names(ollama: OllamaStore, local: Store) -> None:
     report = OllamaImporter(ollama.root, local).run([GOOD])
     assert [(o.label, o.status) for o in report.outcomes] == [(GOOD, "imported")]
@@ -300,16 +309,20 @@ def test_cancel_leaves_no_partial_blob(ollama: OllamaStore, local: Store) -> Non
 
 
 def test_unreadable_manifests_and_other_models_are_skipped_with_a_reason(
-    ollama: OllamaStore, local: Store
+    ollama: OllamaStore, local: Store, tiny_gguf: Path
 ) -> None:
     bad = ollama.root / "manifests" / "registry.ollama.ai" / "library" / "garbage" / "latest"
     bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
-    ollama.model("adapter:only", [ollama.blob(b"lora", "application/vnd.ollama.image.adapter")])
+    adapter = ollama.blob(b"lora", "application/vnd.ollama.image.adapter")
+    ollama.model("adapter:only", [adapter])
+    gguf = ollama.blob(tiny_gguf.read_bytes(), MEDIA_MODEL)
+    ollama.model("lora:latest", [gguf, adapter])
     report = OllamaImporter(ollama.root, local).run()
     reasons = {o.label: o.reason for o in report.skipped}
     assert "unreadable manifest" in reasons["garbage:latest"]
     assert reasons["adapter:only"] == "it has no GGUF model layer"
+    assert "LoRA adapter" in reasons["lora:latest"]
     assert {o.label for o in report.outcomes if o.status == "imported"} == {GOOD, HF}
 
 
