@@ -125,8 +125,8 @@ _LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread"})
 _NOT_COMPARABLE = frozenset({"home", "host", "api_key", "origins", "registry", "hf_endpoint"})
 _MARKERS = ("•", "x", "+", "o", "*", "#", "@", "%")
 _ERRORS_KEPT = 3
-# Short enough for any context (about 100-200 tokens), long enough for a stable ratio.
-_CALIBRATION_CHARS = 240
+# Short enough for any context (at most about 150 tokens), long enough for a stable ratio.
+_CALIBRATION_CHARS = 120
 _SPAWN_TIMEOUT = 120.0
 
 
