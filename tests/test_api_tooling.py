@@ -252,3 +252,12 @@ def test_lazy_call_grammar_waits_for_the_reasoning_to_close() -> None:
     assert match is not None and match.group(1) == "<tool_call>"
     # reasoning switched off in the template: the plain trigger
     assert triggers(False) == [trigger]
+
+
+def test_go_templates_of_every_shape_are_never_sent_to_the_runner() -> None:
+    from localllm.daemon.api.tooling import jinja_override
+
+    for go in ("{{ .Prompt }}", "{{- if .System }}x{{ end }}", "{{ range .Messages }}y{{ end }}"):
+        assert jinja_override(go) is None
+    jinja = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert jinja_override(jinja) == jinja

@@ -21,6 +21,7 @@ from typing import Any
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem
+from ..runner.chat import is_go_template
 from ..runner.protocol import GenerationRequest, SamplingOptions
 from ..toolcalls import (
     HarmonyParser,
@@ -73,7 +74,7 @@ def jinja_override(text: str | None) -> str | None:
     templates (``{{ .Prompt }}``)."""
     # Ollama's template layers are Go templates ({{ .Prompt }}); only Jinja can go to the
     # runner, which otherwise renders the GGUF's own chat template.
-    if not text or "{{ ." in text or "{{." in text or "{{- ." in text:
+    if not text or is_go_template(text):
         return None
     return text
 

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["TemplateRenderError", "render_chat"]
+__all__ = ["TemplateRenderError", "is_go_template", "render_chat"]
 
 # A rendered prompt larger than this is a broken or hostile template, not a conversation.
 MAX_RENDERED_CHARS = 16 << 20
@@ -26,6 +26,12 @@ _GO_TEMPLATE = re.compile(r"\{\{-?\s*(\.|if \.|range \.)")
 
 class TemplateRenderError(ValueError):
     """The chat template failed to render (syntax, a raised exception, a sandbox violation)."""
+
+
+def is_go_template(template: str) -> bool:
+    """Whether ``template`` is written in Go's template language (Ollama's ``TEMPLATE``
+    layers: ``{{ .Prompt }}``, ``{{ if .System }}``, ``{{ range .Messages }}``), not Jinja."""
+    return _GO_TEMPLATE.search(template) is not None
 
 
 def _raise_exception(message: str) -> None:
@@ -63,7 +69,7 @@ def render_chat(
 ) -> str:
     """Render ``messages`` with a Jinja chat template, safely; ``extra`` holds further template
     variables (``enable_thinking``...), which never replace the standard ones."""
-    if _GO_TEMPLATE.search(template):
+    if is_go_template(template):
         raise TemplateRenderError(
             "this template uses Go template syntax (Ollama's TEMPLATE); localllm renders Jinja "
             "chat templates like the ones in GGUF files"
