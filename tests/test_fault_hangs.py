@@ -143,6 +143,20 @@ def test_embed_without_truncation_of_an_input_longer_than_the_context(
     _serves(http)
 
 
+def test_a_keep_alive_shorter_than_the_load_still_answers(http: httpx.Client) -> None:
+    # Found by fuzzing: a keep_alive that expires before the request that loaded the model
+    # takes its slot unloaded the model under it, and the request loaded it again, for ever.
+    # The request is answered; the model goes away once it is done.
+    http.post("/api/generate", json={"model": MODEL, "keep_alive": 0})  # not loaded now
+    for path, body in (
+        ("/api/generate", {"prompt": "x", "stream": False, "options": {"num_predict": 2}}),
+        ("/api/embed", {"input": "x"}),
+    ):
+        response = http.post(path, json={"model": MODEL, "keep_alive": 1e-9, **body})
+        assert response.status_code == 200, response.text
+    _serves(http)
+
+
 # Ollama's API documentation, "Generate request (With options)": every option at once.
 ALL_OPTIONS: dict[str, Any] = {
     "num_keep": 5,
