@@ -12,7 +12,7 @@ grows. Memory is bounded by ``capacity`` times ``max_models``.
 
     {"since": 1718000000.0,          # when the history began (daemon start), epoch seconds
      "requests": 1234,               # requests recorded for the model since then
-     "time": [epoch seconds, ...],   # end of each bucket, oldest first
+     "time": [epoch seconds, ...],   # end of each bucket (about as many requests each)
      "ttft_ms": [float, ...],        # mean TTFT of the requests in each bucket
      "decode_tps": [float, ...]}     # mean decode tokens/s in each bucket
 
@@ -131,14 +131,18 @@ def _halve(entries: list[HistorySample]) -> list[HistorySample]:
 
 
 def _bucket(entries: list[HistorySample], points: int) -> list[HistorySample]:
-    """``entries`` in at most ``points`` consecutive groups of about equal size."""
+    """``entries`` in at most ``points`` consecutive groups of about as many requests each
+    (by weight: older entries may already stand for many requests)."""
     if len(entries) <= points:
         return entries
-    buckets = []
-    for index in range(points):
-        group = entries[index * len(entries) // points : (index + 1) * len(entries) // points]
-        merged = group[0]
-        for entry in group[1:]:
-            merged = merged.merge(entry)
-        buckets.append(merged)
+    per_bucket = sum(e.weight for e in entries) / points
+    buckets: list[HistorySample] = []
+    current: HistorySample | None = None
+    for entry in entries:
+        current = entry if current is None else current.merge(entry)
+        if current.weight >= per_bucket:
+            buckets.append(current)
+            current = None
+    if current is not None:
+        buckets.append(current)
     return buckets

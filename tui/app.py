@@ -24,6 +24,7 @@ from localllm.client import AsyncClient
 from localllm.settings import Settings
 
 from .chats import DB_NAME, ChatStore
+from .screens.bench import BenchScreen
 from .screens.chat import ChatScreen
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
@@ -52,7 +53,12 @@ class LocalLLMApp(App[None]):
 
     TITLE = "localllm"
     CSS_PATH = "app.tcss"
-    MODES: ClassVar = {"chat": ChatScreen, "models": ModelsScreen, "dashboard": DashboardScreen}
+    MODES: ClassVar = {
+        "chat": ChatScreen,
+        "models": ModelsScreen,
+        "dashboard": DashboardScreen,
+        "bench": BenchScreen,
+    }
     DEFAULT_MODE = "chat"
     HORIZONTAL_BREAKPOINTS: ClassVar = [(0, "-narrow"), (90, "-wide")]
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -62,6 +68,7 @@ class LocalLLMApp(App[None]):
         Binding("f2", "switch_mode('chat')", "Chat", show=False, id="app.chat"),
         Binding("f3", "switch_mode('models')", "Models", show=False, id="app.models"),
         Binding("f4", "switch_mode('dashboard')", "Dashboard", show=False, id="app.dashboard"),
+        Binding("f9", "switch_mode('bench')", "Bench", show=False, id="app.bench"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", show=False, id="app.theme"),
         Binding("ctrl+q", "quit", "Quit", priority=True, id="app.quit"),
     ]
@@ -166,11 +173,15 @@ class LocalLLMApp(App[None]):
         """Show every key binding."""
         if isinstance(self.screen, HelpScreen):
             return
+        # The Bench key is listed with the Bench screen's own, so that the chat's keys, which
+        # people look for first, stay on the first page at 80x24.
+        bench_key = [b for b in self.BINDINGS if getattr(b, "id", None) == "app.bench"]
         sections: list[tuple[str, list[BindingType]]] = [
-            ("Everywhere", list(self.BINDINGS)),
+            ("Everywhere", [b for b in self.BINDINGS if b not in bench_key]),
             ("Chat", [*ChatScreen.BINDINGS, *PromptArea.BINDINGS]),
             ("Models", list(ModelsScreen.BINDINGS)),
             ("Dashboard", list(DashboardScreen.BINDINGS)),
+            ("Bench", [*bench_key, *BenchScreen.BINDINGS]),
         ]
         self.push_screen(HelpScreen(sections))
 

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.reactive import reactive
-from textual.widgets import ContentSwitcher, Footer, Label, Markdown, OptionList, Select
+from textual.widgets import ContentSwitcher, Footer, Label, OptionList, Select
 from textual.widgets.option_list import Option
 from textual.worker import Worker
 
@@ -319,8 +319,8 @@ class ChatScreen(MainScreen):
     async def _answer(
         self, chat: Chat, model: str, messages: list[dict[str, str]], view: MessageView
     ) -> None:
-        markdown = view.markdown
-        stream = Markdown.get_stream(markdown)
+        # Throttled: the answer re-renders a few times a second, not once per token.
+        stream = view.stream()
         parts: list[str] = []
         stats: dict[str, Any] = {"done_reason": "stopped"}
         try:

@@ -1,5 +1,8 @@
 """The dashboard's card for one loaded model: slots, queue, KV cache, keep-alive countdown,
-sparklines of decode and prefill tokens/s over the last minute, TTFT of recent requests."""
+sparklines of decode and prefill tokens/s over the last minute, TTFT of recent requests, and
+TTFT and decode rate of the requests since the daemon started (the daemon keeps that history:
+``models[i].history`` of the stats stream, see ``daemon/history.py``; a daemon that does not
+send it simply shows no such row)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,28 @@ def slot_text(slots: list[dict[str, Any]]) -> Text:
 class LoadedModelCard(Vertical, can_focus=True):
     """Live view of one loaded model; focus it and press ``u`` (or its button) to unload."""
 
+    # The history row's own rules (the rest of the card's are in the dashboard's stylesheet).
+    DEFAULT_CSS = """
+    LoadedModelCard .history {
+        display: none;
+    }
+    LoadedModelCard .history.-shown {
+        display: block;
+    }
+    LoadedModelCard Sparkline.ttft-history > .sparkline--max-color {
+        color: $warning;
+    }
+    LoadedModelCard Sparkline.ttft-history > .sparkline--min-color {
+        color: $warning 30%;
+    }
+    LoadedModelCard .history-text {
+        width: 20;
+        margin-left: 1;
+        text-align: right;
+        color: $text-muted;
+    }
+    """
+
     class UnloadRequested(Message):
         """The user asked to unload this card's model."""
 
@@ -76,6 +101,12 @@ class LoadedModelCard(Vertical, can_focus=True):
         self._prefill = Sparkline(list(self.prefill_history), classes="prefill")
         self._prefill_rate = Label(rate(0), classes="prefill-rate")
         self._ttfts = Label("", classes="ttfts")
+        self._history_row = Horizontal(classes="card-row history")
+        self._ttft_history = Sparkline([], classes="ttft-history")
+        self._decode_history = Sparkline([], classes="decode decode-history")
+        self._history_text = Label("", classes="history-text")
+        self.history_requests = 0
+        """Requests in the daemon's history of this model (0: none, or not sent)."""
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -96,6 +127,11 @@ class LoadedModelCard(Vertical, can_focus=True):
             yield self._prefill
             yield self._prefill_rate
         yield self._ttfts
+        with self._history_row:
+            yield Label("since start", classes="row-name")
+            yield self._ttft_history
+            yield self._decode_history
+            yield self._history_text
 
     def show(self, entry: dict[str, Any], now: float) -> None:
         """Apply one stats-stream entry for this model (``now`` for the countdown)."""
@@ -131,6 +167,26 @@ class LoadedModelCard(Vertical, can_focus=True):
             accepted = sum(int(r.get("draft_accepted") or 0) for r in recent)
             line += f"  ·  speculative drafts accepted {accepted / drafted:.0%} of {drafted:,}"
         self._ttfts.update(line)
+        self._show_history(entry.get("history"))
+
+    def _show_history(self, history: Any) -> None:
+        """TTFT (left) and decode rate (right) of every request since the daemon started."""
+        requests = history.get("requests", 0) if isinstance(history, dict) else 0
+        ttfts = history.get("ttft_ms") if requests else None
+        rates = history.get("decode_tps") if requests else None
+        shown = bool(isinstance(ttfts, list) and ttfts and isinstance(rates, list) and rates)
+        self.history_requests = int(requests) if shown else 0
+        self._history_row.set_class(shown, "-shown")
+        if not shown:
+            return
+        assert isinstance(ttfts, list) and isinstance(rates, list)
+        self._ttft_history.data = [float(v) for v in ttfts]
+        self._decode_history.data = [float(v) for v in rates]
+        latest = f"{duration_ms(float(ttfts[-1]))} · {rate(float(rates[-1]))}"
+        self._history_text.update(latest)
+        self._history_row.tooltip = (
+            f"{requests:,} requests since the daemon started: TTFT (left), decode rate (right)"
+        )
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         """The Unload button."""

@@ -7,10 +7,13 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label
 
-__all__ = ["SCREENS", "StatusBar", "connection_text"]
+__all__ = ["MORE_SCREENS", "SCREENS", "StatusBar", "connection_text"]
 
 SCREENS = (("chat", "Chat", "F2"), ("models", "Models", "F3"), ("dashboard", "Dashboard", "F4"))
 """(mode, title, key) of the three main screens, in order."""
+MORE_SCREENS = {"bench": ("Bench", "F9")}
+"""(title, key) by mode of the screens whose tab shows only while they are open (the other
+screens' bars stay as they were)."""
 
 _STATE_TEXT = {
     "connecting": ("◌", "connecting…", "yellow"),
@@ -38,7 +41,10 @@ class StatusBar(Horizontal):
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
         tabs = Text.assemble(("localllm ", "bold"))
-        for mode, title, key in SCREENS:
+        tabs_shown = list(SCREENS)
+        if self.current in MORE_SCREENS:
+            tabs_shown.append((self.current, *MORE_SCREENS[self.current]))
+        for mode, title, key in tabs_shown:
             style = "reverse bold" if mode == self.current else "dim"
             tabs.append(f" {title} ", style=style)
             tabs.append(f"{key}  ", style="dim")
