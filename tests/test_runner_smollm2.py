@@ -29,7 +29,9 @@ from localllm.daemon.runner import (
 
 pytestmark = pytest.mark.slow
 
-THREADS = 2
+# One thread: on a shared two-core machine llama.cpp's spinning worker threads slow each
+# other down tenfold when another process holds a core.
+THREADS = 1
 
 
 @pytest.fixture(scope="module")
