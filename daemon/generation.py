@@ -264,7 +264,10 @@ class Generation:
             await self.stream.aclose()
 
     def _outcome(self, result: Result) -> Outcome:
-        self.state.metrics.observe_generation(self.model_name, self.job.api, result)
+        try:
+            self.state.metrics.observe_generation(self.model_name, self.job.api, result)
+        except Exception:  # a metrics bug must not fail the answer it measures
+            log.exception("could not record the metrics of a request")
         t = result.timings
         log.info(
             "%s %s: %s, prompt %d (cached %d) in %.0fms, %d tokens at %.1f tok/s, ttft %.0fms",

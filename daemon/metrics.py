@@ -162,8 +162,9 @@ class Metrics:
             self.decode.labels(model).observe(t.decode_ms / 1000)
         self.queue_wait.labels(model).observe(t.queued_ms / 1000)
         if t.draft_tokens:
-            self.draft_tokens.labels(model, "accepted").inc(t.draft_accepted)
-            self.draft_tokens.labels(model, "rejected").inc(t.draft_tokens - t.draft_accepted)
+            accepted = min(t.draft_accepted, t.draft_tokens)
+            self.draft_tokens.labels(model, "accepted").inc(accepted)
+            self.draft_tokens.labels(model, "rejected").inc(t.draft_tokens - accepted)
         self.prefill.labels(model).observe(t.prompt_ms / 1000)
 
     async def render(self, scheduler: Scheduler) -> bytes:

@@ -306,10 +306,11 @@ class Scheduler:
         key = model.name.full
         load_seconds = 0.0
         while True:
+            # Returned reserved (counted in ``pending``), so keep_alive cannot unload it in
+            # the moment between its load and this request taking a slot.
             loaded, spent = await self._ensure_loaded(key, model, config, keep_alive)
             load_seconds += spent
             self._cancel_expiry(loaded)
-            loaded.pending += 1
             loaded.update_idle()
             try:
                 if loaded.slots.locked():
@@ -393,6 +394,7 @@ class Scheduler:
                     await asyncio.shield(loading)
             existing = self._models.get(key)
             if existing is not None and existing.alive() and existing.config == config:
+                existing.pending += 1  # reserved for the caller
                 return existing, 0.0
             if existing is not None:
                 if existing.alive():
@@ -409,8 +411,21 @@ class Scheduler:
             )
             self._loading[key] = task
             task.add_done_callback(lambda _: self._loading.pop(key, None))
-            loaded = await asyncio.shield(task)
+            try:
+                loaded = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                # The caller left; the load goes on and its reservation is given back then.
+                task.add_done_callback(self._unreserve)
+                raise
             return loaded, time.monotonic() - started
+
+    def _unreserve(self, task: asyncio.Task[LoadedModel]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        loaded = task.result()
+        loaded.pending -= 1
+        loaded.update_idle()
+        self._after_idle(loaded)
 
     async def _load(
         self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
@@ -423,6 +438,8 @@ class Scheduler:
             await self._stop(loaded)
             raise RuntimeError("the daemon is shutting down")
         self._models[key] = loaded
+        loaded.pending += 1  # reserved for the request that asked for the load
+        loaded.update_idle()
         log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, loaded.load_seconds, loaded.pid)
         if self._on_load is not None:
             self._on_load(loaded)

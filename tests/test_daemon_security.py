@@ -163,7 +163,7 @@ _HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
     (
         "POST",
         "/v1/chat/completions",
-        {"json": {"model": "smollm2:135m", "messages": [{"role": "user", "content": "x"}], "n": 3}},
+        {"json": {"model": "smollm2:135m", "messages": [{"role": "user", "content": "x"}], "n": 99}},
     ),
     (
         "POST",
@@ -187,7 +187,7 @@ _HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("POST", "/v1/completions", {"json": {"model": "smollm2:135m", "prompt": ["a", "b"]}}),
-    ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": [[1, 2]]}}),
+    ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": [[1, 10**9]]}}),
     ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": ""}}),
     ("GET", "/v1/models/..%2F..%2Fetc%2Fpasswd", {}),
     ("PUT", "/api/tags", {}),

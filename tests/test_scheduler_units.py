@@ -253,3 +253,40 @@ def test_shutdown_during_a_load_stops_the_runner_it_produced() -> None:
             await scheduler.acquire(model("b"), config())
 
     run(scenario)
+
+
+def test_keep_alive_shorter_than_the_load_still_serves_the_request() -> None:
+    # The expiry armed when the load finishes must not unload the model before the request
+    # that asked for it takes its slot (it used to, and the request reloaded it for ever).
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        lease = await scheduler.acquire(model("a"), config(), keep_alive=1e-9)
+        assert lease.loaded.alive()
+        lease.keep_alive = 1e-9
+        lease.release()
+        assert len(factory.started) == 1
+        assert await closed(factory.started[0])  # and it does go away afterwards
+
+    run(scenario)
+
+
+def test_a_request_that_leaves_during_the_load_gives_its_reservation_back() -> None:
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        factory.gate = asyncio.Event()
+        leaving = asyncio.ensure_future(scheduler.acquire(model("a"), config(), keep_alive=0))
+        while not scheduler._loading:
+            await asyncio.sleep(0)
+        leaving.cancel()
+        factory.gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        while scheduler._loading:
+            await asyncio.sleep(0)
+        assert len(factory.started) == 1
+        # Not held by the request that left: idle, so keep_alive (or the next load) can
+        # unload it.
+        assert all(not loaded.busy() for loaded in scheduler._models.values())
+        while scheduler._models:  # keep_alive 0 unloads it once the load is done
+            await asyncio.sleep(0)
+        assert await closed(factory.started[0])
+
+    run(scenario)

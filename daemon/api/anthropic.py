@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localllm.models import LocalModel
 
@@ -131,6 +132,9 @@ def error_route(render: Renderer) -> type[APIRoute]:
                     return render(request, request_problem(exc))
                 except HTTPProblem as exc:
                     return render(request, exc)
+                except StarletteHTTPException as exc:  # FastAPI's own 4xx (a body not JSON)
+                    detail = exc.detail if isinstance(exc.detail, str) else "bad request"
+                    return render(request, HTTPProblem(exc.status_code, detail))
                 except Exception as exc:
                     problem = problem_from(exc)
                     if problem.status >= 500 and problem.code == "internal":

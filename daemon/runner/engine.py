@@ -626,6 +626,9 @@ class Engine:
         sampler = slot.sampler
         assert sampler is not None
         draft = slot.draft
+        # Counted first: a token below may end the request, and its timings must never show
+        # more drafts accepted than verified.
+        slot.drafted += len(draft)
         produced: list[int] = []
         for i, index in enumerate([slot.batch_index, *slot.draft_indices]):
             token = sampler.sample(self.model.ctx, index)
@@ -641,7 +644,6 @@ class Engine:
                 slot.state = SlotState.DECODING
                 break
         if draft:
-            slot.drafted += len(draft)
             # Cells past the accepted tokens hold rejected drafts.
             self.model.seq_remove(slot.seq_id, len(slot.cache), -1)
         if slot.policy is not None:
