@@ -243,6 +243,13 @@ class Generation:
                 async for item in self.stream:
                     if isinstance(item, TokenChunk):
                         if item.text or item.logprobs:
+                            if items.qsize() >= _MAX_UNREAD_CHUNKS:
+                                raise HTTPProblem(
+                                    499,
+                                    "the client stopped reading its stream, so generating for "
+                                    f"it stopped after {_MAX_UNREAD_CHUNKS} unread chunks",
+                                    code="client_not_reading",
+                                )
                             items.put_nowait(item)
                             logprobs += item.logprobs or []
                     else:
@@ -328,6 +335,11 @@ class Generation:
         assert outcome is not None
         return "".join(pieces), outcome
 
+
+# A client this far behind its stream is not reading it (sockets and the server's own buffer
+# hold about a thousand more): the request is cancelled rather than generated for nobody,
+# which bounds what a connection can make the daemon hold.
+_MAX_UNREAD_CHUNKS = 1024
 
 # Cancellations of runner requests whose answer was never sent; referenced until done.
 _background: set[asyncio.Task[None]] = set()
