@@ -34,6 +34,7 @@ from ..generation import (
 )
 from ..options import merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest, SamplingOptions, TokenLogprob
+from ..runner.text import unicode_problem
 from ..state import DaemonState, StateDep
 from ..toolcalls import Parsed
 from . import models as model_routes
@@ -99,6 +100,12 @@ def apply_format(sampling: SamplingOptions, value: str | dict[str, Any] | None) 
         sampling.json_schema = value
     else:
         raise HTTPProblem(400, 'format must be "json" or a JSON schema object', param="format")
+
+
+def require_unicode(text: str | None, field: str) -> None:
+    """400 naming ``field`` when ``text`` cannot be tokenized (a lone surrogate)."""
+    if text and (problem := unicode_problem(text, field)) is not None:
+        raise HTTPProblem(400, problem, param=field)
 
 
 def no_vision(model: LocalModel) -> str:
@@ -387,6 +394,9 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
                     f"raw mode does not support template, system, or context ({field} was given)",
                     param=field,
                 )
+    for field in ("prompt", "system", "suffix"):
+        # Checked here because the runner sees a templated prompt as a chat message.
+        require_unicode(getattr(body, field), field)
     model, keep_alive, options = _prepare(state, body, body.images)
     think = parse_think(body.think)
     if not body.prompt and not body.suffix:

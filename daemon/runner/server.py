@@ -46,6 +46,7 @@ from .protocol import (
 )
 from .sampling import GrammarError, check_sampling, grammar_for
 from .slots import common_prefix_length
+from .text import unicode_problem
 
 __all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
 
@@ -72,15 +73,9 @@ def _text(content: Any) -> str:
 
 
 def _encodable(text: str, field: str) -> str:
-    """``text`` if it can be UTF-8 encoded; JSON lets a client send a lone surrogate
-    (``"\\ud800"``), which no tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise PromptError(
-            f"{field} is not valid Unicode: it holds a lone surrogate "
-            f"(U+{ord(text[exc.start]):04X}) at character {exc.start}"
-        ) from None
+    """``text`` if it can be tokenized (see :func:`.text.unicode_problem`)."""
+    if (problem := unicode_problem(text, field)) is not None:
+        raise PromptError(problem)
     return text
 
 

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import codecs
 
-__all__ = ["TextStream"]
+__all__ = ["TextStream", "unicode_problem"]
+
+
+def unicode_problem(text: str, field: str) -> str | None:
+    """Why ``text`` cannot be tokenized, naming ``field``, or None when it can: JSON lets a
+    client send a lone surrogate (``"\\ud800"``), which is not Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"{field} is not valid Unicode: it holds a lone surrogate "
+            f"(U+{ord(text[exc.start]):04X}) at character {exc.start}"
+        )
+    return None
 
 
 class TextStream:
