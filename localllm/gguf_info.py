@@ -104,6 +104,18 @@ class GGUFInfo:
     def _arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
+    def require_model(self) -> None:
+        """Raise :class:`GGUFError` unless this file can be a model llama.cpp loads (or the
+        first part of one): a GGUF of metadata alone, or one naming no architecture, is not."""
+        architecture = self.metadata.get("general.architecture")
+        if not isinstance(architecture, str) or not architecture.strip():
+            raise GGUFError(
+                f"{self.path.name} is not a model: general.architecture is missing or not text"
+            )
+        split = self.metadata.get("split.count", 1)
+        if not self.tensors and (not isinstance(split, int) or split <= 1):
+            raise GGUFError(f"{self.path.name} is not a model: it holds no tensors")
+
     @property
     def architecture(self) -> str:
         """``general.architecture`` (llama, qwen2, gemma3...)."""

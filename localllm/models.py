@@ -201,7 +201,9 @@ class LocalModel:
 def _inspect_blob(digest: str, path: Path) -> GGUFInfo:
     # Blobs are immutable and named by their digest, so a header read once stays true; the
     # daemon resolves the model on every request and a big vocabulary takes ~0.1 s to walk.
-    return inspect_gguf(path)
+    info = inspect_gguf(path)
+    info.require_model()  # a pulled file that is no model is refused before llama.cpp sees it
+    return info
 
 
 def load_model(store: Store, name: ModelName | str) -> LocalModel:
@@ -262,6 +264,7 @@ def create_model(
             merged_options = dict(parent.parameters)
         elif gguf_file is not None:
             info = inspect_gguf(gguf_file)  # refuse non-GGUF before copying gigabytes
+            info.require_model()
             model_layer = store.import_file(Path(gguf_file), MEDIA_MODEL)
         else:
             assert gguf_digest is not None
@@ -270,6 +273,7 @@ def create_model(
             path = store.blob_path(gguf_digest)
             try:
                 info = inspect_gguf(path)
+                info.require_model()
             except GGUFError as exc:
                 raise GGUFError(f"blob {gguf_digest} is not a usable GGUF: {exc}") from None
             model_layer = Layer(MEDIA_MODEL, normalize_digest(gguf_digest), path.stat().st_size)

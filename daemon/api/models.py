@@ -302,7 +302,9 @@ def _source_file_type(sources: dict[str, Any], state: DaemonState) -> tuple[str 
         model = load_model(state.store, sources["base"])
         return model.info.file_type, model.name.short
     path = sources.get("gguf_file") or state.store.blob_path(sources["gguf_digest"])
-    return inspect_gguf(path).file_type, str(sources.get("gguf_file") or sources["gguf_digest"])
+    info = inspect_gguf(path)
+    info.require_model()
+    return info.file_type, str(sources.get("gguf_file") or sources["gguf_digest"])
 
 
 @router.post("/api/create", summary="Create a model")
