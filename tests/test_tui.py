@@ -246,6 +246,8 @@ async def test_help_lists_every_binding_and_every_binding_has_an_id(
         await connected(pilot, app)
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+        # The help is pushed before it is drawn: wait for its table (a busy machine lags).
+        await wait_for(pilot, lambda: "Stop" in screen_text(app), "the help's key table")
         text = screen_text(app)
         assert "Send" in text and "Stop" in text  # the chat's keys come first
         await pilot.press("end")  # the rest is further down
