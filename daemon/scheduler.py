@@ -36,6 +36,7 @@ from localllm.models import LocalModel
 from localllm.settings import Settings
 
 from .errors import QueueFullError
+from .history import RequestHistory
 from .runner.client import GenerationStream, ProcessRunner
 from .runner.protocol import (
     EmbeddingRequest,
@@ -222,6 +223,9 @@ class Lease:
     def record(self, result: GenerationResult) -> None:
         """Remember a finished request's timings for the dashboard and metrics."""
         t = result.timings
+        self._scheduler.history.record(
+            self.loaded.name, t.ttft_ms, t.decode_tokens_per_s, t.completion_tokens
+        )
         self.loaded.recent.append(
             RequestRecord(
                 finished_at=time.time(),
@@ -262,6 +266,8 @@ class Scheduler:
     ) -> None:
         self.settings = settings
         self._runner_factory = runner_factory or self._start_process
+        self.history = RequestHistory()
+        """TTFT and decode rate of every model's requests since the daemon started."""
         self._models: dict[str, LoadedModel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}

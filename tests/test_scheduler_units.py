@@ -290,3 +290,20 @@ def test_a_request_that_leaves_during_the_load_gives_its_reservation_back() -> N
         assert await closed(factory.started[0])
 
     run(scenario)
+
+
+def test_finished_requests_build_the_daemons_history() -> None:
+    from localllm.daemon.runner.protocol import GenerationResult, Timings
+
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        for ttft in (100.0, 300.0):
+            lease = await scheduler.acquire(model("a"), config())
+            timings = Timings(ttft_ms=ttft, completion_tokens=5, decode_tokens_per_s=50.0)
+            lease.record(GenerationResult(id="r", text="", done_reason="stop", timings=timings))
+            lease.release()
+        series = scheduler.history.series("a:latest")
+        assert series["requests"] == 2
+        assert series["ttft_ms"] == [100.0, 300.0]
+        assert series["decode_tps"] == [50.0, 50.0]
+
+    run(scenario)

@@ -615,6 +615,7 @@ async def _snapshot(state: DaemonState) -> dict[str, Any]:
             "expires_at": model.expires_at,
             "keep_alive": model.keep_alive,
             "recent": [vars(r) for r in list(model.recent)[-16:]],
+            "history": state.scheduler.history.series(model.name),
         }
         if stat is not None:
             entry.update(
