@@ -18,13 +18,13 @@ from test_daemon_support import Daemon, running_daemon
 from test_tui_support import make_app, screen_text, wait_for
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
-from textual.widgets import Input, Markdown, Select
+from textual.widgets import Input, Select
 
 from localllm.bench import BenchError, Point
 from localllm.daemon.history import RequestHistory
 from localllm.tui.screens.bench import BenchScreen, parse_levels
 from localllm.tui.widgets.loaded_model import LoadedModelCard
-from localllm.tui.widgets.message import ThrottledMarkdownStream
+from localllm.tui.widgets.message import MessageView, StreamingMarkdown, settled_length
 
 MODEL = "tiny:bench"
 
@@ -220,23 +220,57 @@ def test_history_is_bounded_and_spans_the_whole_time() -> None:
 # -- the chat's throttled stream ---------------------------------------------------------------
 
 
-class _MarkdownApp(App[None]):
+class _AnswerApp(App[None]):
     def compose(self) -> ComposeResult:
-        yield Markdown("")
+        yield MessageView("assistant", author="model")
 
 
 @pytest.mark.anyio
 async def test_a_fast_stream_renders_a_few_times_not_once_per_piece() -> None:
-    app = _MarkdownApp()
+    app = _AnswerApp()
     async with app.run_test() as pilot:
-        markdown = app.query_one(Markdown)
-        stream = ThrottledMarkdownStream(markdown, refreshes_per_second=10)
+        view = app.query_one(MessageView)
+        view.STREAM_REFRESHES_PER_SECOND = 10
+        stream = view.stream()
         pieces = [f"word{i} " for i in range(500)] + ["\n\n- a list\n- of items\n"]
         for piece in pieces:
             await stream.write(piece)
         await stream.stop()
         await pilot.pause()
-        assert markdown.source == "".join(pieces)
+        assert view.markdown.source == "".join(pieces) == view.text
         assert stream.appends <= 3, stream.appends
+        assert view.markdown.display and not view.query(StreamingMarkdown)
         with pytest.raises(RuntimeError):
             await stream.write("late")
+
+
+@pytest.mark.anyio
+async def test_while_streaming_only_the_last_block_is_rendered_again() -> None:
+    app = _AnswerApp()
+    async with app.run_test() as pilot:
+        view = app.query_one(MessageView)
+        stream = view.stream()
+        first = "# Title\n\nFirst paragraph.\n\nSecond"
+        for char in first:
+            await stream.write(char)
+        await wait_for(pilot, lambda: view.text == first, "the first part to show")
+        streaming = view.query_one(StreamingMarkdown)
+        assert len(streaming.children) == 2 and not view.markdown.display  # settled + tail
+        rest = " paragraph.\n\n```python\nx = 1\n\ny = 2\n```\n\nLast"
+        for char in rest:
+            await stream.write(char)
+        text = first + rest
+        await wait_for(pilot, lambda: view.text == text, "the rest to show")
+        # the second paragraph and the code block (whose blank line does not end it) settled
+        # into one more block; the first one was not rendered again
+        assert len(streaming.children) == 3
+        await stream.stop()
+        assert view.markdown.source == text and view.markdown.display
+
+
+def test_settled_length() -> None:
+    assert settled_length("one\n\ntwo") == len("one\n\n")
+    assert settled_length("one\ntwo") == 0
+    assert settled_length("```\na\n\nb\n") == 0  # inside a fence
+    assert settled_length("```\na\n\nb\n```\n\nc") == len("```\na\n\nb\n```\n\n")
+    assert settled_length("one\n\n") == len("one\n\n")

@@ -271,8 +271,9 @@ class ChatScreen(MainScreen):
 
     def watch_answering(self) -> None:
         """Show or hide Stop in the footer."""
+        # No CSS class for it: a class change on the screen restyles every widget of a long
+        # chat (a third of a second with a few dozen messages), twice per answer.
         self.refresh_bindings()
-        self.set_class(self.answering, "-answering")
 
     @on(PromptArea.Submitted, "#prompt")
     async def _send(self, event: PromptArea.Submitted) -> None:
@@ -358,10 +359,8 @@ class ChatScreen(MainScreen):
                 answer = StoredMessage("assistant", text, stats)
                 chat.messages.append(answer)
                 await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
+            # Shows the whole answer in the full Markdown view: rendered once, at the end.
             await stream.stop()
-            # The stream may merge fragments while catching up: render the whole answer once
-            # more so nothing is lost.
-            await view.markdown.update(text)
             view.stats = stats
         finally:
             self.answers.pop(chat.id, None)

@@ -1,90 +1,218 @@
 """One message of a chat: who said it, the text (Markdown for answers) and, under an answer,
 its stats line (TTFT, prefill and decode speed, tokens reused from the cache).
 
-An answer streams in through :class:`ThrottledMarkdownStream`: pieces are gathered and appended
-to the Markdown at most :attr:`MessageView.STREAM_REFRESHES_PER_SECOND` times a second, and
-Textual's ``Markdown.append`` re-parses only the last block. A token then costs a list append,
-not a render: the UI's CPU per token stays flat however fast, long or deep in a long chat the
-answer is, and the TUI does not slow the daemon it shares the machine with.
+While an answer streams it is shown by a light :class:`StreamingMarkdown` (fed through
+:class:`ThrottledMarkdownStream`): pieces are gathered and shown at most
+:attr:`MessageView.STREAM_REFRESHES_PER_SECOND` times a second; blocks that can no longer
+change (text before a blank line outside a code fence) are rendered once, and only the last
+block is rendered again. A token then costs a list append, not a render: the UI's CPU per
+token stays flat however long the answer is, and the TUI does not slow the daemon it shares
+the machine with. When the answer is complete, it is shown by Textual's full ``Markdown``
+widget, as saved answers are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from typing import Any, ClassVar
 
+from rich.console import RenderableType
+from rich.markdown import Markdown as RichMarkdown
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
+from textual.widget import Widget
 from textual.widgets import Label, Markdown, Static
 
 from ..format import answer_stats
 
-__all__ = ["MessageView", "ThrottledMarkdownStream"]
+__all__ = ["MessageView", "StreamingMarkdown", "ThrottledMarkdownStream", "settled_length"]
+
+_FENCE = re.compile(r"^ {0,3}(```|~~~)")
+_TAIL_STEP = 4
+"""Lines by which the streaming tail grows at once (see :class:`_Tail`)."""
+
+
+def settled_length(text: str) -> int:
+    """How much of ``text`` (which starts outside a code fence) can no longer change as more
+    is appended: up to the last blank line outside a fenced code block, 0 when none."""
+    settled = 0
+    in_fence = False
+    position = 0
+    for line in text.splitlines(keepends=True):
+        position += len(line)
+        if not line.endswith("\n"):
+            break  # the last line is still being written
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence and not line.strip():
+            settled = position
+    return settled
+
+
+class _Tail(Widget):
+    """The unsettled end of a streaming answer.
+
+    Its height grows in steps of :data:`_TAIL_STEP` lines, so the transcript is laid out
+    again once every few lines rather than at every refresh: with a long chat on screen a
+    layout costs far more than repainting one block (every widget of the chat is arranged
+    again), and repaints are bounded by the refresh rate.
+    """
+
+    DEFAULT_CSS = """
+    _Tail {
+        height: auto;
+    }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(classes="tail")
+        self._renderable: RenderableType = ""
+        self._height = 0
+        self.layouts = 0
+        """Height changes so far (each one a layout of the transcript)."""
+
+    def render(self) -> RenderableType:
+        """The tail's Markdown."""
+        return self._renderable
+
+    def show(self, text: str) -> None:
+        """Show ``text`` (Markdown)."""
+        self._renderable = RichMarkdown(text) if text.strip() else ""
+        width = self.content_region.width
+        if width <= 0:  # not laid out yet: let Textual measure it
+            self.refresh(layout=True)
+            return
+        console = self.app.console
+        lines = len(console.render_lines(self._renderable, console.options.update_width(width)))
+        height = -(-lines // _TAIL_STEP) * _TAIL_STEP if text.strip() else 0
+        if height != self._height:
+            self._height = height
+            self.layouts += 1
+            self.styles.height = height  # lays the transcript out again
+        else:
+            self.refresh()
+
+
+class StreamingMarkdown(Vertical):
+    """Markdown that grows at its end: settled blocks are rendered once (rich's Markdown in a
+    :class:`~textual.widgets.Static` each), only the unsettled tail is rendered again."""
+
+    DEFAULT_CSS = """
+    StreamingMarkdown {
+        height: auto;
+        padding: 0 0 0 1;
+    }
+    StreamingMarkdown > Static {
+        height: auto;
+        margin: 0 0 1 0;
+    }
+    """
+
+    def __init__(self) -> None:
+        super().__init__(classes="streaming")
+        self.text = ""
+        """Everything shown so far."""
+        self.renders = 0
+        """Tail renders so far (each costs one block's worth of Markdown)."""
+        self._settled = 0
+        self._tail = _Tail()
+
+    def compose(self) -> ComposeResult:
+        """Build the widget tree."""
+        yield self._tail
+
+    async def show(self, text: str) -> None:
+        """Show ``text``, which extends what was shown before."""
+        self.text = text
+        tail = text[self._settled :]
+        settled = settled_length(tail)
+        if settled:
+            block = tail[:settled].strip("\n")
+            self._settled += settled
+            tail = tail[settled:]
+            if block:
+                await self.mount(Static(RichMarkdown(block)), before=self._tail)
+        self.renders += 1
+        self._tail.show(tail)
 
 
 class ThrottledMarkdownStream:
-    """Appends streamed text to a :class:`~textual.widgets.Markdown` widget, at most
-    ``refreshes_per_second`` times a second (the same ``write``/``stop`` interface as
-    Textual's ``MarkdownStream``, which appends as often as the event loop lets it)."""
+    """Shows an answer as it streams, at most ``refreshes_per_second`` times a second, in the
+    view's :class:`StreamingMarkdown`; :meth:`stop` hands the whole text to the view's full
+    Markdown widget (the same ``write``/``stop`` interface as Textual's ``MarkdownStream``,
+    which re-renders as often as the event loop lets it)."""
 
-    def __init__(self, markdown: Markdown, refreshes_per_second: float = 10.0) -> None:
-        self.markdown = markdown
-        """The widget written to."""
+    def __init__(self, view: MessageView, refreshes_per_second: float = 5.0) -> None:
+        self.view = view
+        """The answer written to."""
         self.interval = 1.0 / refreshes_per_second if refreshes_per_second > 0 else 0.0
-        """Least time between two appends, in seconds."""
+        """Least time between two refreshes, in seconds."""
         self.appends = 0
-        """Appends made so far (each one a re-render of the last block)."""
-        self._pending: list[str] = []
+        """Refreshes made so far."""
+        self._pieces: list[str] = []
+        self._shown = 0
         self._last = 0.0
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def text(self) -> str:
+        """Everything written so far."""
+        return "".join(self._pieces)
 
     async def write(self, fragment: str) -> None:
-        """Queue ``fragment``; it shows at the next append (within :attr:`interval`)."""
+        """Queue ``fragment``; it shows at the next refresh (within :attr:`interval`)."""
         if self._stopped:
             raise RuntimeError("cannot write to a stopped stream")
         if not fragment:
             return
-        self._pending.append(fragment)
+        self._pieces.append(fragment)
         if self._task is None:
-            self._task = asyncio.create_task(self._append_soon())
+            self._task = asyncio.create_task(self._refresh_soon())
 
-    async def _append_soon(self) -> None:
+    async def _refresh_soon(self) -> None:
         delay = self._last + self.interval - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        # Writes from now on schedule the next append (after this one: the widget's lock).
+        # Writes from now on schedule the next refresh (after this one: the lock).
         self._task = None
-        await self._append()
+        await self._refresh()
 
-    async def _append(self) -> None:
-        if not self._pending:
-            return
-        text = "".join(self._pending)
-        self._pending.clear()
-        self._last = time.monotonic()
-        self.appends += 1
-        # Shielded: a stop() that cancels the caller must not leave a half-appended block.
-        await asyncio.shield(asyncio.ensure_future(self.markdown.append(text)))
+    async def _refresh(self) -> None:
+        async with self._lock:
+            if len(self._pieces) == self._shown:
+                return
+            # Joined into one string so that the list stays one item: the next join costs
+            # only the new pieces.
+            text = "".join(self._pieces)
+            self._pieces[:] = [text]
+            self._shown = 1
+            self._last = time.monotonic()
+            self.appends += 1
+            # Shielded: a stop() that cancels the caller must not leave a half-done refresh.
+            await asyncio.shield(asyncio.ensure_future(self.view.show_streaming(text)))
 
     async def stop(self) -> None:
-        """Append what is still queued now, and accept no more writes."""
+        """Show everything written, in the full Markdown widget; accept no more writes."""
         self._stopped = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._append()
+        async with self._lock:
+            await self.view.finish_streaming(self.text)
 
 
 class MessageView(Vertical):
     """A user message (plain text) or an answer (Markdown, streamed into while it comes)."""
 
-    STREAM_REFRESHES_PER_SECOND: ClassVar[float] = 10.0
+    STREAM_REFRESHES_PER_SECOND: ClassVar[float] = 5.0
     """How often a streaming answer re-renders at most (``benchmarks/tui_stream.py`` varies
     it; 0 means on every piece, as Textual's own stream does)."""
 
@@ -105,6 +233,7 @@ class MessageView(Vertical):
         self.set_reactive(MessageView.stats, stats)
         self._stats = Label(answer_stats(stats), classes="stats")
         self._markdown = Markdown(content, classes="body") if role == "assistant" else None
+        self._streaming: StreamingMarkdown | None = None
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -116,8 +245,24 @@ class MessageView(Vertical):
             yield Static(self._content, markup=False, classes="body")
 
     def stream(self) -> ThrottledMarkdownStream:
-        """A stream that appends to the answer's Markdown, throttled."""
-        return ThrottledMarkdownStream(self.markdown, self.STREAM_REFRESHES_PER_SECOND)
+        """A throttled stream into this answer (see the module docstring)."""
+        return ThrottledMarkdownStream(self, self.STREAM_REFRESHES_PER_SECOND)
+
+    async def show_streaming(self, text: str) -> None:
+        """Show ``text`` (the answer so far) in the light streaming view."""
+        if self._streaming is None:
+            self._streaming = StreamingMarkdown()
+            await self.mount(self._streaming, before=self._stats)
+            self.markdown.display = False
+        await self._streaming.show(text)
+
+    async def finish_streaming(self, text: str) -> None:
+        """The answer is complete (or stopped): show ``text`` in the full Markdown widget."""
+        await self.markdown.update(text)
+        self.markdown.display = True
+        if self._streaming is not None:
+            streaming, self._streaming = self._streaming, None
+            await streaming.remove()
 
     @property
     def markdown(self) -> Markdown:
@@ -128,6 +273,8 @@ class MessageView(Vertical):
     @property
     def text(self) -> str:
         """The message's text as shown now."""
+        if self._streaming is not None:
+            return self._streaming.text
         return self._markdown.source if self._markdown is not None else self._content
 
     @property
