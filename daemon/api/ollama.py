@@ -592,6 +592,8 @@ async def ps(state: StateDep) -> dict[str, Any]:
                 "active_requests": loaded.active,
                 "queued_requests": loaded.pending,
                 "runner_pid": loaded.pid,
+                "kv_cache_type": loaded.config.kv_cache_type,
+                "kv_cells": int(loaded.health.get("n_ctx", 0) or 0),
                 "loaded_at": datetime.fromtimestamp(loaded.loaded_at, UTC)
                 .isoformat()
                 .replace("+00:00", "Z"),
