@@ -452,9 +452,12 @@ class LocalllmDriver(Driver):
             "slots": entry.get("slots"),
             "context_length": entry.get("context_length"),
         }
+        # The daemon says its KV type in /api/ps; older ones do not, then it is assumed.
+        reported = entry.get("kv_cache_type")
+        known = self.kv_cache_type or reported
         memory: dict[str, Any] = {
-            "kv_cache_type": self.kv_cache_type or Settings.from_env().kv_cache_type,
-            "kv_cache_type_assumed": self.kv_cache_type is None,
+            "kv_cache_type": known or Settings.from_env().kv_cache_type,
+            "kv_cache_type_assumed": known is None,
             "kv_cells": None,
             "kv_bytes": None,
             "size": entry.get("size"),
