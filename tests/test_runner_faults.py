@@ -20,6 +20,7 @@ from localllm.daemon.runner import (
     RunnerError,
     RunnerProcess,
     RunnerStartError,
+    TokenChunk,
 )
 from localllm.daemon.runner.engine import Engine, GenerationJob
 from localllm.daemon.runner.model import LlamaModel
@@ -208,3 +209,22 @@ def test_a_crashed_engine_ends_every_request_and_refuses_new_ones(tiny_gguf: Pat
         assert isinstance(finals["late"], ErrorEvent)
     finally:
         engine.stop()
+
+
+def test_closing_a_stream_early_is_confirmed_by_the_runner(runner: RunnerHarness) -> None:
+    # The iterator of a stream left early is finalized on its own; that must not drop the
+    # request's queue while the cancellation waits there for the runner's confirmation
+    # (it did, and every early close waited out a 10-second timeout instead).
+    cancelled: list[GenerationResult] = []
+
+    async def scenario() -> None:
+        request = GenerationRequest(id="", prompt="close early", raw=True, options=greedy(5000))
+        stream = runner.client.generate(request, on_cancelled=cancelled.append)
+        async for event in stream:
+            if isinstance(event, TokenChunk):
+                break
+        await stream.aclose()
+
+    runner.run(scenario())
+    assert [r.done_reason for r in cancelled] == ["cancel"]
+    assert cancelled[0].timings.completion_tokens >= 1

@@ -152,6 +152,7 @@ class GenerationStream:
         self._on_cancelled = on_cancelled
         self._early: DoneEvent | None = None
         self._over = False
+        self._closing: asyncio.Future[None] | None = None
 
     async def _accepted(self) -> None:
         """Wait for the runner to accept or refuse the prompt (refusal raises)."""
@@ -189,11 +190,19 @@ class GenerationStream:
             await self.aclose()
 
     async def aclose(self) -> None:
-        """Cancel the request unless it is over; idempotent."""
+        """Cancel the request unless it is over, and return once the runner confirmed it;
+        idempotent. Every caller waits for the same closing, which alone drops the request's
+        queue: an iterator of this stream finalized early (its ``finally`` calls this too)
+        must not drop it while the cancellation still waits for its confirmation there."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         if not self._over:
             self._over = True
             if self._client.alive:
-                await asyncio.shield(self._cancel())
+                await self._cancel()
         self._client._forget(self.request_id)
 
     async def _cancel(self) -> None:
