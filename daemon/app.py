@@ -27,7 +27,7 @@ from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
 from .api import anthropic, llamaserver, ollama, openai, responses
-from .errors import ClientGone, HTTPProblem, problem_from
+from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
 from .state import DaemonState
@@ -46,31 +46,8 @@ def _render(request: Request, problem: HTTPProblem) -> Response:
     return JSONResponse(body, status_code=problem.status, headers=problem.headers)
 
 
-def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    text = ""
-    for part in parts:
-        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
-    return text
-
-
 def _validation_problem(exc: RequestValidationError) -> HTTPProblem:
-    errors = exc.errors()
-    if not errors:
-        return HTTPProblem(400, "invalid request")
-    first = errors[0]
-    kind = first.get("type", "")
-    field = _field(first.get("loc", ()))
-    if kind == "json_invalid":
-        return HTTPProblem(400, "the request body is not valid JSON", code="invalid_json")
-    if not field:
-        if kind == "missing":
-            return HTTPProblem(400, "a JSON request body is required", code="missing_body")
-        return HTTPProblem(400, f"invalid request body: {first.get('msg', '')}")
-    if kind == "missing":
-        return HTTPProblem(400, f"{field} is required", param=field, code="missing_field")
-    message = str(first.get("msg", "invalid value"))
-    return HTTPProblem(400, f"invalid {field}: {message}", param=field, code="invalid_field")
+    return validation_problem(exc.errors())
 
 
 _JSON_TYPE = (b"content-type", b"application/json")

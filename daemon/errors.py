@@ -7,6 +7,9 @@ Each API renders :class:`HTTPProblem` in its own shape (``{"error": "..."}`` for
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from localllm._exceptions import (
     AuthRequiredError,
     BlobNotFoundError,
@@ -32,7 +35,9 @@ __all__ = [
     "ClientGone",
     "HTTPProblem",
     "QueueFullError",
+    "field_path",
     "problem_from",
+    "validation_problem",
 ]
 
 # Ollama's wording, which clients and users already recognise.
@@ -114,3 +119,38 @@ def problem_from(exc: BaseException, model: str | None = None) -> HTTPProblem:
     if isinstance(exc, QuantizeError | PullError | StoreError | LocalLLMError):
         return HTTPProblem(400, str(exc), code="bad_request")
     return HTTPProblem(500, "internal error; see the daemon log for details", code="internal")
+
+
+def field_path(loc: Sequence[Any]) -> str:
+    """A validation error's location as a request field (``messages[0].content``)."""
+    text = ""
+    for part in (str(p) for p in loc if p not in ("body", "query", "path")):
+        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
+    return text
+
+
+def validation_problem(
+    errors: Sequence[Mapping[str, Any]],
+    *,
+    missing: str = "{field} is required",
+    invalid: str = "invalid {field}: {message}",
+) -> HTTPProblem:
+    """A 400 naming the first field of a request body that failed validation; ``missing``
+    and ``invalid`` word it in the API's own way."""
+    if not errors:
+        return HTTPProblem(400, "invalid request")
+    first = errors[0]
+    kind = first.get("type", "")
+    field = field_path(first.get("loc", ()))
+    if kind == "json_invalid":
+        return HTTPProblem(400, "the request body is not valid JSON", code="invalid_json")
+    if not field:
+        if kind == "missing":
+            return HTTPProblem(400, "a JSON request body is required", code="missing_body")
+        return HTTPProblem(400, f"invalid request body: {first.get('msg', '')}")
+    if kind == "missing":
+        return HTTPProblem(400, missing.format(field=field), param=field, code="missing_field")
+    message = str(first.get("msg", "invalid value"))
+    return HTTPProblem(
+        400, invalid.format(field=field, message=message), param=field, code="invalid_field"
+    )

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localllm.models import LocalModel
 
-from ..errors import ClientGone, HTTPProblem, problem_from
+from ..errors import ClientGone, HTTPProblem, field_path, problem_from, validation_problem
 from ..generation import Generation, Job, Outcome, resolve_model, start, until_disconnect
 from ..options import merge_options, sampling_options
 from ..runner.protocol import GenerationRequest
@@ -58,6 +58,7 @@ __all__ = [
     "chat_history",
     "check_generates",
     "check_strict",
+    "collect_reply",
     "error_route",
     "plan_renamed",
     "read_reply",
@@ -73,18 +74,11 @@ log = logging.getLogger("localllm.daemon")
 # --- shared with the Responses API ---------------------------------------------------------
 
 
-def _field(loc: Sequence[Any]) -> str:
-    text = ""
-    for part in (str(p) for p in loc if p not in ("body", "query", "path")):
-        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
-    return text
-
-
 def request_problem(exc: RequestValidationError) -> HTTPProblem:
     """A 400 for a request body that failed validation, naming the field; unknown fields
     are named together (no parameter is silently ignored, so they are refused)."""
     errors = list(exc.errors())
-    unknown = [_field(e.get("loc", ())) for e in errors if e.get("type") == "extra_forbidden"]
+    unknown = [field_path(e.get("loc", ())) for e in errors if e.get("type") == "extra_forbidden"]
     if unknown:
         plural = "s" if len(unknown) > 1 else ""
         return HTTPProblem(
@@ -94,21 +88,9 @@ def request_problem(exc: RequestValidationError) -> HTTPProblem:
             param=unknown[0],
             code="unknown_field",
         )
-    if not errors:
-        return HTTPProblem(400, "invalid request")
-    first = errors[0]
-    kind = first.get("type", "")
-    field = _field(first.get("loc", ()))
-    if kind == "json_invalid":
-        return HTTPProblem(400, "the request body is not valid JSON", code="invalid_json")
-    if not field:
-        if kind == "missing":
-            return HTTPProblem(400, "a JSON request body is required", code="missing_body")
-        return HTTPProblem(400, f"invalid request body: {first.get('msg', '')}")
-    if kind == "missing":
-        return HTTPProblem(400, f"{field}: Field required", param=field, code="missing_field")
-    return HTTPProblem(
-        400, f"{field}: {first.get('msg', 'invalid value')}", param=field, code="invalid_field"
+    # Anthropic's wording, which its clients show as they get it.
+    return validation_problem(
+        errors, missing="{field}: Field required", invalid="{field}: {message}"
     )
 
 
@@ -277,6 +259,32 @@ class ReplyEnd:
     """Tokens generated."""
     reasoning_tokens: int
     """Of those, tokens generated while the model was reasoning (as the output shows)."""
+
+
+async def collect_reply(
+    request: Request,
+    pieces: AsyncIterator[Parsed | ReplyEnd],
+    add: Callable[[Parsed], None],
+    model_name: str,
+) -> ReplyEnd:
+    """Run a reply that is answered whole to its end, handing each parsed piece to ``add``;
+    gives up when the client leaves, and failures become :class:`HTTPProblem`."""
+
+    async def collect() -> ReplyEnd:
+        async for piece in pieces:
+            if isinstance(piece, ReplyEnd):
+                return piece
+            add(piece)
+        raise HTTPProblem(500, "the generation ended without a result")
+
+    try:
+        return await until_disconnect(request, collect())
+    except (HTTPProblem, ClientGone):
+        raise
+    except Exception as exc:
+        raise problem_from(exc, model_name) from exc
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
 
 
 async def read_reply(
@@ -1015,22 +1023,7 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
     pieces = read_reply(generation, parser, prepared.budget)
 
     if not body.stream:
-
-        async def collect() -> ReplyEnd:
-            async for piece in pieces:
-                if isinstance(piece, ReplyEnd):
-                    return piece
-                blocks.add(piece)
-            raise HTTPProblem(500, "the generation ended without a result")
-
-        try:
-            end = await until_disconnect(request, collect())
-        except (HTTPProblem, ClientGone):
-            raise
-        except Exception as exc:
-            raise problem_from(exc, name) from exc
-        finally:
-            await pieces.aclose()
+        end = await collect_reply(request, pieces, blocks.add, name)
         blocks.finish()
         return JSONResponse(
             {

@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localllm.models import LocalModel
 
-from ..errors import ClientGone, HTTPProblem, problem_from
-from ..generation import Job, resolve_model, start, until_disconnect
+from ..errors import HTTPProblem, problem_from
+from ..generation import Job, resolve_model, start
 from ..options import merge_options, sampling_options
 from ..runner.protocol import GenerationRequest
 from ..state import StateDep
@@ -36,6 +36,7 @@ from .anthropic import (
     chat_history,
     check_generates,
     check_strict,
+    collect_reply,
     error_route,
     plan_renamed,
     read_reply,
@@ -705,22 +706,7 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
 
     pieces = read_reply(generation, parser)
     if not body.stream:
-
-        async def collect() -> ReplyEnd:
-            async for piece in pieces:
-                if isinstance(piece, ReplyEnd):
-                    return piece
-                output.add(piece)
-            raise HTTPProblem(500, "the generation ended without a result")
-
-        try:
-            end = await until_disconnect(request, collect())
-        except (HTTPProblem, ClientGone):
-            raise
-        except Exception as exc:
-            raise problem_from(exc, name) from exc
-        finally:
-            await pieces.aclose()
+        end = await collect_reply(request, pieces, output.add, name)
         output.close(_status(end))
         return JSONResponse(finished(end))
 
