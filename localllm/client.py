@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import httpx
 
@@ -53,7 +53,15 @@ __all__ = [
     "ProgressLine",
     "ShowResponse",
     "StatsSnapshot",
+    "Think",
 ]
+
+
+Think = bool | Literal["low", "medium", "high", "max"]
+"""``think`` on :meth:`Client.chat` and :meth:`Client.generate`: reasoning on or off, or its
+level (``True`` is medium); not sending it (``None``) leaves the model's default. A model
+whose template does not reason refuses anything but off with :class:`~localllm.APIError`
+(400, ``"<model>" does not support thinking``)."""
 
 
 # -- response shapes -------------------------------------------------------------------------
@@ -120,6 +128,8 @@ class ChatMessage(TypedDict, total=False):
 
     role: str
     content: str
+    thinking: str
+    """An answer's reasoning (sent back in the history as Ollama's CLI does)."""
     images: list[str]
 
 
@@ -148,6 +158,7 @@ class GenerateChunk(_Final, total=False):
     model: str
     created_at: str
     response: str
+    thinking: str
 
 
 class ChatChunk(_Final, total=False):
@@ -635,6 +646,7 @@ class Client:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> GenerateChunk:
         """A whole completion (``/api/generate`` without streaming)."""
         body = _payload(locals(), stream=False)
@@ -652,6 +664,7 @@ class Client:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> Iterator[GenerateChunk]:
         """A completion streamed chunk by chunk; the last chunk has ``done`` and timings."""
         body = _payload(locals(), stream=True)
@@ -665,6 +678,7 @@ class Client:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> ChatChunk:
         """A whole chat answer (``/api/chat`` without streaming)."""
         body = _payload(locals(), stream=False)
@@ -678,6 +692,7 @@ class Client:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> Iterator[ChatChunk]:
         """A chat answer streamed chunk by chunk; the last chunk has ``done`` and timings."""
         body = _payload(locals(), stream=True)
@@ -977,6 +992,7 @@ class AsyncClient:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> GenerateChunk:
         """A whole completion."""
         body = _payload(locals(), stream=False)
@@ -994,6 +1010,7 @@ class AsyncClient:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """A completion streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
         body = _payload(locals(), stream=True)
@@ -1008,6 +1025,7 @@ class AsyncClient:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> ChatChunk:
         """A whole chat answer."""
         body = _payload(locals(), stream=False)
@@ -1021,6 +1039,7 @@ class AsyncClient:
         format: str | dict[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
+        think: Think | None = None,
     ) -> AsyncIterator[ChatChunk]:
         """A chat answer streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
         body = _payload(locals(), stream=True)

@@ -37,6 +37,55 @@ def _add_requantize(parser: argparse.ArgumentParser) -> None:
     )
 
 
+THINK_VALUES = ("true", "false", "low", "medium", "high")
+"""What ``run --think=VALUE`` takes (Ollama's values)."""
+
+
+class _ThinkAction(argparse.Action):
+    """``--think`` alone is ``true``; ``--think=VALUE`` is one of :data:`THINK_VALUES`.
+
+    The value only comes after ``=``, as with Ollama (whose flag has an optional value): a
+    value separated by a space would swallow the prompt's first word
+    (``run MODEL --think Why is the sky blue?``). So ``--think`` takes no argument, and each
+    ``--think=VALUE`` is an option string of its own, which argparse matches whole before it
+    splits at ``=``.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        """Store the value named by the option string."""
+        setattr(namespace, self.dest, (option_string or "").partition("=")[2] or "true")
+
+
+def _add_think(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--think",
+        action=_ThinkAction,
+        help="think before answering; --think=low|medium|high sets how much, --think=false "
+        "turns it off (default: the model's own)",
+    )
+    # the same flag with its values, kept out of the help (the line above names them)
+    parser.add_argument(
+        *(f"--think={value}" for value in THINK_VALUES),
+        dest="think",
+        action=_ThinkAction,
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--hidethinking",
+        action="store_true",
+        help="do not print the reasoning (a model that reasons still thinks)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``localllm`` argument parser."""
     parser = argparse.ArgumentParser(
@@ -69,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--nowordwrap", action="store_true", help="do not wrap answers")
     sub.add_argument("--verbose", action="store_true", help="print timings after each answer")
     sub.add_argument("--insecure", action="store_true", help="plain HTTP for a pull")
+    _add_think(sub)
 
     sub = add("pull", "models:cmd_pull", "Pull a model (hf.co/<user>/<repo> or a registry)")
     sub.add_argument("model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]")

@@ -1,9 +1,10 @@
 """The interactive chat of ``localllm run MODEL``: Ollama's ``>>>`` prompt and slash commands.
 
 ``/set parameter NAME VALUE``, ``/set system ...``, ``/set verbose|quiet``, ``/set
-wordwrap|nowordwrap``, ``/set format json|noformat``, ``/set history|nohistory``; ``/show
-info|license|modelfile|parameters|system|template``; ``/load MODEL``, ``/save MODEL``,
-``/clear``, ``/bye``; ``\"\"\"`` starts a multi-line message. Ctrl-C stops the answer being
+wordwrap|nowordwrap``, ``/set format json|noformat``, ``/set history|nohistory``, ``/set
+think [low|medium|high]|nothink``; ``/show info|license|modelfile|parameters|system|template``;
+``/load MODEL``, ``/save MODEL``, ``/clear``, ``/bye``; ``/? set|show|shortcuts``;
+``\"\"\"`` starts a multi-line message. Ctrl-C stops the answer being
 written and keeps the session; Ctrl-D on an empty prompt (or ``/bye``) ends it. Line editing and
 the up-arrow history come from ``readline`` when the platform has it; typed messages are kept in
 a history file across sessions unless ``/set nohistory``.
@@ -14,14 +15,18 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._exceptions import DaemonUnavailableError, LocalLLMError
 from .session import ChatSession, ensure_model
 
-__all__ = ["HELP", "Repl"]
+if TYPE_CHECKING:
+    from ..client import Think
+
+__all__ = ["HELP", "SET_HELP", "THINK_LEVELS", "Repl"]
 
 HELP = """Available Commands:
   /set            Set session variables
@@ -47,7 +52,13 @@ SET_HELP = """Available Commands:
   /set noformat          Disable formatting
   /set verbose           Show LLM stats
   /set quiet             Disable LLM stats
+  /set think             Enable thinking
+  /set think <level>     Think low, medium or high
+  /set nothink           Disable thinking
 """
+
+THINK_LEVELS: dict[str, Think] = {"low": "low", "medium": "medium", "high": "high"}
+"""The levels ``/set think LEVEL`` takes (Ollama's)."""
 
 PARAMETER_HELP = """Available Parameters:
   /set parameter seed <int>             Random number seed
@@ -208,7 +219,10 @@ class Repl:
         if name in ("/bye", "/exit"):
             raise _Exit
         if name in ("/?", "/help"):
-            print(SHORTCUTS if rest == "shortcuts" else HELP)
+            # Ollama's: a command's own help by its name (/? set), else the list of commands
+            topics = {"set": SET_HELP, "show": SHOW_HELP}
+            topics.update(shortcut=SHORTCUTS, shortcuts=SHORTCUTS)
+            print(topics.get(rest.removeprefix("/"), HELP))
         elif name == "/set":
             self._set(rest)
         elif name == "/show":
@@ -250,8 +264,35 @@ class Repl:
         elif what == "noformat":
             config.format = None
             print("Disabled format.")
+        elif what == "think":
+            self._set_think(value)
+        elif what == "nothink":
+            config.think = False
+            print("Set 'nothink' mode.")
         else:
             print(SET_HELP)
+
+    def _set_think(self, level: str) -> None:
+        config = self.session.config
+        if level and level not in THINK_LEVELS:
+            print(f"Invalid think level '{level}': use low, medium or high.")
+            return
+        config.think = THINK_LEVELS[level] if level else True
+        print(f"Set 'think' mode to '{level}'." if level else "Set 'think' mode.")
+        self._warn_without_thinking()
+
+    def _warn_without_thinking(self) -> None:
+        """Say so when the model cannot think (as Ollama does): its answers would be refused."""
+        session = self.session
+        try:
+            capabilities = session.client.show(session.config.model).get("capabilities")
+        except LocalLLMError:
+            return  # the next message reports what is wrong
+        if capabilities is not None and "thinking" not in capabilities:
+            print(
+                f'warning: model "{session.config.model}" does not support thinking output',
+                file=sys.stderr,
+            )
 
     def _set_parameter(self, text: str) -> None:
         from ..modelfile import ModelfileError, coerce_parameter

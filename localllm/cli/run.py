@@ -5,7 +5,9 @@ prints the streamed answer and exits. Without one, on a terminal, it opens the c
 :mod:`localllm.cli.repl`. A model missing from the store is pulled first, with progress.
 Answers wrap at the terminal's width (``--nowordwrap`` turns that off; output that is not a
 terminal is never wrapped) and ``--verbose`` prints the timing block of
-:mod:`localllm.run_stats` on stderr after each answer. Both ways go through the
+:mod:`localllm.run_stats` on stderr after each answer. ``--think[=low|medium|high|false]``
+sends ``think`` with every message (without it the model's template decides), and the
+reasoning prints before the answer unless ``--hidethinking``. Both ways go through the
 :class:`~localllm.cli.session.ChatSession` of :mod:`localllm.cli.session`.
 """
 
@@ -13,11 +15,29 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from .common import UsageError, connect, load_settings
 from .session import ChatConfig, ChatSession, ensure_model
 
-__all__ = ["cmd_run"]
+if TYPE_CHECKING:
+    from ..client import Think
+
+__all__ = ["cmd_run", "think_value"]
+
+
+def think_value(flag: str | None) -> Think | None:
+    """What ``--think[=VALUE]`` sends: None without the flag (the model decides)."""
+    if flag is None:
+        return None
+    values: dict[str, Think] = {
+        "true": True,
+        "false": False,
+        "low": "low",
+        "medium": "medium",
+        "high": "high",
+    }
+    return values[flag]  # the parser took only these
 
 
 def _stdin_text() -> str | None:
@@ -32,6 +52,10 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
     info = ensure_model(session.client, config.model, insecure=args.insecure)
     if "completion" not in (info.get("capabilities") or ["completion"]):
         raise UsageError(f'"{config.model}" does not support generate (an embedding model?)')
+    if args.hidethinking and args.think is None and "thinking" in (info.get("capabilities") or []):
+        # --hidethinking alone: a model that reasons is asked to (the reasoning is hidden,
+        # not skipped), and one that does not is asked nothing, so it is not refused
+        config.think = True
     piped = _stdin_text()
     if piped is None and not args.prompt:
         from .repl import Repl
@@ -54,6 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         keep_alive=args.keepalive,
         verbose=args.verbose,
         wordwrap=not args.nowordwrap,
+        think=think_value(args.think),
+        hidethinking=args.hidethinking,
     )
     session = ChatSession(settings, connect(settings), config)
     try:

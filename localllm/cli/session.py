@@ -1,6 +1,7 @@
 """The chat session that ``localllm run`` and its interactive chat share: what is sent with
 each message (:class:`ChatConfig`), the conversation and the streamed answer
-(:class:`ChatSession`), and :func:`ensure_model`, which pulls a model the store lacks.
+(:class:`ChatSession`, written out by :class:`AnswerPrinter`), and :func:`ensure_model`,
+which pulls a model the store lacks.
 
 ``run MODEL PROMPT`` answers once through a session; the REPL of :mod:`localllm.cli.repl`
 drives one message after another through the same session.
@@ -17,12 +18,27 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .._exceptions import APIError
+from ..stream_wrap import StreamWrapper
 
 if TYPE_CHECKING:
-    from ..client import ChatMessage, Client, ShowResponse
+    from rich.style import Style
+
+    from ..client import ChatMessage, Client, ShowResponse, Think
     from ..settings import Settings
 
-__all__ = ["ChatConfig", "ChatSession", "ensure_model"]
+__all__ = [
+    "THINKING_CLOSING",
+    "THINKING_OPENING",
+    "AnswerPrinter",
+    "ChatConfig",
+    "ChatSession",
+    "ensure_model",
+]
+
+THINKING_OPENING = "Thinking..."
+"""The line above an answer's reasoning (Ollama's words)."""
+THINKING_CLOSING = "...done thinking."
+"""The line under it."""
 
 
 @dataclass
@@ -45,6 +61,11 @@ class ChatConfig:
     """Wrap answers at the terminal width (only when stdout is a terminal)."""
     history: bool = True
     """Remember typed messages for the up arrow, across sessions (Ollama's ``/set history``)."""
+    think: Think | None = None
+    """``think`` sent with each message (``--think``, ``/set think``); None sends nothing, so
+    the model's template decides."""
+    hidethinking: bool = False
+    """Do not print the reasoning (``--hidethinking``); it is still asked for and kept."""
 
 
 def ensure_model(client: Client, name: str, *, insecure: bool = False) -> ShowResponse:
@@ -83,6 +104,83 @@ def _spinner(err: TextIO) -> Iterator[Any]:
         yield stop
     finally:
         stop()
+
+
+class AnswerPrinter:
+    """Writes one streamed answer to ``out``: its reasoning first, between the lines
+    :data:`THINKING_OPENING` and :data:`THINKING_CLOSING` (dim when ``styled``, plain
+    otherwise) unless ``show_thinking`` is False, then the answer. Both wrap at ``width``
+    (None: no wrapping). Call :meth:`finish` when the stream ends."""
+
+    def __init__(
+        self, out: TextIO, width: int | None, *, show_thinking: bool = True, styled: bool = False
+    ) -> None:
+        from rich.style import Style
+
+        self.out = out
+        """Where the answer goes."""
+        self.show_thinking = show_thinking
+        """Whether the reasoning is printed."""
+        self.thinking_parts: list[str] = []
+        """The reasoning received so far (printed or not)."""
+        self.content_parts: list[str] = []
+        """The answer received so far."""
+        self._width = width
+        # rich's styles give the escape codes: dim as Ollama's grey, bold for the two lines
+        self._dim = Style(dim=True) if styled else None
+        self._heading = Style(dim=True, bold=True) if styled else None
+        self._answer = StreamWrapper(self._write, width)
+        self._thoughts: StreamWrapper | None = None
+        """The reasoning's wrapper while its block is open on screen (its own columns: the
+        answer starts on a fresh line after it)."""
+
+    @property
+    def thinking(self) -> str:
+        """All the reasoning received."""
+        return "".join(self.thinking_parts)
+
+    @property
+    def content(self) -> str:
+        """All the answer received."""
+        return "".join(self.content_parts)
+
+    def _write(self, text: str, style: Style | None = None) -> None:
+        if text:
+            self.out.write(style.render(text) if style is not None else text)
+            self.out.flush()
+
+    def _write_dim(self, text: str) -> None:
+        self._write(text, self._dim)
+
+    def feed(self, thinking: str, content: str) -> None:
+        """Take the next chunk's reasoning and answer pieces (either may be empty)."""
+        if thinking:
+            self.thinking_parts.append(thinking)
+            if self.show_thinking:
+                if self._thoughts is None:
+                    self._write(THINKING_OPENING, self._heading)
+                    self._write("\n")
+                    self._thoughts = StreamWrapper(self._write_dim, self._width)
+                self._thoughts.feed(thinking)
+        if content:
+            self.content_parts.append(content)
+            self._close_thinking(answer_follows=True)
+            self._answer.feed(content)
+
+    def _close_thinking(self, *, answer_follows: bool) -> None:
+        if self._thoughts is None:
+            return
+        self._thoughts.flush()
+        self._thoughts = None
+        # on a line of its own, and a blank line before the answer as Ollama prints it
+        self._write("" if self.thinking.endswith("\n") else "\n")
+        self._write(THINKING_CLOSING, self._heading)
+        self._write("\n\n" if answer_follows else "\n")
+
+    def finish(self) -> None:
+        """The stream ended: close the reasoning block if it is open, write what is held."""
+        self._close_thinking(answer_follows=False)
+        self._answer.flush()
 
 
 class ChatSession:
@@ -138,40 +236,48 @@ class ChatSession:
         """Stream the answer to ``prompt``; returns its text and adds the exchange to the
         conversation. Ctrl-C stops it (closing the stream cancels it in the daemon) and
         re-raises KeyboardInterrupt; the interrupted exchange is not kept."""
-        from ..stream_wrap import StreamWrapper
 
         def write(text: str) -> None:
             self.out.write(text)
             self.out.flush()
 
-        wrapper = StreamWrapper(write, self._width())
-        pieces: list[str] = []
+        config = self.config
+        printer = AnswerPrinter(
+            self.out,
+            self._width(),
+            show_thinking=not config.hidethinking,
+            styled=self.out.isatty(),
+        )
         final: dict[str, Any] = {}
         stream = self.client.chat_stream(
-            self.config.model,
+            config.model,
             self.request_messages(prompt),
-            format=self.config.format,
-            options=self.config.options or None,
-            keep_alive=self.config.keep_alive,
+            format=config.format,
+            options=config.options or None,
+            keep_alive=config.keep_alive,
+            think=config.think,
         )
         try:
             with _spinner(self.err) as stop_spinner:
                 for chunk in stream:
-                    stop_spinner()
+                    message = chunk.get("message") or {}
+                    thinking = message.get("thinking") or ""
+                    content = message.get("content") or ""
+                    # hidden reasoning keeps the spinner going: the wait is not over yet
+                    if content or (thinking and printer.show_thinking) or chunk.get("done"):
+                        stop_spinner()
+                    printer.feed(thinking, content)
                     if chunk.get("done"):
                         final = dict(chunk)
                         break
-                    text = (chunk.get("message") or {}).get("content") or ""
-                    pieces.append(text)
-                    wrapper.feed(text)
-            wrapper.flush()
+            printer.finish()
         except KeyboardInterrupt:
             stream.close()
             self.reconnect()
             raise
         finally:
             stream.close()
-        answer = "".join(pieces)
+        answer = printer.content
         ending = "\n\n" if interactive else "\n"
         write(ending if answer and not answer.endswith("\n") else ending[:-1])
         if self.config.verbose and final:
@@ -181,5 +287,8 @@ class ChatSession:
             if interactive:
                 print(file=self.err, flush=True)
         self.messages.append({"role": "user", "content": prompt})
-        self.messages.append({"role": "assistant", "content": answer})
+        reply: ChatMessage = {"role": "assistant", "content": answer}
+        if printer.thinking:
+            reply["thinking"] = printer.thinking  # sent back with the history, as Ollama does
+        self.messages.append(reply)
         return answer
