@@ -268,10 +268,12 @@ async def idle_chats(
     raw: RawLlama, model: str, threads: int, kv_dir: Path, args: argparse.Namespace
 ) -> dict[str, float]:
     """One stream's decode and prefill after 20 long chats went idle, over a fresh runner's."""
-    async with fresh_runner(model, threads, kv_dir) as client:
+    # Each runner gets its own cache folder: the idle runner must not find the fresh runner's
+    # prompts saved on disk, or its "prefill" would be a restore.
+    async with fresh_runner(model, threads, kv_dir / "fresh") as client:
         _, fresh_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
         _, fresh_decode = await decode_rates(raw, client, 1, args.repeat, args.tokens)
-    async with fresh_runner(model, threads, kv_dir) as client:
+    async with fresh_runner(model, threads, kv_dir / "idle") as client:
         for batch in range(5):  # 20 chats of ~600 tokens, 4 at a time
             await runner_ttft(client, [words(500, seed=1000 + batch * 4 + i) for i in range(4)])
         # The engine moves cells of slots idle for a while to the RAM tier once others work.
