@@ -1,7 +1,9 @@
 """Chats kept across restarts: a small SQLite database in the data dir.
 
-Each chat has a title, a model, a system prompt and generation options; its messages keep the
-answer's timings (the final chunk's fields) so the stats under an answer survive a restart.
+Each chat has a title, a model, a system prompt, generation options and a ``think`` setting;
+its messages keep the answer's reasoning and timings (the final chunk's fields) so both survive
+a restart. Databases written before a column existed are migrated when opened
+(:data:`_MIGRATIONS`, counted by SQLite's ``user_version``).
 The TUI calls these methods from worker threads (``asyncio.to_thread``); one connection is
 shared behind a lock, which SQLite allows with ``check_same_thread=False``.
 """
@@ -15,7 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from localllm.client import Think
 
 __all__ = ["DB_NAME", "Chat", "ChatStore", "StoredMessage"]
 
@@ -43,7 +48,14 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-_SCHEMA_VERSION = 1
+# Columns added since version 1, each with the version that added it. The tables above stay
+# as version 1 wrote them, so an old database and a new one take the same path. ``think`` is
+# JSON (true, false, a level; NULL leaves the model's default).
+_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (2, "chats", "think TEXT"),
+    (2, "messages", "thinking TEXT NOT NULL DEFAULT ''"),
+)
+_SCHEMA_VERSION = max(version for version, _, _ in _MIGRATIONS)
 
 
 @dataclass
@@ -58,6 +70,8 @@ class StoredMessage:
     """For answers: the final chunk's timing fields, or ``{"done_reason": "stopped"}``."""
     id: int | None = None
     """Row id once saved."""
+    thinking: str = ""
+    """For answers: the model's reasoning before the text, if it showed any."""
 
 
 @dataclass
@@ -76,11 +90,18 @@ class Chat:
     """Generation options sent with every request (``temperature``, ``num_ctx``, ...)."""
     messages: list[StoredMessage] = field(default_factory=list)
     """The conversation, oldest first."""
+    think: Think | None = None
+    """``think`` sent with every request: on, off or a level; None leaves the model's default."""
 
     def request_messages(self) -> list[dict[str, str]]:
-        """The messages to send to ``/api/chat``: the system prompt, then the conversation."""
+        """The messages to send to ``/api/chat``: the system prompt, then the conversation
+        (answers with their reasoning, as Ollama's CLI sends them back)."""
         sent = [{"role": "system", "content": self.system}] if self.system.strip() else []
-        sent.extend({"role": m.role, "content": m.content} for m in self.messages)
+        for message in self.messages:
+            item = {"role": message.role, "content": message.content}
+            if message.thinking:
+                item["thinking"] = message.thinking
+            sent.append(item)
         return sent
 
     def last_answer(self) -> str | None:
@@ -89,6 +110,11 @@ class Chat:
             if message.role == "assistant":
                 return message.content
         return None
+
+
+def _think_json(think: Think | None) -> str | None:
+    """``think`` as stored: JSON, NULL for the model's default."""
+    return None if think is None else json.dumps(think)
 
 
 class ChatStore:
@@ -105,7 +131,27 @@ class ChatStore:
         # WAL keeps each small commit cheap, so saving a message never holds up the UI thread.
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(_SCHEMA)
-        self._db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns a database written by an older version lacks.
+
+        In one write transaction: two apps opening an old database at once must not both add
+        a column (the second would fail), and the version is read again inside it."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            for added_in, table, column in _MIGRATIONS:
+                existing = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                if added_in > version and column.split()[0] not in existing:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+            if version < _SCHEMA_VERSION:
+                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         """Close the database."""
@@ -126,40 +172,61 @@ class ChatStore:
         model: str | None = None,
         system: str = "",
         options: dict[str, Any] | None = None,
+        think: Think | None = None,
     ) -> Chat:
         """A new, empty chat."""
         now = self._clock()
         row_id, _ = self._run(
-            "INSERT INTO chats (title, model, system, options, created, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (title, model, system, json.dumps(options or {}), now, now),
+            "INSERT INTO chats (title, model, system, options, think, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (title, model, system, json.dumps(options or {}), _think_json(think), now, now),
         )
         assert row_id is not None
-        return Chat(row_id, title, model, system, dict(options or {}))
+        return Chat(row_id, title, model, system, dict(options or {}), think=think)
 
     def list_chats(self) -> list[Chat]:
         """Every chat with its messages, oldest chat first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, title, model, system, options FROM chats ORDER BY id"
+                "SELECT id, title, model, system, options, think FROM chats ORDER BY id"
             ).fetchall()
             messages = self._db.execute(
-                "SELECT chat_id, id, role, content, stats FROM messages ORDER BY id"
+                "SELECT chat_id, id, role, content, stats, thinking FROM messages ORDER BY id"
             ).fetchall()
-        chats = {row[0]: Chat(row[0], row[1], row[2], row[3], json.loads(row[4])) for row in rows}
-        for chat_id, message_id, role, content, stats in messages:
+        chats = {
+            row[0]: Chat(
+                row[0],
+                row[1],
+                row[2],
+                row[3],
+                json.loads(row[4]),
+                think=json.loads(row[5]) if row[5] else None,
+            )
+            for row in rows
+        }
+        for chat_id, message_id, role, content, stats, thinking in messages:
             chat = chats.get(chat_id)
             if chat is not None:
                 loaded = json.loads(stats) if stats else None
-                chat.messages.append(StoredMessage(role, content, loaded, message_id))
+                chat.messages.append(
+                    StoredMessage(role, content, loaded, message_id, thinking or "")
+                )
         return list(chats.values())
 
     def update_chat(self, chat: Chat) -> None:
-        """Save a chat's title, model, system prompt and options."""
+        """Save a chat's title, model, system prompt, options and ``think``."""
         self._run(
-            "UPDATE chats SET title = ?, model = ?, system = ?, options = ?, updated = ? "
-            "WHERE id = ?",
-            (chat.title, chat.model, chat.system, json.dumps(chat.options), self._clock(), chat.id),
+            "UPDATE chats SET title = ?, model = ?, system = ?, options = ?, think = ?, "
+            "updated = ? WHERE id = ?",
+            (
+                chat.title,
+                chat.model,
+                chat.system,
+                json.dumps(chat.options),
+                _think_json(chat.think),
+                self._clock(),
+                chat.id,
+            ),
         )
 
     def delete_chat(self, chat_id: int) -> None:
@@ -171,12 +238,14 @@ class ChatStore:
     def add_message(self, chat_id: int, message: StoredMessage) -> StoredMessage:
         """Append a message to a chat; sets and returns it with its ``id``."""
         row_id, _ = self._run(
-            "INSERT INTO messages (chat_id, role, content, stats, created) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO messages (chat_id, role, content, stats, thinking, created) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
             (
                 chat_id,
                 message.role,
                 message.content,
                 json.dumps(message.stats) if message.stats is not None else None,
+                message.thinking,
                 self._clock(),
             ),
         )

@@ -1,5 +1,6 @@
 """The chat screen: several chats (a list on the left), a model per chat, answers streamed as
-Markdown with their timings underneath, chats saved across restarts."""
+Markdown with their timings underneath and the model's reasoning folded above them, chats saved
+across restarts."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from localllm._exceptions import DaemonError
 
 from ..chats import Chat, StoredMessage
 from ..format import chat_title
-from ..widgets.message import MessageView
+from ..widgets.message import MessageView, ThrottledMarkdownStream
 from ..widgets.prompt import PromptArea
 from ..widgets.status import StatusBar
 from .base import MainScreen
@@ -54,7 +55,17 @@ class Transcript(VerticalScroll):
 
 def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
     author = "You" if message.role == "user" else (chat.model or "assistant")
-    return MessageView(message.role, message.content, author=author, stats=message.stats)
+    return MessageView(
+        message.role,
+        message.content,
+        author=author,
+        stats=message.stats,
+        thinking=message.thinking,
+    )
+
+
+# How the options line names a chat's think setting (nothing for the model's default).
+_THINK_SUMMARY = {True: "thinking", False: "no thinking"}
 
 
 def _options_summary(chat: Chat) -> str:
@@ -65,6 +76,8 @@ def _options_summary(chat: Chat) -> str:
         parts.append(f"ctx {chat.options['num_ctx']}")
     if "num_predict" in chat.options:
         parts.append(f"max {chat.options['num_predict']}")
+    if chat.think is not None:
+        parts.append(_THINK_SUMMARY.get(chat.think, f"thinking {chat.think}"))
     if chat.system.strip():
         parts.append("system prompt")
     return " · ".join(parts) or "default options"
@@ -200,12 +213,13 @@ class ChatScreen(MainScreen):
         await self.show_chat(self.chats[ids[index]])
 
     async def action_new_chat(self) -> None:
-        """Start an empty chat with the current chat's model and options."""
+        """Start an empty chat with the current chat's model, options and think setting."""
         model = self.current.model if self.current else (self.models or [None])[0]
         system = self.current.system if self.current else ""
         options = dict(self.current.options) if self.current else {}
+        think = self.current.think if self.current else None
         chat = await asyncio.to_thread(
-            self.llm.chats.create_chat, _NEW_CHAT, model, system, options
+            self.llm.chats.create_chat, _NEW_CHAT, model, system, options, think
         )
         self.chats[chat.id] = chat
         self.query_one("#chat-list", OptionList).add_option(Option(chat.title, id=str(chat.id)))
@@ -235,14 +249,17 @@ class ChatScreen(MainScreen):
 
     @work(exclusive=True, group="dialog")
     async def action_chat_options(self) -> None:
-        """Edit the current chat's system prompt, temperature, context and answer length."""
+        """Edit the current chat's system prompt, temperature, context, answer length and
+        thinking."""
         chat = self.current
         if chat is None:
             return
-        result = await self.app.push_screen_wait(ChatOptionsDialog(chat.system, chat.options))
+        result = await self.app.push_screen_wait(
+            ChatOptionsDialog(chat.system, chat.options, chat.think)
+        )
         if result is None:
             return
-        chat.system, chat.options = result
+        chat.system, chat.options, chat.think = result
         await asyncio.to_thread(self.llm.chats.update_chat, chat)
         self.query_one("#chat-options", Label).update(_options_summary(chat))
 
@@ -322,14 +339,26 @@ class ChatScreen(MainScreen):
     ) -> None:
         # Throttled: the answer re-renders a few times a second, not once per token.
         stream = view.stream()
+        thoughts = view.thinking_stream()
         parts: list[str] = []
+        thinking: list[str] = []
         stats: dict[str, Any] = {"done_reason": "stopped"}
         try:
             async for chunk in self.llm.client.chat_stream(
-                model, messages, options=chat.options or None
+                model, messages, options=chat.options or None, think=chat.think
             ):
-                piece = chunk.get("message", {}).get("content", "")
+                message = chunk.get("message", {})
+                if reasoning := message.get("thinking", ""):
+                    thinking.append(reasoning)
+                    if not parts:  # once the answer began, its box is finished: kept, not shown
+                        view.streamed_chunks += 1
+                        await thoughts.write(reasoning)
+                piece = message.get("content", "")
                 if piece:
+                    if not parts and thinking:
+                        # the answer begins: the reasoning shown whole, then folded away
+                        await thoughts.stop()
+                        view.fold_thinking()
                     parts.append(piece)
                     view.streamed_chunks += 1
                     await stream.write(piece)
@@ -343,24 +372,25 @@ class ChatScreen(MainScreen):
             self.notify(f"{model} could not answer: {exc}", severity="error")
         finally:
             # Runs on Esc (cancellation) too: keep what arrived, shown whole and saved.
-            await self._finish_answer(chat, view, stream, "".join(parts), stats)
+            answer = StoredMessage("assistant", "".join(parts), stats, thinking="".join(thinking))
+            await self._finish_answer(chat, view, (thoughts, stream), answer)
 
     async def _finish_answer(
         self,
         chat: Chat,
         view: MessageView,
-        stream: Any,
-        text: str,
-        stats: dict[str, Any],
+        streams: tuple[ThrottledMarkdownStream, ...],
+        answer: StoredMessage,
     ) -> None:
         try:
             # Saved first: when the app quits mid-answer the widgets may already be gone.
-            if text or "error" not in stats:
-                answer = StoredMessage("assistant", text, stats)
+            stats = answer.stats or {}
+            if answer.content or answer.thinking or "error" not in stats:
                 chat.messages.append(answer)
                 await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
             # Shows the whole answer in the full Markdown view: rendered once, at the end.
-            await stream.stop()
+            for stream in streams:
+                await stream.stop()
             view.stats = stats
         finally:
             self.answers.pop(chat.id, None)

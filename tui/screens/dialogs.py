@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -11,7 +11,10 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, TextArea
 
-__all__ = ["ChatOptionsDialog", "ConfirmDialog", "NameDialog", "QuantizeDialog"]
+if TYPE_CHECKING:
+    from localllm.client import Think
+
+__all__ = ["THINK_CHOICES", "ChatOptionsDialog", "ConfirmDialog", "NameDialog", "QuantizeDialog"]
 
 
 class _Dialog(ModalScreen[Any]):
@@ -102,15 +105,34 @@ _OPTION_FIELDS: tuple[tuple[str, str, type[int] | type[float], str], ...] = (
 )
 
 
-class ChatOptionsDialog(_Dialog):
-    """A chat's system prompt and options; dismisses with ``(system, options)``."""
+THINK_CHOICES: tuple[tuple[str, str, Think | None], ...] = (
+    ("default", "Model default", None),
+    ("off", "Off", False),
+    ("on", "On", True),
+    ("low", "Low", "low"),
+    ("medium", "Medium", "medium"),
+    ("high", "High", "high"),
+)
+"""The think settings a chat offers: (key, label, the ``think`` value sent)."""
 
-    def __init__(self, system: str, options: dict[str, Any]) -> None:
+
+def _think_key(think: Think | None) -> str:
+    """The choice showing ``think`` (the model default for a value not offered)."""
+    return next((key for key, _, value in THINK_CHOICES if value == think), "default")
+
+
+class ChatOptionsDialog(_Dialog):
+    """A chat's system prompt, options and ``think``; dismisses with
+    ``(system, options, think)``."""
+
+    def __init__(self, system: str, options: dict[str, Any], think: Think | None = None) -> None:
         super().__init__()
         self.system = system
         """The current system prompt."""
         self.options = dict(options)
         """The current options."""
+        self.think = think
+        """The current ``think`` (None: the model's default)."""
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -129,6 +151,14 @@ class ChatOptionsDialog(_Dialog):
                         id=key,
                         compact=True,
                     )
+                yield Label("Thinking")
+                yield Select(
+                    [(label, key) for key, label, _ in THINK_CHOICES],
+                    value=_think_key(self.think),
+                    allow_blank=False,
+                    id="think",
+                    compact=True,
+                )
             yield Label("", id="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
@@ -149,7 +179,14 @@ class ChatOptionsDialog(_Dialog):
         if options.get("temperature", 0) < 0 or options.get("num_ctx", 1) < 1:
             self.query_one("#error", Label).update("Temperature must be ≥ 0 and context ≥ 1")
             return
-        self.dismiss((self.query_one("#system", TextArea).text, options))
+        choice = self.query_one("#think", Select).value
+        think = next((value for key, _, value in THINK_CHOICES if key == choice), None)
+        self.dismiss((self.query_one("#system", TextArea).text, options, think))
+
+    def on_mount(self) -> None:
+        """Fit the think picker to the one-line rows of the options grid (the dialogs' CSS
+        gives a Select a margin below, which a grid row of one line would cut)."""
+        self.query_one("#think", Select).styles.margin = 0
 
 
 class QuantizeDialog(_Dialog):

@@ -1,5 +1,6 @@
-"""One message of a chat: who said it, the text (Markdown for answers) and, under an answer,
-its stats line (TTFT, prefill and decode speed, tokens reused from the cache).
+"""One message of a chat: who said it, the text (Markdown for answers), above an answer the
+model's reasoning folded under "Thinking" (:class:`ThinkingBox`) when it showed any, and under
+an answer its stats line (TTFT, prefill and decode speed, tokens reused from the cache).
 
 While an answer streams it is shown by a light :class:`StreamingMarkdown` (fed through
 :class:`ThrottledMarkdownStream`): pieces are gathered and shown at most
@@ -8,7 +9,8 @@ change (text before a blank line outside a code fence) are rendered once, and on
 block is rendered again. A token then costs a list append, not a render: the UI's CPU per
 token stays flat however long the answer is, and the TUI does not slow the daemon it shares
 the machine with. When the answer is complete, it is shown by Textual's full ``Markdown``
-widget, as saved answers are.
+widget, as saved answers are. Reasoning streams the same throttled way into its box, open
+while it comes; the box folds when the answer begins.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import contextlib
 import re
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from rich.console import RenderableType
 from rich.markdown import Markdown as RichMarkdown
@@ -25,11 +27,18 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import Label, Markdown, Static
+from textual.widgets import Collapsible, Label, Markdown, Static
 
 from ..format import answer_stats
 
-__all__ = ["MessageView", "StreamingMarkdown", "ThrottledMarkdownStream", "settled_length"]
+__all__ = [
+    "MessageView",
+    "StreamTarget",
+    "StreamingMarkdown",
+    "ThinkingBox",
+    "ThrottledMarkdownStream",
+    "settled_length",
+]
 
 _FENCE = re.compile(r"^ {0,3}(```|~~~)")
 _TAIL_STEP = 4
@@ -140,15 +149,27 @@ class StreamingMarkdown(Vertical):
         self._tail.show(tail)
 
 
+class StreamTarget(Protocol):
+    """What a :class:`ThrottledMarkdownStream` writes to: an answer (:class:`MessageView`) or
+    its reasoning (:class:`ThinkingBox`)."""
+
+    async def show_streaming(self, text: str) -> None:
+        """Show ``text``, everything written so far, while more may come."""
+
+    async def finish_streaming(self, text: str) -> None:
+        """Show ``text``, all there is."""
+
+
 class ThrottledMarkdownStream:
     """Shows an answer as it streams, at most ``refreshes_per_second`` times a second, in the
     view's :class:`StreamingMarkdown`; :meth:`stop` hands the whole text to the view's full
     Markdown widget (the same ``write``/``stop`` interface as Textual's ``MarkdownStream``,
-    which re-renders as often as the event loop lets it)."""
+    which re-renders as often as the event loop lets it). Any :class:`StreamTarget` can be
+    written to this way (an answer's reasoning too)."""
 
-    def __init__(self, view: MessageView, refreshes_per_second: float = 5.0) -> None:
+    def __init__(self, view: StreamTarget, refreshes_per_second: float = 5.0) -> None:
         self.view = view
-        """The answer written to."""
+        """The answer (or reasoning) written to."""
         self.interval = 1.0 / refreshes_per_second if refreshes_per_second > 0 else 0.0
         """Least time between two refreshes, in seconds."""
         self.appends = 0
@@ -209,6 +230,61 @@ class ThrottledMarkdownStream:
             await self.view.finish_streaming(self.text)
 
 
+class ThinkingBox(Collapsible):
+    """An answer's reasoning, plain text folded under a "Thinking" title (open while it
+    streams, folded once the answer begins; Enter or a click on the title toggles it)."""
+
+    DEFAULT_CSS = """
+    ThinkingBox {
+        background: transparent;
+        border-top: none;
+        padding: 0;
+    }
+    ThinkingBox > Contents {
+        padding: 0 0 0 2;
+    }
+    ThinkingBox CollapsibleTitle {
+        color: $text-muted;
+    }
+    ThinkingBox .thinking-text {
+        color: $text-muted;
+        text-style: italic;
+    }
+    """
+
+    def __init__(self, text: str = "", *, collapsed: bool = True) -> None:
+        self._body = Static(text, markup=False, classes="thinking-text")
+        super().__init__(self._body, title="Thinking", collapsed=collapsed, classes="thinking")
+        self.text = text
+        """The reasoning shown."""
+
+    async def show_streaming(self, text: str) -> None:
+        """Show ``text``, the reasoning so far."""
+        self.text = text
+        self._body.update(text)
+
+    async def finish_streaming(self, text: str) -> None:
+        """Show ``text``, the whole reasoning."""
+        await self.show_streaming(text)
+
+
+class _ThinkingTarget:
+    """The reasoning of a :class:`MessageView` as a :class:`StreamTarget`: its box appears
+    with the first words (an answer without reasoning gets none)."""
+
+    def __init__(self, view: MessageView) -> None:
+        self.view = view
+
+    async def show_streaming(self, text: str) -> None:
+        """Show ``text`` in the box, mounting it first if needed."""
+        await (await self.view.thinking_box()).show_streaming(text)
+
+    async def finish_streaming(self, text: str) -> None:
+        """Show the whole reasoning (nothing when there was none)."""
+        if text or self.view.thinking_view is not None:
+            await (await self.view.thinking_box()).finish_streaming(text)
+
+
 class MessageView(Vertical):
     """A user message (plain text) or an answer (Markdown, streamed into while it comes)."""
 
@@ -220,7 +296,13 @@ class MessageView(Vertical):
     """The answer's final timings; shown as one line under it."""
 
     def __init__(
-        self, role: str, content: str = "", *, author: str, stats: dict[str, Any] | None = None
+        self,
+        role: str,
+        content: str = "",
+        *,
+        author: str,
+        stats: dict[str, Any] | None = None,
+        thinking: str = "",
     ) -> None:
         super().__init__(classes=role)
         self.role = role
@@ -234,11 +316,18 @@ class MessageView(Vertical):
         self._stats = Label(answer_stats(stats), classes="stats")
         self._markdown = Markdown(content, classes="body") if role == "assistant" else None
         self._streaming: StreamingMarkdown | None = None
+        # a saved answer's reasoning starts folded, unless it is all there is to see
+        self.thinking_view: ThinkingBox | None = (
+            ThinkingBox(thinking, collapsed=bool(content.strip())) if thinking else None
+        )
+        """The box of the answer's reasoning, if it has any."""
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
         yield Label(self.author, classes="author")
         if self._markdown is not None:
+            if self.thinking_view is not None:
+                yield self.thinking_view
             yield self._markdown
             yield self._stats
         else:
@@ -247,6 +336,23 @@ class MessageView(Vertical):
     def stream(self) -> ThrottledMarkdownStream:
         """A throttled stream into this answer (see the module docstring)."""
         return ThrottledMarkdownStream(self, self.STREAM_REFRESHES_PER_SECOND)
+
+    def thinking_stream(self) -> ThrottledMarkdownStream:
+        """A throttled stream into this answer's reasoning (its box appears with the first
+        words)."""
+        return ThrottledMarkdownStream(_ThinkingTarget(self), self.STREAM_REFRESHES_PER_SECOND)
+
+    async def thinking_box(self) -> ThinkingBox:
+        """The reasoning's box, mounted open above the answer if it was not there yet."""
+        if self.thinking_view is None:
+            self.thinking_view = ThinkingBox(collapsed=False)
+            await self.mount(self.thinking_view, before=self.markdown)
+        return self.thinking_view
+
+    def fold_thinking(self) -> None:
+        """Fold the reasoning (the answer has begun); nothing when there is none."""
+        if self.thinking_view is not None:
+            self.thinking_view.collapsed = True
 
     async def show_streaming(self, text: str) -> None:
         """Show ``text`` (the answer so far) in the light streaming view."""
@@ -276,6 +382,11 @@ class MessageView(Vertical):
         if self._streaming is not None:
             return self._streaming.text
         return self._markdown.source if self._markdown is not None else self._content
+
+    @property
+    def thinking(self) -> str:
+        """The reasoning as shown now (empty when there is none)."""
+        return self.thinking_view.text if self.thinking_view is not None else ""
 
     @property
     def stats_text(self) -> str:
