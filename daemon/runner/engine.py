@@ -72,7 +72,7 @@ _MIN_SAVED_TOKENS = 32
 # gives its cells up (a later hit restores them at the cost of a copy).
 _IDLE_EVICT_S = 2.0
 # Draft lengths whose decode cost is measured (the rest is interpolated).
-_COST_POINTS = (1, 2, 4, 8, 16)
+_COST_POINTS = (1, 2, 4, 8)
 
 
 @dataclass
@@ -241,6 +241,10 @@ class Engine:
 
     def _run(self) -> None:
         try:
+            if self.num_draft > 0:
+                # Measured now, while no request waits, rather than in the middle of the
+                # first request that would draft.
+                self._batch_cost()
             while True:
                 idle = (
                     not self.waiting
@@ -599,11 +603,11 @@ class Engine:
             return self._cost
         model, batch, scratch = self.model, self.model.batch, self.model.n_slots
         seconds: dict[int, float] = {}
-        for n in (1, *_COST_POINTS):  # the first run of 1 only warms up
+        for n in _COST_POINTS:
             if n > batch.capacity:
                 break
             runs = []
-            for _ in range(2):
+            for _ in range(1 if n > 1 else 3):  # the first runs warm up
                 batch.clear()
                 for position in range(n):
                     batch.add(max(model.bos_id, 0), position, scratch, True)

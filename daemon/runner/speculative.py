@@ -95,7 +95,7 @@ class DraftPolicy:
 
     max_draft: int
     """Most drafted tokens per step (the request's ``num_draft``)."""
-    acceptance: float = 0.6
+    acceptance: float = 0.5
     """Running estimate of the chance that a drafted token is accepted."""
     drafted: int = 0
     """Tokens drafted for verification so far."""
@@ -126,6 +126,6 @@ class DraftPolicy:
             chance *= self.acceptance
             expected += chance
             rate = (batch_outputs + expected) / cost(batch_tokens + k)
-            if rate > best_rate * 1.02:  # a margin: the estimates are noisy
+            if rate > best_rate * 1.05:  # a margin: the estimates are noisy
                 best_k, best_rate = k, rate
         return best_k
