@@ -4,6 +4,7 @@ confirmed, bad load options never crash llama.cpp, a crashed engine ends the pro
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,29 @@ def test_closing_a_stream_early_is_confirmed_by_the_runner(runner: RunnerHarness
     runner.run(scenario())
     assert [r.done_reason for r in cancelled] == ["cancel"]
     assert cancelled[0].timings.completion_tokens >= 1
+
+
+class _SilentRunner(RunnerProcess):
+    """A process that says "ready" but never serves: what a runner wedged after loading is."""
+
+    def command(self) -> list[str]:
+        script = (
+            "import os, sys, time\n"
+            "fd = int(sys.argv[sys.argv.index('--ready-fd') + 1])\n"
+            "os.write(fd, b'ready\\n')\n"
+            "time.sleep(600)\n"
+        )
+        return [sys.executable, "-c", script]
+
+
+def test_a_runner_that_never_answers_after_ready_is_stopped(tmp_path: Path) -> None:
+    process = _SilentRunner(
+        RunnerConfig(model_path="unused.gguf"), tmp_path / "silent.sock", tmp_path / "r.log"
+    )
+
+    async def scenario() -> None:
+        await process.start(timeout=60)
+
+    with pytest.raises(RunnerStartError, match="did not answer"):
+        asyncio.run(scenario())
+    assert not process.alive()  # never left running with no owner
