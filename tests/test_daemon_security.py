@@ -163,7 +163,13 @@ _HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
     (
         "POST",
         "/v1/chat/completions",
-        {"json": {"model": "smollm2:135m", "messages": [{"role": "user", "content": "x"}], "n": 99}},
+        {
+            "json": {
+                "model": "smollm2:135m",
+                "messages": [{"role": "user", "content": "x"}],
+                "n": 99,
+            }
+        },
     ),
     (
         "POST",
