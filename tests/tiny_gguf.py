@@ -86,7 +86,7 @@ def byte_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _vocabulary() -> tuple[list[str], list[int], list[str]]:
+def _vocabulary(extra_tokens: int = 0) -> tuple[list[str], list[int], list[str]]:
     tokens = [byte_to_unicode()[b] for b in range(256)]
     merges = []
     for left, right in _MERGES:
@@ -94,6 +94,7 @@ def _vocabulary() -> tuple[list[str], list[int], list[str]]:
         merges.append(f"{left} {right}")
         if merged not in tokens:
             tokens.append(merged)
+    tokens += [f"<extra_{i}>" for i in range(extra_tokens)]
     token_types = [gguf.TokenType.NORMAL] * len(tokens)
     for special in SPECIAL_TOKENS:
         tokens.append(special)
@@ -116,6 +117,7 @@ def write_tiny_gguf(
     name: str = "tiny-llama",
     license: str | None = "MIT",
     never_ends: bool = False,
+    extra_tokens: int = 0,
 ) -> Path:
     """Write a tiny llama model to ``path`` and return the path.
 
@@ -123,10 +125,12 @@ def write_tiny_gguf(
     n_embd defaults to 256 so every K-quant's 256-wide blocks apply when quantizing it.
     ``never_ends`` zeroes the special tokens' output rows: their logit is then 0 while the
     best of the others is around +20, so greedy decoding never ends a generation by itself.
+    ``extra_tokens`` adds that many ordinary tokens before the special ones (another
+    vocabulary, for draft-model compatibility checks).
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, token_types, merges = _vocabulary()
+    tokens, token_types, merges = _vocabulary(extra_tokens)
     n_vocab = len(tokens)
     head_dim = n_embd // n_head
     matrix_type = {"f32": np.float32, "f16": np.float16}[dtype]

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .draft import DraftModel, DraftModelDrafter
 from .kvcache import PrefixCache
 from .model import LlamaModel
 from .protocol import (
@@ -54,7 +55,7 @@ from .slots import (
     prefix_source,
     should_wait_for,
 )
-from .speculative import BatchCost, DraftPolicy, NgramDrafter
+from .speculative import BatchCost, Drafter, DraftPolicy, NgramDrafter
 from .text import TextStream
 
 __all__ = ["BatchPlan", "EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
@@ -73,6 +74,9 @@ _MIN_SAVED_TOKENS = 32
 _IDLE_EVICT_S = 2.0
 # Draft lengths whose decode cost is measured (the rest is interpolated).
 _COST_POINTS = (1, 2, 4, 8)
+# A slot whose policy keeps the draft model idle still drafts one token this often, so that
+# its acceptance estimate (learnt only from drafts) can recover.
+_PROBE_EVERY = 16
 
 
 @dataclass
@@ -137,11 +141,18 @@ class Engine:
         on_exit: Callable[[], None] | None = None,
         prefix_cache: PrefixCache | None = None,
         num_draft: int = 0,
+        draft: DraftModel | None = None,
     ) -> None:
         self.model = model
         self.num_draft = num_draft
-        """Default most draft tokens per step for n-gram speculation (0: off)."""
+        """Default most draft tokens per step for speculation (0: off)."""
+        self.draft = draft
+        """The draft model drafting for every speculating slot (None: n-gram lookup)."""
+        self.draft_cost: float | None = None
+        """Drafting one token's cost relative to a one-token target decode, when fixed (for
+        tests and benchmarks); None: measured from the draft model's decodes."""
         self._cost: BatchCost | None = None
+        self._decode_seconds: float | None = None
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -198,6 +209,8 @@ class Engine:
             if not self.crashed:
                 self._persist_prefixes()
             self.model.close()
+            if self.draft is not None:
+                self.draft.close()
 
     def stats(self) -> Stats:
         """A snapshot of the gauges (approximate while the engine runs)."""
@@ -343,7 +356,7 @@ class Engine:
             slot.logprobs = []
             max_draft = job.options.num_draft if job.options.num_draft >= 0 else self.num_draft
             if max_draft > 0:
-                slot.drafter = NgramDrafter(job.prompt)
+                slot.drafter = self._drafter(job.prompt)
                 slot.policy = DraftPolicy(max_draft=max_draft)
             else:
                 slot.drafter = slot.policy = None
@@ -572,6 +585,8 @@ class Engine:
         capacity = self.model.batch.capacity - len(decoding) - prefill_tokens // 2
         tokens, outputs = len(decoding) + prefill_tokens, float(len(decoding))
         planned = 0
+        if self.draft is not None:
+            self._draft_with_model(decoding, capacity, tokens, outputs)
         for slot in decoding:
             job, drafter, policy = slot.job, slot.drafter, slot.policy
             slot.proposal = []
@@ -597,6 +612,61 @@ class Engine:
             outputs += sum(policy.acceptance**i for i in range(1, k + 1))
         return planned
 
+    def _drafter(self, prompt: list[int]) -> Drafter:
+        """A new request's drafter: its share of the draft model, or n-gram lookup."""
+        if self.draft is not None:
+            return DraftModelDrafter(self.draft)
+        return NgramDrafter(prompt)
+
+    def _draft_cost(self) -> float:
+        """Drafting one token with the draft model, relative to a one-token target decode."""
+        if self.draft_cost is not None:
+            return self.draft_cost
+        seconds = self.draft.seconds_per_token if self.draft is not None else None
+        if seconds is None or not self._decode_seconds:
+            return 0.0  # unknown until the first draft is measured: try it
+        return seconds / self._decode_seconds
+
+    def _draft_with_model(
+        self, decoding: list[Slot], capacity: int, tokens: int, outputs: float
+    ) -> None:
+        """Before the step's drafts are planned: run the draft model for every slot whose
+        policy says drafting pays counting the draft model's own time (one batched decode
+        per draft position for all of them), and hand each its draft."""
+        assert self.draft is not None
+        draft_cost = self._draft_cost()
+        wants: list[tuple[int, list[int], int]] = []
+        planned = 0
+        for slot in decoding:
+            job, drafter, policy = slot.job, slot.drafter, slot.policy
+            if job is None or policy is None or not isinstance(drafter, DraftModelDrafter):
+                continue
+            drafter.drafted = []
+            limit = job.options.num_predict if job.options.num_predict > 0 else 1 << 30
+            room = min(
+                policy.max_draft,
+                self.model.n_ctx_per_slot - len(slot.cache) - 3,
+                limit - slot.generated - 1,
+                capacity - planned,
+            )
+            if room <= 0:
+                continue
+            k = policy.length(room, tokens, outputs, self._batch_cost(), draft_cost)
+            if k == 0:
+                drafter.skipped += 1
+                if drafter.skipped < _PROBE_EVERY:
+                    continue
+                k = 1
+            drafter.skipped = 0
+            wants.append((slot.seq_id, [*slot.cache, slot.pending], k))  # type: ignore[list-item]
+            planned += k
+            tokens += k
+            outputs += sum(policy.acceptance**i for i in range(1, k + 1))
+        for seq_id, drafted in self.draft.draft(wants).items():
+            drafter = self.slots[seq_id].drafter
+            if isinstance(drafter, DraftModelDrafter):
+                drafter.drafted = drafted
+
     def _batch_cost(self) -> BatchCost:
         """Decode cost of n tokens relative to one, measured once on a scratch sequence."""
         if self._cost is not None:
@@ -620,6 +690,7 @@ class Engine:
             seconds[n] = min(runs)
         batch.clear()
         base = seconds.get(1) or 1e-9
+        self._decode_seconds = base
         self._cost = BatchCost({n: t / base for n, t in seconds.items()})
         log.info("decode cost of n tokens relative to 1: %s", self._cost.relative)
         return self._cost
@@ -650,6 +721,8 @@ class Engine:
         if draft:
             # Cells past the accepted tokens hold rejected drafts.
             self.model.seq_remove(slot.seq_id, len(slot.cache), -1)
+        if self.draft is not None and isinstance(slot.drafter, DraftModelDrafter):
+            self.draft.rollback(slot.seq_id, slot.cache)
         if slot.policy is not None:
             slot.policy.learn(slot.proposal, produced)
         slot.proposal, slot.draft, slot.draft_indices = [], [], []

@@ -173,7 +173,7 @@ class SamplingOptions:
     ``[\\s\\S]*?(<tool_call>)[\\s\\S]*``), then the grammar constrains the rest from the
     first group's start. Tool calls use this: prose is free, a call once begun is valid."""
     num_draft: int = -1
-    """Most speculative (n-gram) draft tokens per step; 0 turns speculation off for this
+    """Most speculative draft tokens per step; 0 turns speculation off for this
     request, -1 takes the runner's default."""
     logprobs: bool = False
     """Report each generated token's log probability (from the model's own distribution)."""
@@ -388,7 +388,11 @@ class RunnerConfig:
     log_path: str | None = None
     """Where llama.cpp's log goes."""
     num_draft: int = 0
-    """Default most draft tokens per step for n-gram speculative decoding (0: off)."""
+    """Default most draft tokens per step for speculative decoding (0: off)."""
+    draft_model: str | None = None
+    """A draft model's GGUF (same vocabulary, smaller): it drafts instead of n-gram lookup."""
+    draft_name: str | None = None
+    """The draft model's name, for reports (its file name when not given)."""
     kv_cache_dir: str | None = None
     """Root folder of saved prompt prefixes (None: no disk tier)."""
     kv_cache_ram: int = 0

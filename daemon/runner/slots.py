@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .engine import GenerationJob
     from .protocol import TokenLogprob
     from .sampling import Sampler
-    from .speculative import DraftPolicy, NgramDrafter
+    from .speculative import Drafter, DraftPolicy
     from .text import TextStream
 
 __all__ = [
@@ -94,8 +94,9 @@ class Slot:
         """Tokens generated for the current request."""
         self.logprobs: list[TokenLogprob] = []
         """Log probabilities of tokens whose text has not been emitted yet (when asked for)."""
-        self.drafter: NgramDrafter | None = None
-        """Proposes draft tokens from the request's own tokens (when speculation is on)."""
+        self.drafter: Drafter | None = None
+        """Proposes draft tokens: n-gram lookup in the request's own tokens, or the draft
+        model (when speculation is on)."""
         self.policy: DraftPolicy | None = None
         """Whether and how much to draft, from the acceptance seen so far."""
         self.proposal: list[int] = []

@@ -17,8 +17,21 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["BatchCost", "DraftPolicy", "NgramDrafter"]
+__all__ = ["BatchCost", "DraftPolicy", "Drafter", "NgramDrafter"]
+
+
+class Drafter(Protocol):
+    """What the engine asks of a slot's drafter: n-gram lookup, or the draft model's share
+    (:class:`~localllm.daemon.runner.draft.DraftModelDrafter`)."""
+
+    def append(self, token: int) -> None:
+        """A token was generated (the sequence grew by one)."""
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` draft tokens to follow the slot's pending token."""
+        ...
 
 
 class NgramDrafter:
@@ -115,17 +128,24 @@ class DraftPolicy:
                 break
 
     def length(
-        self, proposal: int, batch_tokens: int, batch_outputs: float, cost: BatchCost
+        self,
+        proposal: int,
+        batch_tokens: int,
+        batch_outputs: float,
+        cost: BatchCost,
+        draft_cost: float = 0.0,
     ) -> int:
         """How many of ``proposal`` drafted tokens to verify in a step that already holds
         ``batch_tokens`` tokens producing ``batch_outputs`` tokens: the k maximising
-        expected outputs per unit of step time (0 when nothing beats plain decoding)."""
+        expected outputs per unit of step time (0 when nothing beats plain decoding).
+        ``draft_cost`` is the time of drafting one token, relative to a one-token decode of
+        the target (0 for n-gram lookup; the draft model's measured cost otherwise)."""
         best_k, best_rate = 0, batch_outputs / cost(max(batch_tokens, 1))
         expected, chance = 0.0, 1.0
         for k in range(1, min(proposal, self.max_draft) + 1):
             chance *= self.acceptance
             expected += chance
-            rate = (batch_outputs + expected) / cost(batch_tokens + k)
+            rate = (batch_outputs + expected) / (cost(batch_tokens + k) + k * draft_cost)
             if rate > best_rate * 1.05:  # a margin: the estimates are noisy
                 best_k, best_rate = k, rate
         return best_k
