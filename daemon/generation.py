@@ -437,4 +437,5 @@ def timing_fields(outcome: Outcome) -> dict[str, Any]:
         "eval_rate": round(t.decode_tokens_per_s, 2),
         "draft_count": t.draft_tokens,
         "draft_accepted_count": t.draft_accepted,
+        **({"drafter": t.drafter} if t.drafter else {}),
     }

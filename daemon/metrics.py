@@ -15,6 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from .options import drafter_label
 from .runner.protocol import GenerationResult, Stats
 from .scheduler import LoadedModel, Scheduler
 
@@ -134,7 +135,15 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.drafter = Gauge(
+            "localllm_drafter",
+            "1 for the drafter of each loaded model's speculative decoding: ngram, "
+            "draft:<draft model> or off.",
+            ["model", "drafter"],
+            registry=r,
+        )
         self._per_model_gauges = (
+            self.drafter,
             self.busy_slots,
             self.total_slots,
             self.runner_waiting,
@@ -178,6 +187,7 @@ class Metrics:
             stats: Stats | None = await scheduler.stats(model)
             name = model.name
             self.total_slots.labels(name).set(model.config.n_slots)
+            self.drafter.labels(name, drafter_label(model.config)).set(1)
             if stats is None:
                 continue
             self.busy_slots.labels(name).set(sum(s.state != "idle" for s in stats.slots))

@@ -1,8 +1,17 @@
 """Request options → what the runner needs: sampling options and the runner's load config.
 
 Ollama's layering: the model's params layer gives defaults, the request's ``options`` override
-them. Four options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
-``num_thread``); a request whose load options differ from the loaded runner's reloads it.
+them. Five options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
+``num_thread``, ``draft_model``); a request whose load options differ from the loaded runner's
+reloads it.
+
+The draft model for speculative decoding (:func:`draft_for`): the ``draft_model`` option (a
+request's, else the model's ``PARAMETER``) wins over the Modelfile's ``DRAFT`` layer, which wins
+over ``LOCALLLM_DRAFT_MODEL``. ``LOCALLLM_SPECULATIVE=auto`` drafts with it when there is one
+(n-gram lookup otherwise); ``draft`` makes a missing draft a 400; ``ngram`` and ``off`` use no
+draft model, and a ``draft_model`` option under them is a 400 rather than silently ignored. A
+draft whose vocabulary does not match the model's is a 400 naming both, except the setting's
+under ``auto`` (it applies to every model: others fall back to n-gram with a logged warning).
 Unknown option names are ignored (as Ollama does); known ones with a bad type or range are a
 400 naming the option.
 """
@@ -10,19 +19,31 @@ Unknown option names are ignored (as Ollama does); known ones with a bad type or
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from localllm.models import OPTION_TYPES, LocalModel
+from localllm._exceptions import LocalLLMError, ModelNotFoundError
+from localllm.gguf_info import GGUFInfo, draft_incompatibility
+from localllm.models import OPTION_TYPES, LocalModel, load_model
 from localllm.settings import Settings
 
 from .errors import HTTPProblem
 from .runner.protocol import RunnerConfig, SamplingOptions
 
-__all__ = ["LOAD_OPTIONS", "merge_options", "runner_config", "sampling_options"]
+__all__ = [
+    "LOAD_OPTIONS",
+    "DraftChoice",
+    "draft_for",
+    "drafter_label",
+    "merge_options",
+    "runner_config",
+    "sampling_options",
+]
 
 log = logging.getLogger("localllm.daemon")
 
-LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread"})
+LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread", "draft_model"})
 
 # Inclusive bounds; None means unbounded on that side.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
@@ -72,6 +93,10 @@ def _check(key: str, value: Any, prefix: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
             raise HTTPProblem(400, f"{where} must be a string or a list of strings", param=where)
         return value
+    if expected is str:
+        if not isinstance(value, str) or not value.strip():
+            raise HTTPProblem(400, f"{where} must be a model name, got {value!r}", param=where)
+        return value.strip()
     if expected is bool:
         if not isinstance(value, bool):
             raise HTTPProblem(400, f"{where} must be true or false", param=where)
@@ -126,6 +151,97 @@ def sampling_options(options: dict[str, Any]) -> SamplingOptions:
     return sampling
 
 
+@dataclass(frozen=True)
+class DraftChoice:
+    """The draft model a runner loads."""
+
+    path: str
+    """Its GGUF."""
+    name: str
+    """What reports call it: the model's name, or the draft layer's GGUF name."""
+
+
+def _draft_model(model: LocalModel, name: str, where: str) -> tuple[GGUFInfo, DraftChoice]:
+    try:
+        draft = load_model(model.store, name)
+        info = draft.info
+    except ModelNotFoundError:
+        raise HTTPProblem(
+            404,
+            f"draft model {name!r} not found; try `localllm pull {name}`",
+            param=where,
+            code="model_not_found",
+        ) from None
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, f"draft model {name!r}: {exc}", param=where) from None
+    if len(draft.gguf_paths) > 1:
+        raise HTTPProblem(400, f"draft model {name!r} is split in parts; use one file", param=where)
+    return info, DraftChoice(str(draft.gguf_path), draft.name.short)
+
+
+def draft_for(settings: Settings, model: LocalModel, options: dict[str, Any]) -> DraftChoice | None:
+    """The draft model for ``model`` under these options and settings (see the module's
+    docstring for the precedence); None for n-gram lookup or no speculation."""
+    mode = settings.speculative
+    requested = options.get("draft_model")
+    if requested is not None and mode in ("ngram", "off"):
+        raise HTTPProblem(
+            400,
+            f"draft_model {requested!r} needs LOCALLLM_SPECULATIVE auto or draft (it is {mode})",
+            param="options.draft_model",
+        )
+    if mode in ("ngram", "off") or model.info.is_embedding_only:
+        return None
+    strict = True
+    if requested is not None:
+        info, choice = _draft_model(model, requested, "options.draft_model")
+        where = "options.draft_model"
+    elif model.draft_layer is not None:
+        info = model.draft_info  # type: ignore[assignment]
+        path = model.draft_path
+        assert info is not None and path is not None
+        choice = DraftChoice(str(path), info.name or f"draft of {model.name.short}")
+        where = "model"
+    elif settings.draft_model:
+        strict = mode == "draft"
+        where = "LOCALLLM_DRAFT_MODEL"
+        try:
+            info, choice = _draft_model(model, settings.draft_model, where)
+        except HTTPProblem as exc:
+            if strict:
+                raise
+            log.warning("LOCALLLM_DRAFT_MODEL unusable, drafting with n-grams: %s", exc.message)
+            return None
+    else:
+        if mode == "draft":
+            raise HTTPProblem(
+                400,
+                f"LOCALLLM_SPECULATIVE is draft but {model.name.short} has no draft model: "
+                "add a DRAFT line to its Modelfile, set LOCALLLM_DRAFT_MODEL or pass "
+                "options.draft_model",
+                param="model",
+            )
+        return None
+    reason = draft_incompatibility(model.info, info)
+    if reason is not None:
+        message = (
+            f"draft model {choice.name} cannot draft for {model.name.short}: its vocabulary "
+            f"is incompatible ({reason})"
+        )
+        if strict:
+            raise HTTPProblem(400, message, param=where)
+        log.warning("%s; drafting with n-grams instead", message)
+        return None
+    return choice
+
+
+def drafter_label(config: RunnerConfig) -> str:
+    """Which drafter a runner uses, for reports: ``draft:<name>``, ``ngram`` or ``off``."""
+    if config.draft_model:
+        return f"draft:{config.draft_name or Path(config.draft_model).name}"
+    return "ngram" if config.num_draft > 0 else "off"
+
+
 def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]) -> RunnerConfig:
     """How the runner for ``model`` should be loaded for a request with ``options``."""
     n_ctx = int(options.get("num_ctx", settings.context_length))
@@ -133,6 +249,7 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
     if trained:
         n_ctx = min(n_ctx, trained)
     first, *rest = model.gguf_paths
+    draft = draft_for(settings, model, options)
     return RunnerConfig(
         model_path=str(first),
         extra_model_paths=[str(part) for part in rest],
@@ -144,6 +261,8 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         kv_cache_type=settings.kv_cache_type,
         flash_attention=settings.flash_attention,
         num_draft=settings.num_draft if settings.speculative != "off" else 0,
+        draft_model=draft.path if draft is not None else None,
+        draft_name=draft.name if draft is not None else None,
         kv_cache_dir=str(settings.kv_cache_dir),
         kv_cache_ram=settings.kv_cache_ram,
         kv_cache_disk=settings.kv_cache_disk,

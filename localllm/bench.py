@@ -120,7 +120,7 @@ DEFAULT_PROMPT_LENGTHS = (128, 512, 1024, 2048, 4096)
 # Request options that make the daemon reload the model (daemon/options.py's LOAD_OPTIONS;
 # this package must not import the daemon). Targets that differ in them are warmed up again
 # before each level, so that the reload is not timed as the first request's TTFT.
-_LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread"})
+_LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread", "draft_model"})
 # Settings that only a daemon restart changes and that --compare may not touch.
 _NOT_COMPARABLE = frozenset({"home", "host", "api_key", "origins", "registry", "hf_endpoint"})
 _MARKERS = ("•", "x", "+", "o", "*", "#", "@", "%")

@@ -601,11 +601,13 @@ class Client:
         license: str | list[str] | None = None,
         quantize: str | None = None,
         allow_requantize: bool | None = None,
+        draft: str | None = None,
     ) -> Iterator[ProgressLine]:
         """Create a model from another (``from_``), a GGUF path the daemon can read
         (``from_``), or uploaded blobs (``files``: name → digest); yields status lines.
         ``allow_requantize`` (a localllm extension) lets ``quantize`` start from an already
-        quantized model."""
+        quantized model. ``draft`` (a localllm extension: Modelfile ``DRAFT``) names the
+        draft model: a model, a GGUF path the daemon can read, or an uploaded blob's digest."""
         body = _payload(locals())
         yield from self._stream("POST", "/api/create", body, _parse_ndjson)
 

@@ -23,7 +23,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFil
 
 from ._exceptions import GGUFError
 
-__all__ = ["GGUFInfo", "TensorInfo", "estimate_memory", "format_parameter_count", "inspect_gguf"]
+__all__ = [
+    "GGUFInfo",
+    "TensorInfo",
+    "draft_incompatibility",
+    "estimate_memory",
+    "format_parameter_count",
+    "inspect_gguf",
+]
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -279,6 +286,32 @@ class GGUFInfo:
             "tokenizer": self.tokenizer_kind,
             "file_size": self.file_size,
         }
+
+
+# llama.cpp's speculative example lets a draft's vocabulary differ from the target's by this
+# many tokens (special tokens added at the end); the runner compares token texts at load.
+MAX_DRAFT_VOCAB_DIFFERENCE = 128
+
+
+def draft_incompatibility(target: GGUFInfo, draft: GGUFInfo) -> str | None:
+    """Why ``draft`` cannot draft for ``target``, from metadata alone (None when it can):
+    another tokenizer, other BOS/EOS tokens or vocabulary sizes too far apart. Token texts are
+    compared by the runner when it loads the pair (the header walk skips the vocabulary)."""
+    meta_t, meta_d = target.metadata, draft.metadata
+    if target.tokenizer_model != draft.tokenizer_model:
+        return f"tokenizers differ ({target.tokenizer_model} vs {draft.tokenizer_model})"
+    for key, what in (
+        ("tokenizer.ggml.bos_token_id", "BOS token"),
+        ("tokenizer.ggml.eos_token_id", "EOS token"),
+        ("tokenizer.ggml.add_bos_token", "adding BOS"),
+        ("tokenizer.ggml.add_eos_token", "adding EOS"),
+    ):
+        if meta_t.get(key) != meta_d.get(key):
+            return f"{what} differs ({meta_t.get(key)} vs {meta_d.get(key)})"
+    size_t, size_d = target.vocab_size, draft.vocab_size
+    if size_t is None or size_d is None or abs(size_t - size_d) > MAX_DRAFT_VOCAB_DIFFERENCE:
+        return f"vocabulary sizes differ ({size_t} vs {size_d} tokens)"
+    return None
 
 
 def _first_int(value: Any) -> int | None:

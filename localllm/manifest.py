@@ -17,6 +17,7 @@ from ._exceptions import InvalidDigestError, StoreError
 __all__ = [
     "MEDIA_ADAPTER",
     "MEDIA_CONFIG",
+    "MEDIA_DRAFT",
     "MEDIA_LICENSE",
     "MEDIA_MANIFEST",
     "MEDIA_MESSAGES",
@@ -40,6 +41,8 @@ MEDIA_LICENSE = "application/vnd.ollama.image.license"
 MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
 MEDIA_ADAPTER = "application/vnd.ollama.image.adapter"
 MEDIA_PROJECTOR = "application/vnd.ollama.image.projector"
+MEDIA_DRAFT = "application/vnd.ollama.image.draft"
+"""A draft model's GGUF (Modelfile ``DRAFT``), for speculative decoding."""
 
 _DIGEST_RE = re.compile(r"sha256[:\-]([0-9a-f]{64})")
 # Manifests are small JSON documents; anything bigger is not one.

@@ -1,4 +1,5 @@
-"""Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``, ``LICENSE``, ``MESSAGE``.
+"""Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``, ``LICENSE``, ``MESSAGE``,
+``DRAFT`` (a draft model for speculative decoding: a model name or a GGUF file).
 
 :func:`parse_modelfile` reads the text into a :class:`Modelfile`; :func:`coerce_parameter` turns
 one ``PARAMETER name value`` (also typed at ``/set parameter`` in ``localllm run``) into the
@@ -29,7 +30,16 @@ __all__ = [
 ]
 
 MESSAGE_ROLES = ("system", "user", "assistant")
-_INSTRUCTIONS = ("from", "parameter", "template", "system", "license", "message", "adapter")
+_INSTRUCTIONS = (
+    "from",
+    "parameter",
+    "template",
+    "system",
+    "license",
+    "message",
+    "adapter",
+    "draft",
+)
 _TRIPLE = '"""'
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -56,6 +66,8 @@ class Modelfile:
     """Every ``LICENSE`` text, in order."""
     messages: list[dict[str, str]] = field(default_factory=list)
     """``MESSAGE role content`` lines: an example conversation."""
+    draft: str | None = None
+    """``DRAFT``: the draft model, a model name or a GGUF path (resolved as ``FROM``'s)."""
 
     def create_fields(self) -> dict[str, Any]:
         """The ``/api/create`` fields besides the source (``None`` where the file says nothing)."""
@@ -65,6 +77,7 @@ class Modelfile:
             "parameters": self.parameters or None,
             "license": self.license or None,
             "messages": self.messages or None,
+            "draft": self.draft,
         }
 
 
@@ -85,6 +98,8 @@ def coerce_parameter(name: str, value: str) -> Any:
         raise ModelfileError(f"unknown parameter {name!r} (known: {known})")
     if name == "stop":
         return [value]
+    if expected is str:
+        return value
     try:
         if expected is bool:
             lowered = value.lower()
@@ -174,6 +189,12 @@ def parse_modelfile(text: str) -> Modelfile:
             source = raw
         elif keyword == "adapter":
             raise ModelfileError(f"line {number}: ADAPTER (LoRA) is not supported by localllm yet")
+        elif keyword == "draft":
+            if not raw:
+                raise ModelfileError(f"line {number}: DRAFT needs a model name or a file")
+            if result.draft is not None:
+                raise ModelfileError(f"line {number}: only one DRAFT is supported")
+            result.draft = raw
         elif keyword in ("template", "system"):
             setattr(result, keyword, raw)
         elif keyword == "license":
@@ -218,4 +239,8 @@ def read_modelfile(path: Path) -> Modelfile:
     candidate = (path.parent / Path(value).expanduser()).resolve()
     if looks_like_path(value) or candidate.is_file():
         modelfile.from_ = str(candidate)
+    if modelfile.draft is not None:
+        draft = (path.parent / Path(modelfile.draft).expanduser()).resolve()
+        if looks_like_path(modelfile.draft) or draft.is_file():
+            modelfile.draft = str(draft)
     return modelfile

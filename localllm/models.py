@@ -17,6 +17,7 @@ from ._exceptions import GGUFError, LocalLLMError, StoreError
 from .gguf_info import GGUFInfo, inspect_gguf
 from .manifest import (
     MEDIA_CONFIG,
+    MEDIA_DRAFT,
     MEDIA_LICENSE,
     MEDIA_MESSAGES,
     MEDIA_MODEL,
@@ -45,6 +46,7 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "num_predict": int,
     "num_keep": int,
     "num_draft": int,
+    "draft_model": str,
     "num_batch": int,
     "num_gpu": int,
     "main_gpu": int,
@@ -124,6 +126,25 @@ class LocalModel:
         from .sources.splits import model_paths
 
         return model_paths(self.store, self.entry.manifest)
+
+    @property
+    def draft_layer(self) -> Layer | None:
+        """The draft model's GGUF layer (Modelfile ``DRAFT``), if any."""
+        return self.entry.manifest.layer(MEDIA_DRAFT)
+
+    @property
+    def draft_path(self) -> Path | None:
+        """Path of the draft model's GGUF blob, if the model names one."""
+        layer = self.draft_layer
+        return self.store.blob_path(layer.digest) if layer is not None else None
+
+    @cached_property
+    def draft_info(self) -> GGUFInfo | None:
+        """The draft GGUF's inspected header, if the model has a draft layer."""
+        layer = self.draft_layer
+        if layer is None:
+            return None
+        return _inspect_blob(layer.digest, self.store.blob_path(layer.digest))
 
     @cached_property
     def info(self) -> GGUFInfo:
@@ -239,11 +260,15 @@ def create_model(
     parameters: dict[str, Any] | None = None,
     license: str | None = None,
     messages: list[dict[str, Any]] | None = None,
+    draft_file: Path | None = None,
+    draft_digest: str | None = None,
 ) -> ModelEntry:
     """Create (or replace) ``name`` from exactly one of a GGUF file, a blob digest or a model.
 
     Layers not given are inherited from ``base``; with a file or digest they are absent (the
     GGUF's own chat template is used). The GGUF is validated before anything is written.
+    ``draft_file`` or ``draft_digest`` (a GGUF blob) becomes the draft layer (Modelfile
+    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon).
     """
     target = parse_name(name) if isinstance(name, str) else name
     sources = [s for s in (gguf_file, gguf_digest, base) if s is not None]
@@ -296,6 +321,20 @@ def create_model(
             layers.append(store.write_blob_bytes(json.dumps(messages).encode(), MEDIA_MESSAGES))
         elif MEDIA_MESSAGES in inherited:
             layers.append(inherited[MEDIA_MESSAGES])
+        if draft_file is not None:
+            draft_info = inspect_gguf(draft_file)
+            draft_info.require_model()
+            layers.append(store.import_file(Path(draft_file), MEDIA_DRAFT))
+        elif draft_digest is not None:
+            if not store.has_blob(draft_digest):
+                raise StoreError(f"draft blob {draft_digest} not found; upload it first")
+            draft_path = store.blob_path(draft_digest)
+            inspect_gguf(draft_path).require_model()
+            layers.append(
+                Layer(MEDIA_DRAFT, normalize_digest(draft_digest), draft_path.stat().st_size)
+            )
+        elif MEDIA_DRAFT in inherited:
+            layers.append(inherited[MEDIA_DRAFT])
 
         config = _config_blob(store, info, layers)
         store.write_manifest(target, Manifest(config=config, layers=tuple(layers)))
@@ -317,6 +356,8 @@ def render_modelfile(model: LocalModel) -> str:
             lines.append(f"PARAMETER {key} {json.dumps(item) if isinstance(item, str) else item}")
     for message in model.messages:
         lines.append(f"MESSAGE {message.get('role', 'user')} {message.get('content', '')}")
+    if model.draft_path is not None:
+        lines.append(f"DRAFT {model.draft_path}")
     if model.entry.manifest.layer(MEDIA_LICENSE) is not None and model.license:
         lines.append(f'LICENSE """{model.license}"""')
     return "\n".join(lines) + "\n"

@@ -73,10 +73,12 @@ def format_timings(final: Mapping[str, Any]) -> str:
     drafted = _number(final, "draft_count")
     if drafted:
         accepted = _number(final, "draft_accepted_count")
+        drafter = final.get("drafter")
+        how = f"speculative, {drafter}" if isinstance(drafter, str) and drafter else "speculative"
         rows.append(
             (
                 "draft tokens",
-                f"{accepted:.0f} of {drafted:.0f} accepted ({accepted / drafted:.0%}, speculative)",
+                f"{accepted:.0f} of {drafted:.0f} accepted ({accepted / drafted:.0%}, {how})",
             )
         )
     width = max(len(label) for label, _ in rows) + 2

@@ -260,9 +260,17 @@ class Settings:
     speculative: str = _setting(
         "LOCALLLM_SPECULATIVE",
         "auto",
-        "Speculative decoding: auto or ngram (prompt-lookup drafts from the request's own "
-        "tokens, used only while the measured acceptance makes them pay), or off. Draft "
-        "models are not supported yet.",
+        "Speculative decoding: auto (the draft model when one is configured, else ngram), "
+        "ngram (prompt-lookup drafts from the request's own tokens), draft (a draft model; a "
+        "request for a model without one is a 400), or off. Drafts are used only while the "
+        "measured acceptance makes them pay.",
+    )
+    draft_model: str | None = _setting(
+        "LOCALLLM_DRAFT_MODEL",
+        None,
+        "A local model that drafts for every model sharing its vocabulary (a Modelfile DRAFT "
+        "line or a request's draft_model option overrides); under auto, models with another "
+        "vocabulary fall back to ngram.",
     )
     num_draft: int = _setting(
         "LOCALLLM_NUM_DRAFT",
@@ -369,12 +377,13 @@ class Settings:
         if (raw := get("LOCALLLM_DEBUG")) is not None:
             values["debug"] = raw.lower() not in ("0", "false", "no", "off")
         if (raw := get("LOCALLLM_SPECULATIVE")) is not None:
-            if raw.lower() not in ("auto", "ngram", "off"):
-                hint = " (draft models are not supported yet)" if raw.lower() == "draft" else ""
+            if raw.lower() not in ("auto", "ngram", "draft", "off"):
                 raise SettingsError(
-                    f"LOCALLLM_SPECULATIVE must be auto, ngram or off, got {raw!r}{hint}"
+                    f"LOCALLLM_SPECULATIVE must be auto, ngram, draft or off, got {raw!r}"
                 )
             values["speculative"] = raw.lower()
+        if (raw := get("LOCALLLM_DRAFT_MODEL")) is not None:
+            values["draft_model"] = raw.strip() or None
         if (number := as_int("LOCALLLM_NUM_DRAFT", 0)) is not None:
             values["num_draft"] = min(number, 64)
         for name, attr in (

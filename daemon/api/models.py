@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from localllm._exceptions import LocalLLMError
-from localllm.gguf_info import ArrayInfo, inspect_gguf
+from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspect_gguf
 from localllm.manifest import normalize_digest
 from localllm.models import (
     LocalModel,
@@ -235,6 +235,59 @@ def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
     raise HTTPProblem(400, "neither 'from' nor 'files' was specified", param="from")
 
 
+def _draft_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
+    """``create_model``'s draft arguments for ``draft``: a blob digest, a file, or a model."""
+    value = body.draft
+    if not value:
+        return {}
+    if value.lower().startswith("sha256"):
+        digest = _digest(value)
+        if not state.store.has_blob(digest):
+            raise HTTPProblem(
+                400,
+                f"draft blob {digest} not found; upload it first (POST /api/blobs)",
+                param="draft",
+            )
+        return {"draft_digest": digest}
+    if _looks_like_path(value):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise HTTPProblem(400, f"{value}: no such file", param="draft")
+        return {"draft_file": path}
+    draft = resolve_model(state, value, "draft")
+    return {"draft_digest": draft.model_layer.digest}
+
+
+def _check_draft(sources: dict[str, Any], drafts: dict[str, Any], state: DaemonState) -> None:
+    """A 400 naming both when the draft cannot draft for the model (vocabulary mismatch)."""
+    if not drafts:
+        return
+
+    def info(kind: str, found: dict[str, Any]) -> tuple[GGUFInfo, str]:
+        if f"{kind}file" in found:
+            return inspect_gguf(found[f"{kind}file"]), str(found[f"{kind}file"])
+        if "base" in found:
+            model = load_model(state.store, found["base"])
+            return model.info, model.name.short
+        digest = found[f"{kind}digest"]
+        return inspect_gguf(state.store.blob_path(digest)), digest
+
+    target, target_name = info("gguf_", sources)
+    try:
+        draft, draft_name = info("draft_", drafts)
+        draft.require_model()
+    except LocalLLMError as exc:
+        raise HTTPProblem(400, f"draft is not a usable GGUF model: {exc}", param="draft") from None
+    reason = draft_incompatibility(target, draft)
+    if reason is not None:
+        raise HTTPProblem(
+            400,
+            f"draft model {draft_name} cannot draft for {target_name}: its vocabulary is "
+            f"incompatible ({reason})",
+            param="draft",
+        )
+
+
 def _progress_json(event: Any) -> dict[str, Any]:
     to_json = getattr(event, "to_json", None)
     return dict(to_json()) if to_json is not None else dict(event)
@@ -325,6 +378,8 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
         file_type, what = await run_in_threadpool(_source_file_type, sources, state)
     except LocalLLMError as exc:
         raise HTTPProblem(400, f"not a usable GGUF model: {exc}", param="from") from None
+    drafts = _draft_sources(body, state)
+    await run_in_threadpool(_check_draft, sources, drafts, state)
     quant: str | None = None
     allow_requantize = bool(body.allow_requantize)
     if body.quantize:
@@ -351,6 +406,7 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
             license=license_text,
             messages=messages,
             **sources,
+            **drafts,
         )
         for layer in entry.manifest.layers:
             emit({"status": f"using layer {layer.digest}"})

@@ -32,7 +32,7 @@ from ..generation import (
     start,
     timing_fields,
 )
-from ..options import merge_options, runner_config, sampling_options
+from ..options import drafter_label, merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest, SamplingOptions, TokenLogprob
 from ..runner.text import unicode_problem
 from ..state import DaemonState, StateDep
@@ -593,6 +593,7 @@ async def ps(state: StateDep) -> dict[str, Any]:
                 "queued_requests": loaded.pending,
                 "runner_pid": loaded.pid,
                 "kv_cache_type": loaded.config.kv_cache_type,
+                "drafter": drafter_label(loaded.config),
                 "kv_cells": int(loaded.health.get("n_ctx", 0) or 0),
                 "loaded_at": datetime.fromtimestamp(loaded.loaded_at, UTC)
                 .isoformat()

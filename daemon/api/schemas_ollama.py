@@ -201,4 +201,11 @@ class CreateRequest(_ModelBody):
     allow_requantize: bool | None = Field(
         False, description="localllm: quantize a source that is already quantized (loses quality)."
     )
+    draft: str | None = Field(
+        None,
+        description="localllm: the draft model for speculative decoding (Modelfile DRAFT; "
+        "stored as a layer of type application/vnd.ollama.image.draft): a model's name, a "
+        "GGUF path the daemon can read, or an uploaded blob's digest. Its vocabulary must "
+        "match the model's.",
+    )
     stream: bool | None = True

@@ -48,6 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--num-draft", type=int, default=0, help="n-gram speculative draft tokens (0 = off)"
     )
     parser.add_argument(
+        "--draft-model", default=None, help="GGUF of a draft model (same vocabulary) to draft with"
+    )
+    parser.add_argument("--draft-name", default=None, help="the draft model's name, for reports")
+    parser.add_argument(
         "--kv-cache-dir", default=None, help="root folder for saved prompt prefixes (disk tier)"
     )
     parser.add_argument(
@@ -82,6 +86,8 @@ async def _serve(args: argparse.Namespace) -> int:
         chat_template=args.chat_template,
         log_path=args.log_file,
         num_draft=args.num_draft,
+        draft_model=args.draft_model,
+        draft_name=args.draft_name,
         kv_cache_dir=args.kv_cache_dir,
         kv_cache_ram=args.kv_cache_ram,
         kv_cache_disk=args.kv_cache_disk,
@@ -91,6 +97,16 @@ async def _serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         logging.getLogger("localllm.runner").error("%s", exc)
         return 2
+    draft = None
+    if config.draft_model:
+        from .draft import DraftModel
+
+        try:
+            draft = await asyncio.to_thread(DraftModel, model, config.draft_model)
+        except ModelLoadError as exc:
+            logging.getLogger("localllm.runner").error("%s", exc)
+            model.close()
+            return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -105,6 +121,7 @@ async def _serve(args: argparse.Namespace) -> int:
         on_exit=engine_ended,
         prefix_cache=_prefix_cache(config, model),
         num_draft=config.num_draft,
+        draft=draft,
     )
     engine.start()
     server = RunnerServer(model, engine, Path(args.socket))

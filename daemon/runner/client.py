@@ -464,6 +464,10 @@ class RunnerProcess:
             args += ["--kv-cache-dir", c.kv_cache_dir]
         args += ["--kv-cache-ram", str(c.kv_cache_ram), "--kv-cache-disk", str(c.kv_cache_disk)]
         args += ["--num-draft", str(c.num_draft)]
+        if c.draft_model is not None:
+            args += ["--draft-model", c.draft_model]
+            if c.draft_name is not None:
+                args += ["--draft-name", c.draft_name]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:

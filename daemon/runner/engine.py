@@ -835,7 +835,13 @@ class Engine:
             total_ms=(now - job.arrived) * 1000,
             draft_tokens=slot.drafted,
             draft_accepted=slot.accepted,
+            drafter=self._drafter_name(slot) if slot.drafted else "",
         )
+
+    def _drafter_name(self, slot: Slot) -> str:
+        if self.draft is not None and isinstance(slot.drafter, DraftModelDrafter):
+            return f"draft:{self.draft.name}"
+        return "ngram"
 
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         job, text = slot.job, slot.text

@@ -262,6 +262,8 @@ class Timings:
     """Speculative tokens proposed."""
     draft_accepted: int = 0
     """Speculative tokens accepted."""
+    drafter: str = ""
+    """What drafted them: ``ngram`` or ``draft:<draft model>`` (empty when none were)."""
 
 
 @dataclass

@@ -291,6 +291,18 @@ def _source_fields(client: Client, value: str, base: Path | None = None) -> dict
     return {"from_": value}
 
 
+def _draft_field(client: Client, value: str) -> str:
+    """``/api/create``'s ``draft`` for a Modelfile's ``DRAFT`` value: a model name as is, a
+    file as a path the daemon reads or, for a remote daemon, the digest of its upload."""
+    from ..modelfile import looks_like_path
+
+    path = Path(value).expanduser()
+    if not (looks_like_path(value) or path.is_file()):
+        return value
+    source = file_source(client, load_settings(), path)
+    return str(source.get("from_") or next(iter(source["files"].values())))
+
+
 def _run_create(client: Client, name: str, fields: dict[str, Any]) -> None:
     show_progress(client.create(name, **fields))
     print(f"created '{name}'")
@@ -311,6 +323,8 @@ def cmd_create(args: argparse.Namespace) -> int:
         if modelfile_path is not None:
             modelfile = read_modelfile(modelfile_path)
             fields = {**modelfile.create_fields(), **_source_fields(client, modelfile.from_)}
+            if modelfile.draft is not None:
+                fields["draft"] = _draft_field(client, modelfile.draft)
         else:
             fields = _source_fields(client, args.source)
         fields["quantize"] = quant
