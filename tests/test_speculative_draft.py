@@ -8,17 +8,31 @@ token is accepted) and a same-vocabulary model with other weights (mostly reject
 
 from __future__ import annotations
 
+import asyncio
+import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_daemon_support import Daemon, running_daemon
 from test_speculative import JOBS, Run, options
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.options import draft_for, drafter_label, runner_config
+from localllm.daemon.runner.client import RunnerProcess, RunnerStartError
 from localllm.daemon.runner.draft import DraftModel, DraftVocabularyError
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import RunnerConfig
+from localllm.manifest import MEDIA_DRAFT
+from localllm.modelfile import ModelfileError, parse_modelfile, read_modelfile
+from localllm.models import create_model, load_model, render_modelfile
+from localllm.settings import Settings
+from localllm.store import Store
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +148,189 @@ def test_a_draft_with_another_vocabulary_is_refused_at_load(
     message = str(caught.value)
     assert "foreign.gguf" in message and "target.gguf" in message
     assert "vocabulary" in message
+
+
+def test_the_runner_process_refuses_an_incompatible_draft_in_one_line(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    process = RunnerProcess(
+        RunnerConfig(
+            model_path=str(files["target"]),
+            n_slots=1,
+            n_ctx_per_slot=256,
+            num_draft=4,
+            draft_model=str(files["foreign"]),
+            draft_name="foreign:latest",
+        ),
+        tmp_path / "r.sock",
+        tmp_path / "r.log",
+    )
+    with pytest.raises(RunnerStartError) as failed:
+        asyncio.run(process.start(timeout=60))
+    message = str(failed.value)
+    assert "\n" not in message
+    assert "draft model foreign:latest cannot draft for target.gguf" in message
+    assert not process.alive()
+
+
+# -- the Modelfile's DRAFT line, the draft's choice and precedence (no daemon) -----------------
+
+
+def test_modelfile_draft_line_parses_and_resolves_relative_files(tmp_path: Path) -> None:
+    (tmp_path / "small.gguf").write_bytes(b"")
+    (tmp_path / "Modelfile").write_text("FROM base:1b\nDRAFT ./small.gguf\n")
+    modelfile = read_modelfile(tmp_path / "Modelfile")
+    assert modelfile.draft == str(tmp_path / "small.gguf")
+    assert modelfile.create_fields()["draft"] == str(tmp_path / "small.gguf")
+    assert parse_modelfile("FROM x\ndraft tiny:small\n").draft == "tiny:small"
+    with pytest.raises(ModelfileError, match="line 3: only one DRAFT"):
+        parse_modelfile("FROM x\nDRAFT a\nDRAFT b\n")
+    with pytest.raises(ModelfileError, match="line 2: DRAFT needs"):
+        parse_modelfile('FROM x\nDRAFT ""\n')
+
+
+@pytest.fixture
+def drafting_store(store: Store, files: dict[str, Path]) -> Store:
+    """target (no draft), layered (DRAFT: other), and the drafts as models of their own."""
+    create_model(store, "target", gguf_file=files["target"])
+    create_model(store, "layered", gguf_file=files["target"], draft_file=files["other"])
+    create_model(store, "same", gguf_file=files["same"])
+    create_model(store, "other", gguf_file=files["other"])
+    create_model(store, "foreign", gguf_file=files["foreign"])
+    return store
+
+
+def _choice(store: Store, settings: Settings, model: str, **options: object) -> str | None:
+    choice = draft_for(settings, load_model(store, model), dict(options))
+    return None if choice is None else choice.name
+
+
+def test_draft_precedence_is_option_then_layer_then_setting(
+    drafting_store: Store, settings: Settings
+) -> None:
+    store = drafting_store
+    layered = load_model(store, "layered")
+    assert layered.draft_path is not None and layered.draft_path.is_file()
+    assert "DRAFT " + str(layered.draft_path) in render_modelfile(layered)
+    configured = replace(settings, draft_model="same")
+    assert _choice(store, configured, "layered", draft_model="same") == "same:latest"
+    assert _choice(store, configured, "layered") == "tiny-llama"  # the layer's GGUF name
+    assert _choice(store, configured, "target") == "same:latest"
+    assert _choice(store, settings, "target") is None  # auto without a draft: n-gram
+    config = runner_config(configured, load_model(store, "target"), {"draft_model": "other"})
+    assert config.draft_model == str(load_model(store, "other").gguf_path)
+    assert config.draft_name == "other:latest"
+    assert drafter_label(config) == "draft:other:latest"
+    assert drafter_label(runner_config(settings, load_model(store, "target"), {})) == "ngram"
+
+
+def test_bad_drafts_are_clear_errors(drafting_store: Store, settings: Settings) -> None:
+    store = drafting_store
+    with pytest.raises(HTTPProblem) as missing:
+        _choice(store, settings, "target", draft_model="nosuch")
+    assert missing.value.status == 404 and "nosuch" in missing.value.message
+    with pytest.raises(HTTPProblem) as foreign:
+        _choice(store, settings, "target", draft_model="foreign")
+    assert foreign.value.status == 400
+    assert "foreign:latest cannot draft for target:latest" in foreign.value.message
+    assert foreign.value.param == "options.draft_model"
+    strict = replace(settings, speculative="draft")
+    with pytest.raises(HTTPProblem, match="has no draft model") as none:
+        _choice(store, strict, "target")
+    assert none.value.status == 400
+    ngram = replace(settings, speculative="ngram")
+    with pytest.raises(HTTPProblem, match="needs LOCALLLM_SPECULATIVE auto or draft"):
+        _choice(store, ngram, "target", draft_model="same")
+    assert _choice(store, ngram, "layered") is None
+    # The setting names one draft for every model: under auto, a model it cannot draft for
+    # falls back to n-gram; under draft, that is an error.
+    assert _choice(store, replace(settings, draft_model="foreign"), "target") is None
+    with pytest.raises(HTTPProblem, match="incompatible"):
+        _choice(store, replace(strict, draft_model="foreign"), "target")
+
+
+# -- a real daemon ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    home = tmp_path_factory.mktemp("draft-daemon") / "home"
+    with running_daemon(home, num_parallel=2, num_threads=1, context_length=512) as d:
+        yield d
+
+
+def _cli(daemon: Daemon, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "localllm", *args],
+        env=daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_modelfile_draft_round_trip_and_drafting_in_the_daemon(
+    daemon: Daemon, files: dict[str, Path], tmp_path: Path
+) -> None:
+    folder = files["target"].parent
+    (folder / "Modelfile").write_text("FROM ./target.gguf\nDRAFT ./same.gguf\n")
+    _cli(daemon, "create", "tiny:drafted", "-f", str(folder / "Modelfile"))
+    rendered = _cli(daemon, "show", "tiny:drafted", "--modelfile")
+    assert "\nDRAFT " in rendered
+    (tmp_path / "Modelfile").write_text(rendered)
+    _cli(daemon, "create", "tiny:again", "-f", str(tmp_path / "Modelfile"))
+    store = Store(daemon.settings.data_dir)
+    first, again = load_model(store, "tiny:drafted"), load_model(store, "tiny:again")
+    assert first.draft_layer is not None and first.draft_layer.media_type == MEDIA_DRAFT
+    assert again.draft_layer == first.draft_layer
+
+    with daemon.http() as http:
+        assert http.post("/api/create", json={"model": "tiny:plain", "from": str(files["target"])})
+        body = {"prompt": "draft check: the sky is blue and the sea is", "stream": False}
+        few = {"temperature": 0, "num_predict": 40, "stop": ["e t"]}
+        off = {**few, "num_draft": 0}
+        plain = http.post(
+            "/api/generate", json={**body, "model": "tiny:plain", "options": off}
+        ).json()
+        drafted = http.post(
+            "/api/generate", json={**body, "model": "tiny:drafted", "options": few}
+        ).json()
+        assert drafted["response"] == plain["response"]
+        assert drafted["eval_count"] == plain["eval_count"]
+        if drafted["draft_count"]:  # the policy drafts only while it pays on this CPU
+            assert drafted["drafter"] == "draft:tiny-llama"
+        assert drafted["draft_accepted_count"] <= drafted["draft_count"]
+        loaded = {m["name"]: m for m in http.get("/api/ps").json()["models"]}
+        assert loaded["tiny:drafted"]["drafter"] == "draft:tiny-llama"
+        assert loaded["tiny:plain"]["drafter"] == "ngram"
+        metrics = http.get("/metrics").text
+        assert re.search(r'localllm_drafter\{[^}]*drafter="draft:tiny-llama"[^}]*\} 1\.0', metrics)
+
+
+def test_bad_drafts_are_refused_by_the_daemon(daemon: Daemon, files: dict[str, Path]) -> None:
+    with daemon.http() as http:
+        refused = http.post(
+            "/api/create",
+            json={
+                "model": "tiny:bad",
+                "from": str(files["target"]),
+                "draft": str(files["foreign"]),
+            },
+        )
+        assert refused.status_code == 400
+        assert "foreign.gguf cannot draft for" in refused.json()["error"]
+        assert "target.gguf" in refused.json()["error"]
+        assert http.get("/api/tags").json()["models"]  # the daemon is up
+        assert http.post("/api/create", json={"model": "foreign", "from": str(files["foreign"])})
+        assert http.post("/api/create", json={"model": "tiny:base", "from": str(files["target"])})
+        body = {"model": "tiny:base", "prompt": "hi", "stream": False}
+        for option, status, words in (
+            ("foreign", 400, "foreign:latest cannot draft for tiny:base"),
+            ("nosuch", 404, "draft model 'nosuch' not found"),
+            (5, 400, "options.draft_model must be a model name"),
+        ):
+            answer = http.post("/api/generate", json={**body, "options": {"draft_model": option}})
+            assert answer.status_code == status, answer.text
+            assert words in answer.json()["error"]

@@ -120,8 +120,10 @@ class DraftModel:
         self.seen: list[list[int]] = [[] for _ in range(target.n_slots)]
         """Per slot: the tokens whose cells the slot's draft sequence holds."""
         self.seconds_per_token: float | None = None
-        """Measured seconds of draft compute per drafted token (catching up included),
-        averaged over recent steps; None until the first draft."""
+        """Measured seconds of draft compute per drafted token (catching up on the few
+        tokens accepted since the last draft included, on a whole prompt not), averaged over
+        recent steps; None until the first draft."""
+        self._bulk_seconds = 0.0
 
     def close(self) -> None:
         """Free the draft's context and model."""
@@ -144,6 +146,7 @@ class DraftModel:
         if not wants:
             return {}
         started = time.perf_counter()
+        self._bulk_seconds = 0.0
         try:
             drafts = self._draft(wants)
         except _NoRoom:
@@ -153,7 +156,10 @@ class DraftModel:
             return {}
         produced = sum(len(d) for d in drafts.values())
         if produced:
-            per_token = (time.perf_counter() - started) / produced
+            # Catching up on a whole prompt is paid once per request; the policy weighs the
+            # steady cost of a step's drafting.
+            spent = time.perf_counter() - started - self._bulk_seconds
+            per_token = max(spent, 0.0) / produced
             previous = self.seconds_per_token
             self.seconds_per_token = (
                 per_token if previous is None else previous + _COST_WEIGHT * (per_token - previous)
@@ -220,7 +226,10 @@ class DraftModel:
                     seen.append(tokens[position])
                     if is_last:
                         last.append((seq, index))
+            decode_started = time.perf_counter()
             self._decode(busy)
+            if batch.size > 2 * len(wants):
+                self._bulk_seconds += time.perf_counter() - decode_started
             for seq, index in last:
                 drafts[seq].append(self._argmax(index))
         # Then one batched decode per further draft position.
