@@ -1,6 +1,13 @@
-"""Speculative decoding benchmark: the runner with n-gram drafts on and off, in one run.
+"""Speculative decoding benchmark: the runner with drafts on and off, in one run.
 
     python benchmarks/speculative.py [--model PATH] [--threads N] [--repeat 3]
+        [--drafter ngram|draft] [--draft-model PATH]
+
+``--drafter draft`` drafts with a draft model instead of n-gram lookup: ``--draft-model``, by
+default the target itself. SmolLM2-135M drafting for itself is the only compatible pair at
+hand; it measures what the mechanism costs (a second context, its catching up and per-position
+decodes, verification), not the speedup of a real small-for-large pair, which needs a draft
+several times cheaper than its target.
 
 On SmolLM2-135M (the bundled starter model by default), greedy, side by side:
 
@@ -64,11 +71,16 @@ FREE_PROMPT = "Write a long, imaginative story about a lighthouse keeper and a s
 
 
 @contextlib.asynccontextmanager
-async def runner(model: str, threads: int, num_draft: int) -> AsyncIterator[RunnerClient]:
-    """A fresh runner process with speculation on (``num_draft`` > 0) or off."""
+async def runner(
+    model: str, threads: int, num_draft: int, draft_model: str | None = None
+) -> AsyncIterator[RunnerClient]:
+    """A fresh runner process with speculation on (``num_draft`` > 0) or off, drafting with
+    ``draft_model`` when given (n-gram lookup otherwise)."""
     with tempfile.TemporaryDirectory(prefix="localllm-spec-") as scratch:
         config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
         config.num_draft = num_draft
+        if num_draft and draft_model:
+            config.draft_model = draft_model
         process = RunnerProcess(config, Path(scratch) / "r.sock", Path(scratch) / "r.log")
         client = await process.start()
         try:
@@ -78,8 +90,11 @@ async def runner(model: str, threads: int, num_draft: int) -> AsyncIterator[Runn
             await process.stop()
 
 
-async def decode_rate(client: RunnerClient, prompt: str, streams: int, tokens: int) -> float:
-    """Aggregate decode tokens/s of ``streams`` simultaneous greedy chats of ``prompt``."""
+async def decode_rate(
+    client: RunnerClient, prompt: str, streams: int, tokens: int, drafts: list[int] | None = None
+) -> float:
+    """Aggregate decode tokens/s of ``streams`` simultaneous greedy chats of ``prompt``;
+    ``drafts`` (when given) gains the draft tokens verified and accepted."""
     firsts: list[float] = []
     lasts: list[float] = []
     counts: list[int] = []
@@ -95,6 +110,9 @@ async def decode_rate(client: RunnerClient, prompt: str, streams: int, tokens: i
             if hasattr(event, "timings"):
                 lasts.append(time.perf_counter())
                 counts.append(event.timings.completion_tokens - 1)
+                if drafts is not None:
+                    drafts[0] += event.timings.draft_tokens
+                    drafts[1] += event.timings.draft_accepted
             else:
                 first = first or time.perf_counter()
         firsts.append(first)
@@ -104,15 +122,25 @@ async def decode_rate(client: RunnerClient, prompt: str, streams: int, tokens: i
 
 
 async def pair(
-    model: str, threads: int, prompt: str, streams: int, tokens: int, repeat: int
+    model: str,
+    threads: int,
+    prompt: str,
+    streams: int,
+    tokens: int,
+    repeat: int,
+    draft_model: str | None = None,
+    drafts: list[int] | None = None,
 ) -> tuple[float, float]:
-    """Best decode rate with speculation off and on."""
+    """Best decode rate with speculation off and on (``drafts`` gains the "on" runs' draft
+    tokens verified and accepted)."""
     off: list[float] = []
     on: list[float] = []
     for attempt in range(repeat):
         for num_draft in (0, 8) if attempt % 2 == 0 else (8, 0):
-            async with runner(model, threads, num_draft) as client:
-                rate = await decode_rate(client, prompt, streams, tokens)
+            async with runner(model, threads, num_draft, draft_model) as client:
+                rate = await decode_rate(
+                    client, prompt, streams, tokens, drafts if num_draft else None
+                )
             (on if num_draft else off).append(rate)
     return max(off), max(on)
 
@@ -155,7 +183,18 @@ def batch_cost(model: str, threads: int) -> dict[int, float]:
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     model = args.model or str(starter_gguf_path())
     threads = args.threads or default_threads()
-    results: dict[str, object] = {"threads": threads, "tokens": args.tokens}
+    draft_model = (args.draft_model or model) if args.drafter == "draft" else None
+    results: dict[str, object] = {
+        "threads": threads,
+        "tokens": args.tokens,
+        "drafter": "ngram" if draft_model is None else f"draft:{Path(draft_model).name}",
+    }
+    if draft_model is not None and Path(draft_model).resolve() == Path(model).resolve():
+        print(
+            "draft model = the target itself: this measures the draft mechanism's cost, "
+            "not the speedup of a real (smaller) draft model",
+            flush=True,
+        )
     cost = batch_cost(model, threads)
     results["batch_cost"] = cost
     print(f"decode cost of k tokens relative to 1: {cost}", flush=True)
@@ -164,11 +203,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         ("free", FREE_PROMPT, 1),
         ("copy8", COPY_PROMPT, 8),
     ):
-        off, on = await pair(model, threads, prompt, streams, args.tokens, args.repeat)
+        drafts = [0, 0]
+        off, on = await pair(
+            model, threads, prompt, streams, args.tokens, args.repeat, draft_model, drafts
+        )
         results[f"{key}_tps_off"] = round(off, 2)
         results[f"{key}_tps_on"] = round(on, 2)
         results[f"{key}_ratio"] = round(on / off, 3)
-        print(f"{key}: off {off:.1f} tok/s, on {on:.1f} tok/s ({on / off:.3f})", flush=True)
+        results[f"{key}_drafts"] = {"verified": drafts[0], "accepted": drafts[1]}
+        print(
+            f"{key}: off {off:.1f} tok/s, on {on:.1f} tok/s ({on / off:.3f}); "
+            f"drafts accepted {drafts[1]} of {drafts[0]}",
+            flush=True,
+        )
     return results
 
 
@@ -180,6 +227,15 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="threads (default: cores)")
     parser.add_argument("--tokens", type=int, default=256, help="tokens generated per stream")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
+    parser.add_argument(
+        "--drafter",
+        choices=["ngram", "draft"],
+        default="ngram",
+        help="what drafts when speculation is on: n-gram lookup or a draft model",
+    )
+    parser.add_argument(
+        "--draft-model", help="the draft model's GGUF for --drafter draft (default: the target)"
+    )
     args = parser.parse_args()
     with open("/dev/null", "w") as quiet:
         route_llama_log(quiet)  # llama.cpp's loading chatter would bury the figures
