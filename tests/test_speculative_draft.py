@@ -149,6 +149,36 @@ def test_a_reused_slot_drafts_from_its_new_prompt(
     assert all(r.timings.draft_accepted > 0 for r in drafting.results.values())
 
 
+def test_a_draft_sequence_copies_a_prefix_another_one_holds(
+    model: LlamaModel, drafts: dict[str, DraftModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    draft = drafts["same"]
+    for seq in range(len(draft.seen)):
+        draft.model.seq_remove(seq, 0)
+        draft.seen[seq] = []
+    prompt = model.tokenize("draft check: a prompt two slots share, " * 3, add_special=True)
+    first = draft.draft([(0, prompt, 3)])
+    decoded: list[int] = []
+    decode = draft.model.decode
+
+    def counting() -> int:
+        decoded.append(draft.model.batch.size)
+        return decode()
+
+    monkeypatch.setattr(draft.model, "decode", counting)
+    second = draft.draft([(1, prompt, 3)])
+    assert second == {1: first[0]}
+    # Only the last prompt token (for its logits) and the two further draft positions were
+    # decoded: the rest was shared from sequence 0.
+    assert decoded == [1, 1, 1]
+    for seq in (0, 1):
+        assert draft.seen[seq][: len(prompt)] == prompt
+        assert draft.model.seq_pos_max(seq) == len(draft.seen[seq]) - 1
+    draft.rollback(1, prompt[:10])
+    assert draft.model.seq_pos_max(1) == 9
+    assert draft.model.seq_pos_max(0) == len(draft.seen[0]) - 1  # the shared cells stay
+
+
 def test_a_draft_with_another_vocabulary_is_refused_at_load(
     model: LlamaModel, files: dict[str, Path]
 ) -> None:
