@@ -373,3 +373,11 @@ def test_bad_drafts_are_refused_by_the_daemon(daemon: Daemon, files: dict[str, P
             answer = http.post("/api/generate", json={**body, "options": {"draft_model": option}})
             assert answer.status_code == status, answer.text
             assert words in answer.json()["error"]
+
+
+def test_verbose_block_names_the_drafter() -> None:
+    from localllm.run_stats import format_timings
+
+    final = {"total_duration": 1e9, "eval_count": 10, "eval_duration": 5e8, "draft_count": 8}
+    block = format_timings({**final, "draft_accepted_count": 6, "drafter": "draft:tiny:small"})
+    assert "6 of 8 accepted (75%, speculative, draft:tiny:small)" in block
