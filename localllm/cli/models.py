@@ -202,12 +202,14 @@ def _watch_ps(client: Client) -> int:
     from rich.text import Text
 
     console = Console(highlight=False)
-    with Live(Text(ps_rows(_merged_ps(client))), console=console, auto_refresh=False) as live:
-        try:
+    # Ctrl-C is the way out, and it can land while Live is still starting (after the first
+    # render is on screen), so the whole block is inside the handler, not just the loop.
+    try:
+        with Live(Text(ps_rows(_merged_ps(client))), console=console, auto_refresh=False) as live:
             for _ in client.stats_stream(interval=0.5):
                 live.update(Text(ps_rows(_merged_ps(client))), refresh=True)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
