@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ready-fd", type=int, default=None, help="write 'ready' here once serving"
     )
+    parser.add_argument(
+        "--projector", default=None, help="vision projector GGUF (mmproj) for reading images"
+    )
     parser.add_argument("--debug", action="store_true", help="log llama.cpp debug output")
     return parser.parse_args(argv)
 
@@ -85,6 +88,7 @@ async def _serve(args: argparse.Namespace) -> int:
         kv_cache_dir=args.kv_cache_dir,
         kv_cache_ram=args.kv_cache_ram,
         kv_cache_disk=args.kv_cache_disk,
+        projector=args.projector,
     )
     try:
         model = await asyncio.to_thread(LlamaModel, config)
