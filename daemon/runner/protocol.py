@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
+    "IMAGE_MARKER",
     "CancelOp",
     "DetokenizeOp",
     "DoneEvent",
@@ -36,7 +37,6 @@ __all__ = [
     "GenerationResult",
     "HealthEvent",
     "HealthOp",
-    "IMAGE_MARKER",
     "PromptReadyEvent",
     "ProtocolError",
     "Request",
