@@ -1,5 +1,7 @@
 """Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``, ``LICENSE``, ``MESSAGE``.
 
+A second ``FROM`` names a vision projector (an mmproj GGUF), as in Ollama.
+
 :func:`parse_modelfile` reads the text into a :class:`Modelfile`; :func:`coerce_parameter` turns
 one ``PARAMETER name value`` (also typed at ``/set parameter`` in ``localllm run``) into the
 typed option value the API expects. The grammar follows Ollama's parser: instructions are
@@ -46,6 +48,9 @@ class Modelfile:
     from_: str
     """The ``FROM`` value: a model name or a GGUF path (relative paths resolved, see
     :func:`read_modelfile`)."""
+    projector: str | None = None
+    """A second ``FROM``: a vision projector GGUF (``mmproj``, ``general.architecture`` clip),
+    resolved as the first ``FROM`` is."""
     parameters: dict[str, Any] = field(default_factory=dict)
     """Typed options; repeated ``stop`` lines collect into a list."""
     template: str | None = None
@@ -169,9 +174,15 @@ def parse_modelfile(text: str) -> Modelfile:
         if keyword == "from":
             if not raw:
                 raise ModelfileError(f"line {number}: FROM needs a model name or a file")
-            if source is not None:
-                raise ModelfileError(f"line {number}: only one FROM is supported")
-            source = raw
+            if source is None:
+                source = raw
+            elif result.projector is None:
+                # Ollama's way to add a vision projector: a second FROM naming its GGUF.
+                result.projector = raw
+            else:
+                raise ModelfileError(
+                    f"line {number}: at most two FROM lines (the model, then a vision projector)"
+                )
         elif keyword == "adapter":
             raise ModelfileError(f"line {number}: ADAPTER (LoRA) is not supported by localllm yet")
         elif keyword in ("template", "system"):
@@ -218,4 +229,6 @@ def read_modelfile(path: Path) -> Modelfile:
     candidate = (path.parent / Path(value).expanduser()).resolve()
     if looks_like_path(value) or candidate.is_file():
         modelfile.from_ = str(candidate)
+    if modelfile.projector is not None:
+        modelfile.projector = str((path.parent / Path(modelfile.projector).expanduser()).resolve())
     return modelfile

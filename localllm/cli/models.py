@@ -311,6 +311,16 @@ def cmd_create(args: argparse.Namespace) -> int:
         if modelfile_path is not None:
             modelfile = read_modelfile(modelfile_path)
             fields = {**modelfile.create_fields(), **_source_fields(client, modelfile.from_)}
+            if modelfile.projector is not None:
+                # The projector always travels as an uploaded blob in ``files`` (Ollama's
+                # create API): the daemon tells it from the model by its ``clip`` header.
+                projector = Path(modelfile.projector)
+                if not projector.is_file():
+                    raise UsageError(f"{projector}: no such file (the second FROM)")
+                fields["files"] = {
+                    **fields.get("files", {}),
+                    projector.name: client.upload_blob(projector),
+                }
         else:
             fields = _source_fields(client, args.source)
         fields["quantize"] = quant
