@@ -95,6 +95,16 @@ async def _serve(args: argparse.Namespace) -> int:
     except ModelLoadError as exc:
         logging.getLogger("localllm.runner").error("%s", exc)
         return 2
+    projector = None
+    if config.projector is not None:
+        from .vision import VisionProjector
+
+        try:
+            projector = await asyncio.to_thread(VisionProjector, config.projector, model)
+        except ModelLoadError as exc:
+            logging.getLogger("localllm.runner").error("%s", exc)
+            model.close()
+            return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -111,7 +121,7 @@ async def _serve(args: argparse.Namespace) -> int:
         num_draft=config.num_draft,
     )
     engine.start()
-    server = RunnerServer(model, engine, Path(args.socket))
+    server = RunnerServer(model, engine, Path(args.socket), projector)
     await server.start()
     logging.getLogger("localllm.runner").info(
         "serving %s: %d slots x %d tokens, %d threads, %d GPU layers",
@@ -140,6 +150,8 @@ async def _serve(args: argparse.Namespace) -> int:
     await stop.wait()
     watcher.cancel()
     await server.close()
+    if projector is not None:
+        projector.close()  # prompt preparation, its only user, ended with the server
     await asyncio.to_thread(engine.stop)
     if engine.crashed:
         logging.getLogger("localllm.runner").error("exiting: the engine thread crashed")
@@ -192,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     from .model import route_llama_log
 
     route_llama_log(stream, debug=args.debug)
+    if args.projector is not None:
+        from .vision import route_mtmd_log
+
+        route_mtmd_log()
     try:
         return asyncio.run(_serve(args))
     finally:

@@ -1,0 +1,216 @@
+"""Images in prompts at the runner: real llama.cpp with mtmd, the tiny text model and a tiny
+LLaVA-style projector (four embeddings per image). Properties only, never model text."""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from runner_harness import RunnerHarness, greedy
+from tiny_gguf import write_tiny_gguf
+from tiny_mmproj import image_tokens, png_bytes, write_tiny_mmproj
+
+from localllm.daemon.runner import GenerationRequest, RunnerConfig, RunnerError, TokenChunk
+from localllm.daemon.runner.protocol import IMAGE_MARKER
+
+N_IMAGE = image_tokens()
+RED = base64.b64encode(png_bytes((255, 0, 0))).decode()
+BLUE = base64.b64encode(png_bytes((0, 0, 255), (20, 12))).decode()
+GREEN_JPEG = base64.b64encode(png_bytes((0, 200, 0), fmt="JPEG")).decode()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The text model (it never ends by itself: streams run to num_predict) and its projector."""
+    folder = tmp_path_factory.mktemp("vision")
+    model = write_tiny_gguf(folder / "tiny.gguf", never_ends=True)
+    return model, write_tiny_mmproj(folder / "mmproj.gguf")
+
+
+def _start(
+    files: tuple[Path, Path], folder: Path, projector: bool = True, **config: object
+) -> RunnerHarness:
+    model, mmproj = files
+    values: dict[str, object] = {"n_slots": 2, "n_ctx_per_slot": 256, "n_threads": 2, **config}
+    settings = RunnerConfig(
+        model_path=str(model),
+        projector=str(mmproj) if projector else None,
+        **values,  # type: ignore[arg-type]
+    )
+    return RunnerHarness(settings, folder)
+
+
+@pytest.fixture(scope="module")
+def runner(
+    files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunnerHarness]:
+    harness = _start(files, tmp_path_factory.mktemp("runner"))
+    yield harness
+    harness.close()
+
+
+def raw(prompt: str, images: list[str], num_predict: int = 6) -> GenerationRequest:
+    return GenerationRequest(
+        id="", prompt=prompt, raw=True, images=images, options=greedy(num_predict)
+    )
+
+
+def first_logprobs(runner: RunnerHarness, request: GenerationRequest) -> list[float]:
+    """The top log probabilities of the first generated token (the model's view of the
+    prompt, images included)."""
+    request.options.logprobs, request.options.top_logprobs = True, 8
+    request.options.num_predict = 1
+
+    async def collect() -> list[float]:
+        entries = []
+        async for event in runner.client.generate(request):
+            if isinstance(event, TokenChunk):
+                entries += event.logprobs or []
+        return [t.logprob for t in entries[0].top_logprobs]
+
+    return runner.run(collect())
+
+
+def close(a: list[float], b: list[float]) -> bool:
+    return all(math.isclose(x, y, abs_tol=2e-3) for x, y in zip(a, b, strict=True))
+
+
+def test_an_image_is_its_embeddings_in_the_prompt(runner: RunnerHarness) -> None:
+    before, after = "look at this: ", " what is it?"
+    tokens = len(runner.run(runner.client.tokenize(before))) + len(
+        runner.run(runner.client.tokenize(after))
+    )
+    _, result = runner.generate(raw(f"{before}{IMAGE_MARKER}{after}", [RED]))
+    assert result.timings.prompt_tokens == tokens + N_IMAGE
+    assert result.timings.completion_tokens == 6
+    assert runner.run(runner.client.health())["vision"] is True
+
+    # What the model sees depends on the image: the first token's distribution moves with
+    # it, and comes back for the same image (here from the cache, in another batch shape).
+    prompt = f"{before}{IMAGE_MARKER}{after} and"
+    red = first_logprobs(runner, raw(prompt, [RED]))
+    blue = first_logprobs(runner, raw(prompt, [BLUE]))
+    jpeg = first_logprobs(runner, raw(prompt, [GREEN_JPEG]))
+    red_again = first_logprobs(runner, raw(prompt, [RED]))
+    assert close(red, red_again)
+    assert not close(red, blue) and not close(red, jpeg) and not close(blue, jpeg)
+
+
+def test_an_image_ending_the_prompt_gives_the_first_token(runner: RunnerHarness) -> None:
+    text, result = runner.generate(raw(f"end on an image {IMAGE_MARKER}", [BLUE], 4))
+    assert result.timings.completion_tokens == 4 and result.done_reason == "length"
+    again, result = runner.generate(raw(f"end on an image {IMAGE_MARKER}", [BLUE], 4))
+    assert again == text  # the image is evaluated again (its last cell gives the logits)
+    assert result.timings.cached_tokens == result.timings.prompt_tokens - N_IMAGE
+
+
+def test_the_cache_reuses_an_image_only_for_the_same_image(runner: RunnerHarness) -> None:
+    before = "cache check with a picture: "
+    prefix = len(runner.run(runner.client.tokenize(before)))
+    _, first = runner.generate(raw(f"{before}{IMAGE_MARKER} one", [RED]))
+    _, same = runner.generate(raw(f"{before}{IMAGE_MARKER} one two", [RED]))
+    # Everything up to the new text is reused, the image's cells included.
+    assert same.timings.cached_tokens == first.timings.prompt_tokens > prefix + N_IMAGE
+    _, other = runner.generate(raw(f"{before}{IMAGE_MARKER} one two", [BLUE]))
+    assert other.timings.cached_tokens == prefix  # reuse stops where the images differ
+
+
+def test_concurrent_requests_with_different_images_match_their_solo_runs(
+    runner: RunnerHarness,
+) -> None:
+    requests = [
+        lambda: raw(f"{IMAGE_MARKER} first picture, then text", [RED], 10),
+        lambda: raw(f"second: {IMAGE_MARKER} and {IMAGE_MARKER} too", [BLUE, GREEN_JPEG], 10),
+    ]
+    solo = [runner.generate(make())[0] for make in requests]
+    # Other prompts take both slots, so the pair below is prefilled from scratch, together.
+    runner.generate_many([raw("zz flush one", []), raw("yy flush two", [])])
+    together = runner.generate_many([make() for make in requests])
+    assert [text for text, _ in together] == solo
+    for _, result in together:
+        assert result.timings.cached_tokens == 0
+    assert together[1][1].timings.prompt_tokens > 2 * N_IMAGE
+
+
+GARBAGE = base64.b64encode(b"not an image at all").decode()
+TRUNCATED = base64.b64encode(png_bytes()[:40]).decode()
+M = IMAGE_MARKER
+
+
+@pytest.mark.parametrize(
+    ("prompt", "images", "words"),
+    [
+        (f"a {M}", [GARBAGE], "image 1 could not be decoded"),
+        (f"a {M} b {M}", [RED, TRUNCATED], "image 2 could not be decoded"),
+        (f"only {M}", [RED, BLUE], "1 image marker"),
+        ("none here", [RED], "0 image markers"),
+        (f"a {M}", ["@@not base64@@"], "image 1 is not valid base64"),
+    ],
+)
+def test_bad_images_end_with_a_specific_error(
+    runner: RunnerHarness, prompt: str, images: list[str], words: str
+) -> None:
+    with pytest.raises(RunnerError, match=words) as refused:
+        runner.generate(raw(prompt, images))
+    assert refused.value.code == "bad_request"
+    _, result = runner.generate(raw(f"still serving {M}", [RED], 2))
+    assert result.timings.completion_tokens == 2
+
+
+def test_chat_messages_carry_images_and_never_shift_or_truncate(runner: RunnerHarness) -> None:
+    chat = GenerationRequest(
+        id="",
+        messages=[{"role": "user", "content": f"what is in {IMAGE_MARKER}?"}],
+        images=[RED],
+        options=greedy(300),
+    )
+    _, result = runner.generate(chat)
+    # The context (256) ends the request: a shift could cut the image in half.
+    assert result.done_reason == "length"
+    assert result.timings.prompt_tokens + result.timings.completion_tokens <= 256
+    chat.truncate = True
+    chat.messages = [{"role": "user", "content": f"{'long words ' * 200}{IMAGE_MARKER}"}]
+    with pytest.raises(RunnerError, match="never truncated") as refused:
+        runner.generate(chat)
+    assert refused.value.code == "context_overflow"
+
+
+def test_saved_prefixes_with_images_restore_only_for_the_same_image(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    harness = _start(files, tmp_path, n_slots=1, kv_cache_ram=64 << 20)
+    try:
+        long_text = "a system prompt long enough to be worth saving, with a picture: "
+        prefix = len(harness.run(harness.client.tokenize(long_text)))
+        assert prefix >= 32  # what the engine bothers to save
+        prompt = f"{long_text}{IMAGE_MARKER} describe"
+        reference, _ = harness.generate(raw(prompt, [RED]))
+        harness.generate(raw("something else entirely, which evicts the slot", []))
+        text, again = harness.generate(raw(prompt, [RED]))
+        assert again.timings.cached_tokens == again.timings.prompt_tokens - 1
+        assert text == reference
+        assert harness.run(harness.client.stats()).prefix_restores == 1
+        harness.generate(raw("something else entirely, which evicts the slot", []))
+        _, other = harness.generate(raw(prompt, [BLUE]))
+        assert other.timings.cached_tokens == prefix  # the text before the image only
+    finally:
+        harness.close()
+
+
+def test_images_without_a_projector_are_unsupported(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    harness = _start(files, tmp_path, projector=False)
+    try:
+        with pytest.raises(RunnerError) as refused:
+            harness.generate(raw(f"see {IMAGE_MARKER}", [RED]))
+        assert refused.value.code == "unsupported"
+        assert str(refused.value) == "this model cannot read images: it has no vision projector"
+        _, result = harness.generate(raw("text still works", [], 2))
+        assert result.timings.completion_tokens == 2
+        assert harness.run(harness.client.health())["vision"] is False
+    finally:
+        harness.close()
