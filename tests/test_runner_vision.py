@@ -3,6 +3,7 @@ LLaVA-style projector (four embeddings per image). Properties only, never model 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 from collections.abc import Iterator
@@ -13,7 +14,14 @@ from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 from tiny_mmproj import image_tokens, png_bytes, write_tiny_mmproj
 
-from localllm.daemon.runner import GenerationRequest, RunnerConfig, RunnerError, TokenChunk
+from localllm.daemon.runner import (
+    GenerationRequest,
+    RunnerConfig,
+    RunnerError,
+    RunnerProcess,
+    RunnerStartError,
+    TokenChunk,
+)
 from localllm.daemon.runner.protocol import IMAGE_MARKER
 
 N_IMAGE = image_tokens()
@@ -214,3 +222,22 @@ def test_images_without_a_projector_are_unsupported(
         assert harness.run(harness.client.health())["vision"] is False
     finally:
         harness.close()
+
+
+def test_a_projector_for_another_model_fails_the_load_in_one_line(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, _ = files
+    wrong = write_tiny_mmproj(tmp_path / "wrong.gguf", n_embd_text=128)
+    process = RunnerProcess(
+        RunnerConfig(model_path=str(model), projector=str(wrong), n_slots=1, n_ctx_per_slot=256),
+        tmp_path / "r.sock",
+        tmp_path / "r.log",
+    )
+    with pytest.raises(RunnerStartError) as failed:
+        asyncio.run(process.start(timeout=60))
+    message = str(failed.value)
+    assert "\n" not in message
+    assert f"could not load the vision projector {wrong}" in message
+    assert "mismatch between text model (n_embd = 256) and mmproj (n_embd = 128)" in message
+    assert not process.alive()

@@ -33,7 +33,8 @@ _FLASH = {
 }
 log = logging.getLogger("localllm.runner.model")
 
-_LOG_LEVELS = {0: "NONE", 1: "INFO", 2: "WARN", 3: "ERROR", 4: "DEBUG", 5: "CONT"}
+# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line.
+_LOG_DEBUG, _LOG_CONT = 1, 5
 
 
 class ModelLoadError(RuntimeError):
@@ -63,9 +64,9 @@ def route_llama_log(stream: IO[str], debug: bool = False) -> None:
 
     @llama_cpp.llama_log_callback
     def callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-        effective = last_level[0] if level == 5 else level
+        effective = last_level[0] if level == _LOG_CONT else level
         last_level[0] = effective
-        if effective == 4 and not debug:
+        if effective == _LOG_DEBUG and not debug:
             return
         with lock:
             stream.write(text.decode("utf-8", errors="replace"))

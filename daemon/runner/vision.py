@@ -56,6 +56,7 @@ _SIGNATURES = (
 _NO_FFMPEG = b"/nonexistent/localllm-no-ffmpeg"
 # Pseudo-token ids: -2 .. -2**31 (-1 stays free: llama.cpp uses it as "no token").
 _PSEUDO_RANGE = (1 << 31) - 2
+_LOG_ERROR = 4  # ggml_log_level
 
 
 def is_image_token(token: int) -> bool:
@@ -98,13 +99,33 @@ class VisionPrompt:
     """Image at each prompt position where one starts."""
 
 
+# mtmd's latest error line: why a projector failed to load, for the one-line load error.
+_last_error = [""]
+
+
 def route_mtmd_log() -> None:
-    """Send mtmd's log where llama.cpp's goes (call after :func:`.model.route_llama_log`)."""
+    """Send mtmd's log where llama.cpp's goes (call after :func:`.model.route_llama_log`),
+    remembering its latest error line."""
     from .model import _log_state
 
-    callback = _log_state.get("callback")
-    if callback is not None:
-        mtmd.mtmd_helper_log_set(callback, ctypes.c_void_p(0))
+    forward = _log_state.get("callback")
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level == _LOG_ERROR:
+            _last_error[0] = text.decode("utf-8", errors="replace").strip()
+        if forward is not None:
+            forward(level, text, user_data)  # type: ignore[operator]
+
+    _log_state["mtmd_callback"] = callback  # referenced for as long as mtmd may call it
+    mtmd.mtmd_helper_log_set(callback, ctypes.c_void_p(0))
+
+
+def _load_error(path: str) -> str:
+    reason = _last_error[0].split("error: ", 1)[-1].strip()
+    return f"llama.cpp could not load the vision projector {path}" + (
+        f": {reason}" if reason else " (see the log above)"
+    )
 
 
 class VisionProjector:
@@ -123,11 +144,10 @@ class VisionProjector:
         params.media_marker = IMAGE_MARKER.encode()
         self._marker = params.media_marker  # the struct keeps a pointer to these bytes
         self.path = path
+        _last_error[0] = ""
         self.ctx = mtmd.mtmd_init_from_file(path.encode(), model.model, params)
         if not self.ctx:
-            raise ModelLoadError(
-                f"llama.cpp could not load the vision projector {path} (see the log above)"
-            )
+            raise ModelLoadError(_load_error(path))
         if not mtmd.mtmd_support_vision(self.ctx):
             self.close()
             raise ModelLoadError(f"the projector {path} has no vision encoder")
