@@ -25,6 +25,7 @@ daemon's message otherwise (also for an error reported in the middle of a stream
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import ipaddress
@@ -131,6 +132,7 @@ class ChatMessage(TypedDict, total=False):
     thinking: str
     """An answer's reasoning (sent back in the history as Ollama's CLI does)."""
     images: list[str]
+    """Standard base64 of each image file's bytes (needs a model with vision)."""
 
 
 class _Final(TypedDict, total=False):
@@ -205,6 +207,12 @@ _RENAMES = {"from_": "from", "input_": "input"}
 def _payload(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
     """A JSON body from a method's arguments: ``self`` and None values dropped."""
     body = {_RENAMES.get(k, k): v for k, v in values.items() if k != "self" and v is not None}
+    if "images" in body:
+        # Image files' bytes travel as standard base64, as Ollama's API carries them.
+        body["images"] = [
+            base64.b64encode(i).decode("ascii") if isinstance(i, bytes) else i
+            for i in body["images"]
+        ]
     body.update(fixed)
     return body
 
@@ -647,6 +655,7 @@ class Client:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> GenerateChunk:
         """A whole completion (``/api/generate`` without streaming)."""
         body = _payload(locals(), stream=False)
@@ -665,6 +674,7 @@ class Client:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> Iterator[GenerateChunk]:
         """A completion streamed chunk by chunk; the last chunk has ``done`` and timings."""
         body = _payload(locals(), stream=True)
@@ -993,6 +1003,7 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> GenerateChunk:
         """A whole completion."""
         body = _payload(locals(), stream=False)
@@ -1011,6 +1022,7 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """A completion streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
         body = _payload(locals(), stream=True)

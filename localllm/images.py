@@ -16,6 +16,7 @@ import io
 import re
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from ._exceptions import LocalLLMError
 
@@ -27,6 +28,7 @@ __all__ = [
     "check_image",
     "decode_base64_image",
     "encode_image",
+    "extract_image_paths",
     "parse_data_url",
 ]
 
@@ -150,3 +152,36 @@ def parse_data_url(url: object, field: str, limits: ImageLimits) -> bytes:
 def encode_image(data: bytes) -> str:
     """Standard base64 of an image file's bytes, as requests and the runner carry it."""
     return base64.b64encode(data).decode("ascii")
+
+
+_EXT = r"(?:png|jpe?g|gif|bmp)"
+# A path as typed or pasted: quoted (drag-and-drop in many terminals), or bare with
+# backslash-escaped spaces (drag-and-drop in others). As Ollama's CLI, a bare path must look
+# like one (start with /, ./, ../ or ~/) so ordinary words ending in .png stay text.
+_PATH = re.compile(
+    rf"""(?<!\S)(?:(['"])(?P<quoted>[^'"\n]+?\.{_EXT})\1(?![\w'"])"""
+    rf"""|(?P<bare>(?:~|\.{{1,2}})?/(?:\\.|[^\s'"\\])*?\.{_EXT})(?![\w.]))""",
+    re.I,
+)
+
+
+def extract_image_paths(text: str) -> tuple[str, list[tuple[str, Path]]]:
+    """Image files named in a prompt, as ``localllm run`` (and Ollama's CLI) attach them.
+
+    Returns the prompt without the paths of files that exist, and ``(as typed, path)`` for
+    each of those files in order of appearance. A path that names no file stays in the text.
+    """
+    found: list[tuple[str, Path]] = []
+
+    def take(match: re.Match[str]) -> str:
+        typed = match.group("quoted") or match.group("bare")
+        path = Path(re.sub(r"\\(.)", r"\1", typed)).expanduser()
+        if not path.is_file():
+            return match.group(0)
+        found.append((re.sub(r"\\(.)", r"\1", typed), path))
+        return ""
+
+    rest = _PATH.sub(take, text)
+    if not found:
+        return text, []
+    return re.sub(r"[ \t]{2,}", " ", rest).strip(), found
