@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,12 +23,25 @@ from localllm.daemon.runner import (
     RunnerStartError,
     TokenChunk,
 )
-from localllm.daemon.runner.protocol import IMAGE_MARKER
+from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.runner.protocol import (
+    IMAGE_MARKER,
+    DoneEvent,
+    Event,
+    GenerationResult,
+    TokenEvent,
+)
+from localllm.daemon.runner.sampling import grammar_for
+from localllm.daemon.runner.server import prepare
+from localllm.daemon.runner.speculative import BatchCost
+from localllm.daemon.runner.vision import VisionProjector
 
 N_IMAGE = image_tokens()
 RED = base64.b64encode(png_bytes((255, 0, 0))).decode()
 BLUE = base64.b64encode(png_bytes((0, 0, 255), (20, 12))).decode()
 GREEN_JPEG = base64.b64encode(png_bytes((0, 200, 0), fmt="JPEG")).decode()
+M = IMAGE_MARKER
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +157,79 @@ def test_concurrent_requests_with_different_images_match_their_solo_runs(
     assert together[1][1].timings.prompt_tokens > 2 * N_IMAGE
 
 
+def _engine_run(
+    model: LlamaModel, projector: VisionProjector, request: GenerationRequest, num_draft: int
+) -> tuple[str, GenerationResult]:
+    """One request through an engine of its own on ``model``, drafting forced to pay."""
+    model.seq_remove(0, 0)
+    engine = Engine(model, num_draft=num_draft)
+    engine._cost = BatchCost({1: 1.0, 64: 1.0})
+    prompt = prepare(model, request, None, projector)
+    done = threading.Event()
+    text: list[str] = []
+    results: list[GenerationResult] = []
+
+    def emit(event: Event) -> None:
+        if isinstance(event, TokenEvent):
+            text.append(event.text)
+        elif isinstance(event, DoneEvent):
+            results.append(event.result)
+            done.set()
+
+    engine.start()
+    job = GenerationJob(
+        id="spec",
+        prompt=prompt.tokens,
+        options=request.options,
+        grammar=grammar_for(request.options),
+        emit=emit,
+        images=prompt.images,
+    )
+    engine.submit(job)
+    assert done.wait(60)
+    engine._put("stop", None)  # ends the thread; the model stays for the next run
+    engine._thread.join(30)
+    return "".join(text), results[0]
+
+
+def test_speculation_around_images_drafts_text_only(files: tuple[Path, Path]) -> None:
+    """In process: drafts come from the prompt's text (a pseudo-token in a batch would fail
+    the decode) and change nothing in the output."""
+    model_path, mmproj = files
+    model = LlamaModel(RunnerConfig(model_path=str(model_path), n_slots=1, n_ctx_per_slot=256))
+    projector = VisionProjector(str(mmproj), model)
+    request = raw(f"one two three one two three {M} one two three one two", [RED], 16)
+    # The grammar makes the output repeat the prompt's text, so n-gram drafts find matches.
+    request.options.grammar = 'root ::= " three one two three one two three one two three"'
+    try:
+        drafted, with_drafts = _engine_run(model, projector, request, 4)
+        plain, without = _engine_run(model, projector, request, 0)
+    finally:
+        projector.close()
+        model.close()
+    assert with_drafts.done_reason == without.done_reason == "length"
+    assert with_drafts.timings.draft_accepted > 0
+    assert drafted == plain
+
+
+def test_cancelling_a_request_with_images_frees_its_slot(runner: RunnerHarness) -> None:
+    async def scenario() -> str:
+        stream = runner.client.generate(raw(f"cancel me {M} please", [BLUE], 100000))
+        async for event in stream:
+            if isinstance(event, TokenChunk):
+                break
+        await stream.aclose()  # cancels in the runner, and returns once it did
+        return "cancelled"
+
+    runner.run(scenario())
+    stats = runner.run(runner.client.stats())
+    assert [slot.state for slot in stats.slots] == ["idle", "idle"]
+    _, result = runner.generate(raw(f"cancel me {M} please", [BLUE], 3))
+    assert result.timings.completion_tokens == 3
+
+
 GARBAGE = base64.b64encode(b"not an image at all").decode()
 TRUNCATED = base64.b64encode(png_bytes()[:40]).decode()
-M = IMAGE_MARKER
 
 
 @pytest.mark.parametrize(
