@@ -27,7 +27,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp import mtmd_cpp as mtmd
 
-from .model import LlamaModel, ModelLoadError
+from .model import _FLASH, LlamaModel, ModelLoadError
 from .protocol import IMAGE_MARKER
 
 __all__ = [
@@ -141,6 +141,7 @@ class VisionProjector:
         params.print_timings = False
         params.n_threads = model.n_threads
         params.warmup = False  # an encode of a dummy image at load: time for nothing
+        params.flash_attn_type = _FLASH[model.config.flash_attention]
         params.media_marker = IMAGE_MARKER.encode()
         self._marker = params.media_marker  # the struct keeps a pointer to these bytes
         self.path = path
