@@ -228,6 +228,20 @@ def test_cancelling_a_request_with_images_frees_its_slot(runner: RunnerHarness) 
     assert result.timings.completion_tokens == 3
 
 
+def test_a_context_with_an_image_is_returned_but_not_continued(runner: RunnerHarness) -> None:
+    request = raw(f"context {M} here", [RED], 3)
+    request.return_context = True
+    _, result = runner.generate(request)
+    assert result.context is not None
+    assert len(result.context) == result.timings.prompt_tokens + 3
+    assert sum(token < 0 for token in result.context) == N_IMAGE  # the image's positions
+    follow_up = raw(" and more", [], 3)
+    follow_up.context = result.context
+    with pytest.raises(RunnerError, match="a context with images cannot be continued") as refused:
+        runner.generate(follow_up)
+    assert refused.value.code == "bad_request"
+
+
 GARBAGE = base64.b64encode(b"not an image at all").decode()
 TRUNCATED = base64.b64encode(png_bytes()[:40]).decode()
 

@@ -49,7 +49,7 @@ from .protocol import (
 from .sampling import GrammarError, check_sampling, grammar_for
 from .slots import common_prefix_length
 from .text import unicode_problem
-from .vision import ImageEmbeddings, VisionError, VisionProjector
+from .vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
 
 __all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
 
@@ -198,6 +198,11 @@ def _checked_context(
     if not context:
         return []
     for token in context:
+        if field == "context" and isinstance(token, int) and is_image_token(token):
+            raise PromptError(
+                f"{field} holds the positions of an image: a context with images cannot be "
+                "continued; send the messages with their images again"
+            )
         if not isinstance(token, int) or not 0 <= token < model.n_vocab:
             raise PromptError(f"{field} holds {token!r}, which is not a token of this model")
     return list(context)
