@@ -284,10 +284,16 @@ def test_chat_messages_carry_images_and_never_shift_or_truncate(runner: RunnerHa
     assert refused.value.code == "context_overflow"
 
 
+@pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_saved_prefixes_with_images_restore_only_for_the_same_image(
-    files: tuple[Path, Path], tmp_path: Path
+    files: tuple[Path, Path], tmp_path: Path, tier: str
 ) -> None:
-    harness = _start(files, tmp_path, n_slots=1, kv_cache_ram=64 << 20)
+    budget: dict[str, object] = (
+        {"kv_cache_ram": 64 << 20}
+        if tier == "ram"
+        else {"kv_cache_disk": 64 << 20, "kv_cache_dir": str(tmp_path / "kv")}
+    )
+    harness = _start(files, tmp_path, n_slots=1, **budget)
     try:
         long_text = "a system prompt long enough to be worth saving, with a picture: "
         prefix = len(harness.run(harness.client.tokenize(long_text)))
