@@ -212,6 +212,24 @@ def test_speculation_around_images_drafts_text_only(files: tuple[Path, Path]) ->
     assert drafted == plain
 
 
+def test_an_image_sent_again_is_not_encoded_again(files: tuple[Path, Path]) -> None:
+    model_path, mmproj = files
+    model = LlamaModel(RunnerConfig(model_path=str(model_path), n_slots=1, n_ctx_per_slot=256))
+    projector = VisionProjector(str(mmproj), model)
+    try:
+        first = prepare(model, raw(f"a {M}", [RED]), None, projector)
+        turn = prepare(model, raw(f"a {M} b {M}", [RED, BLUE]), None, projector)
+        (red,) = first.images.values()
+        red_again, blue = (turn.images[start] for start in sorted(turn.images))
+        assert red_again.data is red.data  # the same embeddings, kept from the first request
+        assert blue.data is not red.data
+        assert list(blue.data) != list(red.data)
+        assert turn.tokens[: len(first.tokens)] == first.tokens
+    finally:
+        projector.close()
+        model.close()
+
+
 def test_cancelling_a_request_with_images_frees_its_slot(runner: RunnerHarness) -> None:
     async def scenario() -> str:
         stream = runner.client.generate(raw(f"cancel me {M} please", [BLUE], 100000))

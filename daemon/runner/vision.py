@@ -17,6 +17,7 @@ This module is the only one of the runner that calls mtmd.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import logging
@@ -57,6 +58,9 @@ _NO_FFMPEG = b"/nonexistent/localllm-no-ffmpeg"
 # Pseudo-token ids: -2 .. -2**31 (-1 stays free: llama.cpp uses it as "no token").
 _PSEUDO_RANGE = (1 << 31) - 2
 _LOG_ERROR = 4  # ggml_log_level
+# Host RAM for recently encoded images: a 576-embedding LLaVA image of a 4096-wide model is
+# 9 MiB, so this keeps a conversation's images without encoding them again every turn.
+_ENCODED_CACHE_BYTES = 256 << 20
 
 
 def is_image_token(token: int) -> bool:
@@ -158,6 +162,9 @@ class VisionProjector:
         """The model places image embeddings in 2-D (M-RoPE, Qwen2-VL style)."""
         self.n_batch = model.n_batch
         self._lock = threading.Lock()
+        self._encoded: collections.OrderedDict[tuple[bytes, int], Any] = collections.OrderedDict()
+        """Recently encoded images' embeddings, least recently used first."""
+        self._encoded_bytes = 0
 
     def prepare(self, text: str, images: list[bytes], add_special: bool) -> VisionPrompt:
         """Tokenize ``text`` with ``images`` at its markers and encode the images.
@@ -227,6 +234,7 @@ class VisionProjector:
         tokens: list[int] = []
         images: dict[int, ImageEmbeddings] = {}
         image_index = 0
+        seen: dict[bytes, int] = {}
         for i in range(mtmd.mtmd_input_chunks_size(chunks)):
             chunk = mtmd.mtmd_input_chunks_get(chunks, i)
             kind = mtmd.mtmd_input_chunk_get_type(chunk)
@@ -253,19 +261,39 @@ class VisionProjector:
                     f"in one batch, but the batch holds {self.n_batch}: raise num_batch",
                     "unsupported",
                 )
-            if mtmd.mtmd_encode_chunk(self.ctx, chunk) != 0:
-                raise VisionError(f"image {image_index} could not be encoded", "internal")
-            count_floats = n_tokens * self.n_embd
-            output = mtmd.mtmd_get_output_embd(self.ctx)
-            data = (ctypes.c_float * count_floats)()
-            ctypes.memmove(data, output, count_floats * ctypes.sizeof(ctypes.c_float))
-            images[len(tokens)] = ImageEmbeddings(n_tokens, data, non_causal)
             # The chunk's id is the SHA-256 of its image file; a model that cuts one image
-            # into several chunks (slices) gets different ids for each through the index.
+            # into several chunks (slices) tells them apart by their order.
             name = mtmd.mtmd_input_chunk_get_id(chunk) or b""
+            seen[name] = seen.get(name, -1) + 1
+            key = (name, seen[name]) if name else None
+            data = self._encode(image_index, chunk, n_tokens, key)
+            images[len(tokens)] = ImageEmbeddings(n_tokens, data, non_causal)
             digest = hashlib.sha256(name + b":%d" % i).digest()
             tokens.extend(_pseudo_tokens(digest, n_tokens))
         return VisionPrompt(tokens, images)
+
+    def _encode(
+        self, image_index: int, chunk: Any, n_tokens: int, key: tuple[bytes, int] | None
+    ) -> Any:
+        """The embeddings of an image chunk: encoded now, or kept from an earlier request (a
+        conversation sends its images again with every turn)."""
+        cached = self._encoded.get(key) if key is not None else None
+        if cached is not None:
+            self._encoded.move_to_end(key)  # type: ignore[arg-type]
+            return cached
+        if mtmd.mtmd_encode_chunk(self.ctx, chunk) != 0:
+            raise VisionError(f"image {image_index} could not be encoded", "internal")
+        count_floats = n_tokens * self.n_embd
+        output = mtmd.mtmd_get_output_embd(self.ctx)
+        data = (ctypes.c_float * count_floats)()
+        ctypes.memmove(data, output, count_floats * ctypes.sizeof(ctypes.c_float))
+        if key is not None:
+            self._encoded[key] = data
+            self._encoded_bytes += ctypes.sizeof(data)
+            while self._encoded_bytes > _ENCODED_CACHE_BYTES and len(self._encoded) > 1:
+                _, dropped = self._encoded.popitem(last=False)
+                self._encoded_bytes -= ctypes.sizeof(dropped)
+        return data
 
     def close(self) -> None:
         """Free the mtmd context."""
