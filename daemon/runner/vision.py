@@ -3,11 +3,13 @@
 The projector GGUF (``mmproj``) turns an image into embeddings the text model reads like token
 embeddings. Prompt preparation (worker threads) decodes the image files, tokenizes the prompt
 with mtmd (text pieces become tokens, each :data:`~.protocol.IMAGE_MARKER` becomes an image
-chunk) and encodes every image into its embeddings; the engine thread later only decodes those
-embeddings into the slot's sequence (:meth:`.model.LlamaModel.decode_embeddings`).
+chunk) and encodes every image into its embeddings (recent ones are kept, so a conversation's
+images are encoded once); the engine thread later only decodes those embeddings into the
+slot's sequence (:meth:`.model.LlamaModel.decode_embeddings`).
 
 For the engine an image is a run of pseudo-token ids in the prompt, one per embedding: negative
-numbers (never a vocabulary id) derived from the image's SHA-256 and the position in the image.
+numbers (never a vocabulary id) derived from the image file's SHA-256, the chunk's place in the
+prompt and the position in the image.
 Prefix matching, prefix sharing between slots and the saved-prefix tiers compare token lists, so
 they reuse an image's KV cells exactly when the same image sits at the same place after the
 same tokens, and never for another image.
