@@ -17,8 +17,12 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._exceptions import LocalLLMError
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -57,6 +61,15 @@ class ImageLimits:
     """Most width x height, read from the header."""
     max_images: int = 16
     """Most images in one request."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ImageLimits:
+        """The limits the settings give (``LOCALLLM_MAX_IMAGE_*``)."""
+        return cls(
+            max_bytes=settings.max_image_bytes,
+            max_pixels=settings.max_image_pixels,
+            max_images=settings.max_images,
+        )
 
 
 @dataclass(frozen=True)

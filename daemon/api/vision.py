@@ -30,21 +30,12 @@ def no_vision(model: LocalModel) -> str:
     return f"{model.name.short} cannot read images: the model has no vision support"
 
 
-def image_limits(settings: Settings) -> ImageLimits:
-    """The request limits the settings give."""
-    return ImageLimits(
-        max_bytes=settings.max_image_bytes,
-        max_pixels=settings.max_image_pixels,
-        max_images=settings.max_images,
-    )
-
-
 class Images:
     """The images of one request, in prompt order (what ``GenerationRequest.images`` gets)."""
 
     def __init__(self, settings: Settings, model: LocalModel) -> None:
         self.model = model
-        self.limits = image_limits(settings)
+        self.limits = ImageLimits.from_settings(settings)
         self.encoded: list[str] = []
         """Standard base64 of each image's bytes, in the order of their markers."""
 
