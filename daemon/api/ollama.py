@@ -579,6 +579,8 @@ async def ps(state: StateDep) -> dict[str, Any]:
         n_ctx_total = loaded.config.n_ctx_per_slot * loaded.config.n_slots
         try:
             size = estimate_memory(model.info, n_ctx_total, loaded.config.kv_cache_type)["total"]
+            if (layer := model.projector_layer) is not None:
+                size += layer.size  # the vision projector's weights load with the model
             blocks = (model.info.block_count or 0) + 1
         except Exception:
             size, blocks = model.entry.size, 1
