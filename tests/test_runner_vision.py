@@ -302,6 +302,33 @@ def test_chat_messages_carry_images_and_never_shift_or_truncate(runner: RunnerHa
     assert refused.value.code == "context_overflow"
 
 
+def test_truncating_a_chat_drops_old_turns_with_their_images(runner: RunnerHarness) -> None:
+    words = "many words in this turn " * 12
+    messages = [
+        {"role": "user", "content": f"{M} first {words}"},
+        {"role": "assistant", "content": f"a reply {words}"},
+        {"role": "user", "content": f"second {M} {words}"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": f"last {M} and {M}"},
+    ]
+
+    def chat(messages: list[dict[str, str]], images: list[str]) -> GenerationRequest:
+        return GenerationRequest(id="", messages=messages, images=images, options=greedy(8))
+
+    truncated = chat(messages, [RED, BLUE, GREEN_JPEG, RED])
+    truncated.truncate = True
+    text, result = runner.generate(truncated)
+    # Only the turns after the long ones fit: the reply "ok" and the last turn, with its two
+    # images; the same as sending just those.
+    reference, expected = runner.generate(chat(messages[3:], [GREEN_JPEG, RED]))
+    assert result.timings.prompt_tokens == expected.timings.prompt_tokens
+    assert text == reference
+    untruncated = chat(messages, [RED, BLUE, GREEN_JPEG, RED])
+    with pytest.raises(RunnerError) as refused:
+        runner.generate(untruncated)
+    assert refused.value.code == "context_overflow"
+
+
 @pytest.mark.parametrize("tier", ["ram", "disk"])
 def test_saved_prefixes_with_images_restore_only_for_the_same_image(
     files: tuple[Path, Path], tmp_path: Path, tier: str

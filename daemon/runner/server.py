@@ -22,6 +22,7 @@ from .chat import TemplateRenderError, render_chat
 from .engine import EmbeddingJob, Engine, GenerationJob
 from .model import LlamaModel
 from .protocol import (
+    IMAGE_MARKER,
     CancelOp,
     DetokenizeOp,
     DoneEvent,
@@ -120,18 +121,32 @@ class _Images:
         if self.files and projector is None:
             raise PromptError(NO_VISION, "unsupported")
 
-    def tokenize(self, text: str, add_special: bool, offset: int = 0) -> list[int]:
-        """Tokens of ``text``, its image markers replaced by the images' pseudo-tokens;
-        ``offset`` is where the text starts in the prompt (after a ``context``)."""
-        if not self.files:
+    def tokenize(
+        self, text: str, add_special: bool, offset: int = 0, files: list[bytes] | None = None
+    ) -> list[int]:
+        """Tokens of ``text``, its image markers replaced by the pseudo-tokens of the images
+        (``files``, by default all of the request's); ``offset`` is where the text starts in
+        the prompt (after a ``context``)."""
+        files = self.files if files is None else files
+        if not files:
+            self.placed = {}
             return self.model.tokenize(text, add_special=add_special, parse_special=True)
         assert self.projector is not None
         try:
-            prepared = self.projector.prepare(text, self.files, add_special)
+            prepared = self.projector.prepare(text, files, add_special)
         except VisionError as exc:
             raise PromptError(str(exc), exc.code) from None
         self.placed = {offset + start: image for start, image in prepared.images.items()}
         return prepared.tokens
+
+    def by_message(self, messages: list[dict[str, Any]]) -> list[list[bytes]] | None:
+        """Each message's images, when the images are exactly those of the markers in the
+        messages' contents, in order (None otherwise: then turns cannot be dropped)."""
+        counts = [m["content"].count(IMAGE_MARKER) for m in messages]
+        if sum(counts) != len(self.files):
+            return None
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        return [self.files[start : start + n] for start, n in zip(starts, counts, strict=True)]
 
 
 def _image_files(images: list[str]) -> list[bytes]:
@@ -243,7 +258,10 @@ def _chat_prompt(
     rendered = [""]
 
     def tokens_for(
-        conversation: list[dict[str, Any]], generation_prompt: bool, with_images: bool = False
+        conversation: list[dict[str, Any]],
+        generation_prompt: bool,
+        with_images: bool = False,
+        files: list[bytes] | None = None,
     ) -> list[int]:
         try:
             text = render_chat(
@@ -263,7 +281,7 @@ def _chat_prompt(
         # Templates that write the BOS text themselves must not get a second one.
         add_special = model.add_bos and not (bos and text.startswith(bos))
         if with_images:
-            return images.tokenize(text, add_special)
+            return images.tokenize(text, add_special, files=files)
         return model.tokenize(text, add_special=add_special, parse_special=True)
 
     tokens = tokens_for(messages, request.add_generation_prompt, with_images=True)
@@ -275,15 +293,24 @@ def _chat_prompt(
         else (1 if model.add_bos else 0)
     )
     room = _room_for_prompt(model, request)
-    if len(tokens) <= room or not request.truncate or images.files:
-        tokens = _fit(model, request, tokens, keep=0, images=bool(images.files))
+    with_images = bool(images.files)
+    per_message = images.by_message(messages) if with_images else None
+    if len(tokens) <= room or not request.truncate or (with_images and per_message is None):
+        tokens = _fit(model, request, tokens, keep=0, images=with_images)
         return Prompt(tokens, keep, tail, images.placed)
-    # Drop whole turns from the front, keeping system messages and the last turn.
-    rest = [m for m in messages if m["role"] != "system"]
-    while len(rest) > 1 and len(tokens) > room:
-        rest = rest[1:]
-        tokens = tokens_for(system + rest, request.add_generation_prompt)
-    return Prompt(_fit(model, request, tokens, keep=keep), keep, tail)
+    # Drop whole turns from the front, keeping system messages and the last turn (and the
+    # images of the turns kept).
+    system_at = [i for i, m in enumerate(messages) if m["role"] == "system"]
+    rest_at = [i for i, m in enumerate(messages) if m["role"] != "system"]
+    while len(rest_at) > 1 and len(tokens) > room:
+        rest_at = rest_at[1:]
+        kept = system_at + rest_at
+        files = [f for i in kept for f in per_message[i]] if per_message is not None else None
+        conversation = [messages[i] for i in kept]
+        tokens = tokens_for(conversation, request.add_generation_prompt, with_images, files)
+    return Prompt(
+        _fit(model, request, tokens, keep=keep, images=with_images), keep, tail, images.placed
+    )
 
 
 def _overflow(model: LlamaModel, count: int) -> PromptError:
