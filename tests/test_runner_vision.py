@@ -297,7 +297,7 @@ def test_chat_messages_carry_images_and_never_shift_or_truncate(runner: RunnerHa
     assert result.timings.prompt_tokens + result.timings.completion_tokens <= 256
     chat.truncate = True
     chat.messages = [{"role": "user", "content": f"{'long words ' * 200}{IMAGE_MARKER}"}]
-    with pytest.raises(RunnerError, match="never truncated") as refused:
+    with pytest.raises(RunnerError, match="only whole earlier chat turns are dropped") as refused:
         runner.generate(chat)
     assert refused.value.code == "context_overflow"
 

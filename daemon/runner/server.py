@@ -340,8 +340,8 @@ def _fit(
         raise PromptError(
             f"the prompt with its images is {len(tokens)} tokens, more than fit in this "
             f"model's context of {model.n_ctx_per_slot} tokens per request (with room to "
-            "answer when truncating); a prompt with images is never truncated: shorten it, "
-            "send fewer images or raise num_ctx",
+            "answer when truncating); with images only whole earlier chat turns are dropped, "
+            "never part of one: shorten it, send fewer images or raise num_ctx",
             "context_overflow",
         )
     if not request.truncate:
