@@ -271,7 +271,10 @@ class _FakeSession:
     def load(self) -> None:
         self.loaded += 1
 
-    def answer(self, prompt: str, *, interactive: bool) -> str:
+    def attach_images(self, prompt: str) -> tuple[str, list[str]]:
+        return prompt, []
+
+    def answer(self, prompt: str, *, interactive: bool, images: list[str] | None = None) -> str:
         self.asked.append(prompt)
         return "ok"
 
