@@ -179,3 +179,23 @@ def test_base64_and_data_urls_are_strict() -> None:
     # a string far over the limit is refused before it is decoded
     with pytest.raises(ImageError, match=r"more than the 1\.0 MiB"):
         decode_base64_image("A" * (3 << 20), "f", LIMITS)
+
+
+def test_import_ollama_keeps_the_projector(tmp_path: Path, tiny_gguf: Path) -> None:
+    from test_import_ollama import OllamaStore
+
+    from localllm.manifest import MEDIA_MODEL
+    from localllm.ollama_import import OllamaImporter
+
+    ollama = OllamaStore(tmp_path / "ollama" / "models")
+    projector = write_tiny_mmproj(tmp_path / "mmproj.gguf").read_bytes()
+    ollama.model(
+        "llava:tiny",
+        [ollama.blob(tiny_gguf.read_bytes(), MEDIA_MODEL), ollama.blob(projector, MEDIA_PROJECTOR)],
+    )
+    local = Store(tmp_path / "localllm")
+    report = OllamaImporter(ollama.root, local).run()
+    assert [o.status for o in report.outcomes] == ["imported"]
+    model = load_model(local, "llava:tiny")
+    assert model.projector_path is not None and model.projector_path.read_bytes() == projector
+    assert "vision" in model.capabilities()

@@ -357,7 +357,8 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
     from localllm.quantize import check_quantizable, normalize_quant, quantize_model
 
     target = _new_name(body.model_name(), "model")
-    sources = _create_sources(body, state)
+    # In a thread: telling a projector from a model reads GGUF headers.
+    sources = await run_in_threadpool(_create_sources, body, state)
     try:
         parameters = parse_parameters(body.parameters)
     except LocalLLMError as exc:
