@@ -85,6 +85,11 @@ class ImageInfo:
     size: int
     """Bytes of the file."""
 
+    @property
+    def mime_type(self) -> str:
+        """``image/png``, ``image/jpeg``, ``image/gif`` or ``image/bmp``."""
+        return f"image/{self.format.lower()}"
+
 
 def _human(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size} bytes"

@@ -133,7 +133,7 @@ def responses(model: str, images: list[str]) -> tuple[str, dict[str, Any]]:
 
 def messages(model: str, images: list[str]) -> tuple[str, dict[str, Any]]:
     blocks: list[dict[str, Any]] = [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": i}}
+        {"type": "image", "source": {"type": "base64", "media_type": mime(i), "data": i}}
         for i in images
     ]
     return "/v1/messages", {
@@ -142,6 +142,11 @@ def messages(model: str, images: list[str]) -> tuple[str, dict[str, Any]]:
         "max_tokens": 1,
         "temperature": 0,
     }
+
+
+def mime(image: str) -> str:
+    """The media type Anthropic's clients declare: the image's own (JPEG's base64 starts /9j/)."""
+    return "image/jpeg" if image.startswith("/9j/") else "image/png"
 
 
 ROUTES = [generate, chat, openai_chat, responses, messages]
@@ -243,6 +248,14 @@ def test_a_bad_detail_is_named(http: httpx.Client) -> None:
     assert response.status_code == 400 and "detail must be one of auto, low, high" in error_of(
         response
     )
+
+
+def test_an_anthropic_media_type_must_be_the_images_own(http: httpx.Client) -> None:
+    path, body = messages(VISION, [b64(png_bytes(fmt="JPEG"))])
+    body["messages"][0]["content"][0]["source"]["media_type"] = "image/png"
+    response = http.post(path, json=body)
+    assert response.status_code == 400
+    assert "source.media_type says image/png but the image is image/jpeg" in error_of(response)
 
 
 def test_the_official_clients_see_the_400(daemon: Daemon) -> None:

@@ -533,8 +533,9 @@ def _image(block: dict[str, Any], where: str, images: Images) -> str:
             f"{where}.source.media_type must be an image type, got {media_type!r}",
             param=f"{where}.source.media_type",
         )
-    # The bytes decide the format (their header is checked); media_type is only a label.
-    return images.add_base64(source.get("data"), f"{where}.source.data")
+    # As Anthropic's API does, a declared type must be the bytes' own.
+    declared = (media_type, f"{where}.source.media_type") if media_type else None
+    return images.add_base64(source.get("data"), f"{where}.source.data", declared)
 
 
 def _tool_result(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from localllm.images import (
     ImageError,
     ImageLimits,
+    check_image,
     decode_base64_image,
     encode_image,
     parse_data_url,
@@ -50,13 +51,26 @@ class Images:
                 param=field,
             )
 
-    def add_base64(self, value: object, field: str) -> str:
-        """An image as base64 (Ollama's ``images``, Anthropic's base64 source) → its marker."""
+    def add_base64(
+        self, value: object, field: str, media_type: tuple[str, str] | None = None
+    ) -> str:
+        """An image as base64 (Ollama's ``images``, Anthropic's base64 source) → its marker.
+        ``media_type`` (the type a request declares, and the field declaring it) must then be
+        the image's own type."""
         self._admit(field)
         try:
             data = decode_base64_image(value, field, self.limits)
         except ImageError as exc:
             raise HTTPProblem(400, str(exc), param=field) from None
+        if media_type is not None:
+            declared, where = media_type
+            actual = check_image(data, field, self.limits).mime_type
+            if declared.lower() != actual:
+                raise HTTPProblem(
+                    400,
+                    f"{where} says {declared} but the image is {actual}",
+                    param=where,
+                )
         # Re-encoded so the runner always gets plain standard base64 (no line breaks).
         self.encoded.append(encode_image(data))
         return IMAGE_MARKER
