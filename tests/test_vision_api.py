@@ -374,3 +374,22 @@ def test_images_are_evaluated_on_every_route(http: httpx.Client, route: Any) -> 
     assert one > none
     # Two markers side by side: the second image adds exactly one image's embeddings.
     assert two - one == image_tokens()
+
+
+def test_images_continue_an_earlier_generate(http: httpx.Client) -> None:
+    path, body = generate(VISION, [])
+    first = http.post(path, json=body).json()
+    body["context"] = first["context"]
+    plain = http.post(path, json=body)
+    assert plain.status_code == 200, plain.text
+    body["images"] = [b64(PNG)]
+    continued = http.post(path, json=body)
+    assert continued.status_code == 200, continued.text
+    # the context's tokens, then the new turn with the image's embeddings
+    assert continued.json()["prompt_eval_count"] > plain.json()["prompt_eval_count"]
+    # the context of an answer about an image cannot be continued: a clear 400, not a guess
+    body = {**body, "context": continued.json()["context"], "images": []}
+    after = http.post(path, json=body)
+    assert after.status_code == 400
+    assert "a context with images cannot be continued" in error_of(after)
+    still_serving(http)
