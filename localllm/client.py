@@ -122,6 +122,8 @@ class ShowResponse(TypedDict, total=False):
     capabilities: list[str]
     modified_at: str
     messages: list[dict[str, Any]]
+    projector_info: dict[str, Any]
+    """A vision model's projector GGUF metadata."""
 
 
 class ChatMessage(TypedDict, total=False):

@@ -57,6 +57,11 @@ def test_create_from_a_modelfile_with_a_projector(cli: CliHome) -> None:
     shown = cli.ok("show", VISION, "--modelfile")
     froms = [line for line in shown.splitlines() if line.startswith("FROM ")]
     assert len(froms) == 2
+    shown = cli.ok("show", VISION)
+    assert "Projector" in shown and "clip" in shown and "vision" in shown
+    projector = shown[shown.index("Projector") :].splitlines()
+    assert not any("unknown" in line for line in projector[1:5])
+    assert "Projector" not in cli.ok("show", TEXT)
     with cli.client() as client:
         assert "vision" in client.show(VISION)["capabilities"]
         assert "vision" not in client.show(TEXT)["capabilities"]

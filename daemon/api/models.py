@@ -136,7 +136,9 @@ def _show(model: LocalModel, verbose: bool) -> dict[str, Any]:
     projector = model.projector_info
     if projector is not None:
         # Ollama reports the projector's own GGUF metadata beside the model's.
-        body["projector_info"] = {k: _json_value(v, verbose) for k, v in projector.metadata.items()}
+        projector_info = {k: _json_value(v, verbose) for k, v in projector.metadata.items()}
+        projector_info["general.parameter_count"] = projector.parameter_count
+        body["projector_info"] = projector_info
     if model.system:
         body["system"] = model.system
     if model.messages:
