@@ -94,6 +94,10 @@ def test_a_text_model_says_it_cannot_read_images_in_one_line(
     stderr = cli.fails("run", TEXT, f"Describe {photos['plain']}")
     errors = [line for line in stderr.splitlines() if line.startswith("Error")]
     assert errors == [f"Error: {TEXT} cannot read images: the model has no vision support"]
+    # piped text is data: a path in it attaches nothing
+    piped = cli.run("run", TEXT, "Summarize", input=f"see {photos['plain']}\n")
+    assert piped.returncode == 0, piped.stderr
+    assert "Added image" not in piped.stderr
 
 
 def _expect_prompt(child: Any) -> str:

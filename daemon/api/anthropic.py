@@ -548,11 +548,11 @@ def _tool_result(
         pieces = []
         for index, part in enumerate(content):
             at = f"{where}.content[{index}]"
-            if images is not None and _block(part, at, {"text", "image"}, model) == "image":
+            allowed = {"text", "image"} if images is not None else {"text"}
+            if _block(part, at, allowed, model) == "image" and images is not None:
                 pieces.append(_image(part, at, images))
-                continue
-            _block(part, at, {"text"}, model)
-            pieces.append(_text(part, at))
+            else:
+                pieces.append(_text(part, at))
         text = "\n".join(pieces)
     else:
         raise HTTPProblem(

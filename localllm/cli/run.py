@@ -62,8 +62,9 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
         from .repl import Repl
 
         return Repl(session, history_file=session.settings.data_dir / "history").run()
-    prompt = " ".join([*([piped] if piped else []), *args.prompt])
-    prompt, images = session.attach_images(prompt)
+    # Only the typed prompt names images: piped text is data, whatever paths it mentions.
+    typed, images = session.attach_images(" ".join(args.prompt))
+    prompt = " ".join([*([piped] if piped else []), *([typed] if typed else [])])
     if not prompt.strip() and not images:
         session.client.load(config.model, keep_alive=config.keep_alive)  # Ollama: just load
         return 0
