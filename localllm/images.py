@@ -134,8 +134,10 @@ def decode_base64_image(text: object, field: str, limits: ImageLimits) -> bytes:
     """Strict standard base64 (no stray characters) → the image's bytes, checked."""
     if not isinstance(text, str):
         raise ImageError(f"{field} must be a base64 string, got {type(text).__name__}")
-    # Refuse before decoding a string far over the limit (base64 is 4/3 of the bytes).
-    if len(text) > (limits.max_bytes // 3 + 2) * 4 + 1024:
+    # Refuse before decoding a string far over the limit: base64 is 4/3 of the bytes, plus
+    # a line break every 76 characters in MIME-style base64.
+    encoded = (limits.max_bytes // 3 + 2) * 4
+    if len(text) > encoded + encoded // 38 + 1024:
         raise ImageError(f"{field} is more than the {_human(limits.max_bytes)} an image may have")
     compact = "".join(text.split())  # line breaks (MIME-style base64) are fine
     try:
