@@ -266,4 +266,5 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         kv_cache_dir=str(settings.kv_cache_dir),
         kv_cache_ram=settings.kv_cache_ram,
         kv_cache_disk=settings.kv_cache_disk,
+        projector=str(model.projector_path) if model.projector_path is not None else None,
     )

@@ -25,6 +25,7 @@ daemon's message otherwise (also for an error reported in the middle of a stream
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import ipaddress
@@ -121,6 +122,8 @@ class ShowResponse(TypedDict, total=False):
     capabilities: list[str]
     modified_at: str
     messages: list[dict[str, Any]]
+    projector_info: dict[str, Any]
+    """A vision model's projector GGUF metadata."""
 
 
 class ChatMessage(TypedDict, total=False):
@@ -131,6 +134,7 @@ class ChatMessage(TypedDict, total=False):
     thinking: str
     """An answer's reasoning (sent back in the history as Ollama's CLI does)."""
     images: list[str]
+    """Standard base64 of each image file's bytes (needs a model with vision)."""
 
 
 class _Final(TypedDict, total=False):
@@ -205,6 +209,12 @@ _RENAMES = {"from_": "from", "input_": "input"}
 def _payload(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
     """A JSON body from a method's arguments: ``self`` and None values dropped."""
     body = {_RENAMES.get(k, k): v for k, v in values.items() if k != "self" and v is not None}
+    if "images" in body:
+        # Image files' bytes travel as standard base64, as Ollama's API carries them.
+        body["images"] = [
+            base64.b64encode(i).decode("ascii") if isinstance(i, bytes) else i
+            for i in body["images"]
+        ]
     body.update(fixed)
     return body
 
@@ -649,6 +659,7 @@ class Client:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> GenerateChunk:
         """A whole completion (``/api/generate`` without streaming)."""
         body = _payload(locals(), stream=False)
@@ -667,6 +678,7 @@ class Client:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> Iterator[GenerateChunk]:
         """A completion streamed chunk by chunk; the last chunk has ``done`` and timings."""
         body = _payload(locals(), stream=True)
@@ -995,6 +1007,7 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> GenerateChunk:
         """A whole completion."""
         body = _payload(locals(), stream=False)
@@ -1013,6 +1026,7 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        images: Sequence[str | bytes] | None = None,
     ) -> AsyncIterator[GenerateChunk]:
         """A completion streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
         body = _payload(locals(), stream=True)

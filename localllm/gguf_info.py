@@ -119,9 +119,29 @@ class GGUFInfo:
             raise GGUFError(
                 f"{self.path.name} is not a model: general.architecture is missing or not text"
             )
+        if architecture == "clip":
+            raise GGUFError(
+                f"{self.path.name} is a vision projector (general.architecture 'clip'), not a "
+                "model: name the model first, then the projector as a second FROM"
+            )
         split = self.metadata.get("split.count", 1)
         if not self.tensors and (not isinstance(split, int) or split <= 1):
             raise GGUFError(f"{self.path.name} is not a model: it holds no tensors")
+
+    @property
+    def is_projector(self) -> bool:
+        """True for a vision projector (``mmproj``): ``general.architecture`` is ``clip``."""
+        return self.metadata.get("general.architecture") == "clip"
+
+    def require_projector(self) -> None:
+        """Raise :class:`GGUFError` unless this file is a vision projector with tensors."""
+        if not self.is_projector:
+            raise GGUFError(
+                f"{self.path.name} is not a vision projector: its general.architecture is "
+                f"{self.metadata.get('general.architecture')!r}, not 'clip'"
+            )
+        if not self.tensors:
+            raise GGUFError(f"{self.path.name} is not a vision projector: it holds no tensors")
 
     @property
     def architecture(self) -> str:

@@ -1,6 +1,8 @@
 """Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``, ``LICENSE``, ``MESSAGE``,
 ``DRAFT`` (a draft model for speculative decoding: a model name or a GGUF file).
 
+A second ``FROM`` names a vision projector (an mmproj GGUF), as in Ollama.
+
 :func:`parse_modelfile` reads the text into a :class:`Modelfile`; :func:`coerce_parameter` turns
 one ``PARAMETER name value`` (also typed at ``/set parameter`` in ``localllm run``) into the
 typed option value the API expects. The grammar follows Ollama's parser: instructions are
@@ -56,6 +58,9 @@ class Modelfile:
     from_: str
     """The ``FROM`` value: a model name or a GGUF path (relative paths resolved, see
     :func:`read_modelfile`)."""
+    projector: str | None = None
+    """A second ``FROM``: a vision projector GGUF (``mmproj``, ``general.architecture`` clip),
+    resolved as the first ``FROM`` is."""
     parameters: dict[str, Any] = field(default_factory=dict)
     """Typed options; repeated ``stop`` lines collect into a list."""
     template: str | None = None
@@ -184,9 +189,15 @@ def parse_modelfile(text: str) -> Modelfile:
         if keyword == "from":
             if not raw:
                 raise ModelfileError(f"line {number}: FROM needs a model name or a file")
-            if source is not None:
-                raise ModelfileError(f"line {number}: only one FROM is supported")
-            source = raw
+            if source is None:
+                source = raw
+            elif result.projector is None:
+                # Ollama's way to add a vision projector: a second FROM naming its GGUF.
+                result.projector = raw
+            else:
+                raise ModelfileError(
+                    f"line {number}: at most two FROM lines (the model, then a vision projector)"
+                )
         elif keyword == "adapter":
             raise ModelfileError(f"line {number}: ADAPTER (LoRA) is not supported by localllm yet")
         elif keyword == "draft":
@@ -243,4 +254,6 @@ def read_modelfile(path: Path) -> Modelfile:
         draft = (path.parent / Path(modelfile.draft).expanduser()).resolve()
         if looks_like_path(modelfile.draft) or draft.is_file():
             modelfile.draft = str(draft)
+    if modelfile.projector is not None:
+        modelfile.projector = str((path.parent / Path(modelfile.projector).expanduser()).resolve())
     return modelfile

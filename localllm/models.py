@@ -22,6 +22,7 @@ from .manifest import (
     MEDIA_MESSAGES,
     MEDIA_MODEL,
     MEDIA_PARAMS,
+    MEDIA_PROJECTOR,
     MEDIA_SYSTEM,
     MEDIA_TEMPLATE,
     Layer,
@@ -146,6 +147,25 @@ class LocalModel:
             return None
         return _inspect_blob(layer.digest, self.store.blob_path(layer.digest))
 
+    @property
+    def projector_layer(self) -> Layer | None:
+        """The vision projector (``mmproj``) layer, if the model has one."""
+        return self.entry.manifest.layer(MEDIA_PROJECTOR)
+
+    @property
+    def projector_path(self) -> Path | None:
+        """Path of the vision projector GGUF blob, or None for a text-only model."""
+        layer = self.projector_layer
+        return self.store.blob_path(layer.digest) if layer is not None else None
+
+    @cached_property
+    def projector_info(self) -> GGUFInfo | None:
+        """The projector's inspected header (None without a projector)."""
+        layer = self.projector_layer
+        if layer is None:
+            return None
+        return _inspect_projector(layer.digest, self.store.blob_path(layer.digest))
+
     @cached_property
     def info(self) -> GGUFInfo:
         """The GGUF's inspected header."""
@@ -199,22 +219,28 @@ class LocalModel:
     def details(self) -> dict[str, Any]:
         """Ollama's ``details`` object."""
         info = self.info
+        families = [info.architecture]
+        if self.projector_layer is not None:
+            families.append("clip")  # as Ollama lists a model with a vision projector
         return {
             "parent_model": "",
             "format": "gguf",
             "family": info.architecture,
-            "families": [info.architecture],
+            "families": families,
             "parameter_size": info.parameter_size,
             "quantization_level": info.file_type,
         }
 
     def capabilities(self) -> list[str]:
-        """What the model can do: ``completion``, ``embedding``, ``insert`` (FIM)."""
+        """What the model can do: ``completion``, ``embedding``, ``insert`` (FIM), ``vision``
+        (only with a projector layer, as Ollama reports it)."""
         if self.info.is_embedding_only:
             return ["embedding"]
         capabilities = ["completion"]
         if any(k.startswith("tokenizer.ggml.fim_") for k in self.info.metadata):
             capabilities.append("insert")
+        if self.projector_layer is not None:
+            capabilities.append("vision")
         return capabilities
 
 
@@ -225,6 +251,33 @@ def _inspect_blob(digest: str, path: Path) -> GGUFInfo:
     info = inspect_gguf(path)
     info.require_model()  # a pulled file that is no model is refused before llama.cpp sees it
     return info
+
+
+@lru_cache(maxsize=16)
+def _inspect_projector(digest: str, path: Path) -> GGUFInfo:
+    info = inspect_gguf(path)
+    info.require_projector()
+    return info
+
+
+def _projector_layer(store: Store, file: Path | None, digest: str | None) -> Layer | None:
+    """The projector layer for a file or an uploaded blob, checked to be a ``clip`` GGUF."""
+    if file is not None:
+        try:
+            inspect_gguf(file).require_projector()
+        except GGUFError as exc:
+            raise GGUFError(f"projector {file}: {exc}") from None
+        return store.import_file(Path(file), MEDIA_PROJECTOR)
+    if digest is not None:
+        if not store.has_blob(digest):
+            raise StoreError(f"blob {digest} not found; upload it first (POST /api/blobs)")
+        path = store.blob_path(digest)
+        try:
+            inspect_gguf(path).require_projector()
+        except GGUFError as exc:
+            raise GGUFError(f"blob {digest} is not a usable projector: {exc}") from None
+        return Layer(MEDIA_PROJECTOR, normalize_digest(digest), path.stat().st_size)
+    return None
 
 
 def load_model(store: Store, name: ModelName | str) -> LocalModel:
@@ -262,13 +315,17 @@ def create_model(
     messages: list[dict[str, Any]] | None = None,
     draft_file: Path | None = None,
     draft_digest: str | None = None,
+    projector_file: Path | None = None,
+    projector_digest: str | None = None,
 ) -> ModelEntry:
     """Create (or replace) ``name`` from exactly one of a GGUF file, a blob digest or a model.
 
     Layers not given are inherited from ``base``; with a file or digest they are absent (the
-    GGUF's own chat template is used). The GGUF is validated before anything is written.
+    GGUF's own chat template is used). A vision projector (a ``clip`` GGUF, Ollama's second
+    ``FROM``) comes from ``projector_file`` or ``projector_digest``, else from ``base``.
     ``draft_file`` or ``draft_digest`` (a GGUF blob) becomes the draft layer (Modelfile
-    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon).
+    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon). The
+    GGUFs are validated before anything is written.
     """
     target = parse_name(name) if isinstance(name, str) else name
     sources = [s for s in (gguf_file, gguf_digest, base) if s is not None]
@@ -304,6 +361,11 @@ def create_model(
             model_layer = Layer(MEDIA_MODEL, normalize_digest(gguf_digest), path.stat().st_size)
 
         layers = [model_layer]
+        projector = _projector_layer(store, projector_file, projector_digest)
+        if projector is None:
+            projector = inherited.get(MEDIA_PROJECTOR)
+        if projector is not None:
+            layers.append(projector)
         text_layers = (
             (MEDIA_TEMPLATE, template),
             (MEDIA_SYSTEM, system),
@@ -347,6 +409,8 @@ def render_modelfile(model: LocalModel) -> str:
         f"# Modelfile generated by localllm for {model.name}",
         f"FROM {model.gguf_path}",
     ]
+    if model.projector_path is not None:
+        lines.append(f"FROM {model.projector_path}")
     if model.entry.manifest.layer(MEDIA_TEMPLATE) is not None and model.template:
         lines.append(f'TEMPLATE """{model.template}"""')
     if model.system:

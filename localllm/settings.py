@@ -289,6 +289,23 @@ class Settings:
         "Bytes of disk for saved prompt prefixes (kvcache/ under the data root), which outlive "
         "runner unloads and daemon restarts; least recently used go first. 0 turns it off.",
     )
+    max_image_bytes: int = _setting(
+        "LOCALLLM_MAX_IMAGE_BYTES",
+        20 << 20,
+        "Largest image a request may attach, in bytes of the decoded file (accepts 20M); "
+        "larger ones are a 400.",
+    )
+    max_image_pixels: int = _setting(
+        "LOCALLLM_MAX_IMAGE_PIXELS",
+        40_000_000,
+        "Most pixels (width x height, read from the header before anything decodes the image) "
+        "an attached image may have; refuses decompression bombs.",
+    )
+    max_images: int = _setting(
+        "LOCALLLM_MAX_IMAGES",
+        16,
+        "Most images one request may attach, over all its messages.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -395,6 +412,17 @@ class Settings:
                     values[attr] = parse_size(raw)
                 except SettingsError as exc:
                     raise SettingsError(f"{name}: {exc}") from None
+        if (raw := get("LOCALLLM_MAX_IMAGE_BYTES")) is not None:
+            try:
+                values["max_image_bytes"] = parse_size(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_MAX_IMAGE_BYTES: {exc}") from None
+        for name, attr, minimum in (
+            ("LOCALLLM_MAX_IMAGE_PIXELS", "max_image_pixels", 1),
+            ("LOCALLLM_MAX_IMAGES", "max_images", 0),
+        ):
+            if (number := as_int(name, minimum)) is not None:
+                values[attr] = number
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)

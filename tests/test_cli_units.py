@@ -67,7 +67,7 @@ def test_a_one_line_triple_quoted_value() -> None:
     ("text", "message"),
     [
         ("PARAMETER temperature 1\n", "no FROM line"),
-        ("FROM a\nFROM b\n", "line 2: only one FROM"),
+        ("FROM a\nFROM b\nFROM c\n", "line 3: at most two FROM lines"),
         ("FROM a\nRUN x\n", "line 2: unknown instruction 'RUN'"),
         ("FROM a\nADAPTER ./x.gguf\n", "line 2: ADAPTER (LoRA) is not supported"),
         ("FROM a\nPARAMETER nonsense 1\n", "line 2: unknown parameter 'nonsense'"),
@@ -271,7 +271,10 @@ class _FakeSession:
     def load(self) -> None:
         self.loaded += 1
 
-    def answer(self, prompt: str, *, interactive: bool) -> str:
+    def attach_images(self, prompt: str) -> tuple[str, list[str]]:
+        return prompt, []
+
+    def answer(self, prompt: str, *, interactive: bool, images: list[str] | None = None) -> str:
         self.asked.append(prompt)
         return "ok"
 

@@ -1,9 +1,9 @@
 """Chats kept across restarts: a small SQLite database in the data dir.
 
 Each chat has a title, a model, a system prompt, generation options and a ``think`` setting;
-its messages keep the answer's reasoning and timings (the final chunk's fields) so both survive
-a restart. Databases written before a column existed are migrated when opened
-(:data:`_MIGRATIONS`, counted by SQLite's ``user_version``).
+its messages keep the question's attached images and the answer's reasoning and timings (the
+final chunk's fields), so all survive a restart. Databases written before a column existed are
+migrated when opened (:data:`_MIGRATIONS`, counted by SQLite's ``user_version``).
 The TUI calls these methods from worker threads (``asyncio.to_thread``); one connection is
 shared behind a lock, which SQLite allows with ``check_same_thread=False``.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from localllm.client import Think
 
-__all__ = ["DB_NAME", "Chat", "ChatStore", "StoredMessage"]
+__all__ = ["DB_NAME", "Attachment", "Chat", "ChatStore", "StoredMessage"]
 
 DB_NAME = "tui-chats.sqlite3"
 """File name of the database inside ``settings.data_dir``."""
@@ -54,6 +54,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (2, "chats", "think TEXT"),
     (2, "messages", "thinking TEXT NOT NULL DEFAULT ''"),
+    # JSON list of {"name", "data"}: attached images, data as base64 (Ollama's wire form).
+    (3, "messages", "images TEXT NOT NULL DEFAULT '[]'"),
 )
 _SCHEMA_VERSION = max(version for version, _, _ in _MIGRATIONS)
 
@@ -72,6 +74,18 @@ class StoredMessage:
     """Row id once saved."""
     thinking: str = ""
     """For answers: the model's reasoning before the text, if it showed any."""
+    images: list[Attachment] = field(default_factory=list)
+    """For questions: the images attached, sent with the message every time."""
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """An image attached to a question."""
+
+    name: str
+    """The file's name, shown above the question."""
+    data: str
+    """Standard base64 of the file's bytes, as ``/api/chat`` takes it."""
 
 
 @dataclass
@@ -93,14 +107,19 @@ class Chat:
     think: Think | None = None
     """``think`` sent with every request: on, off or a level; None leaves the model's default."""
 
-    def request_messages(self) -> list[dict[str, str]]:
+    def request_messages(self) -> list[dict[str, Any]]:
         """The messages to send to ``/api/chat``: the system prompt, then the conversation
-        (answers with their reasoning, as Ollama's CLI sends them back)."""
-        sent = [{"role": "system", "content": self.system}] if self.system.strip() else []
+        (answers with their reasoning and questions with their images, as Ollama's CLI sends
+        them back)."""
+        sent: list[dict[str, Any]] = (
+            [{"role": "system", "content": self.system}] if self.system.strip() else []
+        )
         for message in self.messages:
-            item = {"role": message.role, "content": message.content}
+            item: dict[str, Any] = {"role": message.role, "content": message.content}
             if message.thinking:
                 item["thinking"] = message.thinking
+            if message.images:
+                item["images"] = [image.data for image in message.images]
             sent.append(item)
         return sent
 
@@ -191,7 +210,8 @@ class ChatStore:
                 "SELECT id, title, model, system, options, think FROM chats ORDER BY id"
             ).fetchall()
             messages = self._db.execute(
-                "SELECT chat_id, id, role, content, stats, thinking FROM messages ORDER BY id"
+                "SELECT chat_id, id, role, content, stats, thinking, images FROM messages "
+                "ORDER BY id"
             ).fetchall()
         chats = {
             row[0]: Chat(
@@ -204,12 +224,13 @@ class ChatStore:
             )
             for row in rows
         }
-        for chat_id, message_id, role, content, stats, thinking in messages:
+        for chat_id, message_id, role, content, stats, thinking, images in messages:
             chat = chats.get(chat_id)
             if chat is not None:
                 loaded = json.loads(stats) if stats else None
+                attached = [Attachment(i["name"], i["data"]) for i in json.loads(images or "[]")]
                 chat.messages.append(
-                    StoredMessage(role, content, loaded, message_id, thinking or "")
+                    StoredMessage(role, content, loaded, message_id, thinking or "", attached)
                 )
         return list(chats.values())
 
@@ -238,14 +259,15 @@ class ChatStore:
     def add_message(self, chat_id: int, message: StoredMessage) -> StoredMessage:
         """Append a message to a chat; sets and returns it with its ``id``."""
         row_id, _ = self._run(
-            "INSERT INTO messages (chat_id, role, content, stats, thinking, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages (chat_id, role, content, stats, thinking, images, created) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 chat_id,
                 message.role,
                 message.content,
                 json.dumps(message.stats) if message.stats is not None else None,
                 message.thinking,
+                json.dumps([{"name": i.name, "data": i.data} for i in message.images]),
                 self._clock(),
             ),
         )

@@ -45,10 +45,11 @@ from ..options import merge_options, sampling_options
 from ..runner.protocol import GenerationRequest
 from ..state import DaemonState, StateDep
 from ..toolcalls import Parsed, ToolCall
-from .ollama import chat_messages, no_vision
+from .ollama import chat_messages
 from .schemas_ollama import ChatMessage
 from .streaming import ClosingStreamingResponse
 from .tooling import AnswerStream, ThinkPlan, ToolPlan, model_template, plan_thinking, plan_tools
+from .vision import Images, no_vision
 
 __all__ = [
     "CountTokensRequest",
@@ -459,6 +460,7 @@ _BLOCK_KEYS = {
     "tool_use": {"id", "name", "input", "caller", "toolset_name"},
     "tool_result": {"tool_use_id", "content", "is_error", "toolset_name"},
     "thinking": {"thinking", "signature"},
+    "image": {"source"},
 }
 
 
@@ -466,7 +468,7 @@ def _block(block: Any, where: str, allowed: set[str], model: LocalModel) -> str:
     if not isinstance(block, dict):
         raise HTTPProblem(400, f"{where} must be an object", param=where)
     kind = block.get("type")
-    if kind == "image":
+    if kind == "image" and "vision" not in model.capabilities():
         raise HTTPProblem(400, no_vision(model), param=where)
     if kind not in allowed:
         kinds = ", ".join(sorted(allowed))
@@ -502,7 +504,43 @@ def _system(
     return "\n\n".join(parts)
 
 
-def _tool_result(model: LocalModel, block: dict[str, Any], where: str) -> str:
+def _image(block: dict[str, Any], where: str, images: Images) -> str:
+    """An ``image`` block → its marker: only a ``base64`` source (the daemon fetches nothing;
+    a ``file`` source needs the Files API)."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise HTTPProblem(400, f"{where}.source must be an object", param=f"{where}.source")
+    kind = source.get("type")
+    if kind == "url":
+        raise HTTPProblem(
+            400,
+            f"{where}.source: the daemon does not fetch images from the internet; send the "
+            "image inline as a base64 source",
+            param=f"{where}.source",
+        )
+    if kind != "base64":
+        raise HTTPProblem(
+            400,
+            f"{where}.source.type {kind!r} is not supported (only base64)",
+            param=f"{where}.source.type",
+        )
+    media_type = source.get("media_type")
+    if media_type is not None and not (
+        isinstance(media_type, str) and media_type.startswith("image/")
+    ):
+        raise HTTPProblem(
+            400,
+            f"{where}.source.media_type must be an image type, got {media_type!r}",
+            param=f"{where}.source.media_type",
+        )
+    # As Anthropic's API does, a declared type must be the bytes' own.
+    declared = (media_type, f"{where}.source.media_type") if media_type else None
+    return images.add_base64(source.get("data"), f"{where}.source.data", declared)
+
+
+def _tool_result(
+    model: LocalModel, block: dict[str, Any], where: str, images: Images | None = None
+) -> str:
     content = block.get("content", "")
     if isinstance(content, str):
         text = content
@@ -510,8 +548,11 @@ def _tool_result(model: LocalModel, block: dict[str, Any], where: str) -> str:
         pieces = []
         for index, part in enumerate(content):
             at = f"{where}.content[{index}]"
-            _block(part, at, {"text"}, model)
-            pieces.append(_text(part, at))
+            allowed = {"text", "image"} if images is not None else {"text"}
+            if _block(part, at, allowed, model) == "image" and images is not None:
+                pieces.append(_image(part, at, images))
+            else:
+                pieces.append(_text(part, at))
         text = "\n".join(pieces)
     else:
         raise HTTPProblem(
@@ -522,7 +563,7 @@ def _tool_result(model: LocalModel, block: dict[str, Any], where: str) -> str:
 
 
 def _conversation(
-    model: LocalModel, body: _Conversation, plan: ToolPlan | None
+    model: LocalModel, body: _Conversation, plan: ToolPlan | None, images: Images
 ) -> list[dict[str, Any]]:
     """The runner's chat messages for an Anthropic conversation."""
     converted: list[ChatMessage] = []
@@ -579,9 +620,12 @@ def _conversation(
         pending: list[str] = []
         for number, block in enumerate(blocks):
             at = f"{where}[{number}]"
-            kind = _block(block, at, {"text", "tool_result"}, model)
+            kind = _block(block, at, {"text", "tool_result", "image"}, model)
             if kind == "text":
                 pending.append(_text(block, at))
+                continue
+            if kind == "image":
+                pending.append(_image(block, at, images))
                 continue
             if pending:
                 converted.append(ChatMessage(role="user", content="".join(pending)))
@@ -592,7 +636,7 @@ def _conversation(
             converted.append(
                 ChatMessage(
                     role="tool",
-                    content=_tool_result(model, block, at),
+                    content=_tool_result(model, block, at, images),
                     tool_call_id=call_id,
                     tool_name=names.get(call_id),
                 )
@@ -824,11 +868,13 @@ def _prepare(
     sampling.logprobs = bool(stops) or budget is not None
     if output_format is not None:
         sampling.json_schema = output_format.schema_
+    images = Images(state.settings, model)
     runner_request = GenerationRequest(
         id="",
-        messages=_conversation(model, body, plan),
+        messages=_conversation(model, body, plan, images),
         template=model_template(model),
         options=sampling,
+        images=images.encoded,
     )
     if plan is not None:
         plan.apply(runner_request)

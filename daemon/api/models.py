@@ -133,6 +133,12 @@ def _show(model: LocalModel, verbose: bool) -> dict[str, Any]:
         "capabilities": capabilities(model),
         "modified_at": _iso(model.entry.modified),
     }
+    projector = model.projector_info
+    if projector is not None:
+        # Ollama reports the projector's own GGUF metadata beside the model's.
+        projector_info = {k: _json_value(v, verbose) for k, v in projector.metadata.items()}
+        projector_info["general.parameter_count"] = projector.parameter_count
+        body["projector_info"] = projector_info
     if model.system:
         body["system"] = model.system
     if model.messages:
@@ -211,27 +217,66 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or value.lower().endswith(".gguf")
 
 
+def _is_projector_blob(state: DaemonState, digest: str) -> bool:
+    """True when the blob is a GGUF whose ``general.architecture`` is ``clip`` (an mmproj)."""
+    try:
+        return inspect_gguf(state.store.blob_path(digest)).is_projector
+    except LocalLLMError:
+        return False  # not a GGUF at all: the model checks say so, naming the blob
+
+
 def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
-    if body.from_:
-        if _looks_like_path(body.from_):
-            path = Path(body.from_).expanduser()
-            if not path.is_file():
-                raise HTTPProblem(400, f"{body.from_}: no such file", param="from")
-            return {"gguf_file": path}
-        return {"base": resolve_model(state, body.from_, "from").name}
+    sources: dict[str, Any] = {}
+    model_digests: list[str] = []
     if body.files:
-        digests = [_digest(d) for d in body.files.values()]
-        for digest in digests:
+        digests = {name: _digest(d) for name, d in body.files.items()}
+        for digest in digests.values():
             if not state.store.has_blob(digest):
                 raise HTTPProblem(
                     400,
                     f"blob {digest} not found; upload it first (POST /api/blobs)",
                     param="files",
                 )
-        ggufs = [d for name, d in body.files.items() if name.lower().endswith(".gguf")]
-        if len(body.files) > 1 and len(ggufs) != 1:
+        # Ollama's create takes a vision projector as one more GGUF in files, told apart from
+        # the model by its header (general.architecture clip).
+        projectors = [d for d in digests.values() if _is_projector_blob(state, d)]
+        if len(projectors) > 1:
+            raise HTTPProblem(
+                400, "files may hold at most one vision projector (clip GGUF)", param="files"
+            )
+        if projectors:
+            sources["projector_digest"] = projectors[0]
+        rest = {n: d for n, d in digests.items() if d not in projectors}
+        ggufs = [d for name, d in rest.items() if name.lower().endswith(".gguf")]
+        if len(rest) > 1 and len(ggufs) != 1:
             raise HTTPProblem(400, "files must name exactly one .gguf model file", param="files")
-        return {"gguf_digest": _digest(ggufs[0]) if ggufs else digests[0]}
+        model_digests = ggufs or list(rest.values())
+    if body.from_:
+        if _looks_like_path(body.from_):
+            path = Path(body.from_).expanduser()
+            if not path.is_file():
+                raise HTTPProblem(400, f"{body.from_}: no such file", param="from")
+            sources["gguf_file"] = path
+        else:
+            sources["base"] = resolve_model(state, body.from_, "from").name
+        if model_digests:
+            raise HTTPProblem(
+                400,
+                "give the model either in 'from' or in 'files', not both (files may then "
+                "hold only a vision projector)",
+                param="files",
+            )
+        return sources
+    if model_digests:
+        sources["gguf_digest"] = model_digests[0]
+        return sources
+    if "projector_digest" in sources:
+        raise HTTPProblem(
+            400,
+            "files hold only a vision projector (general.architecture clip), not a model: "
+            "add the model's GGUF, or name it in 'from'",
+            param="files",
+        )
     raise HTTPProblem(400, "neither 'from' nor 'files' was specified", param="from")
 
 
@@ -367,7 +412,8 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
     from localllm.quantize import check_quantizable, normalize_quant, quantize_model
 
     target = _new_name(body.model_name(), "model")
-    sources = _create_sources(body, state)
+    # In a thread: telling a projector from a model reads GGUF headers.
+    sources = await run_in_threadpool(_create_sources, body, state)
     try:
         parameters = parse_parameters(body.parameters)
     except LocalLLMError as exc:

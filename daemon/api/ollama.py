@@ -60,6 +60,7 @@ from .tooling import (
     plan_thinking,
     plan_tools,
 )
+from .vision import Images, no_vision, with_markers
 
 __all__ = ["OLLAMA_API_VERSION", "chat_messages", "no_vision", "ollama_tool_calls", "router"]
 
@@ -72,8 +73,8 @@ least 0.6.4, the release whose ``/api/show`` reports ``capabilities``). 0.9.0 is
 that added ``think`` (``message.thinking``, the ``thinking`` capability), and covers what is
 served here: chat and generate with tools (calls streamed whole, as 0.8 streams them),
 thinking and structured outputs, embed, show with capabilities, create from files or a
-model with quantize, pull, copy, delete, ps, blobs. Images are refused per model (no vision
-support), as 0.9.0 refuses them for a model without a projector. Raise it only together with
+model with quantize, pull, copy, delete, ps, blobs, and images for models with a vision
+projector (refused for a model without one, as 0.9.0 does). Raise it only together with
 the routes and fields of a later release; localllm's own version is ``localllm_version``
 (``logprobs``, ``shift`` and ``truncate``, from later releases, are served as extras)."""
 
@@ -108,24 +109,13 @@ def require_unicode(text: str | None, field: str) -> None:
         raise HTTPProblem(400, problem, param=field)
 
 
-def no_vision(model: LocalModel) -> str:
-    """The one sentence every route that takes images answers for a model without vision."""
-    return f"{model.name.short} cannot read images: the model has no vision support"
-
-
-def _check_unsupported(model: LocalModel, images: Any) -> None:
-    if images:
-        raise HTTPProblem(400, no_vision(model), param="images")
-
-
 def _prepare(
-    state: DaemonState, body: GenerateRequest | ChatRequest, images: Any
+    state: DaemonState, body: GenerateRequest | ChatRequest
 ) -> tuple[LocalModel, float | None, dict[str, Any]]:
     """The checks /api/generate and /api/chat share: model, keep_alive, merged options."""
     model = resolve_model(state, body.model_name())
     keep_alive = parse_keep_alive(body.keep_alive)
     options = merge_options(model, _options_dict(body.options))
-    _check_unsupported(model, images)
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} does not support generate", param="model")
     return model, keep_alive, options
@@ -149,6 +139,7 @@ def chat_messages(
     messages: list[ChatMessage],
     system: str | None = None,
     plan: ToolPlan | None = None,
+    images: Images | None = None,
 ) -> list[dict[str, Any]]:
     """The conversation the runner renders: system prompt, the model's MESSAGEs, the chat.
 
@@ -156,7 +147,9 @@ def chat_messages(
     an assistant's ``tool_calls`` with arguments as objects, a tool result's
     ``tool_call_id`` and its tool's ``name`` (Ollama's ``tool_name``), an assistant's
     reasoning as ``reasoning_content`` (what Qwen3's and DeepSeek's templates read) and
-    ``thinking`` (Ollama's name)."""
+    ``thinking`` (Ollama's name). A message's ``images`` go to ``images`` (which checks them)
+    and their markers before its text, as Ollama places them, whatever the role (Ollama
+    reads images on any message)."""
     out: list[dict[str, Any]] = []
     has_system = any(m.role == "system" for m in messages)
     system_text = system if system is not None else model.system
@@ -167,9 +160,16 @@ def chat_messages(
             {"role": str(example.get("role", "user")), "content": example.get("content", "")}
         )
     for index, message in enumerate(messages):
+        content = message.content or ""
         if message.images:
-            raise HTTPProblem(400, no_vision(model), param=f"messages[{index}].images")
-        item: dict[str, Any] = {"role": message.role.lower(), "content": message.content or ""}
+            where = f"messages[{index}].images"
+            if images is None:
+                raise HTTPProblem(400, no_vision(model), param=where)
+            markers = [
+                images.add_base64(image, f"{where}[{i}]") for i, image in enumerate(message.images)
+            ]
+            content = with_markers(content, markers, f"messages[{index}].content")
+        item: dict[str, Any] = {"role": message.role.lower(), "content": content}
         if message.thinking:
             item["reasoning_content"] = message.thinking
             item["thinking"] = message.thinking
@@ -354,7 +354,11 @@ _PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% e
 
 
 def _continuation(
-    model: LocalModel, body: GenerateRequest, template: str | None, kwargs: dict[str, Any]
+    model: LocalModel,
+    body: GenerateRequest,
+    template: str | None,
+    kwargs: dict[str, Any],
+    prompt: str,
 ) -> str:
     """The templated prompt of a generate request that continues ``context``.
 
@@ -369,7 +373,7 @@ def _continuation(
     messages: list[dict[str, Any]] = []
     if body.system:
         messages.append({"role": "system", "content": body.system})
-    messages.append({"role": "user", "content": body.prompt or ""})
+    messages.append({"role": "user", "content": prompt})
     try:
         return render_chat(
             template or model.info.chat_template or _PLAIN_TEMPLATE,
@@ -397,13 +401,18 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
     for field in ("prompt", "system", "suffix"):
         # Checked here because the runner sees a templated prompt as a chat message.
         require_unicode(getattr(body, field), field)
-    model, keep_alive, options = _prepare(state, body, body.images)
+    model, keep_alive, options = _prepare(state, body)
     think = parse_think(body.think)
-    if not body.prompt and not body.suffix:
+    images = Images(state.settings, model)
+    markers = [
+        images.add_base64(image, f"images[{i}]") for i, image in enumerate(body.images or [])
+    ]
+    prompt = with_markers(body.prompt or "", markers, "prompt")
+    if not prompt and not body.suffix:
         return await _load_or_unload(state, request, model, options, keep_alive, {"response": ""})
     if body.suffix:
         # fill-in-the-middle is its own prompt format: no template, no earlier exchange
-        for field, value in (("context", body.context), ("think", think)):
+        for field, value in (("context", body.context), ("think", think), ("images", markers)):
             if value:
                 raise HTTPProblem(400, f"{field} cannot be combined with suffix", param=field)
     runner_request = GenerationRequest(
@@ -411,7 +420,7 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
     )
     thinking: ThinkPlan | None = None
     if body.raw or body.suffix:
-        runner_request.prompt = body.prompt or ""
+        runner_request.prompt = prompt
         runner_request.raw = bool(body.raw)
         runner_request.suffix = body.suffix
         if body.raw and think:
@@ -422,13 +431,14 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
         thinking = plan_thinking(model, think, template=template)
         if body.context:
             kwargs = thinking.template_kwargs() if thinking is not None else {}
-            runner_request.prompt = _continuation(model, body, template, kwargs)
+            runner_request.prompt = _continuation(model, body, template, kwargs, prompt)
             runner_request.raw = True
             runner_request.context = list(body.context)
         else:
-            user = [ChatMessage(role="user", content=body.prompt)]
+            user = [ChatMessage(role="user", content=prompt)]
             runner_request.messages = chat_messages(model, user, body.system)
             runner_request.template = template
+    runner_request.images = images.encoded
     # Ollama returns the context of templated answers only (a raw prompt has no turn to
     # continue).
     runner_request.return_context = not body.raw
@@ -450,18 +460,20 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
 async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response:
     """Ollama's /api/chat: messages rendered with the model's chat template; ``tools``,
     ``think``, ``logprobs``."""
-    model, keep_alive, options = _prepare(state, body, None)
+    model, keep_alive, options = _prepare(state, body)
     plan = plan_tools(model, body.tools, constrained_output=bool(body.format))
     thinking = plan_thinking(model, parse_think(body.think))
     empty_message = {"message": {"role": "assistant", "content": ""}}
     if not body.messages:
         return await _load_or_unload(state, request, model, options, keep_alive, empty_message)
+    images = Images(state.settings, model)
     runner_request = GenerationRequest(
         id="",
-        messages=chat_messages(model, body.messages, plan=plan),
+        messages=chat_messages(model, body.messages, plan=plan, images=images),
         template=model_template(model),
         options=_sampling(body, options),
         truncate=body.truncate is True,
+        images=images.encoded,
     )
     if plan is not None:
         plan.apply(runner_request)
@@ -567,6 +579,8 @@ async def ps(state: StateDep) -> dict[str, Any]:
         n_ctx_total = loaded.config.n_ctx_per_slot * loaded.config.n_slots
         try:
             size = estimate_memory(model.info, n_ctx_total, loaded.config.kv_cache_type)["total"]
+            if (layer := model.projector_layer) is not None:
+                size += layer.size  # the vision projector's weights load with the model
             blocks = (model.info.block_count or 0) + 1
         except Exception:
             size, blocks = model.entry.size, 1

@@ -38,11 +38,12 @@ from ..runner.protocol import (
 from ..state import DaemonState, StateDep
 from ..toolcalls import Parsed, ToolCall
 from .logprobs import LegacyLogprobs, apply_logprobs, chat_logprobs, check_top_logprobs
-from .ollama import chat_messages, no_vision
+from .ollama import chat_messages
 from .schemas_ollama import ChatMessage
 from .schemas_openai import (
     ChatCompletionRequest,
     CompletionRequest,
+    ContentPart,
     EmbeddingRequest,
     Message,
     ResponseFormat,
@@ -57,6 +58,7 @@ from .tooling import (
     plan_tools,
     reasoning_effort_think,
 )
+from .vision import Images, no_vision
 
 __all__ = ["error_body", "router"]
 
@@ -155,13 +157,54 @@ def _apply_response_format(job: GenerationRequest, fmt: ResponseFormat | None) -
     job.options.json_schema = schema
 
 
-def _text_content(model: LocalModel, message: Message, index: int) -> str:
+_DETAILS = ("auto", "low", "high")
+
+
+def _image_part(part: ContentPart, where: str, images: Images) -> str:
+    """An ``image_url`` part → its marker. ``detail`` is accepted: llama.cpp's projector sizes
+    the image itself, so every level reads the image the same way."""
+    value = part.image_url
+    if isinstance(value, dict):
+        detail = value.get("detail")
+        if detail is not None and detail not in _DETAILS:
+            raise HTTPProblem(
+                400,
+                f"{where}.image_url.detail must be one of auto, low, high, got {detail!r}",
+                param=f"{where}.image_url.detail",
+            )
+        return images.add_url(value.get("url"), f"{where}.image_url.url")
+    if isinstance(value, str):
+        return images.add_url(value, f"{where}.image_url")
+    raise HTTPProblem(
+        400, f"{where}.image_url must be an object with a url", param=f"{where}.image_url"
+    )
+
+
+def _text_content(model: LocalModel, message: Message, index: int, images: Images) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     parts = []
-    for part in message.content:
+    for number, part in enumerate(message.content):
+        where = f"messages[{index}].content[{number}]"
         if part.type in ("image_url", "input_image", "image"):
-            raise HTTPProblem(400, no_vision(model), param=f"messages[{index}].content")
+            if "vision" not in model.capabilities():
+                raise HTTPProblem(400, no_vision(model), param=f"messages[{index}].content")
+            if part.type != "image_url":
+                raise HTTPProblem(
+                    400,
+                    f"{where}: content parts of type {part.type!r} are not part of chat "
+                    "completions; send images as image_url parts",
+                    param=where,
+                )
+            if message.role != "user":
+                # OpenAI takes image parts in user messages only.
+                raise HTTPProblem(
+                    400,
+                    f"{where}: images are only allowed in user messages, not {message.role}",
+                    param=where,
+                )
+            parts.append(_image_part(part, where, images))
+            continue
         if part.type != "text":
             raise HTTPProblem(
                 400,
@@ -173,13 +216,13 @@ def _text_content(model: LocalModel, message: Message, index: int) -> str:
 
 
 def _messages(
-    model: LocalModel, body: ChatCompletionRequest, plan: ToolPlan | None
+    model: LocalModel, body: ChatCompletionRequest, plan: ToolPlan | None, images: Images
 ) -> list[dict[str, Any]]:
     converted = []
     for i, m in enumerate(body.messages):
         message = ChatMessage(
             role="system" if m.role == "developer" else m.role,
-            content=_text_content(model, m, i),
+            content=_text_content(model, m, i, images),
             tool_calls=m.tool_calls,
             tool_call_id=m.tool_call_id,
             # a tool result's name is the tool's (OpenAI's deprecated function messages)
@@ -505,11 +548,13 @@ async def chat_completions(
     want_logprobs = bool(body.logprobs)
     max_tokens = body.max_completion_tokens or body.max_tokens
     options = _sampling(model, body, max_tokens)
+    images = Images(state.settings, model)
     runner_request = GenerationRequest(
         id="",
-        messages=_messages(model, body, plan),
+        messages=_messages(model, body, plan, images),
         template=model_template(model),
         options=_runner_options(body, options),
+        images=images.encoded,
     )
     apply_logprobs(runner_request.options, want_logprobs, top)
     _apply_response_format(runner_request, body.response_format)

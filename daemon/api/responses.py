@@ -42,7 +42,6 @@ from .anthropic import (
     read_reply,
     reply_parser,
 )
-from .ollama import no_vision
 from .openai import error_body
 from .schemas_ollama import ChatMessage
 from .streaming import ClosingStreamingResponse
@@ -53,6 +52,7 @@ from .tooling import (
     plan_thinking,
     reasoning_effort_think,
 )
+from .vision import Images, no_vision
 
 __all__ = ["ResponsesRequest", "router"]
 
@@ -191,7 +191,32 @@ def _refuse_state(body: ResponsesRequest) -> None:
             )
 
 
-def _text_of(model: LocalModel, content: Any, where: str, kinds: set[str]) -> str:
+def _input_image(part: dict[str, Any], at: str, images: Images) -> str:
+    """An ``input_image`` part → its marker: ``image_url`` must be a ``data:`` URL (a
+    ``file_id`` needs the Files API, which a local daemon has not)."""
+    detail = part.get("detail")
+    if detail is not None and detail not in ("auto", "low", "high"):
+        raise HTTPProblem(
+            400, f"{at}.detail must be one of auto, low, high, got {detail!r}", param=f"{at}.detail"
+        )
+    if part.get("file_id") is not None and part.get("image_url") is None:
+        raise HTTPProblem(
+            400,
+            f"{at}.file_id is not supported (no Files API); send image_url as a data: URL",
+            param=f"{at}.file_id",
+        )
+    return images.add_url(part.get("image_url"), f"{at}.image_url")
+
+
+def _text_of(
+    model: LocalModel,
+    content: Any,
+    where: str,
+    kinds: set[str],
+    images: Images | None = None,
+) -> str:
+    """The text of a content list; ``input_image`` parts become markers where ``images`` is
+    given (user, system and tool-output content), and are a 400 elsewhere."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -201,7 +226,14 @@ def _text_of(model: LocalModel, content: Any, where: str, kinds: set[str]) -> st
         at = f"{where}[{index}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image":
-            raise HTTPProblem(400, no_vision(model), param=at)
+            if "vision" not in model.capabilities():
+                raise HTTPProblem(400, no_vision(model), param=at)
+            if images is None:
+                raise HTTPProblem(
+                    400, f"{at}: images are not allowed in assistant content", param=at
+                )
+            parts.append(_input_image(part, at, images))
+            continue
         if kind not in kinds:
             raise HTTPProblem(
                 400,
@@ -230,7 +262,7 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 
 
 def _conversation(
-    model: LocalModel, body: ResponsesRequest, plan: ToolPlan | None
+    model: LocalModel, body: ResponsesRequest, plan: ToolPlan | None, images: Images
 ) -> list[dict[str, Any]]:
     """``instructions`` and ``input`` as the runner's chat messages."""
     converted: list[ChatMessage] = []
@@ -266,7 +298,11 @@ def _conversation(
             kinds = {"output_text", "refusal"} if role == "assistant" else {"input_text"}
             # Some clients send their earlier answers back as input_text: both read as text.
             text = _text_of(
-                model, item.get("content", ""), f"{where}.content", kinds | {"input_text"}
+                model,
+                item.get("content", ""),
+                f"{where}.content",
+                kinds | {"input_text"},
+                None if role == "assistant" else images,
             )
             if role == "assistant":
                 message = assistant()
@@ -305,7 +341,9 @@ def _conversation(
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise HTTPProblem(400, f"{where}.call_id is required", param=f"{where}.call_id")
-            output = _text_of(model, item.get("output", ""), f"{where}.output", {"input_text"})
+            output = _text_of(
+                model, item.get("output", ""), f"{where}.output", {"input_text"}, images
+            )
             converted.append(
                 ChatMessage(
                     role="tool", content=output, tool_call_id=call_id, tool_name=names.get(call_id)
@@ -633,12 +671,14 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
             overrides[key] = value
     options = merge_options(model, overrides, prefix="")
     think = _thinking(model, body)
+    images = Images(state.settings, model)
     runner_request = GenerationRequest(
         id="",
-        messages=_conversation(model, body, plan),
+        messages=_conversation(model, body, plan, images),
         template=model_template(model),
         options=sampling_options(options),
         truncate=body.truncation == "auto",
+        images=images.encoded,
     )
     _format(runner_request, body.text)
     if plan is not None:

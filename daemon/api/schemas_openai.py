@@ -26,10 +26,16 @@ class _Body(BaseModel):
 
 
 class ContentPart(_Body):
-    """A piece of message content; only text parts are supported."""
+    """A piece of message content: ``text``, or ``image_url`` (a ``data:`` URL) for a model
+    with vision."""
 
     type: str
     text: str | None = None
+    image_url: Any = Field(
+        None,
+        description='{"url": "data:image/png;base64,...", "detail": "auto|low|high"} (or the '
+        "URL string); remote http(s) URLs are refused.",
+    )
 
 
 class Message(_Body):

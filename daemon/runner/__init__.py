@@ -38,6 +38,13 @@ the runner process exits, so the daemon sees it die and starts a new one.
 
 Error codes: ``bad_request``, ``context_overflow``, ``unsupported``, ``internal``.
 
+Images: a runner started with ``--projector MMPROJ`` (``RunnerConfig.projector``) reads images.
+A generation request's ``images`` are base64 image files (PNG, JPEG, GIF, BMP), one per
+``IMAGE_MARKER`` (``<__media__>``) in the rendered prompt, in order. Without a projector such a
+request is ``unsupported``; a marker count that does not match, or an image that cannot be
+decoded (``image 2 could not be decoded``), is ``bad_request``. Each image takes as many
+prompt tokens as it has embeddings (``prompt_tokens`` counts them). Health says ``vision``.
+
 The daemon uses :class:`localllm.daemon.runner.client.ProcessRunner` (a process and a
 :class:`~localllm.daemon.runner.client.RunnerClient` connected to it); if the runner dies,
 every pending request raises ``RunnerDiedError``.

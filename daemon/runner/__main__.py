@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ready-fd", type=int, default=None, help="write 'ready' here once serving"
     )
+    parser.add_argument(
+        "--projector", default=None, help="vision projector GGUF (mmproj) for reading images"
+    )
     parser.add_argument("--debug", action="store_true", help="log llama.cpp debug output")
     return parser.parse_args(argv)
 
@@ -91,6 +94,7 @@ async def _serve(args: argparse.Namespace) -> int:
         kv_cache_dir=args.kv_cache_dir,
         kv_cache_ram=args.kv_cache_ram,
         kv_cache_disk=args.kv_cache_disk,
+        projector=args.projector,
     )
     try:
         model = await asyncio.to_thread(LlamaModel, config)
@@ -105,6 +109,18 @@ async def _serve(args: argparse.Namespace) -> int:
             draft = await asyncio.to_thread(DraftModel, model, config.draft_model)
         except ModelLoadError as exc:
             logging.getLogger("localllm.runner").error("%s", exc)
+            model.close()
+            return 2
+    projector = None
+    if config.projector is not None:
+        from .vision import VisionProjector
+
+        try:
+            projector = await asyncio.to_thread(VisionProjector, config.projector, model)
+        except ModelLoadError as exc:
+            logging.getLogger("localllm.runner").error("%s", exc)
+            if draft is not None:
+                draft.close()
             model.close()
             return 2
     stop = asyncio.Event()
@@ -124,7 +140,7 @@ async def _serve(args: argparse.Namespace) -> int:
         draft=draft,
     )
     engine.start()
-    server = RunnerServer(model, engine, Path(args.socket))
+    server = RunnerServer(model, engine, Path(args.socket), projector)
     await server.start()
     logging.getLogger("localllm.runner").info(
         "serving %s: %d slots x %d tokens, %d threads, %d GPU layers",
@@ -153,6 +169,8 @@ async def _serve(args: argparse.Namespace) -> int:
     await stop.wait()
     watcher.cancel()
     await server.close()
+    if projector is not None:
+        projector.close()  # prompt preparation, its only user, ended with the server
     await asyncio.to_thread(engine.stop)
     if engine.crashed:
         logging.getLogger("localllm.runner").error("exiting: the engine thread crashed")
@@ -205,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     from .model import route_llama_log
 
     route_llama_log(stream, debug=args.debug)
+    if args.projector is not None:
+        from .vision import route_mtmd_log
+
+        route_mtmd_log()
     try:
         return asyncio.run(_serve(args))
     finally:

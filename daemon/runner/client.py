@@ -462,6 +462,8 @@ class RunnerProcess:
             args += ["--chat-template", c.chat_template]
         if c.kv_cache_dir is not None:
             args += ["--kv-cache-dir", c.kv_cache_dir]
+        if c.projector is not None:
+            args += ["--projector", c.projector]
         args += ["--kv-cache-ram", str(c.kv_cache_ram), "--kv-cache-disk", str(c.kv_cache_disk)]
         args += ["--num-draft", str(c.num_draft)]
         if c.draft_model is not None:

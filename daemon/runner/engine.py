@@ -13,6 +13,11 @@ another sequence already holds is shared into the new sequence with ``llama_memo
 (the cache is unified, so the cells are tagged, not copied). A request whose prefix an older
 request is prefilling right now waits for it instead of computing the same prefix twice.
 
+Images (see :mod:`.vision`) are runs of pseudo-tokens in the prompt, so prefix caching treats
+them like text; when a slot's prefill reaches one, its embeddings are decoded into the slot's
+sequence in a decode of their own between steps (a batch holds tokens or embeddings, not both),
+and the text after it goes on in the steps' batches.
+
 Everything here runs on the engine thread; other threads talk to it through :meth:`submit`,
 :meth:`cancel`, :meth:`embed` and read :meth:`stats`.
 """
@@ -57,6 +62,7 @@ from .slots import (
 )
 from .speculative import BatchCost, Drafter, DraftPolicy, NgramDrafter
 from .text import TextStream
+from .vision import ImageEmbeddings, is_image_token
 
 __all__ = ["BatchPlan", "EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
 
@@ -96,6 +102,24 @@ class GenerationJob:
     """Leading tokens a context shift keeps (the system prompt)."""
     render_special: bool = False
     """Emit control tokens as their text (for tool-call and thinking parsers)."""
+    images: dict[int, ImageEmbeddings] = field(default_factory=dict)
+    """The prompt's images by the position where each starts (their pseudo-tokens follow)."""
+
+    def image_start(self, position: int) -> int:
+        """``position``, or the start of the image it falls inside (cached prefixes are
+        reused whole images at a time)."""
+        for start, image in self.images.items():
+            if start < position < start + image.n_tokens:
+                return start
+        return position
+
+    def text_run(self, position: int) -> int:
+        """Prompt tokens from ``position`` up to the next image (0 when one starts there)."""
+        end = len(self.prompt)
+        for start in self.images:
+            if position <= start < end:
+                end = start
+        return end - position
 
 
 @dataclass
@@ -341,9 +365,9 @@ class Engine:
                 job.emit(ErrorEvent(id=job.id, message=str(exc), code="bad_request"))
                 continue
             last_n = job.options.repeat_last_n
-            sampler.learn_prompt(
-                job.prompt if last_n < 0 else job.prompt[-last_n:] if last_n else []
-            )
+            text = [t for t in job.prompt if not is_image_token(t)] if job.images else job.prompt
+            sampler.learn_prompt(text if last_n < 0 else text[-last_n:] if last_n else [])
+            reuse = job.image_start(reuse)
             self.model.seq_remove(slot.seq_id, reuse)
             slot.cache = slot.cache[:reuse]
             slot.shared = min(slot.shared, reuse)
@@ -356,7 +380,7 @@ class Engine:
             slot.logprobs = []
             max_draft = job.options.num_draft if job.options.num_draft >= 0 else self.num_draft
             if max_draft > 0:
-                slot.drafter = self._drafter(job.prompt)
+                slot.drafter = self._drafter(text, images=bool(job.images))
                 slot.policy = DraftPolicy(max_draft=max_draft)
             else:
                 slot.drafter = slot.policy = None
@@ -377,19 +401,22 @@ class Engine:
             job = slot.job
             assert job is not None
             source = prefix_source(slot, self.slots, job.prompt)
-            if source is not None:
+            end = job.image_start(source.end) if source is not None else 0
+            if source is not None and end > len(slot.cache):
                 start = len(slot.cache)
-                self.model.seq_copy(source.slot.seq_id, slot.seq_id, start, source.end)
-                slot.cache.extend(job.prompt[start : source.end])
-                added = source.end - start
-                slot.shared = source.end if slot.shared == start else slot.shared + added
+                self.model.seq_copy(source.slot.seq_id, slot.seq_id, start, end)
+                slot.cache.extend(job.prompt[start:end])
+                added = end - start
+                slot.shared = end if slot.shared == start else slot.shared + added
                 slot.reused += added
             waits = should_wait_for(slot, prefilling)
             slot.state = SlotState.WAITING if waits else SlotState.PREFILLING
 
     def _step(self) -> None:
-        """One llama_decode: plan the batch, decode it, apply the results."""
+        """One llama_decode: plan the batch, decode it, apply the results (images that
+        prefills reached are decoded first, each on its own)."""
         self._share_prefixes()
+        self._prefill_images()
         prefill_budget = self.model.batch.capacity
         drafting = True
         while True:
@@ -431,6 +458,8 @@ class Engine:
         prefill = []
         for slot in prefilling:
             count = max(min(slot.remaining_prompt, budget), 0)
+            if slot.job is not None and slot.job.images:
+                count = min(count, slot.job.text_run(len(slot.cache)))
             prefill.append((slot, count))
             budget -= count
         return BatchPlan(decoding=decoding, prefill=prefill)
@@ -479,6 +508,49 @@ class Engine:
             if slot.job is not None and slot.batch_index >= 0:
                 self._sample(slot, now)
             slot.batch_index, slot.chunk = -1, 0
+
+    def _prefill_images(self) -> None:
+        """Decode the image each prefilling slot has reached, if any, into its sequence; one
+        that ends the prompt gives the logits of the first generated token."""
+        for slot in self.slots:
+            job = slot.job
+            if job is None or slot.state is not SlotState.PREFILLING or not job.images:
+                continue
+            start = len(slot.cache)
+            image = job.images.get(start)
+            if image is None:
+                continue
+            if image.data is None:  # decoded once already, then its cells were dropped
+                self._fail(slot, "an image's KV cells were lost before the prompt was done")
+                continue
+            end = start + image.n_tokens
+            last = end == len(job.prompt)
+            status, index = self.model.decode_embeddings(
+                image.data, image.n_tokens, start, slot.seq_id, last, image.non_causal
+            )
+            if status == 1:
+                for other in self.slots:
+                    if not other.busy and other.cache:
+                        self._evict(other)
+                self.model.seq_remove(slot.seq_id, start)
+                status, index = self.model.decode_embeddings(
+                    image.data, image.n_tokens, start, slot.seq_id, last, image.non_causal
+                )
+            if status != 0:
+                self.model.seq_remove(slot.seq_id, start)
+                reason = "no room in the KV cache" if status == 1 else f"status {status}"
+                self._fail(slot, f"could not evaluate image at prompt position {start}: {reason}")
+                continue
+            slot.cache.extend(job.prompt[start:end])
+            # Later prompts reuse these cells by their pseudo-tokens; the floats can go.
+            image.data = None
+            now = time.perf_counter()
+            with self._rates_lock:
+                self._rates.append((now, 0, image.n_tokens))
+            if last:
+                slot.batch_index = index
+                self._sample(slot, now)
+                slot.batch_index = -1
 
     def _make_room(self, prefill_in_batch: bool, prefill_budget: int) -> bool:
         """llama_decode found no KV room: free the least recently used idle cache (saved to
@@ -612,11 +684,13 @@ class Engine:
             outputs += sum(policy.acceptance**i for i in range(1, k + 1))
         return planned
 
-    def _drafter(self, prompt: list[int]) -> Drafter:
-        """A new request's drafter: its share of the draft model, or n-gram lookup."""
-        if self.draft is not None:
+    def _drafter(self, text: list[int], images: bool) -> Drafter:
+        """A new request's drafter: its share of the draft model, or n-gram lookup over the
+        prompt's text tokens. A request with images drafts by n-gram: the draft model has no
+        projector, so it cannot follow a sequence that holds image embeddings."""
+        if self.draft is not None and not images:
             return DraftModelDrafter(self.draft)
-        return NgramDrafter(prompt)
+        return NgramDrafter(text)
 
     def _draft_cost(self) -> float:
         """Drafting one token with the draft model, relative to a one-token target decode."""
@@ -773,6 +847,10 @@ class Engine:
         assert job is not None
         if not self.model.can_shift:
             log.info("request %s reached the context end; this model cannot shift", job.id)
+            return False
+        if job.images:
+            # A shift could cut an image in half: a request with images ends at the context.
+            log.info("request %s with images reached the context end; no shift", job.id)
             return False
         n_past = len(slot.cache)
         keep = max(

@@ -33,7 +33,8 @@ _FLASH = {
 }
 log = logging.getLogger("localllm.runner.model")
 
-_LOG_LEVELS = {0: "NONE", 1: "INFO", 2: "WARN", 3: "ERROR", 4: "DEBUG", 5: "CONT"}
+# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line.
+_LOG_DEBUG, _LOG_CONT = 1, 5
 
 
 class ModelLoadError(RuntimeError):
@@ -63,9 +64,9 @@ def route_llama_log(stream: IO[str], debug: bool = False) -> None:
 
     @llama_cpp.llama_log_callback
     def callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-        effective = last_level[0] if level == 5 else level
+        effective = last_level[0] if level == _LOG_CONT else level
         last_level[0] = effective
-        if effective == 4 and not debug:
+        if effective == _LOG_DEBUG and not debug:
             return
         with lock:
             stream.write(text.decode("utf-8", errors="replace"))
@@ -211,6 +212,7 @@ class LlamaModel:
         self._scratch = threading.local()
         self._embedding_ctx: llama_cpp.llama_context_p | None = None
         self._embedding_batch: Batch | None = None
+        self._embd_batch: llama_cpp.llama_batch | None = None
 
     def _context_params(self, n_ctx: int, n_seq: int) -> llama_cpp.llama_context_params:
         params = llama_cpp.llama_context_default_params()
@@ -331,6 +333,49 @@ class LlamaModel:
         """Run the batch through the model; 0 ok, 1 no KV room, other values errors."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.raw))
 
+    def decode_embeddings(
+        self,
+        data: ctypes.Array[ctypes.c_float],
+        n_tokens: int,
+        position: int,
+        seq_id: int,
+        logits_last: bool,
+        non_causal: bool = False,
+    ) -> tuple[int, int]:
+        """Decode ``n_tokens`` input embeddings (an image's) into ``seq_id`` from ``position``,
+        in batches of at most n_batch; ``logits_last`` computes logits for the last one.
+        Returns llama_decode's status (0 ok, 1 no KV room) and the batch index of the last
+        embedding's logits. ``non_causal`` lets the embeddings attend to each other both ways
+        (they must then fit in one batch)."""
+        n_embd = int(llama_cpp.llama_model_n_embd_inp(self.model))
+        if self._embd_batch is None:
+            self._embd_batch = llama_cpp.llama_batch_init(self.n_batch, n_embd, 1)
+        raw = self._embd_batch
+        floats = ctypes.sizeof(ctypes.c_float) * n_embd
+        base = ctypes.addressof(data)
+        embd = ctypes.addressof(raw.embd.contents)
+        status, index = 0, -1
+        if non_causal:
+            llama_cpp.llama_set_causal_attn(self.ctx, False)
+        try:
+            for start in range(0, n_tokens, self.n_batch):
+                count = min(self.n_batch, n_tokens - start)
+                ctypes.memmove(embd, base + start * floats, count * floats)
+                for i in range(count):
+                    raw.pos[i] = position + start + i
+                    raw.n_seq_id[i] = 1
+                    raw.seq_id[i][0] = seq_id
+                    raw.logits[i] = logits_last and start + i == n_tokens - 1
+                raw.n_tokens = count
+                status = int(llama_cpp.llama_decode(self.ctx, raw))
+                if status != 0:
+                    return status, -1
+                index = count - 1
+        finally:
+            if non_causal:
+                llama_cpp.llama_set_causal_attn(self.ctx, True)
+        return status, index
+
     # -- embeddings ----------------------------------------------------------------------
 
     embed_batch_sequences = 16
@@ -389,6 +434,9 @@ class LlamaModel:
         for batch in (self.batch, self._embedding_batch):
             if batch is not None:
                 batch.close()
+        if self._embd_batch is not None:
+            llama_cpp.llama_batch_free(self._embd_batch)
+            self._embd_batch = None
         if self._embedding_ctx is not None:
             llama_cpp.llama_free(self._embedding_ctx)
             self._embedding_ctx = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Union
 
 __all__ = [
+    "IMAGE_MARKER",
     "CancelOp",
     "DetokenizeOp",
     "DoneEvent",
@@ -55,6 +56,10 @@ __all__ = [
     "encode",
     "from_dict",
 ]
+
+IMAGE_MARKER = "<__media__>"
+"""Where an image goes in a prompt (mtmd's default marker): one per entry of
+:attr:`GenerationRequest.images`, in order, in the rendered prompt."""
 
 DoneReason = Literal["stop", "length", "cancel", "error"]
 ErrorCode = Literal[
@@ -232,6 +237,11 @@ class GenerationRequest:
     render_special: bool = False
     """Emit control tokens (``<|python_tag|>``, ``[TOOL_CALLS]``, ``<think>``...) as their text,
     for the API's tool-call and thinking parsers; end-of-generation tokens never appear."""
+    images: list[str] = field(default_factory=list)
+    """Standard base64 (no ``data:`` prefix) of each image file's bytes (PNG, JPEG, GIF, BMP),
+    one per :data:`IMAGE_MARKER` in the rendered prompt, in order of appearance. Needs a runner
+    with a vision projector (``unsupported`` otherwise); a count mismatch or an image that
+    cannot be decoded is ``bad_request`` naming the image."""
 
 
 @dataclass
@@ -401,6 +411,8 @@ class RunnerConfig:
     """Bytes of host RAM for saved prefixes (0: no RAM tier)."""
     kv_cache_disk: int = 0
     """Bytes of disk for saved prefixes, over the whole folder (0: no disk tier)."""
+    projector: str | None = None
+    """The vision projector GGUF (``mmproj``) that lets the model read images (None: text only)."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------

@@ -7,12 +7,14 @@ so a slow or hostile template never blocks the engine thread or other connection
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from .chat import TemplateRenderError, render_chat
 from .engine import EmbeddingJob, Engine, GenerationJob
 from .model import LlamaModel
 from .protocol import (
+    IMAGE_MARKER,
     CancelOp,
     DetokenizeOp,
     DoneEvent,
@@ -47,10 +50,13 @@ from .protocol import (
 from .sampling import GrammarError, check_sampling, grammar_for
 from .slots import common_prefix_length
 from .text import unicode_problem
+from .vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
 
 __all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
 
 log = logging.getLogger("localllm.runner.server")
+
+NO_VISION = "this model cannot read images: it has no vision projector"
 
 # Used when a model has no chat template: turns are separated by blank lines.
 _FALLBACK_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}"
@@ -97,11 +103,81 @@ class Prompt:
     """Leading tokens a context shift keeps (the system prompt, or the BOS token)."""
     tail: str = ""
     """The end of the rendered prompt text."""
+    images: dict[int, ImageEmbeddings] = field(default_factory=dict)
+    """The prompt's images by the position where each starts (see :mod:`.vision`)."""
 
 
-def prepare(model: LlamaModel, request: GenerationRequest, default_template: str | None) -> Prompt:
-    """Render and tokenize a request's prompt, truncating it if asked and needed."""
+class _Images:
+    """Tokenization for one request: with its images through the projector when it has any,
+    remembering where they landed."""
+
+    def __init__(
+        self, model: LlamaModel, projector: VisionProjector | None, request: GenerationRequest
+    ) -> None:
+        self.model = model
+        self.projector = projector
+        self.files = _image_files(request.images)
+        self.placed: dict[int, ImageEmbeddings] = {}
+        if self.files and projector is None:
+            raise PromptError(NO_VISION, "unsupported")
+
+    def tokenize(
+        self, text: str, add_special: bool, offset: int = 0, files: list[bytes] | None = None
+    ) -> list[int]:
+        """Tokens of ``text``, its image markers replaced by the pseudo-tokens of the images
+        (``files``, by default all of the request's); ``offset`` is where the text starts in
+        the prompt (after a ``context``)."""
+        files = self.files if files is None else files
+        if not files:
+            self.placed = {}
+            return self.model.tokenize(text, add_special=add_special, parse_special=True)
+        assert self.projector is not None
+        try:
+            prepared = self.projector.prepare(text, files, add_special)
+        except VisionError as exc:
+            raise PromptError(str(exc), exc.code) from None
+        self.placed = {offset + start: image for start, image in prepared.images.items()}
+        return prepared.tokens
+
+    def by_message(self, messages: list[dict[str, Any]]) -> list[list[bytes]] | None:
+        """Each message's images, when the images are exactly those of the markers in the
+        messages' contents, in order (None otherwise: then turns cannot be dropped)."""
+        counts = [m["content"].count(IMAGE_MARKER) for m in messages]
+        if sum(counts) != len(self.files):
+            return None
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        return [self.files[start : start + n] for start, n in zip(starts, counts, strict=True)]
+
+
+def _image_files(images: list[str]) -> list[bytes]:
+    """The image files of a request, from standard base64."""
+    if not isinstance(images, list):
+        raise PromptError("images must be a list of base64 strings")
+    files = []
+    for index, image in enumerate(images, start=1):
+        if not isinstance(image, str):
+            raise PromptError(f"image {index} must be a base64 string")
+        try:
+            files.append(base64.b64decode(image, validate=True))
+        except (binascii.Error, ValueError):
+            raise PromptError(f"image {index} is not valid base64") from None
+        if not files[-1]:
+            raise PromptError(f"image {index} is empty")
+    return files
+
+
+def prepare(
+    model: LlamaModel,
+    request: GenerationRequest,
+    default_template: str | None,
+    projector: VisionProjector | None = None,
+) -> Prompt:
+    """Render and tokenize a request's prompt (with its images, through ``projector``),
+    truncating it if asked and needed."""
     bos_only = 1 if model.add_bos else 0
+    images = _Images(model, projector, request)
+    if request.suffix is not None and images.files:
+        raise PromptError("images go with a prompt or messages, not with a suffix (FIM)")
     if request.suffix is not None:
         _encodable(request.prompt or "", "prompt")
         _encodable(request.suffix, "suffix")
@@ -109,17 +185,18 @@ def prepare(model: LlamaModel, request: GenerationRequest, default_template: str
     elif request.messages is not None and request.context:
         raise PromptError("context continues a prompt, not a chat: send the messages instead")
     elif request.messages is not None and not request.raw:
-        prompt = _chat_prompt(model, request, default_template)
+        prompt = _chat_prompt(model, request, default_template, images)
     elif request.messages is not None:
         raise PromptError("raw requests take a prompt, not messages")
     else:
         text = _encodable(request.prompt or "", "prompt")
         context = _checked_context(model, request.context)
-        tokens = context + model.tokenize(text, add_special=not context, parse_special=True)
-        prompt = Prompt(_fit(model, request, tokens, keep=bos_only), bos_only, text[-200:])
+        tokens = context + images.tokenize(text, not context, offset=len(context))
+        tokens = _fit(model, request, tokens, keep=bos_only, images=bool(images.files))
+        prompt = Prompt(tokens, bos_only, text[-200:], images.placed)
     if request.options.num_keep >= 0:
         keep = min(request.options.num_keep, len(prompt.tokens))
-        return Prompt(prompt.tokens, keep, prompt.tail)
+        return Prompt(prompt.tokens, keep, prompt.tail, prompt.images)
     return prompt
 
 
@@ -136,6 +213,11 @@ def _checked_context(
     if not context:
         return []
     for token in context:
+        if field == "context" and isinstance(token, int) and is_image_token(token):
+            raise PromptError(
+                f"{field} holds the positions of an image: a context with images cannot be "
+                "continued; send the messages with their images again"
+            )
         if not isinstance(token, int) or not 0 <= token < model.n_vocab:
             raise PromptError(f"{field} holds {token!r}, which is not a token of this model")
     return list(context)
@@ -163,7 +245,7 @@ def _fill_in_the_middle(model: LlamaModel, request: GenerationRequest) -> list[i
 
 
 def _chat_prompt(
-    model: LlamaModel, request: GenerationRequest, default_template: str | None
+    model: LlamaModel, request: GenerationRequest, default_template: str | None, images: _Images
 ) -> Prompt:
     template = request.template or default_template or _FALLBACK_TEMPLATE
     bos, eos = model.token_text(model.bos_id), model.token_text(model.eos_id)
@@ -175,7 +257,12 @@ def _chat_prompt(
 
     rendered = [""]
 
-    def tokens_for(conversation: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+    def tokens_for(
+        conversation: list[dict[str, Any]],
+        generation_prompt: bool,
+        with_images: bool = False,
+        files: list[bytes] | None = None,
+    ) -> list[int]:
         try:
             text = render_chat(
                 template,
@@ -193,9 +280,11 @@ def _chat_prompt(
         rendered[0] = text
         # Templates that write the BOS text themselves must not get a second one.
         add_special = model.add_bos and not (bos and text.startswith(bos))
+        if with_images:
+            return images.tokenize(text, add_special, files=files)
         return model.tokenize(text, add_special=add_special, parse_special=True)
 
-    tokens = tokens_for(messages, request.add_generation_prompt)
+    tokens = tokens_for(messages, request.add_generation_prompt, with_images=True)
     tail = rendered[0][-200:]
     system = [m for m in messages if m["role"] == "system"]
     keep = (
@@ -204,14 +293,24 @@ def _chat_prompt(
         else (1 if model.add_bos else 0)
     )
     room = _room_for_prompt(model, request)
-    if len(tokens) <= room or not request.truncate:
-        return Prompt(_fit(model, request, tokens, keep=0), keep, tail)
-    # Drop whole turns from the front, keeping system messages and the last turn.
-    rest = [m for m in messages if m["role"] != "system"]
-    while len(rest) > 1 and len(tokens) > room:
-        rest = rest[1:]
-        tokens = tokens_for(system + rest, request.add_generation_prompt)
-    return Prompt(_fit(model, request, tokens, keep=keep), keep, tail)
+    with_images = bool(images.files)
+    per_message = images.by_message(messages) if with_images else None
+    if len(tokens) <= room or not request.truncate or (with_images and per_message is None):
+        tokens = _fit(model, request, tokens, keep=0, images=with_images)
+        return Prompt(tokens, keep, tail, images.placed)
+    # Drop whole turns from the front, keeping system messages and the last turn (and the
+    # images of the turns kept).
+    system_at = [i for i, m in enumerate(messages) if m["role"] == "system"]
+    rest_at = [i for i, m in enumerate(messages) if m["role"] != "system"]
+    while len(rest_at) > 1 and len(tokens) > room:
+        rest_at = rest_at[1:]
+        kept = system_at + rest_at
+        files = [f for i in kept for f in per_message[i]] if per_message is not None else None
+        conversation = [messages[i] for i in kept]
+        tokens = tokens_for(conversation, request.add_generation_prompt, with_images, files)
+    return Prompt(
+        _fit(model, request, tokens, keep=keep, images=with_images), keep, tail, images.placed
+    )
 
 
 def _overflow(model: LlamaModel, count: int) -> PromptError:
@@ -223,13 +322,28 @@ def _overflow(model: LlamaModel, count: int) -> PromptError:
     )
 
 
-def _fit(model: LlamaModel, request: GenerationRequest, tokens: list[int], keep: int) -> list[int]:
+def _fit(
+    model: LlamaModel,
+    request: GenerationRequest,
+    tokens: list[int],
+    keep: int,
+    images: bool = False,
+) -> list[int]:
     if not tokens:
         raise PromptError("the prompt is empty")
     if len(tokens) < model.n_ctx_per_slot and not (
         request.truncate and len(tokens) > _room_for_prompt(model, request)
     ):
         return tokens
+    if images and (request.truncate or len(tokens) >= model.n_ctx_per_slot):
+        # Cutting tokens could cut an image in half.
+        raise PromptError(
+            f"the prompt with its images is {len(tokens)} tokens, more than fit in this "
+            f"model's context of {model.n_ctx_per_slot} tokens per request (with room to "
+            "answer when truncating); with images only whole earlier chat turns are dropped, "
+            "never part of one: shorten it, send fewer images or raise num_ctx",
+            "context_overflow",
+        )
     if not request.truncate:
         raise _overflow(model, len(tokens))
     room = _room_for_prompt(model, request)
@@ -294,9 +408,17 @@ class _Connection:
 class RunnerServer:
     """Serves one engine on a Unix socket."""
 
-    def __init__(self, model: LlamaModel, engine: Engine, socket_path: Path) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        engine: Engine,
+        socket_path: Path,
+        projector: VisionProjector | None = None,
+    ) -> None:
         self.model = model
         self.engine = engine
+        self.projector = projector
+        """The vision projector, when the model reads images."""
         self.socket_path = socket_path
         self.default_template = model.config.chat_template or model.chat_template()
         self._server: asyncio.AbstractServer | None = None
@@ -352,6 +474,7 @@ class RunnerServer:
             "flash_attention": model.config.flash_attention,
             "fill_in_the_middle": model.fim is not None,
             "chat_template": self.default_template is not None,
+            "vision": self.projector is not None,
         }
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -433,7 +556,9 @@ class RunnerServer:
         request.id = op.id
         connection.preparing.add(op.id)
         try:
-            prompt = await asyncio.to_thread(prepare, self.model, request, self.default_template)
+            prompt = await asyncio.to_thread(
+                prepare, self.model, request, self.default_template, self.projector
+            )
             grammar = await asyncio.to_thread(grammar_for, request.options)
             check_sampling(request.options, self.model.n_vocab)
         except (GrammarError, ValueError) as exc:
@@ -467,6 +592,7 @@ class RunnerServer:
                 emit=connection.emitter(),
                 return_context=request.return_context,
                 render_special=request.render_special,
+                images=prompt.images,
             )
         )
 

@@ -100,6 +100,30 @@ def render_show(data: Mapping[str, Any]) -> str:
         ),
         ("Capabilities", [(str(c), "") for c in data.get("capabilities") or []]),
     ]
+    projector = data.get("projector_info") or {}
+    if projector:
+        # Ollama's show lists a vision model's projector under the model.
+        from ..gguf_info import format_parameter_count
+
+        count = projector.get("general.parameter_count")
+        sections.insert(
+            1,
+            (
+                "Projector",
+                [
+                    ("architecture", str(projector.get("general.architecture") or "unknown")),
+                    (
+                        "parameters",
+                        format_parameter_count(count) if isinstance(count, int) else "unknown",
+                    ),
+                    (
+                        "embedding length",
+                        str(projector.get("clip.vision.embedding_length", "unknown")),
+                    ),
+                    ("dimensions", str(projector.get("clip.vision.projection_dim", "unknown"))),
+                ],
+            ),
+        )
     parameters = []
     for line in str(data.get("parameters") or "").splitlines():
         key, _, value = line.strip().partition(" ")
@@ -327,6 +351,16 @@ def cmd_create(args: argparse.Namespace) -> int:
             fields = {**modelfile.create_fields(), **_source_fields(client, modelfile.from_)}
             if modelfile.draft is not None:
                 fields["draft"] = _draft_field(client, modelfile.draft)
+            if modelfile.projector is not None:
+                # The projector always travels as an uploaded blob in ``files`` (Ollama's
+                # create API): the daemon tells it from the model by its ``clip`` header.
+                projector = Path(modelfile.projector)
+                if not projector.is_file():
+                    raise UsageError(f"{projector}: no such file (the second FROM)")
+                fields["files"] = {
+                    **fields.get("files", {}),
+                    projector.name: client.upload_blob(projector),
+                }
         else:
             fields = _source_fields(client, args.source)
         fields["quantize"] = quant

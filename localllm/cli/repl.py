@@ -4,6 +4,8 @@
 wordwrap|nowordwrap``, ``/set format json|noformat``, ``/set history|nohistory``, ``/set
 think [low|medium|high]|nothink``; ``/show info|license|modelfile|parameters|system|template``;
 ``/load MODEL``, ``/save MODEL``, ``/clear``, ``/bye``; ``/? set|show|shortcuts``;
+``/image PATH`` attaches an image to the next message, as does an image path typed or pasted
+(drag-and-drop) into a message;
 ``\"\"\"`` starts a multi-line message. Ctrl-C stops the answer being
 written and keeps the session; Ctrl-D on an empty prompt (or ``/bye``) ends it. Line editing and
 the up-arrow history come from ``readline`` when the platform has it; typed messages are kept in
@@ -34,6 +36,7 @@ HELP = """Available Commands:
   /load <model>   Load a session or model
   /save <model>   Save your current session
   /clear          Clear session context
+  /image <path>   Attach an image to the next message
   /bye            Exit
   /?, /help       Help for a command
   /? shortcuts    Help for keyboard shortcuts
@@ -109,6 +112,11 @@ class _Exit(Exception):
     """``/bye``."""
 
 
+_COMMANDS = frozenset(
+    ("/set", "/show", "/load", "/save", "/clear", "/image", "/bye", "/exit", "/?", "/help")
+)
+
+
 class Repl:
     """The read-eval-print loop around a :class:`~localllm.cli.session.ChatSession`."""
 
@@ -124,6 +132,9 @@ class Repl:
         self._history_file = history_file
         self._readline: Any = None
         self._daemon_lost = False
+        self.pending_images: list[str] = []
+        """Images (base64) attached with /image or a lone pasted path, sent with the next
+        message."""
 
     def _start_history(self) -> None:
         try:
@@ -171,12 +182,10 @@ class Repl:
             if line is None:
                 continue
             try:
-                if line.startswith("/"):
+                if line.startswith("/") and not self._starts_with_image(line):
                     self.command(line)
                 elif line.strip():
-                    if self._daemon_lost:
-                        self._restart_daemon()
-                    self.session.answer(line, interactive=True)
+                    self._message(line)
             except _Exit:
                 return 0
             except KeyboardInterrupt:
@@ -185,6 +194,47 @@ class Repl:
                 # the daemon went away (stopped, crashed): start one again before the next message
                 self._daemon_lost = isinstance(exc, DaemonUnavailableError)
                 print(f"Error: {exc}\n")
+
+    @staticmethod
+    def _starts_with_image(line: str) -> bool:
+        """A dragged-in absolute path (``/home/me/cat.png``) is a message, not a command."""
+        from ..images import extract_image_paths
+
+        if line.split(" ", 1)[0] in _COMMANDS:
+            return False
+        return bool(extract_image_paths(line)[1])
+
+    def _message(self, line: str) -> None:
+        """Send a typed message with its images; a line of image paths alone holds them for
+        the next message (a drag-and-drop, then the question)."""
+        text, images = self.session.attach_images(line)
+        if not text.strip():
+            self.pending_images.extend(images)
+            return
+        images, self.pending_images = [*self.pending_images, *images], []
+        if self._daemon_lost:
+            self._restart_daemon()
+        self.session.answer(text, interactive=True, images=images or None)
+
+    def _attach(self, rest: str) -> None:
+        """``/image PATH``: read the file now, send it with the next message."""
+        from ..images import encode_image
+
+        try:
+            words = shlex.split(rest)
+        except ValueError:
+            words = [rest]
+        if len(words) != 1:
+            print("Usage: /image <path>")
+            return
+        path = Path(words[0]).expanduser()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            print(f"Error: cannot read {words[0]}: {exc.strerror or exc}")
+            return
+        self.pending_images.append(encode_image(data))
+        print(f"Added image '{words[0]}'", file=self.session.err, flush=True)
 
     def _restart_daemon(self) -> None:
         from ..autostart import ensure_daemon
@@ -227,8 +277,11 @@ class Repl:
             self._set(rest)
         elif name == "/show":
             self._show(rest)
+        elif name == "/image":
+            self._attach(rest)
         elif name == "/clear":
             self.session.messages.clear()
+            self.pending_images.clear()
             print("Cleared session context")
         elif name == "/load":
             self._load(rest)

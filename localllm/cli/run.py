@@ -7,8 +7,9 @@ Answers wrap at the terminal's width (``--nowordwrap`` turns that off; output th
 terminal is never wrapped) and ``--verbose`` prints the timing block of
 :mod:`localllm.run_stats` on stderr after each answer. ``--think[=low|medium|high|false]``
 sends ``think`` with every message (without it the model's template decides), and the
-reasoning prints before the answer unless ``--hidethinking``. Both ways go through the
-:class:`~localllm.cli.session.ChatSession` of :mod:`localllm.cli.session`.
+reasoning prints before the answer unless ``--hidethinking``. Image files named in the prompt
+(``./photo.png``, quoted, ``~/...``) are attached as Ollama's CLI attaches them. Both ways go
+through the :class:`~localllm.cli.session.ChatSession` of :mod:`localllm.cli.session`.
 """
 
 from __future__ import annotations
@@ -61,11 +62,13 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
         from .repl import Repl
 
         return Repl(session, history_file=session.settings.data_dir / "history").run()
-    prompt = " ".join([*([piped] if piped else []), *args.prompt])
-    if not prompt.strip():
+    # Only the typed prompt names images: piped text is data, whatever paths it mentions.
+    typed, images = session.attach_images(" ".join(args.prompt))
+    prompt = " ".join([*([piped] if piped else []), *([typed] if typed else [])])
+    if not prompt.strip() and not images:
         session.client.load(config.model, keep_alive=config.keep_alive)  # Ollama: just load
         return 0
-    session.answer(prompt, interactive=False)
+    session.answer(prompt, interactive=False, images=images)
     return 0
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .._exceptions import APIError
+from .._exceptions import APIError, LocalLLMError
 from ..stream_wrap import StreamWrapper
 
 if TYPE_CHECKING:
@@ -218,13 +218,31 @@ class ChatSession:
         except (AttributeError, ValueError, OSError):
             return shutil.get_terminal_size().columns
 
-    def request_messages(self, prompt: str) -> list[ChatMessage]:
-        """What is sent for ``prompt``: the system prompt, the conversation, the new message."""
+    def attach_images(self, prompt: str) -> tuple[str, list[str]]:
+        """Image files named in ``prompt`` (``./photo.png``, a quoted or ``~`` path, a pasted
+        one), as Ollama's CLI attaches them: each is read, "Added image 'PATH'" goes to
+        stderr, and its path leaves the text. Returns the text and the images' base64."""
+        from ..images import encode_image, extract_image_paths
+
+        text, found = extract_image_paths(prompt)
+        images = []
+        for typed, path in found:
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise LocalLLMError(f"cannot read {typed}: {exc.strerror or exc}") from None
+            images.append(encode_image(data))
+            print(f"Added image '{typed}'", file=self.err, flush=True)
+        return text, images
+
+    def request_messages(self, prompt: str, images: list[str] | None = None) -> list[ChatMessage]:
+        """What is sent for ``prompt``: the system prompt, the conversation, the new message
+        (with ``images``, base64, when some are attached)."""
         messages: list[ChatMessage] = []
         if self.config.system is not None:
             messages.append({"role": "system", "content": self.config.system})
         messages.extend(self.messages)
-        messages.append({"role": "user", "content": prompt})
+        messages.append(_user_message(prompt, images))
         return messages
 
     def load(self) -> None:
@@ -232,8 +250,9 @@ class ChatSession:
         with _spinner(self.err):
             self.client.load(self.config.model, keep_alive=self.config.keep_alive)
 
-    def answer(self, prompt: str, *, interactive: bool) -> str:
-        """Stream the answer to ``prompt``; returns its text and adds the exchange to the
+    def answer(self, prompt: str, *, interactive: bool, images: list[str] | None = None) -> str:
+        """Stream the answer to ``prompt`` (with ``images``, base64, attached); returns its
+        text and adds the exchange, images included as Ollama keeps them, to the
         conversation. Ctrl-C stops it (closing the stream cancels it in the daemon) and
         re-raises KeyboardInterrupt; the interrupted exchange is not kept."""
 
@@ -251,7 +270,7 @@ class ChatSession:
         final: dict[str, Any] = {}
         stream = self.client.chat_stream(
             config.model,
-            self.request_messages(prompt),
+            self.request_messages(prompt, images),
             format=config.format,
             options=config.options or None,
             keep_alive=config.keep_alive,
@@ -286,9 +305,16 @@ class ChatSession:
             print(format_timings(final), file=self.err, flush=True)
             if interactive:
                 print(file=self.err, flush=True)
-        self.messages.append({"role": "user", "content": prompt})
+        self.messages.append(_user_message(prompt, images))
         reply: ChatMessage = {"role": "assistant", "content": answer}
         if printer.thinking:
             reply["thinking"] = printer.thinking  # sent back with the history, as Ollama does
         self.messages.append(reply)
         return answer
+
+
+def _user_message(prompt: str, images: list[str] | None) -> ChatMessage:
+    message: ChatMessage = {"role": "user", "content": prompt}
+    if images:
+        message["images"] = list(images)
+    return message

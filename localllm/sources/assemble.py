@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._exceptions import StoreError
-from ..manifest import MEDIA_MODEL, Layer, Manifest
+from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest
 from ..models import create_model
 from ..names import ModelName
 from ..store import ModelEntry, Store
@@ -31,11 +31,19 @@ def assemble_model(
     """
     if not model_layers or any(layer.media_type != MEDIA_MODEL for layer in model_layers):
         raise StoreError(f"cannot write {name}: it needs at least one GGUF model layer")
+    projectors = [layer for layer in other_layers if layer.media_type == MEDIA_PROJECTOR]
     with store.writing():
-        entry = create_model(store, name, gguf_digest=model_layers[0].digest)
-        if len(model_layers) == 1 and not other_layers:
+        # The projector goes through create_model, which checks it is one (a clip GGUF).
+        entry = create_model(
+            store,
+            name,
+            gguf_digest=model_layers[0].digest,
+            projector_digest=projectors[0].digest if projectors else None,
+        )
+        if len(model_layers) == 1 and len(other_layers) == len(projectors) <= 1:
             return entry
         extra = [layer for layer in other_layers if layer.media_type != MEDIA_MODEL]
         manifest = Manifest(config=entry.manifest.config, layers=(*model_layers, *extra))
         store.write_manifest(name, manifest)
-    return store.get(name)
+        # Read back under the lock: a concurrent pull of the same name rewrites it meanwhile.
+        return store.get(name)

@@ -8,7 +8,8 @@ A repository holds one model in several quantizations (``Model-Q4_K_M.gguf``,
 * a file name ending in ``.gguf``.
 
 A split model (``<prefix>-00001-of-00003.gguf``...) is one choice made of all its parts, in
-order. Projector (``mmproj``) and importance-matrix files are never chosen as the model.
+order. Projector (``mmproj``) and importance-matrix files are never chosen as the model; a
+projector next to the chosen model is pulled with it (:func:`choose_projector`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "GGUFChoice",
     "HubFile",
     "choose_gguf",
+    "choose_projector",
     "quant_of",
     "split_of",
 ]
@@ -229,3 +231,38 @@ def choose_gguf(files: Sequence[HubFile], tag: str, repo: str) -> GGUFChoice:
         f"hf.co/{repo} has no {tag} quantization; available: {quants} "
         f"(pull one with hf.co/{repo}:<quant>)"
     )
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def choose_projector(files: Sequence[HubFile], model: GGUFChoice) -> tuple[HubFile, str] | None:
+    """The vision projector (``mmproj*.gguf``) to pull with ``model``, and a note saying which.
+
+    Only projectors in the model's folder count. The one whose precision matches the model's
+    quant wins (a Q8_0 model with ``mmproj-Q8_0.gguf``), else F16 (what most repositories
+    ship, and llama.cpp's default), else the first by name.
+    """
+    folder = _folder(model.files[0].path)
+    projectors = sorted(
+        (
+            f
+            for f in files
+            if _folder(f.path) == folder
+            and f.path.rsplit("/", 1)[-1].lower().endswith(".gguf")
+            and "mmproj" in f.path.rsplit("/", 1)[-1].lower()
+        ),
+        key=lambda f: f.path,
+    )
+    if not projectors:
+        return None
+    for wanted, why in ((model.quant, "matches the model"), ("F16", "F16")):
+        if wanted is None:
+            continue
+        for hub_file in projectors:
+            if quant_of(hub_file.path) == wanted:
+                name = hub_file.path.rsplit("/", 1)[-1]
+                return hub_file, f"using vision projector {name} ({why})"
+    first = projectors[0]
+    return first, f"using vision projector {first.path.rsplit('/', 1)[-1]}"

@@ -27,13 +27,20 @@ from urllib.parse import urljoin
 
 import httpx
 
-from .._exceptions import AuthRequiredError, NetworkError, PullError, RemoteNotFoundError
-from ..manifest import MEDIA_MODEL, Layer, normalize_digest
+from .._exceptions import (
+    AuthRequiredError,
+    LocalLLMError,
+    NetworkError,
+    PullError,
+    RemoteNotFoundError,
+)
+from ..gguf_info import inspect_gguf
+from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, normalize_digest
 from ..names import ModelName
 from ..settings import Settings
 from ..store import ModelEntry, Store
 from .assemble import assemble_model
-from .gguf_files import HubFile, choose_gguf
+from .gguf_files import HubFile, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
@@ -176,8 +183,15 @@ def plan_huggingface(
     revision, files = _list_files(name, settings)
     choice = choose_gguf(files, name.tag, name.repo_id)
     emit(PullProgress(choice.note))
+    wanted = list(choice.files)
+    projector = choose_projector(files, choice)
+    if projector is not None:
+        # A repository that ships mmproj files next to the model is a vision model: its
+        # projector is a layer of its own, as the Ollama registry lays it out.
+        emit(PullProgress(projector[1]))
+        wanted.append(projector[0])
     blobs = []
-    for hub_file in choice.files:
+    for hub_file in wanted:
         if not hub_file.sha256:
             raise PullError(
                 f"hf.co/{name.repo_id}/{hub_file.path} is not stored with Git LFS, so the Hub "
@@ -193,9 +207,18 @@ def plan_huggingface(
         # normalize_digest validates what the Hub sent before it names a file.
         digest = normalize_digest(f"sha256:{hub_file.sha256}")
         blobs.append(PlannedBlob(digest, hub_file.size, source))
-    layers = [Layer(MEDIA_MODEL, blob.digest, blob.size) for blob in blobs]
+    parts = blobs[: len(choice.files)]
+    layers = [Layer(MEDIA_MODEL, blob.digest, blob.size) for blob in parts]
+    extra = [Layer(MEDIA_PROJECTOR, blob.digest, blob.size) for blob in blobs[len(parts) :]]
 
     def finish() -> ModelEntry:
-        return assemble_model(store, name, layers)
+        for layer in extra:
+            try:
+                inspect_gguf(store.blob_path(layer.digest)).require_projector()
+            except LocalLLMError as exc:
+                raise PullError(
+                    f"hf.co/{name.repo_id}: its mmproj file is unusable: {exc}"
+                ) from None
+        return assemble_model(store, name, layers, extra)
 
     return PullPlan(blobs=tuple(blobs), finish=finish, file_type=choice.quant)

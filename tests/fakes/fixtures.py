@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from tiny_gguf import write_tiny_gguf
+from tiny_mmproj import write_tiny_mmproj
 
 from localllm.settings import Settings
 
@@ -36,8 +37,15 @@ def tiny_models(
     )
 
 
+@pytest.fixture(scope="session")
+def tiny_projector(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A tiny vision projector (mmproj GGUF) for the tiny models."""
+    folder = tmp_path_factory.mktemp("pull-projector")
+    return write_tiny_mmproj(folder / "mmproj.gguf").read_bytes()
+
+
 @pytest.fixture
-def hub(tiny_models: TinyModels) -> Iterator[FakeHub]:
+def hub(tiny_models: TinyModels, tiny_projector: bytes) -> Iterator[FakeHub]:
     """A fake Hub with ``tester/tiny-GGUF``: F32, F16, Q8_0, Q4_K_M files, a projector, a README."""
     with FakeHub() as server:
         server.add_repo(
@@ -48,7 +56,7 @@ def hub(tiny_models: TinyModels) -> Iterator[FakeHub]:
                 "tiny-F16.gguf": tiny_models.f16,
                 "tiny-Q8_0.gguf": tiny_models.other,
                 "tiny.Q4_K_M.gguf": tiny_models.other[:-1] + b"\x01",
-                "mmproj-tiny-F16.gguf": tiny_models.f16,
+                "mmproj-tiny-F16.gguf": tiny_projector,
             },
         )
         yield server

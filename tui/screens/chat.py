@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -18,8 +19,9 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker
 
 from localllm._exceptions import DaemonError
+from localllm.images import ImageError, ImageLimits, check_image, encode_image, extract_image_paths
 
-from ..chats import Chat, StoredMessage
+from ..chats import Attachment, Chat, StoredMessage
 from ..format import chat_title
 from ..widgets.message import MessageView, ThrottledMarkdownStream
 from ..widgets.prompt import PromptArea
@@ -61,6 +63,7 @@ def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
         author=author,
         stats=message.stats,
         thinking=message.thinking,
+        attachments=[image.name for image in message.images],
     )
 
 
@@ -113,6 +116,8 @@ class ChatScreen(MainScreen):
         """Answers streaming now, by chat id."""
         self.models: list[str] = []
         """Model names offered in the picker."""
+        self.attachments: list[Attachment] = []
+        """Images attached (``/image PATH`` or a pasted path) for the next message."""
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -124,6 +129,7 @@ class ChatScreen(MainScreen):
                     yield Select[str]([], prompt="Pick a model (Ctrl+L)", id="model", compact=True)
                     yield Label("", id="chat-options")
                 yield ContentSwitcher(id="transcripts")
+                yield Label("", id="attachments")
                 yield PromptArea(id="prompt", placeholder="Message (Enter sends, Ctrl+J new line)")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -296,13 +302,63 @@ class ChatScreen(MainScreen):
     async def _send(self, event: PromptArea.Submitted) -> None:
         await self.send(event.text)
 
+    async def attach(self, typed: str, path: Path) -> bool:
+        """Attach the image at ``path`` to the next message; False (and says why) when it is
+        no image this daemon would take."""
+        limits = ImageLimits.from_settings(self.llm.settings)
+        try:
+            data = await asyncio.to_thread(path.read_bytes)
+            check_image(data, path.name, limits)
+        except OSError as exc:
+            self.notify(
+                f"Cannot read {typed}: {exc.strerror or exc}", severity="error", markup=False
+            )
+            return False
+        except ImageError as exc:
+            self.notify(str(exc), severity="error", markup=False)
+            return False
+        self.attachments.append(Attachment(path.name, encode_image(data)))
+        self._show_attachments()
+        return True
+
+    def _show_attachments(self) -> None:
+        label = self.query_one("#attachments", Label)
+        names = ", ".join(image.name for image in self.attachments)
+        label.update(f"🖼 {names} (sent with your next message)" if names else "")
+        label.display = bool(names)
+
+    async def _take_images(self, text: str) -> str | None:
+        """``/image PATH`` or image paths typed or pasted into ``text`` become attachments;
+        the text left to send, or None when nothing is left to send now."""
+        if text.startswith("/image"):
+            typed = text.removeprefix("/image").strip().strip("'\"")
+            if not typed:
+                self.notify("Usage: /image PATH", severity="warning")
+            else:
+                await self.attach(typed, Path(typed).expanduser())
+            self.query_one("#prompt", PromptArea).clear()
+            return None
+        rest, found = extract_image_paths(text)
+        for typed, path in found:
+            if not await self.attach(typed, path):
+                return None
+        if found and not rest.strip():
+            self.query_one("#prompt", PromptArea).clear()  # a pasted path alone: ask next
+            return None
+        return rest
+
     async def send(self, text: str) -> bool:
         """Ask the current chat's model ``text``; the answer streams into the transcript.
-        Returns False (and says why) when it cannot be sent now."""
+        Returns False (and says why) when it cannot be sent now. ``/image PATH``, or image
+        paths in the text, attach images to the message (see :meth:`attach`)."""
         chat = self.current
         text = text.strip()
         if chat is None or not text:
             return False
+        taken = await self._take_images(text)
+        if taken is None:
+            return False
+        text = taken
         if chat.id in self.answers:
             self.notify("Wait for the answer, or press Esc to stop it", severity="warning")
             return False
@@ -310,7 +366,9 @@ class ChatScreen(MainScreen):
             self.notify("Pick a model first (Ctrl+L)", severity="warning")
             return False
         self.query_one("#prompt", PromptArea).clear()
-        question = StoredMessage("user", text)
+        question = StoredMessage("user", text, images=self.attachments)
+        self.attachments = []
+        self._show_attachments()
         chat.messages.append(question)
         if chat.title == _NEW_CHAT:
             chat.title = chat_title(text)
@@ -335,7 +393,7 @@ class ChatScreen(MainScreen):
             worker.cancel()
 
     async def _answer(
-        self, chat: Chat, model: str, messages: list[dict[str, str]], view: MessageView
+        self, chat: Chat, model: str, messages: list[dict[str, Any]], view: MessageView
     ) -> None:
         # Throttled: the answer re-renders a few times a second, not once per token.
         stream = view.stream()

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 from rich.console import RenderableType
@@ -303,8 +304,11 @@ class MessageView(Vertical):
         author: str,
         stats: dict[str, Any] | None = None,
         thinking: str = "",
+        attachments: Sequence[str] = (),
     ) -> None:
         super().__init__(classes=role)
+        self.attachments = list(attachments)
+        """File names of the images a question was sent with, shown above its text."""
         self.role = role
         """``user`` or ``assistant``."""
         self.author = author
@@ -331,6 +335,9 @@ class MessageView(Vertical):
             yield self._markdown
             yield self._stats
         else:
+            if self.attachments:
+                names = "\n".join(f"🖼 {name}" for name in self.attachments)
+                yield Static(names, markup=False, classes="attachments")
             yield Static(self._content, markup=False, classes="body")
 
     def stream(self) -> ThrottledMarkdownStream:
