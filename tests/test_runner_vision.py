@@ -23,6 +23,7 @@ from localllm.daemon.runner import (
     RunnerStartError,
     TokenChunk,
 )
+from localllm.daemon.runner.draft import DraftModel
 from localllm.daemon.runner.engine import Engine, GenerationJob
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import (
@@ -158,12 +159,17 @@ def test_concurrent_requests_with_different_images_match_their_solo_runs(
 
 
 def _engine_run(
-    model: LlamaModel, projector: VisionProjector, request: GenerationRequest, num_draft: int
+    model: LlamaModel,
+    projector: VisionProjector,
+    request: GenerationRequest,
+    num_draft: int,
+    draft: DraftModel | None = None,
 ) -> tuple[str, GenerationResult]:
     """One request through an engine of its own on ``model``, drafting forced to pay."""
     model.seq_remove(0, 0)
-    engine = Engine(model, num_draft=num_draft)
+    engine = Engine(model, num_draft=num_draft, draft=draft)
     engine._cost = BatchCost({1: 1.0, 64: 1.0})
+    engine.draft_cost = 0.0
     prompt = prepare(model, request, None, projector)
     done = threading.Event()
     text: list[str] = []
@@ -209,6 +215,31 @@ def test_speculation_around_images_drafts_text_only(files: tuple[Path, Path]) ->
         model.close()
     assert with_drafts.done_reason == without.done_reason == "length"
     assert with_drafts.timings.draft_accepted > 0
+    assert drafted == plain
+
+
+def test_a_runner_with_a_draft_model_drafts_image_requests_by_ngram(
+    files: tuple[Path, Path],
+) -> None:
+    """The draft model has no projector, so it cannot follow a sequence holding image
+    embeddings: such a request drafts from its text by n-gram, and the output is unchanged."""
+    model_path, mmproj = files
+    model = LlamaModel(RunnerConfig(model_path=str(model_path), n_slots=1, n_ctx_per_slot=256))
+    projector = VisionProjector(str(mmproj), model)
+    draft = DraftModel(model, str(model_path))
+    request = raw(f"one two three one two three {M} one two three one two", [RED], 16)
+    request.options.grammar = 'root ::= " three one two three one two three one two three"'
+    try:
+        drafted, with_drafts = _engine_run(model, projector, request, 4, draft)
+        plain, without = _engine_run(model, projector, request, 0)
+        assert draft.seen[0] == []  # the draft model never saw this request
+    finally:
+        draft.close()
+        projector.close()
+        model.close()
+    assert with_drafts.done_reason == without.done_reason == "length"
+    assert with_drafts.timings.draft_accepted > 0
+    assert with_drafts.timings.drafter == "ngram"
     assert drafted == plain
 
 
