@@ -963,6 +963,7 @@ class AsyncClient:
         license: str | list[str] | None = None,
         quantize: str | None = None,
         allow_requantize: bool | None = None,
+        draft: str | None = None,
     ) -> AsyncIterator[ProgressLine]:
         """Create a model (see :meth:`Client.create`); yields status lines."""
         body = _payload(locals())
