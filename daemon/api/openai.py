@@ -47,7 +47,7 @@ from .schemas_openai import (
     Message,
     ResponseFormat,
 )
-from .streaming import ClosingStreamingResponse, sse_event
+from .streaming import ClosingStreamingResponse, dumps, sse_event
 from .tooling import (
     AnswerStream,
     ThinkPlan,
@@ -325,8 +325,12 @@ async def _answer(
         raise
     chunk_object = f"{object_name}.chunk" if object_name == "chat.completion" else object_name
 
+    # Every chunk starts alike: encoded once, then only its choices (and extras) per chunk.
+    head = b"data: " + dumps({**base, "object": chunk_object})[:-1] + b',"choices":'
+
     def chunk(parts: list[dict[str, Any]], **extra: Any) -> bytes:
-        return sse_event({**base, "object": chunk_object, "choices": parts, **extra})
+        more = b"," + dumps(extra)[1:-1] if extra else b""
+        return head + dumps(parts) + more + b"}\n\n"
 
     async def body() -> AsyncIterator[bytes]:
         outcomes: list[Outcome | None] = [None] * len(choices)
@@ -400,6 +404,22 @@ class _Fanout:
 
     async def items(self) -> AsyncIterator[tuple[int, Any]]:
         """Every choice's items until each has its outcome (or one fails)."""
+        if len(self.starts) == 1:
+            # One choice (nearly every request): read it here. A reader task would only
+            # add a queue and a task wake-up per token; the generation's own pump already
+            # frees the slot whatever the client reads.
+            try:
+                generation = await self.starts[0]
+            except Exception as exc:
+                yield 0, exc
+                return
+            yield 0, generation
+            try:
+                async for item in generation.chunks():
+                    yield 0, item
+            except Exception as exc:
+                yield 0, exc
+            return
         self._readers = [asyncio.create_task(self._read(i)) for i in range(len(self.starts))]
         open_choices = len(self.starts)
         while open_choices:
