@@ -378,8 +378,9 @@ class _Fanout:
 
     :meth:`items` yields ``(index, item)`` as they come from any choice: the choice's
     :class:`Generation` once it started, its chunks, its :class:`Outcome` (after which it is
-    over), or an exception. Each generation is read by a task of its own, so choices that
-    wait for a slot get one as soon as earlier choices finish, whatever the client reads.
+    over), or an exception. With several choices each generation is read by a task of its
+    own, so choices that wait for a slot get one as soon as earlier choices finish, whatever
+    the client reads; a single choice is read in place.
     :meth:`close` stops them all (idempotent)."""
 
     def __init__(self, starts: list[asyncio.Future[Generation]]) -> None:
