@@ -47,7 +47,7 @@ from ..state import DaemonState, StateDep
 from ..toolcalls import Parsed, ToolCall
 from .ollama import chat_messages
 from .schemas_ollama import ChatMessage
-from .streaming import ClosingStreamingResponse
+from .streaming import ClosingStreamingResponse, dumps
 from .tooling import AnswerStream, ThinkPlan, ToolPlan, model_template, plan_thinking, plan_tools
 from .vision import Images, no_vision
 
@@ -926,7 +926,7 @@ router = APIRouter(route_class=error_route(render_error))
 
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return b"event: " + event.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 class _Blocks:

@@ -47,7 +47,7 @@ from .schemas_ollama import (
     GenerateRequest,
     Options,
 )
-from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
+from .streaming import NDJSON, ClosingStreamingResponse, dumps, ndjson_line
 from .tooling import (
     AnswerStream,
     ThinkPlan,
@@ -274,8 +274,14 @@ async def _run(
         text, outcome = await generation.whole(request)
         return JSONResponse(final(outcome, answer.whole(text), outcome.logprobs))
 
+    # Every line starts with the model's name: encoded once, then spliced with the rest.
+    head = b'{"model":' + dumps(name) + b',"created_at":"'
+
     def line(fields: dict[str, Any]) -> bytes:
-        return ndjson_line({"model": name, "created_at": now_rfc3339(), **fields, "done": False})
+        inner = dumps(fields)[1:-1]
+        return b"".join(
+            (head, now_rfc3339().encode(), b'",', inner, b"," if inner else b"", b'"done":false}\n')
+        )
 
     def lines_for(parsed: Parsed, logprobs: list[TokenLogprob]) -> list[bytes]:
         pieces = []

@@ -48,7 +48,7 @@ from .schemas_openai import (
     Message,
     ResponseFormat,
 )
-from .streaming import ClosingStreamingResponse, sse_event
+from .streaming import ClosingStreamingResponse, dumps, sse_event
 from .tooling import (
     AnswerStream,
     ThinkPlan,
@@ -368,8 +368,12 @@ async def _answer(
         raise
     chunk_object = f"{object_name}.chunk" if object_name == "chat.completion" else object_name
 
+    # Every chunk starts alike: encoded once, then only its choices (and extras) per chunk.
+    head = b"data: " + dumps({**base, "object": chunk_object})[:-1] + b',"choices":'
+
     def chunk(parts: list[dict[str, Any]], **extra: Any) -> bytes:
-        return sse_event({**base, "object": chunk_object, "choices": parts, **extra})
+        more = b"," + dumps(extra)[1:-1] if extra else b""
+        return head + dumps(parts) + more + b"}\n\n"
 
     async def body() -> AsyncIterator[bytes]:
         outcomes: list[Outcome | None] = [None] * len(choices)
@@ -417,8 +421,9 @@ class _Fanout:
 
     :meth:`items` yields ``(index, item)`` as they come from any choice: the choice's
     :class:`Generation` once it started, its chunks, its :class:`Outcome` (after which it is
-    over), or an exception. Each generation is read by a task of its own, so choices that
-    wait for a slot get one as soon as earlier choices finish, whatever the client reads.
+    over), or an exception. With several choices each generation is read by a task of its
+    own, so choices that wait for a slot get one as soon as earlier choices finish, whatever
+    the client reads; a single choice is read in place.
     :meth:`close` stops them all (idempotent)."""
 
     def __init__(self, starts: list[asyncio.Future[Generation]]) -> None:
@@ -443,6 +448,22 @@ class _Fanout:
 
     async def items(self) -> AsyncIterator[tuple[int, Any]]:
         """Every choice's items until each has its outcome (or one fails)."""
+        if len(self.starts) == 1:
+            # One choice (nearly every request): read it here. A reader task would only
+            # add a queue and a task wake-up per token; the generation's own pump already
+            # frees the slot whatever the client reads.
+            try:
+                generation = await self.starts[0]
+            except Exception as exc:
+                yield 0, exc
+                return
+            yield 0, generation
+            try:
+                async for item in generation.chunks():
+                    yield 0, item
+            except Exception as exc:
+                yield 0, exc
+            return
         self._readers = [asyncio.create_task(self._read(i)) for i in range(len(self.starts))]
         open_choices = len(self.starts)
         while open_choices:

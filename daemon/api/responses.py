@@ -44,7 +44,7 @@ from .anthropic import (
 )
 from .openai import error_body
 from .schemas_ollama import ChatMessage
-from .streaming import ClosingStreamingResponse
+from .streaming import ClosingStreamingResponse, dumps
 from .tooling import (
     ThinkPlan,
     ToolPlan,
@@ -454,7 +454,7 @@ def _format(job: GenerationRequest, text: TextConfig | None) -> None:
 
 
 def _sse(data: dict[str, Any]) -> bytes:
-    return f"event: {data['type']}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    return b"event: " + str(data["type"]).encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 def _new_id(prefix: str) -> str:

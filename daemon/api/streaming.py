@@ -12,23 +12,35 @@ import json
 from collections.abc import AsyncIterable, Callable
 from typing import Any
 
+import orjson
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["NDJSON", "ClosingStreamingResponse", "ndjson_line", "sse_event"]
+__all__ = ["NDJSON", "ClosingStreamingResponse", "dumps", "ndjson_line", "sse_event"]
 
 NDJSON = "application/x-ndjson"
 
 
+def dumps(data: Any) -> bytes:
+    """Compact UTF-8 JSON: orjson (every streamed chunk goes through here), or the standard
+    library for what orjson refuses (a lone surrogate in text, integers over 64 bits,
+    non-string keys); a lone surrogate comes out escaped, as JSON allows."""
+    try:
+        return orjson.dumps(data)
+    except TypeError:  # orjson.JSONEncodeError is one
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
 def ndjson_line(data: Any) -> bytes:
     """One NDJSON line."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return dumps(data) + b"\n"
 
 
 def sse_event(data: Any) -> bytes:
     """One server-sent event carrying JSON (or the literal ``[DONE]``)."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {text}\n\n".encode()
+    if isinstance(data, str):
+        return f"data: {data}\n\n".encode()
+    return b"data: " + dumps(data) + b"\n\n"
 
 
 class ClosingStreamingResponse(StreamingResponse):

@@ -68,6 +68,8 @@ log = logging.getLogger("localllm.daemon")
 
 # Lines can carry a whole embedding batch; allow large ones.
 _LINE_LIMIT = 64 << 20
+# Bytes asked of the socket per read: a step of many streams' events in one go.
+_READ_SIZE = 1 << 18
 # A cancelled request is confirmed at the engine's next step; don't wait forever for it.
 _CANCEL_CONFIRM_S = 10.0
 
@@ -246,30 +248,52 @@ class RunnerClient:
     async def _read_loop(self) -> None:
         reason = "the runner closed its connection"
         try:
-            while True:
-                line = await self._reader.readline()
-                if not line:
-                    break
-                try:
-                    event: _Item = decode(line)  # type: ignore[assignment]
-                except ProtocolError as exc:
-                    # The runner is ours; a line we cannot read is a bug, but it must still
-                    # end the request it names rather than leave it waiting.
-                    log.error("unreadable message from the runner: %s", exc)
-                    if exc.id is None:
-                        continue
-                    event = ErrorEvent(id=exc.id, message=str(exc), code="internal")
-                queue = self._queues.get(str(getattr(event, "id", None)))
-                if queue is not None:
-                    queue.put_nowait(event)
-                else:
-                    log.debug("runner event for an unknown request: %s", line[:200])
+            # Whatever has arrived is read at once and split into lines here: the runner
+            # writes a step's events (one per stream) together, and a readline() per event
+            # would cost a coroutine round trip each.
+            partial: list[bytes] = []
+            partial_size = 0
+            while data := await self._reader.read(_READ_SIZE):
+                end = data.rfind(b"\n")
+                if end < 0:
+                    partial.append(data)
+                    partial_size += len(data)
+                    if partial_size > _LINE_LIMIT:
+                        raise ValueError(f"a message longer than {_LINE_LIMIT} bytes")
+                    continue
+                if partial:
+                    data = b"".join([*partial, data])
+                    end += partial_size
+                    partial, partial_size = [], 0
+                if end + 1 < len(data):
+                    partial, partial_size = [data[end + 1 :]], len(data) - end - 1
+                for line in data[:end].split(b"\n"):
+                    self._route(line)
+            if partial:
+                self._route(b"".join(partial))
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"lost the connection to the runner ({exc})"
         finally:
             self._closed_reason = reason
             for queue in self._queues.values():
                 queue.put_nowait(_Died(reason))
+
+    def _route(self, line: bytes) -> None:
+        """Put the event on one line on its request's queue."""
+        try:
+            event: _Item = decode(line)  # type: ignore[assignment]
+        except ProtocolError as exc:
+            # The runner is ours; a line we cannot read is a bug, but it must still
+            # end the request it names rather than leave it waiting.
+            log.error("unreadable message from the runner: %s", exc)
+            if exc.id is None:
+                return
+            event = ErrorEvent(id=exc.id, message=str(exc), code="internal")
+        queue = self._queues.get(str(getattr(event, "id", None)))
+        if queue is not None:
+            queue.put_nowait(event)
+        else:
+            log.debug("runner event for an unknown request: %s", line[:200])
 
     async def _send(self, message: Request) -> None:
         if self._closed_reason is not None:

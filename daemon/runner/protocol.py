@@ -19,6 +19,8 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar, Literal, Union
 
+import orjson
+
 __all__ = [
     "IMAGE_MARKER",
     "CancelOp",
@@ -628,23 +630,46 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), default=_shallow)
 
 def encode(message: Request | Event) -> bytes:
     """One NDJSON line for ``message``: its tag (``op`` or ``event``), its ``id``, its fields."""
+    if message.__class__ is TokenEvent and message.logprobs is None:  # type: ignore[union-attr]
+        # The line written for every generated token: spliced, the text encoded by orjson.
+        try:
+            return _TOKEN_LINE % (orjson.dumps(message.id), orjson.dumps(message.text))  # type: ignore[union-attr]
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate: the general path escapes it
     tag = "op" if hasattr(message, "op") else "event"
     body = {tag: getattr(message, tag), **_shallow(message)}
     # A lone surrogate in client text must not make the line unencodable: JSON escapes it.
     return (_ENCODER.encode(body) + "\n").encode()
 
 
+_TOKEN_LINE = b'{"event":"token","id":%b,"text":%b,"logprobs":null}\n'
+
+
+def _loads(line: bytes | str) -> Any:
+    """JSON from one line: orjson, or the standard library for what only it reads (NaN and
+    infinities, which the general encoder writes; lone surrogate escapes)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
 def decode(line: bytes | str) -> Request | Event:
     """The message on one NDJSON line; :class:`ProtocolError` (carrying the request id when it
     can be read) for anything that is not a valid message."""
     try:
-        data = json.loads(line)
+        data = _loads(line)
     except ValueError:
         raise ProtocolError("malformed message: not JSON") from None
     if not isinstance(data, dict):
         raise ProtocolError("malformed message: not an object")
     raw_id = data.get("id")
     request_id = raw_id if isinstance(raw_id, str) else None
+    if data.get("event") == "token" and request_id is not None and data.get("logprobs") is None:
+        # Every generated token: skip the generic field mapping.
+        text = data.get("text")
+        if isinstance(text, str) and "op" not in data:
+            return TokenEvent(request_id, text)
     if "op" in data:
         cls = _REQUESTS.get(data["op"])
         kind = f"op {data['op']!r}"

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -356,7 +355,8 @@ class _Connection:
 
     The engine emits one event per generated token per stream. Waking the event loop for each
     would cost a self-pipe write per token; instead events queue up and one wake-up writes
-    everything that arrived meanwhile (one step of 8 streams: one wake-up, one write).
+    everything that arrived meanwhile. The engine hands a step's events over together
+    (:meth:`_Emitter.many`), so one step of 8 streams costs one wake-up and one write.
     """
 
     def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> None:
@@ -371,6 +371,7 @@ class _Connection:
         self.closed = False
         self._pending: list[Event] = []
         self._lock = threading.Lock()
+        self._emitter = _Emitter(self)
 
     def send(self, event: Event) -> None:
         """Write one event (on the loop's thread)."""
@@ -383,7 +384,7 @@ class _Connection:
         if self.closed:
             return
         try:
-            self.writer.write(b"".join(encode(e) for e in events))
+            self.writer.write(b"".join([encode(e) for e in events]))
         except (ConnectionError, RuntimeError):
             self.closed = True
 
@@ -392,17 +393,35 @@ class _Connection:
             events, self._pending = self._pending, []
         self._write(events)
 
-    def _emit(self, event: Event) -> None:
+    def _emit(self, events: list[Event]) -> None:
         with self._lock:
-            self._pending.append(event)
-            wake = len(self._pending) == 1
+            wake = not self._pending
+            self._pending += events
         if wake:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the runner is exiting
                 self.loop.call_soon_threadsafe(self._flush)
 
-    def emitter(self) -> Callable[[Event], None]:
-        """A thread-safe callback for the engine."""
-        return self._emit
+    def emitter(self) -> _Emitter:
+        """A thread-safe callback for the engine (the same one for every job here, so the
+        engine can batch a step's events per connection)."""
+        return self._emitter
+
+
+class _Emitter:
+    """The engine's handle on a connection: ``emitter(event)`` or ``emitter.many(events)``."""
+
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    def __call__(self, event: Event) -> None:
+        """Queue one event for writing (any thread)."""
+        self._connection._emit([event])
+
+    def many(self, events: list[Event]) -> None:
+        """Queue several events, in order, with at most one wake-up of the loop (any thread)."""
+        self._connection._emit(events)
 
 
 class RunnerServer:
