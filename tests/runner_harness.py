@@ -14,18 +14,32 @@ from localllm.daemon.runner import (
     RunnerClient,
     RunnerConfig,
     RunnerProcess,
+    RunnerStartError,
     SamplingOptions,
     TokenChunk,
 )
 
 T = TypeVar("T")
 
-__all__ = ["RunnerHarness", "greedy"]
+__all__ = ["RunnerHarness", "greedy", "load_failure"]
 
 
 def greedy(num_predict: int = 24, **options: Any) -> SamplingOptions:
     """Deterministic sampling for comparisons."""
     return SamplingOptions(temperature=0.0, num_predict=num_predict, **options)
+
+
+def load_failure(config: RunnerConfig, workdir: Path) -> str:
+    """Start a runner that must fail to load; returns the start error's message once the
+    process is gone (the log is ``workdir / "r.log"``)."""
+    process = RunnerProcess(config, workdir / "r.sock", workdir / "r.log")
+    try:
+        asyncio.run(process.start(timeout=60))
+    except RunnerStartError as exc:
+        assert not process.alive()
+        return str(exc)
+    asyncio.run(process.stop())
+    raise AssertionError("the runner started")
 
 
 class RunnerHarness:
