@@ -204,23 +204,34 @@ def _quiet_llama() -> None:
         llama.llama_log_set(quiet, ctypes.c_void_p(0))
 
 
-def bench_raw(args: argparse.Namespace, model: Path) -> float:
-    """Greedy decode tokens/s of a bare low-level llama.cpp loop (no server, no batching)."""
+def _raw_loop(args: argparse.Namespace, model: Path, streams: int) -> tuple[Any, Any, Any, Any]:
+    """Model, context (``streams`` sequences in one unified KV cache), vocab and a greedy
+    sampler for the raw loops; the caller frees them."""
     import llama_cpp as llama
 
     _quiet_llama()
     llama.llama_backend_init()
-    model_params = llama.llama_model_default_params()
-    handle = llama.llama_model_load_from_file(str(model).encode(), model_params)
+    handle = llama.llama_model_load_from_file(
+        str(model).encode(), llama.llama_model_default_params()
+    )
     ctx_params = llama.llama_context_default_params()
-    ctx_params.n_ctx = args.ctx
+    ctx_params.n_ctx = args.ctx * streams
     ctx_params.n_batch = 512
+    ctx_params.n_seq_max = streams
+    ctx_params.kv_unified = True
     ctx_params.n_threads = args.threads
     ctx_params.n_threads_batch = args.threads
     ctx = llama.llama_init_from_model(handle, ctx_params)
-    vocab = llama.llama_model_get_vocab(handle)
     sampler = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
     llama.llama_sampler_chain_add(sampler, llama.llama_sampler_init_greedy())
+    return handle, ctx, llama.llama_model_get_vocab(handle), sampler
+
+
+def bench_raw(args: argparse.Namespace, model: Path) -> float:
+    """Greedy decode tokens/s of a bare low-level llama.cpp loop (no server, no batching)."""
+    import llama_cpp as llama
+
+    handle, ctx, vocab, sampler = _raw_loop(args, model, streams=1)
     try:
         text = _prompt(0).encode()
         buffer = (llama.llama_token * (len(text) + 8))()
@@ -251,21 +262,8 @@ def bench_raw_batched(args: argparse.Namespace, model: Path) -> float:
     unified KV cache as the daemon's runner keeps it."""
     import llama_cpp as llama
 
-    _quiet_llama()
     streams = args.slots
-    model_params = llama.llama_model_default_params()
-    handle = llama.llama_model_load_from_file(str(model).encode(), model_params)
-    ctx_params = llama.llama_context_default_params()
-    ctx_params.n_ctx = args.ctx * streams
-    ctx_params.n_batch = 512
-    ctx_params.n_seq_max = streams
-    ctx_params.kv_unified = True
-    ctx_params.n_threads = args.threads
-    ctx_params.n_threads_batch = args.threads
-    ctx = llama.llama_init_from_model(handle, ctx_params)
-    vocab = llama.llama_model_get_vocab(handle)
-    sampler = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-    llama.llama_sampler_chain_add(sampler, llama.llama_sampler_init_greedy())
+    handle, ctx, vocab, sampler = _raw_loop(args, model, streams)
     batch = llama.llama_batch_init(512, 0, streams)
 
     def add(index: int, token: int, pos: int, seq: int, logits: bool) -> None:
