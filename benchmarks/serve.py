@@ -36,7 +36,6 @@ import asyncio
 import ctypes
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _daemon import start_daemon, stop
 
 from localllm.bench import OpenAIDriver, Sample, percentile, run_level
 from localllm.starter import starter_gguf_path
@@ -110,16 +110,6 @@ def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120)
     raise RuntimeError("server did not answer in time")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def _best_of(repeat: int, url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
     """The run with the highest aggregate rate out of ``repeat``: this machine is shared and
     one slow run says more about the neighbours than about the server."""
@@ -139,19 +129,14 @@ def bench_daemon(args: argparse.Namespace, levels: list[int]) -> list[dict[str, 
             LOCALLLM_NUM_THREADS=str(args.threads),
             LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "localllm.daemon"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = start_daemon(env)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_http(url, process)
             run_load(url, "smollm2:135m", 1, 8)  # load the model, warm up
             return [_best_of(args.repeat, url, "smollm2:135m", n, args.tokens) for n in levels]
         finally:
-            _stop(process)
+            stop(process)
 
 
 def bench_peer(args: argparse.Namespace, levels: list[int], model: Path) -> list[dict[str, Any]]:
@@ -184,7 +169,7 @@ def bench_peer(args: argparse.Namespace, levels: list[int], model: Path) -> list
         run_load(url, str(model), 1, 8)
         return [_best_of(args.repeat, url, str(model), n, args.tokens) for n in levels]
     finally:
-        _stop(process)
+        stop(process)
 
 
 _QUIET: list[Any] = []

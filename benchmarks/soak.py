@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from _daemon import start_daemon, stop
 
 MODEL = "smollm2:135m"
 
@@ -247,13 +247,7 @@ def main() -> int:
             LOCALLLM_REGISTRY=f"http://127.0.0.1:{_free_port()}",
             HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}",
         )
-        process = subprocess.Popen(
-            [sys.executable, "-m", "localllm.daemon"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = start_daemon(env)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_http(url, process)
@@ -281,13 +275,7 @@ def main() -> int:
             runner_after = _runner_pid(url)
             alive = process.poll() is None
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process, timeout=60)
     status = process.returncode
 
     errors = sum(tally.errors.values())

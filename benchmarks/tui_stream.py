@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _daemon import start_daemon, stop
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm, with a few headings and lists."
 MODEL = "stream-bench"
@@ -183,13 +184,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="localllm-tui-bench-") as folder:
         home = Path(folder) / "home"
         env = _env(home, args.threads)
-        process = subprocess.Popen(
-            [sys.executable, "-m", "localllm.daemon"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = start_daemon(env)
         try:
             with Client(Settings.from_env(env)) as client:
                 if not client.wait_ready(60):
@@ -219,12 +214,7 @@ def main() -> int:
                     f"{best['tps'] / cli['tps']:.2f}× the CLI"
                 )
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
 
     shipped, long_chat = results[(False, 0)], results[(False, args.history)]
     old, old_long = results[(True, 0)], results[(True, args.history)]

@@ -1,0 +1,31 @@
+"""Starting and stopping the server processes the benchmarks measure (shared by the scripts)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+__all__ = ["start_daemon", "stop"]
+
+
+def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``python -m localllm.daemon`` with ``env``, silent (its log goes to its data dir)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "localllm.daemon"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
