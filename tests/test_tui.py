@@ -436,3 +436,27 @@ async def test_dashboard_shows_a_decoding_slot_while_another_client_streams(
         await wait_for(pilot, lambda: SMOL not in screen.cards, "the model to unload")
         assert SMOL not in [m["name"] for m in await client.ps()]
         assert screen.query_one("#empty").display
+
+
+async def test_a_snapshot_arriving_while_the_dashboard_closes_is_harmless(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    # Textual removes a closing screen's widgets before it cancels the screen's workers, so
+    # the stats stream can deliver one more snapshot to a dashboard with no widgets left.
+    app = make_app(daemon, tmp_path, stats_interval=0.1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await connected(pilot, app)
+        await pilot.press("f4")
+        screen = await wait_for(
+            pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen, "dashboard"
+        )
+        await wait_for(pilot, lambda: screen.updates > 0, "a first snapshot")
+        await pilot.press("f2")
+        await app.remove_mode("dashboard")
+        assert not screen.children and not screen.is_running
+
+        seen = screen.updates
+        model = {"name": SMOL, "slots": [{"state": "decode", "generated_tokens": 3}]}
+        await screen.show_snapshot({"queue_depth": 1, "max_queue": 8, "models": [model]})
+        assert screen.updates == seen + 1
+    assert app.return_code in (None, 0)

@@ -39,16 +39,20 @@ class DashboardScreen(MainScreen):
         """The latest stats snapshot shown."""
         self.updates = 0
         """Snapshots received so far (tests wait on it)."""
+        # Held rather than queried: when the screen closes, Textual removes its children before
+        # it cancels the stats worker, so a snapshot arriving in between must not look them up.
+        self._queue = Label("", id="queue")
+        self._cards_box = VerticalScroll(id="cards")
+        self._empty = Label(
+            "No model is loaded. Models load on first use: ask one in the chat (F2).", id="empty"
+        )
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
         yield StatusBar(self.MODE)
-        yield Label("", id="queue")
-        with VerticalScroll(id="cards"):
-            yield Label(
-                "No model is loaded. Models load on first use: ask one in the chat (F2).",
-                id="empty",
-            )
+        yield self._queue
+        with self._cards_box:
+            yield self._empty
         yield Footer(compact=True, show_command_palette=False)
 
     async def on_daemon_connected(self) -> None:
@@ -77,18 +81,17 @@ class DashboardScreen(MainScreen):
         queue = snapshot.get("queue_depth", 0)
         limit = snapshot.get("max_queue", 0)
         loaded = f"{len(models)} model{'s' if len(models) != 1 else ''} loaded"
-        self.query_one("#queue", Label).update(f"{loaded} · queue {queue} / {limit} waiting")
+        self._queue.update(f"{loaded} · queue {queue} / {limit} waiting")
         for name in [n for n in self.cards if n not in models]:
             await self.cards.pop(name).remove()
-        container = self.query_one("#cards")
         history = max(2, round(_HISTORY_SECONDS / self.llm.stats_interval))
         for name, entry in sorted(models.items()):
             card = self.cards.get(name)
             if card is None:
                 card = self.cards[name] = LoadedModelCard(name, history=history)
-                await container.mount(card)
+                await self._cards_box.mount(card)
             card.show(entry, self.llm.clock())
-        self.query_one("#empty").display = not models
+        self._empty.display = not models
 
     def _target(self) -> str | None:
         focused = self.focused
