@@ -454,6 +454,7 @@ async def test_a_snapshot_arriving_while_the_dashboard_closes_is_harmless(
         await pilot.press("f2")
         await app.remove_mode("dashboard")
         assert not screen.children and not screen.is_running
+        assert not [w for w in app.workers if w.node is screen and w.is_running]
 
         seen = screen.updates
         model = {"name": SMOL, "slots": [{"state": "decode", "generated_tokens": 3}]}

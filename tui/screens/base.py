@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, cast
 
+from textual.messages import Prune
 from textual.screen import Screen
 
 from localllm._exceptions import DaemonError, DaemonUnavailableError
@@ -40,6 +41,15 @@ class MainScreen(Screen[None]):
     def on_mount(self) -> None:
         """Start watching the daemon connection."""
         self.watch(self.app, "connection", self._connection_changed, init=True)
+
+    def on_prune(self, event: Prune) -> None:
+        """Cancel the screen's workers as it starts to close (the app quits, a mode goes).
+
+        Textual removes a closing screen's widgets first and cancels its workers only after,
+        so a worker resuming in between (a stats snapshot, a ``/api/show`` answer) would find
+        its widgets gone and fail the app on exit.
+        """
+        self.workers.cancel_node(self)
 
     async def _connection_changed(self, state: str) -> None:
         if state == "connected":
