@@ -1,9 +1,9 @@
 """Request options → what the runner needs: sampling options and the runner's load config.
 
 Ollama's layering: the model's params layer gives defaults, the request's ``options`` override
-them. Five options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
-``num_thread``, ``draft_model``); a request whose load options differ from the loaded runner's
-reloads it.
+them. Seven options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
+``main_gpu``, ``use_mmap``, ``num_thread``, ``draft_model``: :data:`LOAD_OPTIONS`); a request
+whose load options differ from the loaded runner's reloads it.
 
 The draft model for speculative decoding (:func:`draft_for`): the ``draft_model`` option (a
 request's, else the model's ``PARAMETER``) wins over the Modelfile's ``DRAFT`` layer, which wins
@@ -25,7 +25,7 @@ from typing import Any
 
 from localllm._exceptions import LocalLLMError, ModelNotFoundError
 from localllm.gguf_info import GGUFInfo, draft_incompatibility
-from localllm.models import OPTION_TYPES, LocalModel, load_model
+from localllm.models import LOAD_OPTIONS, OPTION_TYPES, LocalModel, load_model
 from localllm.settings import Settings
 
 from .errors import HTTPProblem
@@ -43,13 +43,13 @@ __all__ = [
 
 log = logging.getLogger("localllm.daemon")
 
-LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread", "draft_model"})
 
 # Inclusive bounds; None means unbounded on that side.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
     "num_ctx": (1, 1 << 20),
     "num_batch": (1, 1 << 16),
     "num_gpu": (-1, 1 << 12),
+    "main_gpu": (0, 1 << 8),
     "num_thread": (0, 1 << 10),
     "num_predict": (-2, 1 << 24),
     "num_keep": (-1, None),
@@ -258,6 +258,8 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         n_batch=int(options.get("num_batch", 512)),
         n_threads=int(options.get("num_thread", settings.num_threads)),
         n_gpu_layers=int(options.get("num_gpu", -1)),
+        main_gpu=int(options.get("main_gpu", 0)),
+        use_mmap=bool(options.get("use_mmap", True)),
         kv_cache_type=settings.kv_cache_type,
         flash_attention=settings.flash_attention,
         num_draft=settings.num_draft if settings.speculative != "off" else 0,

@@ -79,6 +79,7 @@ import httpx
 
 from ._exceptions import APIError, DaemonError, LocalLLMError
 from .client import AsyncClient
+from .models import LOAD_OPTIONS
 from .settings import Settings
 
 __all__ = [
@@ -117,10 +118,6 @@ DEFAULT_LEVELS = (1, 2, 4, 8, 16)
 DEFAULT_PROMPT_LENGTHS = (128, 512, 1024, 2048, 4096)
 """Prompt tokens of the default prompt-length sweep (capped by the context of a slot)."""
 
-# Request options that make the daemon reload the model (daemon/options.py's LOAD_OPTIONS;
-# this package must not import the daemon). Targets that differ in them are warmed up again
-# before each level, so that the reload is not timed as the first request's TTFT.
-_LOAD_OPTIONS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_thread", "draft_model"})
 # Settings that only a daemon restart changes and that --compare may not touch.
 _NOT_COMPARABLE = frozenset({"home", "host", "api_key", "origins", "registry", "hf_endpoint"})
 _MARKERS = ("•", "x", "+", "o", "*", "#", "@", "%")
@@ -825,8 +822,9 @@ class Target:
 
     @property
     def load_key(self) -> tuple[Any, ...]:
-        """Requests with the same key need no reload of the model between them."""
-        loads = tuple(sorted((k, v) for k, v in self.options.items() if k in _LOAD_OPTIONS))
+        """Requests with the same key need no reload of the model between them (targets that
+        differ in it are warmed up again before each level: a reload is not a TTFT)."""
+        loads = tuple(sorted((k, v) for k, v in self.options.items() if k in LOAD_OPTIONS))
         return (id(self.driver), self.model, loads)
 
 

@@ -33,6 +33,7 @@ from .names import ModelName, parse_name
 from .store import ModelEntry, Store
 
 __all__ = [
+    "LOAD_OPTIONS",
     "LocalModel",
     "ModelOptions",
     "create_model",
@@ -66,6 +67,11 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "stop": list,
 }
 ModelOptions = dict[str, Any]
+# Options that change how the model is loaded rather than how a request samples: a request
+# whose load options differ from the loaded runner's reloads it.
+LOAD_OPTIONS = frozenset(
+    {"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_model"}
+)
 
 
 def parse_parameters(parameters: dict[str, Any] | None) -> ModelOptions:

@@ -27,6 +27,7 @@ from test_daemon_support import (
     wait_for_stats,
 )
 
+from localllm._exceptions import APIError
 from localllm.client import Client
 
 SMOL = "smollm2:135m"
@@ -183,6 +184,37 @@ def test_changed_load_options_reload_the_runner(client: Client) -> None:
     # sampling options alone do not reload
     client.generate(TINY, "abc", raw=True, options={"num_predict": 1, "num_ctx": 512, "top_k": 5})
     assert _loaded(client)[TINY]["runner_pid"] == second["runner_pid"]
+
+
+def _maps_a_model_blob(pid: int) -> bool:
+    """Whether the process has a store blob (the GGUF) mapped into its memory; True where the
+    system shows no process maps (Linux's /proc does)."""
+    maps = Path(f"/proc/{pid}/maps")
+    return not maps.parent.exists() or "sha256-" in maps.read_text()
+
+
+def test_use_mmap_and_main_gpu_are_load_options_that_reach_llama_cpp(client: Client) -> None:
+    options: dict[str, Any] = {"num_predict": 1, "num_ctx": 512}
+    client.generate(TINY, "abc", raw=True, options=options)
+    mapped = _loaded(client)[TINY]["runner_pid"]
+    assert _maps_a_model_blob(mapped)
+
+    client.generate(TINY, "abc", raw=True, options={**options, "use_mmap": False})
+    read = _loaded(client)[TINY]["runner_pid"]
+    assert read != mapped
+    assert not _maps_a_model_blob(read) or not Path("/proc/self/maps").exists()
+
+    # main_gpu is handed to llama.cpp as given (a CPU build has no GPU to choose): a change
+    # reloads, a bad value is refused naming it.
+    client.generate(TINY, "abc", raw=True, options={**options, "use_mmap": False, "main_gpu": 1})
+    assert _loaded(client)[TINY]["runner_pid"] != read
+    for bad in (-1, "one", 1.5):
+        with pytest.raises(APIError) as info:
+            client.generate(TINY, "abc", raw=True, options={**options, "main_gpu": bad})
+        assert info.value.status_code == 400 and "main_gpu" in str(info.value)
+    with pytest.raises(APIError) as info:
+        client.generate(TINY, "abc", raw=True, options={**options, "use_mmap": "maybe"})
+    assert info.value.status_code == 400 and "use_mmap" in str(info.value)
 
 
 def test_second_daemon_for_the_same_home_refuses(daemon: Daemon) -> None:

@@ -38,6 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--gpu-layers", type=int, default=-1, help="-1 = all when a GPU backend exists"
     )
+    parser.add_argument("--main-gpu", type=int, default=0, help="the GPU that holds the model")
+    parser.add_argument(
+        "--no-mmap", action="store_true", help="read the GGUF into memory instead of mapping it"
+    )
     parser.add_argument("--kv-cache-type", choices=["f16", "q8_0", "q4_0"], default="f16")
     parser.add_argument("--flash-attention", choices=["auto", "on", "off"], default="auto")
     parser.add_argument(
@@ -84,6 +88,8 @@ async def _serve(args: argparse.Namespace) -> int:
         kv_cells=args.kv_cells,
         n_threads=args.threads,
         n_gpu_layers=args.gpu_layers,
+        main_gpu=args.main_gpu,
+        use_mmap=not args.no_mmap,
         kv_cache_type=args.kv_cache_type,
         flash_attention=args.flash_attention,
         chat_template=args.chat_template,

@@ -476,12 +476,15 @@ class RunnerProcess:
             "--kv-cells", str(c.kv_cells),
             "--threads", str(c.n_threads),
             "--gpu-layers", str(c.n_gpu_layers),
+            "--main-gpu", str(c.main_gpu),
             "--kv-cache-type", c.kv_cache_type,
             "--flash-attention", c.flash_attention,
             "--log-file", str(self.log_path),
         ]  # fmt: skip
         for part in c.extra_model_paths:
             args += ["--model-part", part]
+        if not c.use_mmap:
+            args.append("--no-mmap")
         if c.chat_template is not None:
             args += ["--chat-template", c.chat_template]
         if c.kv_cache_dir is not None:

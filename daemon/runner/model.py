@@ -41,6 +41,19 @@ class ModelLoadError(RuntimeError):
     """llama.cpp refused to load the model or create its context."""
 
 
+def set_fields(params: ctypes.Structure, **values: object) -> None:
+    """Set fields of a llama.cpp parameter struct, refusing a name the struct lacks.
+
+    ctypes accepts any attribute on a struct, so a field llama.cpp renamed (``use_mmap``
+    became ``load_mode``) would otherwise be dropped without a word.
+    """
+    fields = {name for name, *_ in type(params)._fields_}
+    for name, value in values.items():
+        if name not in fields:
+            raise AttributeError(f"this llama.cpp has no {type(params).__name__}.{name}")
+        setattr(params, name, value)
+
+
 def default_threads() -> int:
     """Physical cores available to this process (llama.cpp gains nothing from SMT siblings)."""
     available = (
@@ -144,7 +157,15 @@ class LlamaModel:
             self.n_gpu_layers = 999 if self.gpu_offload else 0
         else:
             self.n_gpu_layers = config.n_gpu_layers if self.gpu_offload else 0
-        model_params.n_gpu_layers = self.n_gpu_layers
+        set_fields(
+            model_params,
+            n_gpu_layers=self.n_gpu_layers,
+            main_gpu=config.main_gpu,
+            # AUTO maps the file where that pays (llama.cpp's default); NONE reads it.
+            load_mode=llama_cpp.LLAMA_LOAD_MODE_AUTO
+            if config.use_mmap
+            else llama_cpp.LLAMA_LOAD_MODE_NONE,
+        )
         if config.extra_model_paths:
             # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by
             # side, so llama.cpp is given the list.
@@ -184,8 +205,7 @@ class LlamaModel:
                 config.n_slots,
                 n_batch,
             )
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
+        set_fields(params, n_batch=n_batch, n_ubatch=n_batch)
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -216,17 +236,20 @@ class LlamaModel:
 
     def _context_params(self, n_ctx: int, n_seq: int) -> llama_cpp.llama_context_params:
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_seq_max = n_seq
-        params.n_threads = self.n_threads
-        params.n_threads_batch = self.n_threads
-        # One cache for all sequences: shared prefixes occupy their cells once
-        # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
-        params.kv_unified = True
-        params.type_k = _KV_TYPES[self.config.kv_cache_type]
-        params.type_v = _KV_TYPES[self.config.kv_cache_type]
-        params.flash_attn_type = _FLASH[self.config.flash_attention]
-        params.no_perf = True
+        set_fields(
+            params,
+            n_ctx=n_ctx,
+            n_seq_max=n_seq,
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads,
+            # One cache for all sequences: shared prefixes occupy their cells once
+            # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
+            kv_unified=True,
+            type_k=_KV_TYPES[self.config.kv_cache_type],
+            type_v=_KV_TYPES[self.config.kv_cache_type],
+            flash_attn_type=_FLASH[self.config.flash_attention],
+            no_perf=True,
+        )
         return params
 
     # -- metadata --------------------------------------------------------------------------
@@ -393,13 +416,16 @@ class LlamaModel:
             raise ValueError(f"at most {self.embed_batch_sequences} sequences per batch")
         if self._embedding_ctx is None:
             params = self._context_params(self.n_ctx_per_slot, self.embed_batch_sequences)
-            params.embeddings = True
-            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
             # Non-causal (encoder) models need every token of a sequence in one ubatch.
-            params.n_batch = self.n_ctx_per_slot
-            params.n_ubatch = self.n_ctx_per_slot
-            params.type_k = llama_cpp.GGML_TYPE_F16
-            params.type_v = llama_cpp.GGML_TYPE_F16
+            set_fields(
+                params,
+                embeddings=True,
+                pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                n_batch=self.n_ctx_per_slot,
+                n_ubatch=self.n_ctx_per_slot,
+                type_k=llama_cpp.GGML_TYPE_F16,
+                type_v=llama_cpp.GGML_TYPE_F16,
+            )
             ctx = llama_cpp.llama_init_from_model(self.model, params)
             if not ctx:
                 raise ModelLoadError("llama.cpp could not create the embedding context")

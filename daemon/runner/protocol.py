@@ -393,6 +393,10 @@ class RunnerConfig:
     """0 = physical cores."""
     n_gpu_layers: int = -1
     """-1 = all layers when the build has a GPU backend, else 0."""
+    main_gpu: int = 0
+    """The GPU that holds the model (or, split by layer, its small tensors and the KV scratch)."""
+    use_mmap: bool = True
+    """Map the GGUF into memory (pages load on demand and are shared) instead of reading it."""
     kv_cache_type: str = "f16"
     """f16, q8_0 or q4_0."""
     flash_attention: str = "auto"

@@ -30,7 +30,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp import mtmd_cpp as mtmd
 
-from .model import _FLASH, LlamaModel, ModelLoadError
+from .model import _FLASH, LlamaModel, ModelLoadError, set_fields
 from .protocol import IMAGE_MARKER
 
 __all__ = [
@@ -143,12 +143,15 @@ class VisionProjector:
 
     def __init__(self, path: str, model: LlamaModel) -> None:
         params = mtmd.mtmd_context_params_default()
-        params.use_gpu = model.n_gpu_layers > 0
-        params.print_timings = False
-        params.n_threads = model.n_threads
-        params.warmup = False  # an encode of a dummy image at load: time for nothing
-        params.flash_attn_type = _FLASH[model.config.flash_attention]
-        params.media_marker = IMAGE_MARKER.encode()
+        set_fields(
+            params,
+            use_gpu=model.n_gpu_layers > 0,
+            print_timings=False,
+            n_threads=model.n_threads,
+            warmup=False,  # an encode of a dummy image at load: time for nothing
+            flash_attn_type=_FLASH[model.config.flash_attention],
+            media_marker=IMAGE_MARKER.encode(),
+        )
         self._marker = params.media_marker  # the struct keeps a pointer to these bytes
         self.path = path
         _last_error[0] = ""
