@@ -12,8 +12,11 @@ over ``LOCALLLM_DRAFT_MODEL``. ``LOCALLLM_SPECULATIVE=auto`` drafts with it when
 draft model, and a ``draft_model`` option under them is a 400 rather than silently ignored. A
 draft whose vocabulary does not match the model's is a 400 naming both, except the setting's
 under ``auto`` (it applies to every model: others fall back to n-gram with a logged warning).
-Unknown option names are ignored (as Ollama does); known ones with a bad type or range are a
-400 naming the option.
+No option is ignored without a word: an unknown name is a 400 naming it (Ollama only logs a
+warning), and so is a known one with a bad type or range. Options llama.cpp fixes to one
+behaviour (``tfs_z``, ``penalize_newline``, ``numa``, ...: :data:`~localllm.models.FIXED_OPTIONS`)
+are honoured at that value and refused with the reason at any other. A ``null`` value means
+"not given".
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from typing import Any
 
 from localllm._exceptions import LocalLLMError, ModelNotFoundError
 from localllm.gguf_info import GGUFInfo, draft_incompatibility
-from localllm.models import LOAD_OPTIONS, OPTION_TYPES, LocalModel, load_model
+from localllm.models import (
+    FIXED_OPTIONS,
+    LOAD_OPTIONS,
+    OPTION_TYPES,
+    LocalModel,
+    fixed_option_problem,
+    load_model,
+)
 from localllm.settings import Settings
 
 from .errors import HTTPProblem
@@ -54,6 +64,9 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "num_predict": (-2, 1 << 24),
     "num_keep": (-1, None),
     "num_draft": (0, 64),
+    "mirostat": (0, 2),
+    "mirostat_tau": (0, None),
+    "mirostat_eta": (0, None),
     "top_k": (0, 1 << 20),
     "repeat_last_n": (-1, 1 << 20),
     "temperature": (0, None),
@@ -79,6 +92,9 @@ _SAMPLING_FIELDS = (
     "num_predict",
     "num_keep",
     "num_draft",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
 )
 
 
@@ -126,9 +142,14 @@ def merge_options(
         if not isinstance(source, dict):
             raise HTTPProblem(400, "options must be an object", param="options")
         for key, value in source.items():
-            if key not in OPTION_TYPES:
-                log.debug("ignoring unknown option %r", key)
+            if value is None and key != "stop":
+                continue  # JSON's way of not giving it
+            if key in FIXED_OPTIONS:
+                if (problem := fixed_option_problem(key, value)) is not None:
+                    raise HTTPProblem(400, f"{where}{key}: {problem}", param=f"{where}{key}")
                 continue
+            if key not in OPTION_TYPES:
+                raise HTTPProblem(400, f"unknown option {where}{key}", param=f"{where}{key}")
             merged[key] = _check(key, value, where)
     return merged
 
@@ -260,6 +281,7 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         n_gpu_layers=int(options.get("num_gpu", -1)),
         main_gpu=int(options.get("main_gpu", 0)),
         use_mmap=bool(options.get("use_mmap", True)),
+        use_mlock=bool(options.get("use_mlock", False)),
         kv_cache_type=settings.kv_cache_type,
         flash_attention=settings.flash_attention,
         num_draft=settings.num_draft if settings.speculative != "off" else 0,

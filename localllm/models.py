@@ -33,10 +33,13 @@ from .names import ModelName, parse_name
 from .store import ModelEntry, Store
 
 __all__ = [
+    "FIXED_OPTIONS",
     "LOAD_OPTIONS",
+    "OPTION_TYPES",
     "LocalModel",
     "ModelOptions",
     "create_model",
+    "fixed_option_problem",
     "load_model",
     "parse_parameters",
     "render_modelfile",
@@ -64,13 +67,53 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "presence_penalty": (int, float),
     "frequency_penalty": (int, float),
     "use_mmap": bool,
+    "use_mlock": bool,
+    "mirostat": int,
+    "mirostat_tau": (int, float),
+    "mirostat_eta": (int, float),
     "stop": list,
 }
+# Options Ollama clients may send (its documented example has some) that llama.cpp fixes to one
+# behaviour: that value is honoured, since it is what happens anyway; any other is refused
+# with the reason, never quietly ignored.
+FIXED_OPTIONS: dict[str, tuple[object, str]] = {
+    "tfs_z": (1.0, "llama.cpp removed tail-free sampling (1.0 is off); use min_p or top_p"),
+    "penalize_newline": (True, "the penalties treat the newline like any other token"),
+    "numa": (False, "NUMA placement cannot be chosen per request"),
+    "low_vram": (False, "llama.cpp removed the low-VRAM mode; lower num_gpu instead"),
+    "logits_all": (False, "ask for logprobs instead"),
+    "vocab_only": (False, "a vocabulary-only model cannot answer"),
+    "embedding_only": (False, "use /api/embed, which needs no option"),
+}
+
+
+def fixed_option_problem(key: str, value: object) -> str | None:
+    """Why ``key: value`` cannot be honoured, or None (an ordinary option, or the fixed value)."""
+    fixed = FIXED_OPTIONS.get(key)
+    if fixed is None:
+        return None
+    honoured, reason = fixed
+    if isinstance(honoured, bool):
+        same = value is honoured
+    else:
+        same = isinstance(value, int | float) and not isinstance(value, bool) and value == honoured
+    return None if same else f"only {honoured!r} is supported: {reason}"
+
+
 ModelOptions = dict[str, Any]
 # Options that change how the model is loaded rather than how a request samples: a request
 # whose load options differ from the loaded runner's reloads it.
 LOAD_OPTIONS = frozenset(
-    {"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_model"}
+    {
+        "num_ctx",
+        "num_batch",
+        "num_gpu",
+        "main_gpu",
+        "use_mmap",
+        "use_mlock",
+        "num_thread",
+        "draft_model",
+    }
 )
 
 
@@ -83,6 +126,10 @@ def parse_parameters(parameters: dict[str, Any] | None) -> ModelOptions:
     clean: ModelOptions = {}
     for key, value in parameters.items():
         expected = OPTION_TYPES.get(key)
+        if key in FIXED_OPTIONS:
+            if (problem := fixed_option_problem(key, value)) is not None:
+                raise LocalLLMError(f"parameter {key!r}: {problem}")
+            continue
         if expected is None:
             raise LocalLLMError(f"unknown parameter {key!r}")
         if key == "stop":

@@ -12,6 +12,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import ollama
@@ -104,6 +105,55 @@ def test_greedy_generation_is_repeatable_and_prefix_cached(daemon: Daemon) -> No
         second = http.post("/api/generate", json={**body, "stream": False}).json()
     assert first["response"] == second["response"]
     assert second["prompt_cached_count"] > 0
+
+
+def test_mirostat_samples_and_at_no_target_surprise_picks_the_likeliest_token(
+    daemon: Daemon,
+) -> None:
+    prompt = "Write one sentence about the sea."
+
+    def answer(http: httpx.Client, options: dict[str, Any]) -> str:
+        body: dict[str, Any] = {"model": SMOL, "prompt": prompt, "stream": False}
+        body["options"] = {"num_predict": 12, **options}
+        response = http.post("/api/generate", json=body)
+        assert response.status_code == 200, response.text
+        return str(response.json()["response"])
+
+    with daemon.http() as http:
+        answer(http, {"temperature": 0})  # the reference comes from the cached prompt, as below
+        greedy = answer(http, {"temperature": 0})
+        # Mirostat 2 keeps the tokens less surprising than mu, which starts at 2 x tau = 0 and
+        # never rises: only the likeliest token is left, whatever the temperature and seed.
+        focused = {"temperature": 1.5, "mirostat": 2, "mirostat_tau": 0, "seed": 7}
+        assert answer(http, focused) == greedy
+        for version in (1, 2):
+            seeded = {"temperature": 1.0, "mirostat": version, "mirostat_tau": 4.0, "seed": 11}
+            assert answer(http, seeded) == answer(http, seeded)
+
+
+def test_every_option_is_honoured_or_refused_by_name(daemon: Daemon) -> None:
+    body = {"model": SMOL, "prompt": "Hi", "stream": False}
+    with daemon.http() as http:
+        refused = (
+            ({"mirostat_typo": 1}, "unknown option options.mirostat_typo"),
+            ({"tfs_z": 0.5}, "options.tfs_z: only 1.0 is supported"),
+            ({"numa": True}, "options.numa: only False is supported"),
+            ({"penalize_newline": False}, "options.penalize_newline"),
+            ({"mirostat": 3}, "options.mirostat must be between 0 and 2"),
+            ({"mirostat_eta": "fast"}, "mirostat_eta"),
+        )
+        for options, error in refused:
+            response = http.post("/api/generate", json={**body, "options": {**FEW, **options}})
+            assert response.status_code == 400, (options, response.text)
+            assert error in response.json()["error"], response.text
+        # Ollama's documented values of the options llama.cpp fixes are what happens anyway;
+        # null means "not given".
+        honoured = {"tfs_z": 1.0, "penalize_newline": True, "numa": False, "top_k": None}
+        response = http.post("/api/generate", json={**body, "options": {**FEW, **honoured}})
+        assert response.status_code == 200 and response.json()["done"], response.text
+        create = {"model": "numa:test", "from": SMOL, "parameters": {"numa": True}}
+        response = http.post("/api/create", json={**create, "stream": False})
+        assert response.status_code == 400 and "numa" in response.json()["error"], response.text
 
 
 def test_generate_streamed_and_stop(client: ollama.Client) -> None:

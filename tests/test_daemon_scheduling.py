@@ -193,7 +193,7 @@ def _maps_a_model_blob(pid: int) -> bool:
     return not maps.parent.exists() or "sha256-" in maps.read_text()
 
 
-def test_use_mmap_and_main_gpu_are_load_options_that_reach_llama_cpp(client: Client) -> None:
+def test_use_mmap_main_gpu_and_use_mlock_reach_llama_cpp(client: Client) -> None:
     options: dict[str, Any] = {"num_predict": 1, "num_ctx": 512}
     client.generate(TINY, "abc", raw=True, options=options)
     mapped = _loaded(client)[TINY]["runner_pid"]
@@ -207,7 +207,12 @@ def test_use_mmap_and_main_gpu_are_load_options_that_reach_llama_cpp(client: Cli
     # main_gpu is handed to llama.cpp as given (a CPU build has no GPU to choose): a change
     # reloads, a bad value is refused naming it.
     client.generate(TINY, "abc", raw=True, options={**options, "use_mmap": False, "main_gpu": 1})
-    assert _loaded(client)[TINY]["runner_pid"] != read
+    chosen = _loaded(client)[TINY]["runner_pid"]
+    assert chosen != read
+    # use_mlock asks llama.cpp to lock the weights (it warns in its log where the memlock
+    # limit is too small, and serves anyway).
+    answer = client.generate(TINY, "abc", raw=True, options={**options, "use_mlock": True})
+    assert answer["done"] and _loaded(client)[TINY]["runner_pid"] != chosen
     for bad in (-1, "one", 1.5):
         with pytest.raises(APIError) as info:
             client.generate(TINY, "abc", raw=True, options={**options, "main_gpu": bad})

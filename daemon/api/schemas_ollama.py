@@ -55,6 +55,10 @@ class Options(BaseModel):
     num_gpu: int | None = None
     main_gpu: int | None = None
     use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    mirostat: int | None = Field(None, description="Mirostat sampling: 0 off, 1 or 2.")
+    mirostat_tau: float | None = Field(None, description="Mirostat's target surprise.")
+    mirostat_eta: float | None = Field(None, description="Mirostat's learning rate.")
     num_thread: int | None = None
 
 

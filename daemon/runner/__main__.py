@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--no-mmap", action="store_true", help="read the GGUF into memory instead of mapping it"
     )
+    parser.add_argument("--mlock", action="store_true", help="lock the weights in RAM")
     parser.add_argument("--kv-cache-type", choices=["f16", "q8_0", "q4_0"], default="f16")
     parser.add_argument("--flash-attention", choices=["auto", "on", "off"], default="auto")
     parser.add_argument(
@@ -90,6 +91,7 @@ async def _serve(args: argparse.Namespace) -> int:
         n_gpu_layers=args.gpu_layers,
         main_gpu=args.main_gpu,
         use_mmap=not args.no_mmap,
+        use_mlock=args.mlock,
         kv_cache_type=args.kv_cache_type,
         flash_attention=args.flash_attention,
         chat_template=args.chat_template,

@@ -485,6 +485,8 @@ class RunnerProcess:
             args += ["--model-part", part]
         if not c.use_mmap:
             args.append("--no-mmap")
+        if c.use_mlock:
+            args.append("--mlock")
         if c.chat_template is not None:
             args += ["--chat-template", c.chat_template]
         if c.kv_cache_dir is not None:

@@ -26,6 +26,14 @@ _KV_TYPES = {
     "q8_0": llama_cpp.GGML_TYPE_Q8_0,
     "q4_0": llama_cpp.GGML_TYPE_Q4_0,
 }
+# (use_mmap, use_mlock) → llama.cpp's load mode. AUTO maps the file where that pays (llama.cpp's
+# default); NONE reads it into memory.
+_LOAD_MODES = {
+    (True, False): llama_cpp.LLAMA_LOAD_MODE_AUTO,
+    (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE,
+    (True, True): llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,
+    (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
+}
 _FLASH = {
     "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -161,10 +169,7 @@ class LlamaModel:
             model_params,
             n_gpu_layers=self.n_gpu_layers,
             main_gpu=config.main_gpu,
-            # AUTO maps the file where that pays (llama.cpp's default); NONE reads it.
-            load_mode=llama_cpp.LLAMA_LOAD_MODE_AUTO
-            if config.use_mmap
-            else llama_cpp.LLAMA_LOAD_MODE_NONE,
+            load_mode=_LOAD_MODES[config.use_mmap, config.use_mlock],
         )
         if config.extra_model_paths:
             # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by

@@ -157,6 +157,13 @@ class SamplingOptions:
     """OpenAI-style presence penalty."""
     frequency_penalty: float = 0.0
     """OpenAI-style frequency penalty."""
+    mirostat: int = 0
+    """Mirostat sampling (1 or 2) aims at a steady surprise ``mirostat_tau`` instead of cutting
+    the distribution with top-k/top-p; 0 disables."""
+    mirostat_tau: float = 5.0
+    """Mirostat's target surprise (cross-entropy): lower is more focused."""
+    mirostat_eta: float = 0.1
+    """Mirostat's learning rate: how fast it follows the text's actual surprise."""
     seed: int = -1
     """Random seed; -1 picks one."""
     num_predict: int = -1
@@ -397,6 +404,8 @@ class RunnerConfig:
     """The GPU that holds the model (or, split by layer, its small tensors and the KV scratch)."""
     use_mmap: bool = True
     """Map the GGUF into memory (pages load on demand and are shared) instead of reading it."""
+    use_mlock: bool = False
+    """Lock the weights in RAM so the system never swaps them out (needs the memlock limit)."""
     kv_cache_type: str = "f16"
     """f16, q8_0 or q4_0."""
     flash_attention: str = "auto"

@@ -73,6 +73,8 @@ PARAMETER_HELP = """Available Parameters:
   /set parameter temperature <float>    Set creativity level
   /set parameter repeat_penalty <float> How strongly to penalize repetitions
   /set parameter repeat_last_n <int>    Set how far back to look for repetitions
+  /set parameter mirostat <int>         Mirostat sampling (1 or 2; 0 turns it off)
+  /set parameter mirostat_tau <float>   Mirostat's target surprise (lower: more focused)
   /set parameter stop <string> <string> ...   Set the stop parameters
 """
 
