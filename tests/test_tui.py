@@ -250,6 +250,7 @@ async def test_help_lists_every_binding_and_every_binding_has_an_id(
         await wait_for(pilot, lambda: "Stop" in screen_text(app), "the help's key table")
         text = screen_text(app)
         assert "Send" in text and "Stop" in text  # the chat's keys come first
+        assert "/image PATH" in text
         await pilot.press("end")  # the rest is further down
         text += screen_text(app)
         for words in ("Pull", "Quantize", "Unload model", "Light/dark", "Quit"):

@@ -18,10 +18,9 @@ __all__ = ["HelpScreen", "bindings_table"]
 
 _ABOUT = (
     "localllm talks to the local daemon (started if none runs). Chat streams answers with "
-    "their timings: TTFT (time to the first token), prefill and decode speed, and the prompt "
-    "tokens reused from the cache. Models manages the store; Dashboard shows what each loaded "
-    "model does, live. Chats are saved and come back on the next start. Ctrl+P opens the "
-    "command palette (themes, screenshots)."
+    "their timings: TTFT, prefill and decode speed, prompt tokens reused from the cache; "
+    "/image PATH attaches a picture for models that see. Models manages the store; Dashboard "
+    "shows each loaded model live. Chats are kept. Ctrl+P: command palette."
 )
 
 
