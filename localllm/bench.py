@@ -78,6 +78,7 @@ from typing import Any
 import httpx
 
 from ._exceptions import APIError, DaemonError, LocalLLMError
+from ._transport import async_transport
 from .client import AsyncClient
 from .models import LOAD_OPTIONS
 from .settings import Settings
@@ -510,7 +511,9 @@ class _HttpDriver(Driver):
             base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(None, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            transport=async_transport(
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            ),
         )
         """The connection pool."""
 
@@ -625,7 +628,9 @@ async def detect_driver(url: str, *, api: str = "auto", api_key: str | None = No
         url = f"http://{url}"
     if api == "auto":
         api = "openai"
-        async with httpx.AsyncClient(base_url=url, timeout=5.0) as http:
+        async with httpx.AsyncClient(
+            base_url=url, timeout=5.0, transport=async_transport()
+        ) as http:
             with contextlib.suppress(httpx.HTTPError):
                 root = await http.get("/")
                 if root.status_code == 200 and "localllm" in root.text.lower():

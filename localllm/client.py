@@ -39,6 +39,7 @@ from typing import Any, Literal, TypedDict
 import httpx
 
 from ._exceptions import APIError, DaemonTimeoutError, DaemonUnavailableError
+from ._transport import async_transport
 from .settings import Settings
 
 __all__ = [
@@ -837,7 +838,7 @@ class AsyncClient:
     def _http(self, endpoint: _Endpoint) -> httpx.AsyncClient:
         pool = self._pools.get(endpoint)
         if pool is None:
-            transport = httpx.AsyncHTTPTransport(uds=endpoint.uds) if endpoint.uds else None
+            transport = async_transport(uds=endpoint.uds)
             pool = self._pools[endpoint] = httpx.AsyncClient(
                 base_url=endpoint.base_url,
                 transport=transport,

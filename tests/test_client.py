@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_daemon_support import Daemon, free_port, running_daemon, wait_for_stats
@@ -189,3 +190,28 @@ def test_async_client_stream_and_cancel(daemon: Daemon) -> None:
             and all(m["active_requests"] == 0 for m in s["models"])
         ),
     )
+
+
+def test_async_tcp_connections_start_no_task_that_could_cancel_the_caller(daemon: Daemon) -> None:
+    # anyio's connect_tcp races its attempts in helper tasks and cancels their scope when one
+    # wins; on Python 3.11 that cancellation can reach the calling task afterwards (a TUI worker
+    # died of it, and a CI run). The client's own transport connects in the calling task alone.
+    async def scenario() -> tuple[list[str], int]:
+        loop = asyncio.get_running_loop()
+        started: list[str] = []
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            started.append(getattr(coro, "__qualname__", repr(coro)))
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        async with AsyncClient(daemon.settings, use_tcp=True) as client:
+            for _ in range(3):
+                await client.close()  # a new connection each time
+                assert await client.is_running()
+        task = asyncio.current_task()
+        assert task is not None
+        return list(started), task.cancelling()
+
+    started, cancelling = asyncio.run(scenario())
+    assert started == [] and cancelling == 0
