@@ -1,10 +1,17 @@
-"""Pieces of the terminal UI that need no daemon: text formatting, the chat database."""
+"""Pieces of the terminal UI that need no daemon: text formatting, the chat database, widget
+tree changes."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+from textual.app import App, ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
 from localllm.tui.chats import ChatStore, StoredMessage
+from localllm.tui.dom import settle
 from localllm.tui.format import answer_stats, chat_title, countdown, transfer_line
 from localllm.tui.screens.models import details_markdown
 from localllm.tui.widgets.loaded_model import slot_text
@@ -101,3 +108,35 @@ def test_chat_store_round_trip(tmp_path: Path) -> None:
     again.delete_chat(first.id)
     assert [c.title for c in again.list_chats()] == ["Two"]
     assert again._run("SELECT COUNT(*) FROM messages")[1] == [(0,)]  # cascaded
+
+
+def test_a_removal_awaited_by_a_cancelled_task_still_completes() -> None:
+    # Textual waits for removed widgets by gathering their message pumps: a worker cancelled
+    # while awaiting that (an exclusive worker replaced, a closing screen) cancelled the
+    # pumps, leaving widgets that never answered again; the pilot then gave up on them after
+    # 30 s, and the app's exit raised CancelledError. settle() keeps the removal out of the
+    # caller's cancellation.
+    class Lines(App[None]):
+        def compose(self) -> ComposeResult:
+            with Vertical(id="box"):
+                for number in range(5):
+                    yield Static(f"line {number}")
+
+    async def scenario() -> tuple[int, bool]:
+        app = Lines()
+        async with app.run_test() as pilot:
+            box = app.query_one("#box")
+
+            async def remove_lines() -> None:
+                await settle(box.remove_children())
+
+            task = asyncio.create_task(remove_lines())
+            await asyncio.sleep(0)  # it runs up to the removal's wait
+            task.cancel()
+            for _ in range(100):
+                await pilot.pause(0.01)  # waits for every widget to answer
+                if not box.children:
+                    break
+            return len(box.children), task.done()
+
+    assert asyncio.run(scenario()) == (0, True)

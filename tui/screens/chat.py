@@ -22,6 +22,7 @@ from localllm._exceptions import DaemonError
 from localllm.images import ImageError, ImageLimits, check_image, encode_image, extract_image_paths
 
 from ..chats import Attachment, Chat, StoredMessage
+from ..dom import settle
 from ..format import chat_title
 from ..widgets.message import MessageView, ThrottledMarkdownStream
 from ..widgets.prompt import PromptArea
@@ -246,7 +247,7 @@ class ChatScreen(MainScreen):
         await asyncio.to_thread(self.llm.chats.delete_chat, chat.id)
         del self.chats[chat.id]
         self.query_one("#chat-list", OptionList).remove_option(str(chat.id))
-        await self.transcript(chat).remove()
+        await settle(self.transcript(chat).remove())
         if self.chats:
             await self.show_chat(list(self.chats.values())[-1])
         else:

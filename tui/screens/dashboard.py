@@ -13,6 +13,7 @@ from textual.widgets import Footer, Label
 
 from localllm._exceptions import DaemonError
 
+from ..dom import settle
 from ..widgets.loaded_model import LoadedModelCard
 from ..widgets.status import StatusBar
 from .base import MainScreen
@@ -83,7 +84,7 @@ class DashboardScreen(MainScreen):
         loaded = f"{len(models)} model{'s' if len(models) != 1 else ''} loaded"
         self._queue.update(f"{loaded} · queue {queue} / {limit} waiting")
         for name in [n for n in self.cards if n not in models]:
-            await self.cards.pop(name).remove()
+            await settle(self.cards.pop(name).remove())
         history = max(2, round(_HISTORY_SECONDS / self.llm.stats_interval))
         for name, entry in sorted(models.items()):
             card = self.cards.get(name)

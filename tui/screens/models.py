@@ -22,6 +22,7 @@ from localllm.client import ModelSummary, ShowResponse
 from localllm.ollama_import import ImportReport, OllamaModel
 from localllm.quantize import QUANT_TYPES
 
+from ..dom import settle
 from ..format import modified
 from ..widgets.status import StatusBar
 from ..widgets.transfer import TransferPanel
@@ -193,8 +194,10 @@ class ModelsScreen(MainScreen):
         if keep in names:
             table.move_cursor(row=names.index(keep))
         if not names:
-            await self.query_one("#details", Markdown).update(
-                "No models yet. Press **p** to pull one (e.g. `smollm2:135m`)."
+            await settle(
+                self.query_one("#details", Markdown).update(
+                    "No models yet. Press **p** to pull one (e.g. `smollm2:135m`)."
+                )
             )
 
     @on(DataTable.RowHighlighted, "#models-table")
@@ -210,7 +213,7 @@ class ModelsScreen(MainScreen):
         except DaemonError as exc:
             self.report(exc, f"Could not show {name}")
             return
-        await self.query_one("#details", Markdown).update(details_markdown(name, show))
+        await settle(self.query_one("#details", Markdown).update(details_markdown(name, show)))
 
     # -- actions --------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Collapsible, Label, Markdown, Static
 
+from ..dom import settle
 from ..format import answer_stats
 
 __all__ = [
@@ -371,11 +372,11 @@ class MessageView(Vertical):
 
     async def finish_streaming(self, text: str) -> None:
         """The answer is complete (or stopped): show ``text`` in the full Markdown widget."""
-        await self.markdown.update(text)
+        await settle(self.markdown.update(text))
         self.markdown.display = True
         if self._streaming is not None:
             streaming, self._streaming = self._streaming, None
-            await streaming.remove()
+            await settle(streaming.remove())
 
     @property
     def markdown(self) -> Markdown:
