@@ -18,6 +18,7 @@ import socket
 from collections.abc import Iterable
 
 import anyio
+import anyio.abc
 import httpcore
 import httpx
 
