@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -189,16 +190,12 @@ class LocalModel:
     @property
     def draft_path(self) -> Path | None:
         """Path of the draft model's GGUF blob, if the model names one."""
-        layer = self.draft_layer
-        return self.store.blob_path(layer.digest) if layer is not None else None
+        return self._blob_path(self.draft_layer)
 
     @cached_property
     def draft_info(self) -> GGUFInfo | None:
         """The draft GGUF's inspected header, if the model has a draft layer."""
-        layer = self.draft_layer
-        if layer is None:
-            return None
-        return _inspect_blob(layer.digest, self.store.blob_path(layer.digest))
+        return self._inspected(self.draft_layer, _inspect_blob)
 
     @property
     def projector_layer(self) -> Layer | None:
@@ -208,16 +205,21 @@ class LocalModel:
     @property
     def projector_path(self) -> Path | None:
         """Path of the vision projector GGUF blob, or None for a text-only model."""
-        layer = self.projector_layer
-        return self.store.blob_path(layer.digest) if layer is not None else None
+        return self._blob_path(self.projector_layer)
 
     @cached_property
     def projector_info(self) -> GGUFInfo | None:
         """The projector's inspected header (None without a projector)."""
-        layer = self.projector_layer
-        if layer is None:
-            return None
-        return _inspect_projector(layer.digest, self.store.blob_path(layer.digest))
+        return self._inspected(self.projector_layer, _inspect_projector)
+
+    def _blob_path(self, layer: Layer | None) -> Path | None:
+        return self.store.blob_path(layer.digest) if layer is not None else None
+
+    def _inspected(
+        self, layer: Layer | None, inspect: Callable[[str, Path], GGUFInfo]
+    ) -> GGUFInfo | None:
+        path = self._blob_path(layer)
+        return inspect(layer.digest, path) if layer is not None and path is not None else None
 
     @cached_property
     def info(self) -> GGUFInfo:
