@@ -396,16 +396,21 @@ async def test_several_pulls_at_once_one_cancelled(
 # -- dashboard ------------------------------------------------------------------------------
 
 
+async def open_dashboard(pilot, app: LocalLLMApp) -> DashboardScreen:  # type: ignore[no-untyped-def]
+    """Connect, then switch to the dashboard."""
+    await connected(pilot, app)
+    await pilot.press("f4")
+    return await wait_for(
+        pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen, "dashboard"
+    )
+
+
 async def test_dashboard_shows_a_decoding_slot_while_another_client_streams(
     daemon: Daemon, tmp_path: Path, client: AsyncClient
 ) -> None:
     app = make_app(daemon, tmp_path, stats_interval=0.1)
     async with app.run_test(size=(80, 24)) as pilot:
-        await connected(pilot, app)
-        await pilot.press("f4")
-        screen = await wait_for(
-            pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen, "dashboard"
-        )
+        screen = await open_dashboard(pilot, app)
         # SmolLM2's end-of-generation tokens (0, 2, 4) are banned, so the stream runs until
         # it is closed whatever this CPU's model would say.
         stream = client.openai_completion_stream(
@@ -446,11 +451,7 @@ async def test_a_snapshot_arriving_while_the_dashboard_closes_is_harmless(
     # the stats stream can deliver one more snapshot to a dashboard with no widgets left.
     app = make_app(daemon, tmp_path, stats_interval=0.1)
     async with app.run_test(size=(80, 24)) as pilot:
-        await connected(pilot, app)
-        await pilot.press("f4")
-        screen = await wait_for(
-            pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen, "dashboard"
-        )
+        screen = await open_dashboard(pilot, app)
         await wait_for(pilot, lambda: screen.updates > 0, "a first snapshot")
         await pilot.press("f2")
         await app.remove_mode("dashboard")
