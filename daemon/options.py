@@ -1,9 +1,9 @@
 """Request options → what the runner needs: sampling options and the runner's load config.
 
 Ollama's layering: the model's params layer gives defaults, the request's ``options`` override
-them. Seven options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
-``main_gpu``, ``use_mmap``, ``num_thread``, ``draft_model``: :data:`LOAD_OPTIONS`); a request
-whose load options differ from the loaded runner's reloads it.
+them. Eight options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
+``main_gpu``, ``use_mmap``, ``use_mlock``, ``num_thread``, ``draft_model``:
+:data:`LOAD_OPTIONS`); a request whose load options differ from the loaded runner's reloads it.
 
 The draft model for speculative decoding (:func:`draft_for`): the ``draft_model`` option (a
 request's, else the model's ``PARAMETER``) wins over the Modelfile's ``DRAFT`` layer, which wins
