@@ -19,7 +19,14 @@ import llama_cpp
 
 from .protocol import RunnerConfig
 
-__all__ = ["Batch", "LlamaModel", "ModelLoadError", "default_threads", "route_llama_log"]
+__all__ = [
+    "Batch",
+    "LlamaModel",
+    "ModelLoadError",
+    "default_threads",
+    "route_llama_log",
+    "set_fields",
+]
 
 _KV_TYPES = {
     "f16": llama_cpp.GGML_TYPE_F16,
