@@ -218,8 +218,9 @@ class LocalModel:
     def _inspected(
         self, layer: Layer | None, inspect: Callable[[str, Path], GGUFInfo]
     ) -> GGUFInfo | None:
-        path = self._blob_path(layer)
-        return inspect(layer.digest, path) if layer is not None and path is not None else None
+        if layer is None:
+            return None
+        return inspect(layer.digest, self.store.blob_path(layer.digest))
 
     @cached_property
     def info(self) -> GGUFInfo:
