@@ -134,7 +134,7 @@ class Sampler:
                     n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty
                 )
             )
-        seed = o.seed if o.seed >= 0 else random.getrandbits(32)
+        seed = (o.seed if o.seed >= 0 else random.getrandbits(32)) & 0xFFFFFFFF
         if o.temperature <= 0:
             add(llama_cpp.llama_sampler_init_greedy())
         elif o.mirostat:
@@ -144,15 +144,11 @@ class Sampler:
             if o.mirostat == 1:
                 add(
                     llama_cpp.llama_sampler_init_mirostat(
-                        n_vocab, seed & 0xFFFFFFFF, o.mirostat_tau, o.mirostat_eta, 100
+                        n_vocab, seed, o.mirostat_tau, o.mirostat_eta, 100
                     )
                 )
             else:
-                add(
-                    llama_cpp.llama_sampler_init_mirostat_v2(
-                        seed & 0xFFFFFFFF, o.mirostat_tau, o.mirostat_eta
-                    )
-                )
+                add(llama_cpp.llama_sampler_init_mirostat_v2(seed, o.mirostat_tau, o.mirostat_eta))
         else:
             if o.top_k > 0:
                 add(llama_cpp.llama_sampler_init_top_k(o.top_k))
@@ -163,7 +159,7 @@ class Sampler:
             if o.min_p > 0:
                 add(llama_cpp.llama_sampler_init_min_p(o.min_p, 1))
             add(llama_cpp.llama_sampler_init_temp(o.temperature))
-            add(llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+            add(llama_cpp.llama_sampler_init_dist(seed))
         self._token_data: np.ndarray | None = None
         self._token_array: Any = None
 
