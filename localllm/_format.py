@@ -4,7 +4,37 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["human_duration", "human_since", "human_size", "human_until", "table"]
+__all__ = [
+    "REBUILD_FOR_THIS_CPU",
+    "exit_status",
+    "human_duration",
+    "human_since",
+    "human_size",
+    "human_until",
+    "table",
+]
+
+REBUILD_FOR_THIS_CPU = (
+    'rebuild llama-cpp-python for this CPU: CMAKE_ARGS="-DGGML_NATIVE=OFF" '
+    "pip install --force-reinstall --no-cache-dir llama-cpp-python"
+)
+"""The remedy when llama.cpp's native build executes an instruction this CPU cannot run."""
+
+
+def exit_status(returncode: int) -> str:
+    """How a child process ended, for a sentence: ``was killed by SIGILL (illegal
+    instruction)``, ``exited with status 2``."""
+    if returncode < 0:
+        import signal
+
+        try:
+            number = signal.Signals(-returncode)
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+        meaning = (signal.strsignal(number) or "").lower()
+        # SIGKILL's one word, "killed", says nothing more; SIGILL's "illegal instruction" does.
+        return f"was killed by {number.name}" + (f" ({meaning})" if " " in meaning else "")
+    return f"exited with status {returncode}"
 
 
 def human_size(size: float) -> str:

@@ -306,6 +306,13 @@ class Settings:
         16,
         "Most images one request may attach, over all its messages.",
     )
+    cpu_repack: str = _setting(
+        "LOCALLLM_CPU_REPACK",
+        "auto",
+        "Weight repacking in llama.cpp's CPU backend (AMX and the CPU_REPACK buffer types): auto "
+        "(a probe in a child process decides, once per llama.cpp build and CPU, whether the "
+        "build's CPU paths run here; cached), on or off.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -423,6 +430,13 @@ class Settings:
         ):
             if (number := as_int(name, minimum)) is not None:
                 values[attr] = number
+        if (raw := get("LOCALLLM_CPU_REPACK")) is not None:
+            mode = {"1": "on", "true": "on", "0": "off", "false": "off"}.get(
+                raw.lower(), raw.lower()
+            )
+            if mode not in ("auto", "on", "off"):
+                raise SettingsError(f"LOCALLLM_CPU_REPACK must be auto, on or off, got {raw!r}")
+            values["cpu_repack"] = mode
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
@@ -442,6 +456,14 @@ class Settings:
     def kv_cache_dir(self) -> Path:
         """Saved prompt prefixes (KV state), one folder per model and KV layout."""
         return self.data_dir / "kvcache"
+
+    @property
+    def cache_dir(self) -> Path:
+        """Files that can be made again: the CPU probe's decisions (per llama.cpp build and
+        CPU, so shared by every data root of the user)."""
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
 
     @property
     def log_dir(self) -> Path:

@@ -1,5 +1,6 @@
-"""SIGKILL of the runner mid-stream, on both API families: the stream ends with an error event,
-and the next request is served by a new runner process (``/api/ps`` shows its pid)."""
+"""A runner killed mid-stream (SIGKILL, or SIGILL as a fault in llama.cpp's native code would), on
+both API families: the stream ends with an error event that names the signal, and the next
+request is served by a new runner process (``/api/ps`` shows its pid)."""
 
 from __future__ import annotations
 
@@ -54,13 +55,13 @@ def _has_text(event: Any) -> bool:
     return any((c.get("delta") or {}).get("content") for c in event.get("choices") or [])
 
 
-async def _killed_stream(url: str, family: str, pid: int) -> StreamEnd:
-    """A long stream whose runner is SIGKILLed as soon as text arrives; read to its end."""
+async def _killed_stream(url: str, family: str, pid: int, signum: int) -> StreamEnd:
+    """A long stream whose runner gets ``signum`` as soon as text arrives; read to its end."""
 
     def kill_on_first_text(event: Any) -> None:
         if _has_text(event) and not killed:
             killed.append(pid)
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
 
     killed: list[int] = []
     async with (
@@ -81,18 +82,29 @@ async def _killed_stream(url: str, family: str, pid: int) -> StreamEnd:
     return end
 
 
-@pytest.mark.parametrize("family", ["ollama", "openai"])
+@pytest.mark.parametrize(
+    ("family", "signum"),
+    [("ollama", signal.SIGKILL), ("openai", signal.SIGILL), ("ollama", signal.SIGILL)],
+    ids=["ollama-SIGKILL", "openai-SIGILL", "ollama-SIGILL"],
+)
 def test_killed_runner_ends_the_stream_with_an_error_and_a_new_runner_serves(
-    daemon: Daemon, family: str
+    daemon: Daemon, family: str, signum: signal.Signals
 ) -> None:
     with daemon.http() as http:
         pid = _load(http)
-        end = asyncio.run(_killed_stream(daemon.url, family, pid))
+        end = asyncio.run(_killed_stream(daemon.url, family, pid, signum))
         assert end.status == 200
         assert not end.finished, "a killed stream must not look complete"
         assert end.error is not None, f"the stream ended without an error event: {end.final}"
         message = end.error if family == "ollama" else end.error["message"]
         assert "runner" in message and "Traceback" not in message, message
+        # How it died, by name, and the cause line of its log.
+        assert f"was killed by {signum.name}" in message, message
+        assert "runner-" in message and ".log" in message, message
+        if signum == signal.SIGILL:
+            assert "illegal instruction" in message, message
+            # The runner's fault handler wrote its line before the signal took the process.
+            assert "Fatal Python error: Illegal instruction" in message, message
         if family == "openai":
             assert end.error["type"] and end.error["code"] == "runner_died", end.error
         assert not end.after_end, end.after_end

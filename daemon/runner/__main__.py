@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -43,6 +44,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-mmap", action="store_true", help="read the GGUF into memory instead of mapping it"
     )
     parser.add_argument("--mlock", action="store_true", help="lock the weights in RAM")
+    parser.add_argument(
+        "--cpu-repack",
+        choices=["on", "off"],
+        default=None,
+        help="repack weights into llama.cpp's extra CPU buffer types (default: the CPU probe's "
+        "decision)",
+    )
     parser.add_argument("--kv-cache-type", choices=["f16", "q8_0", "q4_0"], default="f16")
     parser.add_argument("--flash-attention", choices=["auto", "on", "off"], default="auto")
     parser.add_argument(
@@ -103,6 +111,7 @@ async def _serve(args: argparse.Namespace) -> int:
         kv_cache_ram=args.kv_cache_ram,
         kv_cache_disk=args.kv_cache_disk,
         projector=args.projector,
+        cpu_repack=None if args.cpu_repack is None else args.cpu_repack == "on",
     )
     try:
         model = await asyncio.to_thread(LlamaModel, config)
@@ -228,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # A fault in llama.cpp's native code (SIGILL, SIGSEGV) then leaves "Fatal Python error:
+    # Illegal instruction" and the threads' stacks in the log: the cause line the daemon reports.
+    faulthandler.enable(file=stream)
     from .model import route_llama_log
 
     route_llama_log(stream, debug=args.debug)

@@ -3,7 +3,9 @@
 :class:`RunnerProcess` spawns ``python -m localllm.daemon.runner`` for one model and waits until
 it answers. :class:`RunnerClient` multiplexes requests over the runner's Unix socket: each
 request gets its own queue of events, keyed by id. If the connection drops (the runner crashed
-or was killed), every pending request fails with :class:`RunnerDiedError`.
+or was killed), every pending request fails with :class:`RunnerDiedError`, which says how the
+process ended (its exit status or signal) and the cause line of its log, whether it died while
+loading or in the middle of a request.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from localllm._format import exit_status
 
 from .protocol import (
     CancelOp,
@@ -90,15 +94,19 @@ class RunnerError(Exception):
 class RunnerDiedError(RunnerError):
     """The runner process went away while requests were in flight."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, returncode: int | None = None) -> None:
         super().__init__(message, "runner_died")
+        self.returncode = returncode
+        """The runner's exit status (negative: the signal), when it was seen to end."""
 
 
 class RunnerStartError(RunnerError):
     """The runner process could not load the model; the message says why in one line."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, returncode: int | None = None) -> None:
         super().__init__(message, "load_failed")
+        self.returncode = returncode
+        """The runner's exit status (negative: the signal), when it died while loading."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class _Died:
     """Put on every pending queue when the connection to the runner is lost."""
 
     message: str
+    returncode: int | None = None
 
 
 _Item = Event | _Died
@@ -123,7 +132,7 @@ _Item = Event | _Died
 
 def _raise_for(event: _Item) -> None:
     if isinstance(event, _Died):
-        raise RunnerDiedError(event.message)
+        raise RunnerDiedError(event.message, event.returncode)
     if isinstance(event, ErrorEvent):
         raise RunnerError(event.message, event.code)
 
@@ -222,20 +231,30 @@ class GenerationStream:
 class RunnerClient:
     """An asyncio connection to one runner, shared by all requests to its model."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        explain_loss: LossExplainer | None = None,
+    ) -> None:
         self._reader = reader
         self._writer = writer
+        self._explain_loss = explain_loss
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._closed_reason: str | None = None
+        self._closing = False
         self._reader_task = asyncio.create_task(self._read_loop())
 
     @classmethod
-    async def connect(cls, socket_path: str | Path) -> RunnerClient:
-        """Connect to a runner's socket."""
+    async def connect(
+        cls, socket_path: str | Path, explain_loss: LossExplainer | None = None
+    ) -> RunnerClient:
+        """Connect to a runner's socket; ``explain_loss`` turns a lost connection into how the
+        runner ended (see :meth:`RunnerProcess.explain_loss`)."""
         reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=_LINE_LIMIT)
-        return cls(reader, writer)
+        return cls(reader, writer, explain_loss)
 
     @property
     def alive(self) -> bool:
@@ -273,10 +292,25 @@ class RunnerClient:
                 self._route(b"".join(partial))
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"lost the connection to the runner ({exc})"
-        finally:
-            self._closed_reason = reason
-            for queue in self._queues.values():
-                queue.put_nowait(_Died(reason))
+        except asyncio.CancelledError:
+            self._fail_pending(_Died("the connection to the runner was closed"))
+            raise
+        # No new request is sent from here on; the pending ones learn how the runner ended.
+        self._closed_reason = reason
+        died = _Died(reason)
+        if self._explain_loss is not None and not self._closing:
+            try:
+                died = _Died(*await self._explain_loss(reason))
+            except Exception:
+                log.exception("could not tell how the runner ended")
+        self._closed_reason = died.message
+        self._fail_pending(died)
+
+    def _fail_pending(self, died: _Died) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = died.message
+        for queue in self._queues.values():
+            queue.put_nowait(died)
 
     def _route(self, line: bytes) -> None:
         """Put the event on one line on its request's queue."""
@@ -408,6 +442,7 @@ class RunnerClient:
 
     async def close(self) -> None:
         """Close the connection (the runner keeps running)."""
+        self._closing = True
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
@@ -416,36 +451,48 @@ class RunnerClient:
             await self._reader_task
 
 
-# Lines of a runner log that say why a load failed, best first: llama.cpp's assertions, the
-# runner's own error, llama.cpp's loader errors.
+LossExplainer = Callable[[str], Awaitable[tuple[str, int | None]]]
+"""Turns the reason a runner's connection was lost into (how the runner ended, exit status)."""
+
+# Lines of a runner log that say why it died, best first: Python's fault handler (a signal in
+# native code), llama.cpp's assertions, the runner's own error, llama.cpp's loader errors.
 _CAUSES = (
+    re.compile(r"Fatal Python error: .*"),
     re.compile(r"GGML_ASSERT\(.*"),
     re.compile(r"ERROR localllm[.\w]*: (.*)"),
     re.compile(r"(?:error|failed)[^\n]*", re.IGNORECASE),
 )
+# How much of a log's end is searched for the cause of a death in the middle of serving.
+_TAIL_BYTES = 64 << 10
 
 
-def _load_failure(path: Path, since: int) -> str:
-    """One line saying why a runner died while loading, from what it logged after ``since``."""
+def _cause_line(path: Path, since: int, *, newest: bool = False) -> str:
+    """One line saying why a runner died, from what it logged after ``since``: the first
+    matching line of a load, or (``newest``) the last one near the end of a long log."""
     try:
         with open(path, "rb") as log_file:
+            if newest:
+                since = max(since, log_file.seek(0, os.SEEK_END) - _TAIL_BYTES)
             log_file.seek(since)
             lines = log_file.read(1 << 20).decode("utf-8", "replace").splitlines()
     except OSError:
         return ""
     for pattern in _CAUSES:
-        for line in lines:
+        for line in reversed(lines) if newest else lines:
             if match := pattern.search(line):
                 cause = match.group(match.lastindex or 0).strip()
                 return cause[:300]
-    return lines[-1].strip()[:300] if lines else ""
+    # A load's last words are worth showing; a long-serving runner's last line is not a cause.
+    return lines[-1].strip()[:300] if lines and not newest else ""
 
 
-def _exit_status(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with status {code}"
+def _death(code: int, cause: str, log_path: Path, during: str = "") -> str:
+    """``the runner was killed by SIGILL (illegal instruction)<during>: <cause> — <hint>
+    (full log: ...)``."""
+    text = f"the runner {exit_status(code)}{during}" + (f": {cause}" if cause else "")
+    if code == -signal.SIGILL:
+        text += " — llama.cpp's native code used an instruction this CPU cannot run"
+    return f"{text} (full log: {log_path})"
 
 
 class RunnerProcess:
@@ -460,6 +507,7 @@ class RunnerProcess:
         """The runner's log (llama.cpp's output goes here)."""
         self.process: subprocess.Popen[bytes] | None = None
         """The child process once started."""
+        self._log_start = 0
 
     def command(self) -> list[str]:
         """The command line that starts the runner."""
@@ -487,6 +535,8 @@ class RunnerProcess:
             args.append("--no-mmap")
         if c.use_mlock:
             args.append("--mlock")
+        if c.cpu_repack is not None:
+            args += ["--cpu-repack", "on" if c.cpu_repack else "off"]
         if c.chat_template is not None:
             args += ["--chat-template", c.chat_template]
         if c.kv_cache_dir is not None:
@@ -514,7 +564,7 @@ class RunnerProcess:
         ready_read, ready_write = os.pipe()
         try:
             with open(self.log_path, "ab") as log_file:
-                log_start = log_file.tell()
+                log_start = self._log_start = log_file.tell()
                 self.process = subprocess.Popen(
                     [*self.command(), "--ready-fd", str(ready_write)],
                     stdin=subprocess.DEVNULL,
@@ -543,20 +593,33 @@ class RunnerProcess:
                 os.close(ready_read)
         if not signal_bytes.startswith(b"ready"):
             code = await loop.run_in_executor(None, self.process.wait)
-            cause = _load_failure(self.log_path, log_start)
-            raise RunnerStartError(
-                f"the runner {_exit_status(code)} while loading the model"
-                + (f": {cause}" if cause else "")
-                + f" (full log: {self.log_path})"
-            )
+            cause = _cause_line(self.log_path, log_start)
+            message = _death(code, cause, self.log_path, " while loading the model")
+            raise RunnerStartError(message, code)
         return await self._connect()
+
+    async def explain_loss(self, reason: str, wait: float = 5.0) -> tuple[str, int | None]:
+        """How the runner ended, once its connection was lost: ``the runner was killed by
+        SIGILL (illegal instruction): Fatal Python error: Illegal instruction ... (full log:
+        ...)``, and its exit status. A runner that is still running after ``wait`` seconds
+        (it closed the connection but lives) is stopped, and ``reason`` says what was seen."""
+        if self.process is None:
+            return reason, None
+        loop = asyncio.get_running_loop()
+        try:
+            code = await loop.run_in_executor(None, self.process.wait, wait)
+        except subprocess.TimeoutExpired:
+            await self.stop()
+            return f"{reason}; the runner process was still running and was stopped", None
+        cause = _cause_line(self.log_path, self._log_start, newest=True)
+        return _death(code, cause, self.log_path), code
 
     async def _connect(self) -> RunnerClient:
         """Connect to a runner that said ready; a runner we cannot talk to is stopped, never
         left running with no owner."""
         client: RunnerClient | None = None
         try:
-            client = await RunnerClient.connect(self.socket_path)
+            client = await RunnerClient.connect(self.socket_path, self.explain_loss)
             async with asyncio.timeout(30):
                 await client.health()
         except BaseException as exc:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO
 
 import llama_cpp
 
+from .cpu import decide, default_threads
 from .protocol import RunnerConfig
 
 __all__ = [
@@ -67,18 +66,6 @@ def set_fields(params: ctypes.Structure, **values: object) -> None:
         if name not in fields:
             raise AttributeError(f"this llama.cpp has no {type(params).__name__}.{name}")
         setattr(params, name, value)
-
-
-def default_threads() -> int:
-    """Physical cores available to this process (llama.cpp gains nothing from SMT siblings)."""
-    available = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    try:
-        smt_active = Path("/sys/devices/system/cpu/smt/active").read_text().strip() == "1"
-    except OSError:
-        smt_active = False
-    return max(1, available // 2 if smt_active and available > 1 else available)
 
 
 # The C callback must stay referenced for as long as llama.cpp may call it.
@@ -167,6 +154,15 @@ class LlamaModel:
         self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
         """Whether this llama.cpp build has a GPU backend."""
 
+        # Whether weights go into llama.cpp's extra CPU buffer types (repacked).
+        self.cpu_repack: bool
+        if config.cpu_repack is None:
+            paths = decide(threads=self.n_threads)
+            if paths.error:
+                raise ModelLoadError(paths.error)
+            self.cpu_repack = paths.repack
+        else:
+            self.cpu_repack = config.cpu_repack
         model_params = llama_cpp.llama_model_default_params()
         if config.n_gpu_layers < 0:
             self.n_gpu_layers = 999 if self.gpu_offload else 0
@@ -177,6 +173,7 @@ class LlamaModel:
             n_gpu_layers=self.n_gpu_layers,
             main_gpu=config.main_gpu,
             load_mode=_LOAD_MODES[config.use_mmap, config.use_mlock],
+            use_extra_bufts=self.cpu_repack,
         )
         if config.extra_model_paths:
             # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by

@@ -428,6 +428,9 @@ class RunnerConfig:
     """Bytes of disk for saved prefixes, over the whole folder (0: no disk tier)."""
     projector: str | None = None
     """The vision projector GGUF (``mmproj``) that lets the model read images (None: text only)."""
+    cpu_repack: bool | None = None
+    """Repack weights into llama.cpp's extra CPU buffer types (AMX, CPU_REPACK); None: as the
+    CPU probe decides (:func:`.cpu.decide`). The daemon always passes its decision."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------

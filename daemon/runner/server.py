@@ -489,6 +489,7 @@ class RunnerServer:
             "n_threads": model.n_threads,
             "gpu_offload": model.gpu_offload,
             "gpu_layers": model.n_gpu_layers,
+            "cpu_repack": model.cpu_repack,
             "kv_cache_type": model.config.kv_cache_type,
             "flash_attention": model.config.flash_attention,
             "fill_in_the_middle": model.fim is not None,
