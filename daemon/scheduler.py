@@ -13,6 +13,10 @@
   runner's waits for that runner to go idle and reloads it, as Ollama does.
 * A runner that died is noticed on the next request and started again; the requests it was
   serving fail with their own error (the runner client raises ``RunnerDiedError``).
+* Every load follows the CPU probe's decision (:mod:`.runner.cpu`, once per thread count, in a
+  thread): weight repacking on or off, or a one-line refusal when llama.cpp cannot run on this
+  CPU at all. A runner with repacking on that dies by a native fault the probe missed (SIGILL,
+  SIGSEGV) turns repacking off for later loads, and a load that died so is tried once without.
 
 The scheduler knows runners only through the :class:`Runner` protocol and gets them from a
 ``runner_factory``; the daemon's factory starts runner processes
@@ -29,7 +33,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from localllm.models import LocalModel
@@ -37,7 +41,8 @@ from localllm.settings import Settings
 
 from .errors import QueueFullError
 from .history import RequestHistory
-from .runner.client import GenerationStream, ProcessRunner
+from .runner import cpu
+from .runner.client import GenerationStream, ProcessRunner, RunnerStartError
 from .runner.protocol import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -90,6 +95,9 @@ class Runner(Protocol):
 
 RunnerFactory = Callable[[LocalModel, RunnerConfig], Awaitable[Runner]]
 """Starts a runner for a model loaded with a config; raises ``RunnerStartError``."""
+
+CpuDecider = Callable[[Settings, int], cpu.CpuPaths]
+"""Decides llama.cpp's CPU paths for a thread count (blocking: it may run the probe)."""
 
 log = logging.getLogger("localllm.daemon")
 
@@ -263,9 +271,12 @@ class Scheduler:
         settings: Settings,
         on_load: Callable[[LoadedModel], None] | None = None,
         runner_factory: RunnerFactory | None = None,
+        cpu_decider: CpuDecider | None = None,
     ) -> None:
         self.settings = settings
         self._runner_factory = runner_factory or self._start_process
+        self._cpu_decider = cpu_decider or (lambda s, threads: cpu.decide(s, threads))
+        self._cpu_paths: dict[int, asyncio.Future[cpu.CpuPaths]] = {}
         self.history = RequestHistory()
         """TTFT and decode rate of every model's requests since the daemon started."""
         self._models: dict[str, LoadedModel] = {}
@@ -310,6 +321,10 @@ class Scheduler:
         if self.closed:
             raise RuntimeError("the daemon is shutting down")
         key = model.name.full
+        existing = self._models.get(key)
+        if existing is not None and not existing.alive():
+            self._note_crash(existing.config, getattr(existing.runner, "returncode", None))
+        config = await self._follow_cpu_paths(config)
         load_seconds = 0.0
         while True:
             # Returned reserved (counted in ``pending``), so keep_alive cannot unload it in
@@ -384,6 +399,69 @@ class Scheduler:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    # -- llama.cpp's CPU paths ---------------------------------------------------------
+
+    def _threads(self, config: RunnerConfig) -> int:
+        return config.n_threads or self.settings.num_threads or cpu.default_threads()
+
+    def probe_cpu(self, threads: int = 0) -> asyncio.Future[cpu.CpuPaths]:
+        """Start deciding llama.cpp's CPU paths for ``threads`` (0: the default) unless that
+        is decided or under way: once per thread count. Its warning is logged once."""
+        threads = threads or self.settings.num_threads or cpu.default_threads()
+        task = self._cpu_paths.get(threads)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self._cpu_decider, self.settings, threads)
+            )
+            task.add_done_callback(self._announce_cpu_paths)
+            self._cpu_paths[threads] = task
+        return task
+
+    async def cpu_paths(self, threads: int = 0) -> cpu.CpuPaths:
+        """The CPU probe's decision for ``threads`` (see :meth:`probe_cpu`)."""
+        return await asyncio.shield(self.probe_cpu(threads))
+
+    @staticmethod
+    def _announce_cpu_paths(task: asyncio.Future[cpu.CpuPaths]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        paths = task.result()
+        if paths.warning:
+            log.warning("%s", paths.warning)
+        elif paths.error:
+            log.error("%s", paths.error)
+        else:
+            log.info(
+                "llama.cpp's CPU paths: repacking %s (%s)",
+                "on" if paths.repack else "off",
+                paths.reason,
+            )
+
+    async def _follow_cpu_paths(self, config: RunnerConfig) -> RunnerConfig:
+        paths = await self.cpu_paths(self._threads(config))
+        if paths.error:
+            raise RunnerStartError(paths.error)
+        return replace(config, cpu_repack=paths.repack)
+
+    def _note_crash(self, config: RunnerConfig, returncode: int | None) -> bool:
+        """A runner loaded with ``config`` ended with ``returncode``: when it was a native fault
+        with repacking on, repacking goes off for later loads. True when it did."""
+        threads = self._threads(config)
+        task = self._cpu_paths.get(threads)
+        if not config.cpu_repack or returncode is None or task is None or not task.done():
+            return False
+        if task.cancelled() or task.exception() is not None:
+            return False
+        before = task.result()
+        after = cpu.record_crash(before, returncode)
+        if after is before:
+            return False
+        decided: asyncio.Future[cpu.CpuPaths] = asyncio.get_running_loop().create_future()
+        decided.set_result(after)
+        self._cpu_paths[threads] = decided
+        log.warning("%s", after.warning)
+        return True
+
     # -- loading and unloading ---------------------------------------------------------
 
     def _lock(self, key: str) -> asyncio.Lock:
@@ -438,7 +516,14 @@ class Scheduler:
     ) -> LoadedModel:
         await self._make_room(key)
         started = time.monotonic()
-        loaded = await self._start(key, model, config, keep_alive)
+        try:
+            loaded = await self._start(key, model, config, keep_alive)
+        except RunnerStartError as exc:
+            if not self._note_crash(config, exc.returncode):
+                raise
+            log.warning("loading %s again without weight repacking", model.name.short)
+            config = await self._follow_cpu_paths(config)
+            loaded = await self._start(key, model, config, keep_alive)
         loaded.load_seconds = time.monotonic() - started
         if self.closed:
             await self._stop(loaded)

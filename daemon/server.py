@@ -162,6 +162,8 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
     try:
         # The bundled starter model appears on first use of a store, with no network. A
         # failure (a full disk, say) must not keep the daemon from serving what exists.
+        # The CPU probe runs (or its cached decision is read) before any request needs it.
+        state.scheduler.probe_cpu()
         try:
             await asyncio.to_thread(ensure_starter, state.store)
         except (LocalLLMError, OSError) as exc:

@@ -11,6 +11,7 @@ from fakes.hf_hub import FakeHub
 
 from localllm import AuthRequiredError, RemoteNotFoundError
 from localllm.manifest import MEDIA_MODEL
+from localllm.daemon.runner import cpu
 from localllm.models import load_model
 from localllm.settings import Settings
 from localllm.sources import linked_splits, model_paths, pull
@@ -139,9 +140,7 @@ def test_split_gguf_is_pulled_whole_and_loads(
     import llama_cpp
 
     array = (ctypes.c_char_p * len(paths))(*[str(path).encode() for path in paths])
-    model = llama_cpp.llama_model_load_from_splits(
-        array, len(paths), llama_cpp.llama_model_default_params()
-    )
+    model = llama_cpp.llama_model_load_from_splits(array, len(paths), cpu.model_params())
     assert model
     try:
         from localllm.gguf_info import inspect_gguf

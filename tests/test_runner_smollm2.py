@@ -25,6 +25,7 @@ from localllm.daemon.runner import (
     RunnerConfig,
     RunnerError,
     SamplingOptions,
+    cpu,
 )
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ class PlainLoop:
 
     def __init__(self, path: Path, config: RunnerConfig) -> None:
         llama_cpp.llama_backend_init()
-        model_params = llama_cpp.llama_model_default_params()
+        model_params = cpu.model_params()  # weight repacking as this CPU allows
         model_params.n_gpu_layers = 999 if llama_cpp.llama_supports_gpu_offload() else 0
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         assert self.model, "llama.cpp could not load the model"

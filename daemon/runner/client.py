@@ -703,6 +703,11 @@ class ProcessRunner:
         """True while the process runs and the connection is open."""
         return self.process.alive() and self.client.alive
 
+    @property
+    def returncode(self) -> int | None:
+        """How the process ended (negative: the signal); None while it runs."""
+        return self.process.process.poll() if self.process.process else None
+
     async def open_generation(
         self,
         request: GenerationRequest,

@@ -132,6 +132,8 @@ class CpuPaths:
     """The probe children this decision came from."""
     fell_back: bool = False
     """Repacking is off because it crashed (the case worth a warning)."""
+    cache_file: str = ""
+    """Where the decision is cached ("" for a setting's, or one that is asked again)."""
 
     @property
     def warning(self) -> str | None:
@@ -160,10 +162,11 @@ class CpuPaths:
             "key": self.key,
             "fell_back": self.fell_back,
             "runs": [dataclasses.asdict(run) for run in self.runs],
+            "cache_file": self.cache_file,
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], source: str) -> CpuPaths:
+    def from_json(cls, data: dict[str, Any], source: str, cache_file: str) -> CpuPaths:
         """Read a cached decision (raises KeyError/TypeError/ValueError on a bad file)."""
         runs = tuple(
             ProbeRun(
@@ -182,6 +185,7 @@ class CpuPaths:
             key=str(data["key"]),
             runs=runs,
             fell_back=bool(data.get("fell_back", False)),
+            cache_file=cache_file,
         )
 
 
@@ -280,8 +284,7 @@ def _cache_file(cache_dir: Path, key: str) -> Path:
     return cache_dir / "cpu-probe" / f"{key}.json"
 
 
-def _write_cached(cache_dir: Path, paths: CpuPaths) -> None:
-    file = _cache_file(cache_dir, paths.key)
+def _write_cached(file: Path, paths: CpuPaths) -> None:
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         temporary = file.with_suffix(f".{os.getpid()}.tmp")
@@ -291,10 +294,9 @@ def _write_cached(cache_dir: Path, paths: CpuPaths) -> None:
         log.warning("could not cache the CPU probe's decision in %s: %s", file, exc)
 
 
-def _read_cached(cache_dir: Path, key: str) -> CpuPaths | None:
+def _read_cached(file: Path, key: str) -> CpuPaths | None:
     try:
-        data = json.loads(_cache_file(cache_dir, key).read_text())
-        paths = CpuPaths.from_json(data, "cache")
+        paths = CpuPaths.from_json(json.loads(file.read_text()), "cache", str(file))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return paths if paths.key == key else None
@@ -327,38 +329,32 @@ def decide(
         if not fresh and memo in _decided:
             return _decided[memo]
         key = decision_key(threads)
-        paths = None if fresh else _read_cached(cache_dir, key)
+        file = _cache_file(cache_dir, key)
+        paths = None if fresh else _read_cached(file, key)
         if paths is None:
             runs = {mode: _run_probe(command, mode, threads, timeout) for mode in _MODES}
             paths, cacheable = _judge(runs, key)
             if cacheable:
-                _write_cached(cache_dir, paths)
+                paths = dataclasses.replace(paths, cache_file=str(file))
+                _write_cached(file, paths)
         _decided[memo] = paths
         return paths
 
 
-def record_crash(
-    paths: CpuPaths,
-    returncode: int,
-    *,
-    settings: Settings | None = None,
-    threads: int | None = None,
-    cache_dir: Path | None = None,
-) -> CpuPaths:
+def record_crash(paths: CpuPaths, returncode: int) -> CpuPaths:
     """A runner with repacking on died by a native fault the probe did not catch (a weight type
-    it does not cover): repacking goes off from now on, remembered like a probe's decision."""
+    it does not cover): repacking goes off from now on, remembered where ``paths`` is."""
     if not paths.repack or paths.source == "setting" or -returncode not in _CRASH_SIGNALS:
         return paths
-    settings = settings or Settings.from_env()
     reason = f"a runner with weight repacking {exit_status(returncode)}"
     fallback = dataclasses.replace(
         paths, repack=False, reason=reason, source="runtime", fell_back=True
     )
-    if paths.key:
-        _write_cached(cache_dir or settings.cache_dir, fallback)
+    if paths.cache_file:
+        _write_cached(Path(paths.cache_file), fallback)
     with _decided_lock:
         for memo, known in list(_decided.items()):
-            if known.key == paths.key:
+            if known.key == paths.key and known.cache_file == paths.cache_file:
                 _decided[memo] = fallback
     return fallback
 

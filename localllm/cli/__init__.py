@@ -9,7 +9,8 @@ stays fast:
   ``quantize``, ``stop``;
 - :mod:`~localllm.cli.run`: ``run``, with the interactive chat of :mod:`~localllm.cli.repl`;
   both go through the chat session of :mod:`~localllm.cli.session`;
-- :mod:`~localllm.cli.tui`: ``tui``.
+- :mod:`~localllm.cli.tui`: ``tui``;
+- :mod:`~localllm.cli.doctor`: ``doctor``.
 
 What the commands share (settings, the daemon connection, output helpers) is in
 :mod:`~localllm.cli.common`. Commands reach the daemon through :mod:`localllm.client`,

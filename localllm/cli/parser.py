@@ -188,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(add("bench", "bench:cmd_bench", "Measure throughput and latency"))
     add("version", "daemon:cmd_version", "Show the version")
+    sub = add(
+        "doctor",
+        "doctor:cmd_doctor",
+        "Show what a bug report needs: versions, llama.cpp's view of this machine, the CPU "
+        "probe's decision, the data root and the daemon's endpoints",
+    )
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
     add("tui", "tui:cmd_tui", "Open the terminal UI")
     return parser
 

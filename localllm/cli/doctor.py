@@ -1,0 +1,143 @@
+"""``localllm doctor``: what a bug report needs, in one screen (``--json`` for scripts).
+
+localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
+its backends and devices, GPU offload and RPC support, the CPU probe's decision about weight
+repacking and why, the data root with its free disk, and both daemon endpoints with whether a
+localllm daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
+runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
+daemon that does not run is reported as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._format import human_size
+from .parser import EXIT_OK
+
+__all__ = ["cmd_doctor", "diagnose"]
+
+
+def _free_disk(path: Path) -> dict[str, Any]:
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        usage = shutil.disk_usage(existing)
+    except OSError as exc:
+        return {"path": str(path), "error": str(exc)}
+    return {"path": str(path), "free": usage.free, "total": usage.total}
+
+
+def _endpoint(settings: Any, **where: Any) -> dict[str, Any]:
+    from .._exceptions import LocalLLMError
+    from ..client import Client
+
+    with Client(settings, timeout=5.0, **where) as client:
+        report: dict[str, Any] = {"address": client.address, "localllm": client.is_running()}
+        if report["localllm"]:
+            try:
+                report["version"] = client.version()
+            except LocalLLMError as exc:
+                report["error"] = str(exc)
+    return report
+
+
+def diagnose() -> dict[str, Any]:
+    """Everything ``localllm doctor`` prints, as JSON-ready data."""
+    from .. import __version__
+    from ..daemon.runner import cpu
+    from .common import load_settings
+
+    settings = load_settings()
+    paths = cpu.decide(settings)
+    return {
+        "localllm": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "llama_cpp": cpu.system_report(),
+        "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
+        "data_root": _free_disk(settings.data_dir),
+        "endpoints": {
+            "socket": _endpoint(settings, socket_path=settings.socket_path),
+            "tcp": _endpoint(settings, base_url=settings.base_url),
+        },
+    }
+
+
+def _describe_endpoint(name: str, report: dict[str, Any]) -> str:
+    if report.get("localllm"):
+        state = f"localllm {report.get('version', '?')} answers"
+        if "error" in report:
+            state += f" ({report['error']})"
+    else:
+        state = "no localllm daemon answers"
+    return f"  {name:7} {report['address']}: {state}"
+
+
+def _render(report: dict[str, Any]) -> list[str]:
+    llama = report["llama_cpp"]
+    repack = report["cpu_repack"]
+    lines = [
+        f"localllm {report['localllm']} (Python {report['python']}, {report['platform']})",
+    ]
+    if "error" in llama:
+        lines.append(f"llama.cpp: {llama['error']}")
+    else:
+        lines += [
+            f"llama.cpp: llama-cpp-python {llama['llama_cpp_python']} ({llama['library']})",
+            f"  system info: {llama['system_info']}",
+            f"  backends: {', '.join(llama['backends']) or 'none'}",
+        ]
+        for device in llama["devices"]:
+            memory = f"{human_size(device['memory_free'])} free of " + human_size(
+                device["memory_total"]
+            )
+            lines.append(
+                f"  device {device['name']} ({device['type']}): {device['description']}, {memory}"
+            )
+        gpus = [d["name"] for d in llama["devices"] if d["type"] in ("gpu", "igpu")]
+        lines.append(
+            "  GPU offload: "
+            + (f"yes ({', '.join(gpus)})" if gpus else "no GPU device")
+            + f"; RPC: {'yes' if llama['rpc'] else 'no (build with -DGGML_RPC=on)'}"
+        )
+    state = "on" if repack["repack"] else "off"
+    if not repack["usable"]:
+        state = "llama.cpp cannot run here"
+    origin = {"probe": "probed now", "cache": "cached", "setting": "set", "runtime": "learned"}
+    where = f"; {repack['cache_file']}" if repack.get("cache_file") else ""
+    lines.append(
+        f"weight repacking: {state} — {repack['reason']} "
+        f"({origin.get(repack['source'], repack['source'])}{where})"
+    )
+    for key in ("warning", "error"):
+        if repack.get(key):
+            lines.append(f"  {key}: {repack[key]}")
+    disk = report["data_root"]
+    free = (
+        f"{human_size(disk['free'])} free of {human_size(disk['total'])}"
+        if "free" in disk
+        else disk.get("error", "")
+    )
+    lines.append(f"data root: {disk['path']} ({free})")
+    lines.append("daemon:")
+    for name, endpoint in report["endpoints"].items():
+        lines.append(_describe_endpoint(name, endpoint))
+    return lines
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """``doctor [--json]``: print what a bug report needs."""
+    report = diagnose()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(_render(report)))
+    return EXIT_OK

@@ -1,0 +1,83 @@
+"""``localllm doctor``: versions, llama.cpp's view of the machine, the repack decision and why,
+the data root, both endpoints; and a daemon that follows a decision to turn repacking off.
+
+Each test has a cache dir of its own (``XDG_CACHE_HOME``), so the CPU probe's decision there is
+the one the test made: the real probe's, or one written by a probe that dies by SIGILL in
+repacking mode (standing in for a CPU whose AMX path faults).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli_support import cli_home
+
+from localllm.daemon.runner import cpu
+
+pytestmark = pytest.mark.slow
+
+_SIGILL_IN_REPACKING = """
+import json, os, signal, sys
+mode = sys.argv[sys.argv.index("--mode") + 1]
+if mode == "repack":
+    os.kill(os.getpid(), signal.SIGILL)
+print(json.dumps({"mode": mode, "buffers": []}))
+"""
+
+
+def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Path) -> None:
+    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(tmp_path / "cache")) as cli:
+        before = cli.json("doctor")
+        llama = before["llama_cpp"]
+        assert "error" not in llama, llama
+        assert llama["llama_cpp_python"] and "CPU" in llama["system_info"]
+        assert "CPU" in llama["backends"]
+        assert any(device["type"] == "cpu" for device in llama["devices"])
+        assert isinstance(llama["gpu_offload"], bool) and isinstance(llama["rpc"], bool)
+        repack = before["cpu_repack"]
+        assert repack["source"] == "probe" and repack["usable"]
+        assert [run["mode"] for run in repack["runs"]] == ["repack", "plain"]
+        assert Path(repack["cache_file"]).is_relative_to(tmp_path / "cache")
+        assert before["data_root"]["path"] == str(tmp_path / "home")
+        assert before["data_root"]["free"] > 0
+        assert not before["endpoints"]["socket"]["localllm"]
+        assert not before["endpoints"]["tcp"]["localllm"]
+
+        cli.ok("list")  # starts the daemon
+        after = cli.json("doctor")
+        assert after["cpu_repack"]["source"] == "cache"
+        assert after["cpu_repack"]["repack"] == repack["repack"]
+        for name in ("socket", "tcp"):
+            assert after["endpoints"][name]["localllm"], after["endpoints"]
+            assert after["endpoints"][name]["version"] == after["localllm"]
+        text = cli.ok("doctor")
+        assert "weight repacking: " + ("on" if repack["repack"] else "off") in text
+        assert "system info: " in text and "localllm" in text and "answers" in text
+
+
+def test_a_daemon_follows_a_decision_to_turn_repacking_off_and_says_why(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(_SIGILL_IN_REPACKING)
+    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(tmp_path / "cache")) as cli:
+        # The decision the probe would make on such a CPU, cached where the CLI looks.
+        decided = cpu.decide(
+            cli.settings,
+            cache_dir=tmp_path / "cache" / "localllm",
+            probe_command=[sys.executable, str(probe)],
+        )
+        assert decided.fell_back
+        text = cli.ok("doctor")
+        assert "weight repacking: off — the repack probe was killed by SIGILL" in text, text
+        assert "warning: llama.cpp's weight repacking crashed on this CPU" in text, text
+
+        with cli.client() as client:
+            cli.ok("list")
+            answer = client.generate("smollm2:135m", "Hi", options={"num_predict": 3})
+            assert answer["eval_count"] == 3
+            pid = next(m for m in client.ps() if m["model"] == "smollm2:135m")["runner_pid"]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert command[command.index(b"--cpu-repack") + 1] == b"off"
+        log = (cli.settings.log_dir / "daemon.log").read_text()
+        assert log.count("weight repacking crashed on this CPU") == 1, log[-2000:]
