@@ -41,7 +41,8 @@ def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliHome]:
 def _verbose_values(text: str) -> dict[str, str]:
     values = {}
     for pattern in VERBOSE_LINES:
-        match = re.search(pattern, text)
+        # Each line from its start: "eval count" must not match inside "prompt eval count".
+        match = re.search(f"^{pattern}", text, re.MULTILINE)
         assert match, f"missing {pattern!r} in:\n{text}"
         values[pattern.split(":")[0]] = match.group(0)
     return values
@@ -112,7 +113,8 @@ def test_format_json_answers_json(cli: CliHome) -> None:
     assert result.returncode == 0, result.stderr
     answer = result.stdout.strip()
     assert answer.startswith("{"), result.stdout
-    generated = re.search(r"eval count: +(\d+) token", result.stderr)
+    # Anchored: "prompt eval count: N token(s)" comes first and must not be read as this.
+    generated = re.search(r"^eval count: +(\d+) token", result.stderr, re.MULTILINE)
     assert generated, result.stderr
     if int(generated.group(1)) < limit:  # the model ended the answer: done_reason "stop"
         assert isinstance(json.loads(answer), dict), result.stdout
@@ -231,7 +233,8 @@ def test_ctrl_c_stops_the_answer_and_keeps_the_session(cli: CliHome) -> None:
         child.sendline("/set parameter num_predict 4")
         child.expect(">>> ")
         child.sendline("Say hi.")
-        child.expect(r"eval count: +[1-4] token\(s\)")  # the session still answers
+        # "\n" first: not the "prompt eval count" line before it
+        child.expect(r"\neval count: +[1-4] token\(s\)")  # the session still answers
         child.expect(">>> ")
         child.sendintr()  # Ctrl-C at the prompt only explains how to leave
         child.expect("Use Ctrl \\+ d or /bye to exit.")

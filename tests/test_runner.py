@@ -246,8 +246,10 @@ def test_embeddings(runner: RunnerHarness) -> None:
     first, again, other = result.embeddings
     assert len(first) == 256
     assert math.isclose(math.sqrt(sum(v * v for v in first)), 1.0, rel_tol=1e-4)
-    assert first == again
-    assert first != other
+    # The same text twice in one batch: equal up to float reduction order (a batch's
+    # composition decides how llama.cpp sums, and that differs between CPUs).
+    assert first == pytest.approx(again, abs=1e-6)
+    assert first != pytest.approx(other, abs=1e-3)
     assert result.prompt_tokens > 0
 
 
