@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._exceptions import DiskFullError, InvalidNameError, OperationCancelledError, QuantizeError
-from ._format import human_size
+from ._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
 
 # The child process runs this very module (python -m localllm.quantize): what only the parent
 # needs (numpy, gguf, httpx through localllm.sources) is imported inside the parent's functions,
@@ -227,11 +227,13 @@ def _failure_message(returncode: int, errors: list[str], tail: str, target: str)
     if returncode < 0:
         import signal
 
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"llama.cpp crashed ({name}) while quantizing to {target}; the source is unchanged"
+        how = exit_status(returncode).removeprefix("was killed by ")
+        message = f"llama.cpp crashed ({how}) while quantizing to {target}; the source is unchanged"
+        if -returncode == signal.SIGILL:
+            message += (
+                f"; its native code used an instruction this CPU cannot run: {REBUILD_FOR_THIS_CPU}"
+            )
+        return message
     reason = "; ".join(e for e in errors if e) or (tail.splitlines()[-1] if tail else "")
     reason = reason.removeprefix("llama_model_quantize: ").strip()
     return f"quantizing to {target} failed: {reason or f'exit status {returncode}'}"

@@ -145,14 +145,22 @@ def test_unknown_target_lists_the_supported_ones(source_store: Store) -> None:
         quantize_model(source_store, "tiny", "tiny:q3", "q3_K_S")
 
 
+@pytest.mark.parametrize(
+    ("signal_name", "says"),
+    [
+        ("SIGSEGV", r"llama\.cpp crashed \(SIGSEGV \(segmentation fault\)\)"),
+        # An instruction this CPU cannot run: the remedy is a build for this CPU.
+        ("SIGILL", r"crashed \(SIGILL \(illegal instruction\)\).*-DGGML_NATIVE=OFF"),
+    ],
+)
 def test_a_crashing_child_is_an_error_not_a_crash(
-    store: Store, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, signal_name: str, says: str
 ) -> None:
-    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    crash = f"import os, signal; os.kill(os.getpid(), signal.{signal_name})"
     monkeypatch.setattr(
         "localllm.quantize._child_command", lambda args: [sys.executable, "-c", crash]
     )
-    with pytest.raises(QuantizeError, match=r"llama\.cpp crashed \(SIGSEGV\)"):
+    with pytest.raises(QuantizeError, match=says):
         quantize_model(store, tiny_gguf, "tiny:q8_0", "q8_0")
     assert not store.exists("tiny:q8_0")
     assert not list(store.partial_dir.glob("tmp-*"))

@@ -405,6 +405,13 @@ def _source_file_type(sources: dict[str, Any], state: DaemonState) -> tuple[str 
     return info.file_type, str(sources.get("gguf_file") or sources["gguf_digest"])
 
 
+async def _require_llama_cpp(state: DaemonState) -> None:
+    """Quantizing runs llama.cpp: refuse at once, in one line, where its CPU code cannot run."""
+    paths = await state.scheduler.cpu_paths(state.settings.num_threads)
+    if paths.error:
+        raise HTTPProblem(500, paths.error, param="quantize")
+
+
 @router.post("/api/create", summary="Create a model")
 async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
     """Create a model from a blob digest (``files``), a GGUF path or a model (``from``),
@@ -434,6 +441,7 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
             check_quantizable(file_type, what, allow_requantize=allow_requantize)
         except LocalLLMError as exc:
             raise HTTPProblem(400, str(exc), param="quantize") from None
+        await _require_llama_cpp(state)
     license_text = "\n".join(body.license) if isinstance(body.license, list) else body.license
     messages = (
         [{"role": m.role, "content": m.content or ""} for m in body.messages]
@@ -489,6 +497,7 @@ async def pull(body: PullRequest, request: Request, state: StateDep) -> Response
             quant = normalize_quant(body.quantize)
         except LocalLLMError as exc:
             raise HTTPProblem(400, str(exc), param="quantize") from None
+        await _require_llama_cpp(state)
 
     def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
         pull_model(
