@@ -5,6 +5,8 @@ copy, quantize, delete) and the live dashboard."""
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -172,6 +174,24 @@ async def test_escape_stops_the_answer(daemon: Daemon, tmp_path: Path, client: A
                 break
             await pilot.pause(0.05)
         assert all(m["active_requests"] == 0 for m in models)
+
+
+async def test_a_runner_dying_mid_answer_is_named_by_its_signal(
+    daemon: Daemon, tmp_path: Path, client: AsyncClient
+) -> None:
+    app = make_app(daemon, tmp_path)
+    async with app.run_test(size=(120, 30)) as pilot:
+        screen, answer = await long_answer_started(pilot, app)
+        pid = next(m for m in await client.ps() if m["model"] == SMOL)["runner_pid"]
+        os.kill(pid, signal.SIGILL)  # as a fault in llama.cpp's native code would end it
+        await wait_for(pilot, lambda: not screen.answering, "the answer to end")
+        assert answer.stats is not None
+        error = answer.stats.get("error", "")
+        assert "was killed by SIGILL (illegal instruction)" in error, answer.stats
+        assert "Fatal Python error: Illegal instruction" in error, error
+        assert answer.text, "what came before the runner died is kept"
+        # What a person sees: the error, by its signal's name.
+        await wait_for(pilot, lambda: "SIGILL" in screen_text(app), "the error on screen")
 
 
 async def test_quitting_mid_answer_keeps_what_came(daemon: Daemon, tmp_path: Path) -> None:
