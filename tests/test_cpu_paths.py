@@ -156,13 +156,13 @@ class _Model:
 
 def _answer(
     tiny_gguf: Path, tmp_path: Path, probe: list[str], *, repack_crashes: bool
-) -> tuple[GenerationResult, _Runners, Scheduler]:
+) -> tuple[GenerationResult, _Runners]:
     runners = _Runners(tmp_path, repack_crashes)
 
     def decider(settings: Settings, threads: int) -> cpu.CpuPaths:
         return cpu.decide(settings, threads, cache_dir=tmp_path / "cache", probe_command=probe)
 
-    async def main() -> tuple[GenerationResult, Scheduler]:
+    async def main() -> GenerationResult:
         scheduler = Scheduler(settings(), runner_factory=runners, cpu_decider=decider)
         config = RunnerConfig(model_path=str(tiny_gguf), n_slots=1, n_ctx_per_slot=256)
         try:
@@ -174,19 +174,18 @@ def _answer(
                     items = [item async for item in stream]
                 result = items[-1]
                 assert isinstance(result, GenerationResult)
-                return result, scheduler
+                return result
         finally:
             await scheduler.close()
 
-    result, scheduler = asyncio.run(main())
-    return result, runners, scheduler
+    return asyncio.run(main()), runners
 
 
 def test_a_probe_that_dies_in_repacking_leads_to_a_load_without_it_that_answers(
     tiny_gguf: Path, tmp_path: Path, fake_probe: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="localllm.daemon")
-    result, runners, _ = _answer(tiny_gguf, tmp_path, fake_probe("repack"), repack_crashes=True)
+    result, runners = _answer(tiny_gguf, tmp_path, fake_probe("repack"), repack_crashes=True)
     assert result.timings.completion_tokens == 4
     assert runners.asked == [False], "no runner was asked to repack"
     warnings = [r.getMessage() for r in caplog.records if "repacking crashed" in r.getMessage()]
@@ -198,7 +197,7 @@ def test_a_runner_that_dies_by_sigill_while_repacking_is_loaded_again_without_it
 ) -> None:
     """The probe passed (its model lacks the weight type that faults), yet the runner died."""
     caplog.set_level(logging.WARNING, logger="localllm.daemon")
-    result, runners, _ = _answer(tiny_gguf, tmp_path, fake_probe(""), repack_crashes=True)
+    result, runners = _answer(tiny_gguf, tmp_path, fake_probe(""), repack_crashes=True)
     assert result.timings.completion_tokens == 4
     assert runners.asked == [True, False]
     said = " | ".join(r.getMessage() for r in caplog.records)
