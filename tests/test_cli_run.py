@@ -171,7 +171,8 @@ def test_interactive_session(cli: CliHome) -> None:
         child.expect(">>> ")
 
         child.sendline("What is 2 + 2?")
-        child.expect(r"eval rate: +[0-9.]+ tokens/s")
+        # The last line, from its start ("prompt eval rate" comes before it).
+        child.expect(r"\neval rate: +[0-9.]+ tokens/s")
         _verbose_values(child.before + child.after)
         child.expect(">>> ")
 

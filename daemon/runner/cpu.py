@@ -518,56 +518,22 @@ def _probe_child(mode: str, threads: int, workdir: Path) -> int:
 
 def _info_child() -> int:
     import ctypes
+    from dataclasses import asdict
 
     import llama_cpp
+
+    from . import ggml
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # referenced while C may call it
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
-    from llama_cpp._ggml import libggml as ggml  # the library llama.cpp itself loaded
-
-    for name, restype, argtypes in (
-        ("ggml_backend_dev_count", ctypes.c_size_t, []),
-        ("ggml_backend_dev_get", ctypes.c_void_p, [ctypes.c_size_t]),
-        ("ggml_backend_dev_name", ctypes.c_char_p, [ctypes.c_void_p]),
-        ("ggml_backend_dev_description", ctypes.c_char_p, [ctypes.c_void_p]),
-        ("ggml_backend_dev_type", ctypes.c_int, [ctypes.c_void_p]),
-        (
-            "ggml_backend_dev_memory",
-            None,
-            [ctypes.c_void_p] + [ctypes.POINTER(ctypes.c_size_t)] * 2,
-        ),
-        ("ggml_backend_reg_count", ctypes.c_size_t, []),
-        ("ggml_backend_reg_get", ctypes.c_void_p, [ctypes.c_size_t]),
-        ("ggml_backend_reg_name", ctypes.c_char_p, [ctypes.c_void_p]),
-    ):
-        function = getattr(ggml, name)
-        function.restype, function.argtypes = restype, argtypes
-    kinds = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
-    devices = []
-    for index in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(index)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        devices.append(
-            {
-                "name": ggml.ggml_backend_dev_name(device).decode(),
-                "description": ggml.ggml_backend_dev_description(device).decode(),
-                "type": kinds.get(ggml.ggml_backend_dev_type(device), "other"),
-                "memory_free": free.value,
-                "memory_total": total.value,
-            }
-        )
-    backends = [
-        ggml.ggml_backend_reg_name(ggml.ggml_backend_reg_get(i)).decode()
-        for i in range(ggml.ggml_backend_reg_count())
-    ]
+    devices = ggml.devices()
     report = {
         "llama_cpp_python": llama_cpp.__version__,
         "system_info": llama_cpp.llama_print_system_info().decode().strip(),
-        "backends": backends,
-        "devices": devices,
-        "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+        "backends": ggml.backends(),
+        "devices": [asdict(device) for device in devices],
+        "gpu_offload": any(device.type in ("gpu", "igpu") for device in devices),
         "rpc": bool(llama_cpp.llama_supports_rpc()),
         "mmap": bool(llama_cpp.llama_supports_mmap()),
         "mlock": bool(llama_cpp.llama_supports_mlock()),

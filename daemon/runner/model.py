@@ -15,6 +15,7 @@ from typing import IO
 
 import llama_cpp
 
+from . import ggml
 from .cpu import decide, default_threads
 from .protocol import RunnerConfig
 
@@ -151,8 +152,10 @@ class LlamaModel:
         """How it was loaded."""
         self.n_threads = config.n_threads or default_threads()
         """CPU threads used for decoding and prefill."""
-        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
-        """Whether this llama.cpp build has a GPU backend."""
+        # Not llama_supports_gpu_offload(): that is true for an RPC build on a machine
+        # without a GPU.
+        self.gpu_offload = ggml.has_gpu()
+        """Whether a GPU can hold layers here (a GPU build, and a GPU it found)."""
 
         # Whether weights go into llama.cpp's extra CPU buffer types (repacked).
         self.cpu_repack: bool
