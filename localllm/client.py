@@ -246,6 +246,20 @@ def _parse_ndjson(line: str) -> Any | None:
     return _check_line(json.loads(line)) if line else None
 
 
+_CUT_SHORT = "the daemon's answer stream ended before its final chunk (the connection closed)"
+
+
+def _until_done(chunks: Iterator[Any]) -> Iterator[Any]:
+    """An answer's chunks; a stream that ends before the one marked ``done`` is an error,
+    not a short answer."""
+    done = False
+    for chunk in chunks:
+        done = done or bool(chunk.get("done"))
+        yield chunk
+    if not done:
+        raise DaemonUnavailableError(_CUT_SHORT)
+
+
 def _parse_sse(line: str) -> Any | None:
     """The JSON of one ``data:`` line, ``None`` for anything else; ``[DONE]`` → StopIteration."""
     if not line.startswith("data:"):
@@ -683,7 +697,7 @@ class Client:
     ) -> Iterator[GenerateChunk]:
         """A completion streamed chunk by chunk; the last chunk has ``done`` and timings."""
         body = _payload(locals(), stream=True)
-        yield from self._stream("POST", "/api/generate", body, _parse_ndjson)
+        yield from _until_done(self._stream("POST", "/api/generate", body, _parse_ndjson))
 
     def chat(
         self,
@@ -711,7 +725,7 @@ class Client:
     ) -> Iterator[ChatChunk]:
         """A chat answer streamed chunk by chunk; the last chunk has ``done`` and timings."""
         body = _payload(locals(), stream=True)
-        yield from self._stream("POST", "/api/chat", body, _parse_ndjson)
+        yield from _until_done(self._stream("POST", "/api/chat", body, _parse_ndjson))
 
     def load(self, model: str, *, keep_alive: str | float | None = None) -> GenerateChunk:
         """Load a model without generating (an empty prompt)."""
@@ -1032,8 +1046,12 @@ class AsyncClient:
     ) -> AsyncIterator[GenerateChunk]:
         """A completion streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
         body = _payload(locals(), stream=True)
+        done = False
         async for item in self._stream("POST", "/api/generate", body, _parse_ndjson):
+            done = done or bool(item.get("done"))
             yield item
+        if not done:
+            raise DaemonUnavailableError(_CUT_SHORT)
 
     async def chat(
         self,
@@ -1061,8 +1079,12 @@ class AsyncClient:
     ) -> AsyncIterator[ChatChunk]:
         """A chat answer streamed chunk by chunk; ``aclose()`` stops it in the daemon."""
         body = _payload(locals(), stream=True)
+        done = False
         async for item in self._stream("POST", "/api/chat", body, _parse_ndjson):
+            done = done or bool(item.get("done"))
             yield item
+        if not done:
+            raise DaemonUnavailableError(_CUT_SHORT)
 
     async def load(self, model: str, *, keep_alive: str | float | None = None) -> GenerateChunk:
         """Load a model without generating."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pexpect
 import pytest
@@ -278,3 +279,41 @@ def test_a_model_that_is_not_here_is_pulled_first(cli: CliHome) -> None:
     assert result.returncode == 0, result.stderr
     assert "success" in result.stderr and "eval count" in result.stderr
     assert MODEL in cli.ok("list")
+
+
+def test_a_runner_killed_mid_answer_is_named_on_the_error_line(
+    cli: CliHome, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tiny_gguf import write_tiny_gguf
+
+    # Thousands of tokens a second: a long context, so it is still answering when killed.
+    write_tiny_gguf(tmp_path / "e.gguf", never_ends=True, context_length=32768)
+    (tmp_path / "Modelfile").write_text("FROM ./e.gguf\nPARAMETER num_ctx 32768\n")
+    cli.ok("create", "endless", "-f", str(tmp_path / "Modelfile"))
+    child = subprocess.Popen(
+        [sys.executable, "-m", "localllm", "run", "endless", "Go on for ever."],
+        env=cli.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        # The answer has begun.
+        assert child.stdout is not None and child.stdout.read(1)
+        with cli.client() as client:
+            pid = next(m for m in client.ps() if m["model"] == "endless:latest")["runner_pid"]
+        os.kill(pid, signal.SIGILL)  # as a fault in llama.cpp's native code would
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 1, err
+    assert out.endswith(b"\n"), "the answer so far ends its line before the error"
+    error = err.decode().strip().splitlines()[-1]
+    assert error.startswith("Error: the model runner for endless"), error
+    assert "was killed by SIGILL (illegal instruction)" in error, error

@@ -134,6 +134,12 @@ def _cut_after_one_line(conn: socket.socket) -> None:
     conn.sendall(b"%x\r\n%s\r\n" % (len(line), line))
 
 
+def _ended_before_done(conn: socket.socket) -> None:
+    """An NDJSON stream that ends properly, but before the chunk marked ``done``."""
+    _cut_after_one_line(conn)
+    conn.sendall(b"0\r\n\r\n")
+
+
 def _answer(status: str, body: bytes) -> Callable[[socket.socket], None]:
     def handle(conn: socket.socket) -> None:
         while _read_request(conn):
@@ -167,6 +173,30 @@ def test_a_stream_cut_midway_is_a_lost_connection() -> None:
                 received.append(chunk)
     assert [c["message"]["content"] for c in received] == ["a"]  # it failed mid-iteration
     assert "lost the connection" in str(info.value)
+
+
+def test_an_answer_stream_that_ends_before_its_final_chunk_is_an_error() -> None:
+    """Not a short answer: a client would take a cut answer for the whole one."""
+    with _peer(_ended_before_done) as url, Client(base_url=url, timeout=5) as client:
+        received = []
+        with pytest.raises(DaemonUnavailableError, match="before its final chunk"):
+            for chunk in client.chat_stream("m", [{"role": "user", "content": "hi"}]):
+                received.append(chunk)
+        assert len(received) == 1
+        with pytest.raises(DaemonUnavailableError, match="before its final chunk"):
+            list(client.generate_stream("m", "hi"))
+
+    async def asynchronous() -> None:
+        async with AsyncClient(base_url=url, timeout=5) as client:
+            with pytest.raises(DaemonUnavailableError, match="before its final chunk"):
+                async for _ in client.chat_stream("m", [{"role": "user", "content": "hi"}]):
+                    pass
+            with pytest.raises(DaemonUnavailableError, match="before its final chunk"):
+                async for _ in client.generate_stream("m", "hi"):
+                    pass
+
+    with _peer(_ended_before_done) as url:
+        asyncio.run(asyncio.wait_for(asynchronous(), 30))
 
 
 def test_nobody_listening_is_unavailable() -> None:

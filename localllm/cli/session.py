@@ -294,6 +294,12 @@ class ChatSession:
             stream.close()
             self.reconnect()
             raise
+        except LocalLLMError:
+            # What came is kept on screen; the error line the caller prints starts on its own.
+            printer.finish()
+            if printer.content or printer.thinking:
+                write("\n")
+            raise
         finally:
             stream.close()
         answer = printer.content
