@@ -17,7 +17,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from .protocol import (
     decode,
     encode,
 )
+from .workers import probe_all
 
 __all__ = [
     "GenerationStream",
@@ -72,6 +73,9 @@ _LINE_LIMIT = 64 << 20
 _READ_SIZE = 1 << 18
 # A cancelled request is confirmed at the engine's next step; don't wait forever for it.
 _CANCEL_CONFIRM_S = 10.0
+# Finding out why a runner went away (checking its RPC workers) must not hold its requests'
+# errors back for long.
+_EXPLAIN_S = 10.0
 
 
 class RunnerError(Exception):
@@ -229,6 +233,10 @@ class RunnerClient:
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._closed_reason: str | None = None
+        self._closing = False
+        self.explain_loss: Callable[[], Awaitable[str | None]] | None = None
+        """Asked, when the connection drops, why the runner went away (a dead RPC worker):
+        its answer, when not None, is the error every pending request gets."""
         self._reader_task = asyncio.create_task(self._read_loop())
 
     @classmethod
@@ -274,9 +282,16 @@ class RunnerClient:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"lost the connection to the runner ({exc})"
         finally:
-            self._closed_reason = reason
-            for queue in self._queues.values():
-                queue.put_nowait(_Died(reason))
+            try:
+                if self.explain_loss is not None and not self._closing:
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(_EXPLAIN_S):
+                            reason = await self.explain_loss() or reason
+            finally:
+                # Also when close() cancels the explanation: no request may wait forever.
+                self._closed_reason = reason
+                for queue in self._queues.values():
+                    queue.put_nowait(_Died(reason))
 
     def _route(self, line: bytes) -> None:
         """Put the event on one line on its request's queue."""
@@ -408,6 +423,7 @@ class RunnerClient:
 
     async def close(self) -> None:
         """Close the connection (the runner keeps running)."""
+        self._closing = True
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
@@ -494,6 +510,10 @@ class RunnerProcess:
         if c.projector is not None:
             args += ["--projector", c.projector]
         args += ["--kv-cache-ram", str(c.kv_cache_ram), "--kv-cache-disk", str(c.kv_cache_disk)]
+        for endpoint in c.rpc_workers:
+            args += ["--rpc-worker", endpoint]
+        for endpoint in c.rpc_lost:
+            args += ["--rpc-lost", endpoint]
         args += ["--num-draft", str(c.num_draft)]
         if c.draft_model is not None:
             args += ["--draft-model", c.draft_model]
@@ -615,6 +635,31 @@ class ProcessRunner:
         """The connection to it."""
         self.health = health
         """What the runner said about itself once loaded (context, slots, GPU layers...)."""
+        self.lost_workers: list[str] = []
+        """RPC workers found down after the runner went away (llama.cpp ends a runner whose
+        worker connection fails); the next load of the model may go on without them."""
+        if process.config.rpc_workers:
+            client.explain_loss = self._explain_loss
+
+    async def _explain_loss(self) -> str | None:
+        """Which RPC workers stopped answering, once the runner went away (None: all answer,
+        so they are not why)."""
+        workers = [w for w in self.process.config.rpc_workers if w not in self.health_dropped]
+        statuses = await asyncio.to_thread(probe_all, workers)
+        down = [s for s in statuses if not s.ok]
+        if not down:
+            return None
+        self.lost_workers = [*self.health_dropped, *(s.endpoint for s in down)]
+        named = "; ".join(f"RPC worker {s.endpoint} {s.problem}" for s in down)
+        return (
+            f"{named}; llama.cpp stops a runner whose worker fails, so the model loads again "
+            "on the next request, without that worker if the model fits on the rest"
+        )
+
+    @property
+    def health_dropped(self) -> list[str]:
+        """Lost workers this runner was loaded without."""
+        return list(self.health.get("rpc_dropped") or [])
 
     @classmethod
     async def start(

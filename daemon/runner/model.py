@@ -13,11 +13,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import llama_cpp
 
+from .backends import local_gpus
 from .protocol import RunnerConfig
+
+if TYPE_CHECKING:
+    from .rpc import RemoteSplit
 
 __all__ = [
     "Batch",
@@ -164,8 +168,10 @@ class LlamaModel:
         """How it was loaded."""
         self.n_threads = config.n_threads or default_threads()
         """CPU threads used for decoding and prefill."""
-        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
-        """Whether this llama.cpp build has a GPU backend."""
+        # Not llama_supports_gpu_offload(): it is true in every build with the RPC backend,
+        # GPU or none.
+        self.gpu_offload = bool(local_gpus())
+        """Whether this machine has a GPU that llama.cpp can offload to."""
 
         model_params = llama_cpp.llama_model_default_params()
         if config.n_gpu_layers < 0:
@@ -178,6 +184,13 @@ class LlamaModel:
             main_gpu=config.main_gpu,
             load_mode=_LOAD_MODES[config.use_mmap, config.use_mlock],
         )
+        self.remote: RemoteSplit | None = None
+        """The RPC workers the model is split onto, with its layers per device."""
+        if config.rpc_workers:
+            from .rpc import split_onto_workers
+
+            self.remote = split_onto_workers(model_params, config)
+            self.n_gpu_layers = self.remote.placement.n_gpu_layers
         if config.extra_model_paths:
             # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by
             # side, so llama.cpp is given the list.

@@ -428,6 +428,13 @@ class RunnerConfig:
     """Bytes of disk for saved prefixes, over the whole folder (0: no disk tier)."""
     projector: str | None = None
     """The vision projector GGUF (``mmproj``) that lets the model read images (None: text only)."""
+    rpc_workers: list[str] = field(default_factory=list)
+    """``host:port`` of RPC workers (``localllm worker``) whose devices take a share of the
+    layers, by free memory; each must answer before the load (see :mod:`.rpc`)."""
+    rpc_lost: list[str] = field(default_factory=list, compare=False)
+    """Workers of ``rpc_workers`` that died under this model's previous runner: this load goes
+    on without those still down when the model fits on the rest. Not part of the config's
+    identity, so the next request naming the same workers does not reload again."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------
