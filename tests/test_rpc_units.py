@@ -20,6 +20,7 @@ from localllm.daemon.options import merge_options, runner_config
 from localllm.daemon.runner.backends import Device
 from localllm.daemon.runner.placement import place_layers, split_units
 from localllm.daemon.runner.protocol import RunnerConfig
+from localllm.daemon.runner.rpc import exposure_warning
 from localllm.daemon.runner.workers import expected_protocol, probe
 from localllm.models import LOAD_OPTIONS, create_model, load_model, parse_parameters
 from localllm.settings import Settings, parse_rpc_workers
@@ -157,7 +158,7 @@ def test_a_refused_connection_is_named_with_the_command_to_start_a_worker() -> N
     port = closed.getsockname()[1]
     with closed:
         status = probe(f"127.0.0.1:{port}", timeout=2)
-    assert not status.ok
+    assert not status.ok and not status.connected
     assert status.problem is not None
     assert "not answering" in status.problem and f"localllm worker --port {port}" in status.problem
 
@@ -166,6 +167,7 @@ def test_a_worker_that_never_answers_is_reported_busy_not_waited_for() -> None:
     with _server(None) as endpoint:
         status = probe(endpoint, timeout=0.5)
     assert status.problem is not None and "serves one client at a time" in status.problem
+    assert status.connected, "up but busy: not a worker that died"
 
 
 def test_another_protocol_version_and_garbage_are_refused() -> None:
@@ -206,3 +208,9 @@ def test_ps_prints_the_devices_of_a_split_model() -> None:
     assert "49%/51% local/RPC" in table.splitlines()[1]
     assert table.splitlines()[-1] == line
     assert device_line({"name": "small"}) is None
+
+
+def test_a_worker_beyond_loopback_warns_that_rpc_has_no_authentication() -> None:
+    assert exposure_warning("127.0.0.1", 50052) is None
+    warning = exposure_warning("0.0.0.0", 50052)
+    assert warning is not None and "no authentication" in warning and "SSH tunnel" in warning

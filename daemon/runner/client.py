@@ -642,11 +642,12 @@ class ProcessRunner:
             client.explain_loss = self._explain_loss
 
     async def _explain_loss(self) -> str | None:
-        """Which RPC workers stopped answering, once the runner went away (None: all answer,
-        so they are not why)."""
+        """Which RPC workers stopped answering, once the runner went away (None: all are up,
+        so they are not why). Only a worker that refuses connections counts: one that is up
+        but slow to answer may still be finishing the dead runner's last step."""
         workers = [w for w in self.process.config.rpc_workers if w not in self.health_dropped]
         statuses = await asyncio.to_thread(probe_all, workers)
-        down = [s for s in statuses if not s.ok]
+        down = [s for s in statuses if not s.connected]
         if not down:
             return None
         self.lost_workers = [*self.health_dropped, *(s.endpoint for s in down)]

@@ -44,6 +44,7 @@ __all__ = [
     "REBUILD_HINT",
     "RemoteSplit",
     "doctor_line",
+    "exposure_warning",
     "main",
     "serve_worker",
     "split_onto_workers",
@@ -242,6 +243,17 @@ def _check_port(host: str, port: int) -> None:
             raise WorkerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def exposure_warning(host: str, port: int) -> str | None:
+    """What a worker listening beyond loopback must say (None on loopback)."""
+    if ipaddress.IPv4Address(host).is_loopback:
+        return None
+    return (
+        "Warning: the RPC protocol has no authentication and no encryption: anyone who "
+        f"reaches {host}:{port} can use these devices and read their memory. Reach workers "
+        "through an SSH tunnel or a VPN, never an open network."
+    )
+
+
 def serve_worker(
     host: str, port: int, threads: int, device_names: list[str], cache_dir: str | None
 ) -> int:
@@ -254,11 +266,12 @@ def serve_worker(
     from .backends import rpc_function
 
     try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
+        # ggml's server binds IPv4 addresses only (inet_addr): resolve a name here.
+        host = socket.gethostbyname(host)
+    except OSError:
         raise WorkerError(
-            f"--host must be an IPv4 address (ggml's RPC server binds no names or IPv6), "
-            f"got {host!r}"
+            f"--host must be an IPv4 address or a name of one (ggml's RPC server binds no "
+            f"IPv6), got {host!r}"
         ) from None
     if not 0 < port < 65536:
         raise WorkerError(f"--port must be between 1 and 65535, got {port}")
@@ -277,13 +290,8 @@ def serve_worker(
     served = ", ".join(f"{d.name} ({d.description}, {d.free >> 20} MiB free)" for d in devices)
     cache = f"tensor cache in {cache_dir}" if cache_dir else "no tensor cache"
     print(f"localllm worker: serving {served} on {host}:{port}, {threads} threads, {cache}")
-    if not ipaddress.IPv4Address(host).is_loopback:
-        print(
-            "Warning: the RPC protocol has no authentication and no encryption: anyone who "
-            f"reaches {host}:{port} can run code on these devices and read their memory. "
-            "Reach workers through an SSH tunnel or a VPN, never an open network.",
-            file=sys.stderr,
-        )
+    if (warning := exposure_warning(host, port)) is not None:
+        print(warning, file=sys.stderr)
     sys.stdout.flush()
 
     handles = (ctypes.c_void_p * len(devices))(*[d.handle for d in devices])

@@ -72,6 +72,8 @@ class WorkerStatus:
     """The RPC protocol version it speaks, once it answered the handshake."""
     devices: list[RemoteDevice] = field(default_factory=list)
     """Its devices with their memory."""
+    connected: bool = True
+    """Whether it accepted the TCP connection (False: not running, or not reachable)."""
 
     @property
     def ok(self) -> bool:
@@ -140,13 +142,16 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT_S) -> WorkerStatus:
     try:
         connection = socket.create_connection((host, port), timeout=timeout)
     except TimeoutError:
-        return WorkerStatus(endpoint, f"did not accept a connection within {timeout:.0f}s")
+        return WorkerStatus(
+            endpoint, f"did not accept a connection within {timeout:.0f}s", connected=False
+        )
     except OSError as exc:
         reason = exc.strerror or str(exc)
         return WorkerStatus(
             endpoint,
             f"is not answering ({reason.lower()}): is `localllm worker --port {port}` running "
             "there, and reachable?",
+            connected=False,
         )
     with connection:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
