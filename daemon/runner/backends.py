@@ -24,6 +24,7 @@ __all__ = [
     "all_devices",
     "cpu_device",
     "device_by_name",
+    "has_local_gpu",
     "local_gpus",
     "rpc_function",
 ]
@@ -90,10 +91,12 @@ def _text(raw: bytes | None) -> str:
     return raw.decode("utf-8", errors="replace") if raw else ""
 
 
-def _device(handle: int, kind: DeviceKind | None = None, endpoint: str | None = None) -> Device:
+def _device(
+    handle: int, kind: DeviceKind | None = None, endpoint: str | None = None, memory: bool = True
+) -> Device:
     lib = _lib()
     free, total = _size_t(0), _size_t(0)
-    if kind != "rpc":
+    if memory and kind != "rpc":
         # An RPC device's memory is asked over its connection, where a failure aborts the
         # process; callers pass what the worker check already read instead.
         lib.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
@@ -113,6 +116,16 @@ def all_devices() -> list[Device]:
     them in ``llama_model_params.devices`` only, so no other context uses them by accident)."""
     lib = _lib()
     return [_device(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]
+
+
+def has_local_gpu() -> bool:
+    """Whether this machine has a GPU llama.cpp can offload to (asks no device for its memory,
+    which would start a GPU context on each)."""
+    lib = _lib()
+    return any(
+        _KINDS.get(int(lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)))) in ("gpu", "igpu")
+        for i in range(lib.ggml_backend_dev_count())
+    )
 
 
 def cpu_device() -> Device:
@@ -163,7 +176,7 @@ def add_rpc_server(endpoint: str, memory: list[tuple[int, int]]) -> list[Device]
     lib = _lib()
     devices = []
     for index in range(lib.ggml_backend_reg_dev_count(registry)):
-        device = _device(lib.ggml_backend_reg_dev_get(registry, index), "rpc", endpoint)
+        device = _device(lib.ggml_backend_reg_dev_get(registry, index), "rpc", endpoint, False)
         free, total = memory[index] if index < len(memory) else (0, 0)
         devices.append(
             Device(device.handle, device.name, device.description, "rpc", free, total, endpoint)

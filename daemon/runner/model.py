@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING
 
 import llama_cpp
 
-from .backends import local_gpus
+from .backends import has_local_gpu
 from .protocol import RunnerConfig
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class LlamaModel:
         """CPU threads used for decoding and prefill."""
         # Not llama_supports_gpu_offload(): it is true in every build with the RPC backend,
         # GPU or none.
-        self.gpu_offload = bool(local_gpus())
+        self.gpu_offload = has_local_gpu()
         """Whether this machine has a GPU that llama.cpp can offload to."""
 
         model_params = llama_cpp.llama_model_default_params()
