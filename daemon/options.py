@@ -1,9 +1,10 @@
 """Request options → what the runner needs: sampling options and the runner's load config.
 
 Ollama's layering: the model's params layer gives defaults, the request's ``options`` override
-them. Eight options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
-``main_gpu``, ``use_mmap``, ``use_mlock``, ``num_thread``, ``draft_model``:
+them. Nine options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
+``main_gpu``, ``use_mmap``, ``use_mlock``, ``num_thread``, ``draft_model``, ``rpc_workers``:
 :data:`LOAD_OPTIONS`); a request whose load options differ from the loaded runner's reloads it.
+``rpc_workers`` (``host:port,...``; empty for none) overrides ``LOCALLLM_RPC_WORKERS``.
 
 The draft model for speculative decoding (:func:`draft_for`): the ``draft_model`` option (a
 request's, else the model's ``PARAMETER``) wins over the Modelfile's ``DRAFT`` layer, which wins
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localllm._exceptions import LocalLLMError, ModelNotFoundError
+from localllm._exceptions import LocalLLMError, ModelNotFoundError, SettingsError
 from localllm.gguf_info import GGUFInfo, draft_incompatibility
 from localllm.models import (
     FIXED_OPTIONS,
@@ -36,7 +37,7 @@ from localllm.models import (
     fixed_option_problem,
     load_model,
 )
-from localllm.settings import Settings
+from localllm.settings import Settings, parse_rpc_workers
 
 from .errors import HTTPProblem
 from .runner.protocol import RunnerConfig, SamplingOptions
@@ -109,6 +110,13 @@ def _check(key: str, value: Any, prefix: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
             raise HTTPProblem(400, f"{where} must be a string or a list of strings", param=where)
         return value
+    if key == "rpc_workers":
+        if not isinstance(value, str):
+            raise HTTPProblem(400, f"{where} must be a string of host:port,...", param=where)
+        try:
+            return ",".join(parse_rpc_workers(value, where))
+        except SettingsError as exc:
+            raise HTTPProblem(400, str(exc), param=where) from None
     if expected is str:
         if not isinstance(value, str) or not value.strip():
             raise HTTPProblem(400, f"{where} must be a model name, got {value!r}", param=where)
@@ -291,4 +299,9 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         kv_cache_ram=settings.kv_cache_ram,
         kv_cache_disk=settings.kv_cache_disk,
         projector=str(model.projector_path) if model.projector_path is not None else None,
+        rpc_workers=list(
+            parse_rpc_workers(options["rpc_workers"])
+            if "rpc_workers" in options
+            else settings.rpc_workers
+        ),
     )

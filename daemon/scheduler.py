@@ -12,7 +12,8 @@
 * A request whose load options (context, batch, GPU layers, threads) differ from the loaded
   runner's waits for that runner to go idle and reloads it, as Ollama does.
 * A runner that died is noticed on the next request and started again; the requests it was
-  serving fail with their own error (the runner client raises ``RunnerDiedError``).
+  serving fail with their own error (the runner client raises ``RunnerDiedError``). When RPC
+  workers took it down, that load may go on without them (``RunnerConfig.rpc_lost``).
 * Every load follows the CPU probe's decision (:mod:`.runner.cpu`, once per thread count, in a
   thread): weight repacking on or off, or a one-line refusal when llama.cpp cannot run on this
   CPU at all. A runner with repacking on that dies by a native fault the probe missed (SIGILL,
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import re
 import secrets
@@ -285,6 +287,7 @@ class Scheduler:
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
+        self._lost_workers: dict[str, list[str]] = {}
         self.queued = 0
         """Requests waiting for a slot, over all models."""
         self.closed = False
@@ -487,6 +490,7 @@ class Scheduler:
                 else:
                     log.warning("runner for %s is gone; starting it again", existing.name)
                 await self._unload(existing)
+            config = self._allow_lost_workers(key, config)
             started = time.monotonic()
             # The load runs as its own task, shielded from the request: a client that
             # disconnects mid-load must not leave a runner process that nobody owns.
@@ -577,11 +581,25 @@ class Scheduler:
                     continue
                 await self._changed.wait()
 
+    def _note_lost_workers(self, loaded: LoadedModel) -> None:
+        """Remember the RPC workers that took a model's runner down (llama.cpp ends a runner
+        whose worker connection fails): its next load may go on without them."""
+        lost = getattr(loaded.runner, "lost_workers", None)
+        if lost and not loaded.runner.alive():
+            self._lost_workers[loaded.key] = list(lost)
+
+    def _allow_lost_workers(self, key: str, config: RunnerConfig) -> RunnerConfig:
+        """``config`` allowed to go on without the workers that took the model's previous
+        runner down (a field outside the config's identity: it is still the same load)."""
+        lost = [w for w in self._lost_workers.pop(key, ()) if w in config.rpc_workers]
+        return dataclasses.replace(config, rpc_lost=lost) if lost else config
+
     def _begin_unload(self, loaded: LoadedModel) -> None:
         # Drop it from the table now, so /api/ps stops listing it at once; stop it in the
         # background (stopping a process takes a moment).
         loaded.closing = True
         self._cancel_expiry(loaded)
+        self._note_lost_workers(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
         self._spawn(self._stop(loaded))
@@ -589,6 +607,7 @@ class Scheduler:
     async def _unload(self, loaded: LoadedModel) -> None:
         loaded.closing = True
         self._cancel_expiry(loaded)
+        self._note_lost_workers(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
         # Shielded: once out of the table, nobody else would stop this runner.

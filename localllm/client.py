@@ -92,8 +92,8 @@ class ModelSummary(TypedDict, total=False):
 
 
 class LoadedModelInfo(TypedDict, total=False):
-    """One entry of :meth:`Client.ps`; ``slots``, ``active_requests``, ``queued_requests`` and
-    ``runner_pid`` are localllm's additions."""
+    """One entry of :meth:`Client.ps`; ``slots``, ``active_requests``, ``queued_requests``,
+    ``runner_pid``, ``devices`` and ``rpc_dropped`` are localllm's additions."""
 
     name: str
     model: str
@@ -108,6 +108,11 @@ class LoadedModelInfo(TypedDict, total=False):
     queued_requests: int
     runner_pid: int
     loaded_at: str
+    devices: list[dict[str, Any]]
+    """For a model split across RPC workers: each device (``name``, ``kind``, ``endpoint``,
+    ``layers``, ``first_layer``, ``output``, ``free``, ``total``), the local CPU first."""
+    rpc_dropped: list[str]
+    """Workers lost mid-request that this load went without."""
 
 
 class ShowResponse(TypedDict, total=False):

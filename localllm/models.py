@@ -31,6 +31,7 @@ from .manifest import (
     normalize_digest,
 )
 from .names import ModelName, parse_name
+from .settings import parse_rpc_workers
 from .store import ModelEntry, Store
 
 __all__ = [
@@ -53,6 +54,7 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "num_keep": int,
     "num_draft": int,
     "draft_model": str,
+    "rpc_workers": str,
     "num_batch": int,
     "num_gpu": int,
     "main_gpu": int,
@@ -114,6 +116,7 @@ LOAD_OPTIONS = frozenset(
         "use_mlock",
         "num_thread",
         "draft_model",
+        "rpc_workers",
     }
 )
 
@@ -138,6 +141,8 @@ def parse_parameters(parameters: dict[str, Any] | None) -> ModelOptions:
                 value = [value]
             if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
                 raise LocalLLMError("parameter 'stop' must be a string or a list of strings")
+        elif key == "rpc_workers" and isinstance(value, str):
+            value = ",".join(parse_rpc_workers(value, f"parameter {key!r}"))
         elif expected is int and isinstance(value, float) and value.is_integer():
             value = int(value)
         elif expected is bool and isinstance(value, str):

@@ -28,6 +28,7 @@ __all__ = [
     "describe_settings",
     "parse_duration",
     "parse_host",
+    "parse_rpc_workers",
 ]
 
 DEFAULT_PORT = 11435
@@ -106,6 +107,32 @@ def parse_host(value: str) -> tuple[str, int]:
     else:
         raise SettingsError(f"LOCALLLM_HOST has an invalid port: {value!r}")
     return host or "127.0.0.1", port
+
+
+def parse_rpc_workers(value: str, where: str = "LOCALLLM_RPC_WORKERS") -> tuple[str, ...]:
+    """The ``host:port`` endpoints of RPC workers in a comma-separated list (empty: none).
+
+    llama.cpp's RPC client splits an endpoint at its first colon and resolves IPv4 only, so
+    an IPv6 literal is refused here rather than failing inside the runner.
+    """
+    endpoints: list[str] = []
+    for part in value.split(","):
+        text = part.strip()
+        if not text:
+            continue
+        host, _, port_text = text.rpartition(":")
+        if not host or ":" in host or host.startswith("["):
+            raise SettingsError(
+                f"{where}: {text!r} is not host:port (IPv4 address or host name and a port; "
+                "llama.cpp's RPC backend does not take IPv6)"
+            )
+        if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            raise SettingsError(f"{where}: {text!r} has an invalid port")
+        endpoint = f"{host}:{int(port_text)}"
+        if endpoint in endpoints:
+            raise SettingsError(f"{where}: {endpoint} is named twice")
+        endpoints.append(endpoint)
+    return tuple(endpoints)
 
 
 def _default_data_dir() -> Path:
@@ -313,6 +340,13 @@ class Settings:
         "(a probe in a child process decides, once per llama.cpp build and CPU, whether the "
         "build's CPU paths run here; cached), on or off.",
     )
+    rpc_workers: tuple[str, ...] = _setting(
+        "LOCALLLM_RPC_WORKERS",
+        (),
+        "RPC workers (`localllm worker` on other machines) that models are split across, as "
+        "host:port,... (a Modelfile or request rpc_workers option overrides; empty for none). "
+        "The RPC protocol has no authentication: reach workers over SSH tunnels or a VPN.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -437,6 +471,8 @@ class Settings:
             if mode not in ("auto", "on", "off"):
                 raise SettingsError(f"LOCALLLM_CPU_REPACK must be auto, on or off, got {raw!r}")
             values["cpu_repack"] = mode
+        if (raw := get("LOCALLLM_RPC_WORKERS")) is not None:
+            values["rpc_workers"] = parse_rpc_workers(raw)
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
@@ -464,6 +500,12 @@ class Settings:
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
+
+    @property
+    def rpc_cache_dir(self) -> Path:
+        """An RPC worker's tensor cache: large weights it received, by hash, so a model loads
+        again without sending them over the network."""
+        return self.data_dir / "rpc-cache"
 
     @property
     def log_dir(self) -> Path:

@@ -36,6 +36,8 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         assert "CPU" in llama["backends"]
         assert any(device["type"] == "cpu" for device in llama["devices"])
         assert isinstance(llama["gpu_offload"], bool) and isinstance(llama["rpc"], bool)
+        assert before["rpc"]["line"].startswith("RPC backend: ")
+        assert before["rpc"]["ok"] == llama["rpc"]
         repack = before["cpu_repack"]
         assert repack["source"] == "probe" and repack["usable"]
         assert [run["mode"] for run in repack["runs"]] == ["repack", "plain"]

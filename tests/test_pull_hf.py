@@ -10,8 +10,8 @@ from fakes.helpers import EventLog, TinyModels
 from fakes.hf_hub import FakeHub
 
 from localllm import AuthRequiredError, RemoteNotFoundError
-from localllm.manifest import MEDIA_MODEL
 from localllm.daemon.runner import cpu
+from localllm.manifest import MEDIA_MODEL
 from localllm.models import load_model
 from localllm.settings import Settings
 from localllm.sources import linked_splits, model_paths, pull

@@ -25,8 +25,8 @@ from localllm.daemon.runner import (
     RunnerConfig,
     RunnerError,
     SamplingOptions,
+    backends,
     cpu,
-    ggml,
 )
 
 pytestmark = pytest.mark.slow
@@ -57,7 +57,7 @@ class PlainLoop:
     def __init__(self, path: Path, config: RunnerConfig) -> None:
         llama_cpp.llama_backend_init()
         model_params = cpu.model_params()  # weight repacking as this CPU allows
-        model_params.n_gpu_layers = 999 if ggml.has_gpu() else 0
+        model_params.n_gpu_layers = 999 if backends.has_local_gpu() else 0
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         assert self.model, "llama.cpp could not load the model"
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)

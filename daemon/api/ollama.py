@@ -576,7 +576,8 @@ async def root() -> PlainTextResponse:
 
 @router.get("/api/ps", summary="Loaded models")
 async def ps(state: StateDep) -> dict[str, Any]:
-    """Ollama's /api/ps, plus localllm's slot count and runner process id."""
+    """Ollama's /api/ps, plus localllm's slot count and runner process id, and for a model
+    split across RPC workers its ``devices`` (layers on each) and ``rpc_dropped`` workers."""
     from localllm.gguf_info import estimate_memory
 
     models = []
@@ -620,6 +621,10 @@ async def ps(state: StateDep) -> dict[str, Any]:
                 .replace("+00:00", "Z"),
             }
         )
+        if devices := loaded.health.get("devices"):
+            # Split across RPC workers: each device with the layers it holds.
+            models[-1]["devices"] = devices
+            models[-1]["rpc_dropped"] = loaded.health.get("rpc_dropped") or []
     return {"models": models}
 
 

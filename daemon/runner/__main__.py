@@ -79,6 +79,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--projector", default=None, help="vision projector GGUF (mmproj) for reading images"
     )
+    parser.add_argument(
+        "--rpc-worker", action="append", default=[], help="host:port of an RPC worker to split onto"
+    )
+    parser.add_argument(
+        "--rpc-lost",
+        action="append",
+        default=[],
+        help="a worker that died under the previous runner: go on without it if still down",
+    )
     parser.add_argument("--debug", action="store_true", help="log llama.cpp debug output")
     return parser.parse_args(argv)
 
@@ -112,6 +121,8 @@ async def _serve(args: argparse.Namespace) -> int:
         kv_cache_disk=args.kv_cache_disk,
         projector=args.projector,
         cpu_repack=None if args.cpu_repack is None else args.cpu_repack == "on",
+        rpc_workers=args.rpc_worker,
+        rpc_lost=args.rpc_lost,
     )
     try:
         model = await asyncio.to_thread(LlamaModel, config)

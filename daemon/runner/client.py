@@ -56,6 +56,7 @@ from .protocol import (
     decode,
     encode,
 )
+from .workers import probe_all
 
 __all__ = [
     "GenerationStream",
@@ -76,6 +77,9 @@ _LINE_LIMIT = 64 << 20
 _READ_SIZE = 1 << 18
 # A cancelled request is confirmed at the engine's next step; don't wait forever for it.
 _CANCEL_CONFIRM_S = 10.0
+# Finding out why a runner went away (checking its RPC workers) must not hold its requests'
+# errors back for long.
+_EXPLAIN_S = 10.0
 
 
 class RunnerError(Exception):
@@ -239,7 +243,9 @@ class RunnerClient:
     ) -> None:
         self._reader = reader
         self._writer = writer
-        self._explain_loss = explain_loss
+        self.explain_loss = explain_loss
+        """Asked, once the connection drops, how the runner ended (its exit status and log's
+        cause line, or the RPC worker that took it down): (message, exit status)."""
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
@@ -251,8 +257,8 @@ class RunnerClient:
     async def connect(
         cls, socket_path: str | Path, explain_loss: LossExplainer | None = None
     ) -> RunnerClient:
-        """Connect to a runner's socket; ``explain_loss`` turns a lost connection into how the
-        runner ended (see :meth:`RunnerProcess.explain_loss`)."""
+        """Connect to a runner's socket; ``explain_loss`` (see :attr:`explain_loss`) turns a
+        lost connection into how the runner ended."""
         reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=_LINE_LIMIT)
         return cls(reader, writer, explain_loss)
 
@@ -298,17 +304,19 @@ class RunnerClient:
         # No new request is sent from here on; the pending ones learn how the runner ended.
         self._closed_reason = reason
         died = _Died(reason)
-        if self._explain_loss is not None and not self._closing:
-            try:
-                died = _Died(*await self._explain_loss(reason))
-            except Exception:
-                log.exception("could not tell how the runner ended")
-        self._closed_reason = died.message
-        self._fail_pending(died)
+        try:
+            if self.explain_loss is not None and not self._closing:
+                try:
+                    async with asyncio.timeout(_EXPLAIN_S):
+                        died = _Died(*await self.explain_loss(reason))
+                except Exception:
+                    log.exception("could not tell how the runner ended")
+        finally:
+            # Also when close() cancels the explanation: no request may wait forever.
+            self._fail_pending(died)
 
     def _fail_pending(self, died: _Died) -> None:
-        if self._closed_reason is None:
-            self._closed_reason = died.message
+        self._closed_reason = died.message
         for queue in self._queues.values():
             queue.put_nowait(died)
 
@@ -544,6 +552,10 @@ class RunnerProcess:
         if c.projector is not None:
             args += ["--projector", c.projector]
         args += ["--kv-cache-ram", str(c.kv_cache_ram), "--kv-cache-disk", str(c.kv_cache_disk)]
+        for endpoint in c.rpc_workers:
+            args += ["--rpc-worker", endpoint]
+        for endpoint in c.rpc_lost:
+            args += ["--rpc-lost", endpoint]
         args += ["--num-draft", str(c.num_draft)]
         if c.draft_model is not None:
             args += ["--draft-model", c.draft_model]
@@ -678,6 +690,38 @@ class ProcessRunner:
         """The connection to it."""
         self.health = health
         """What the runner said about itself once loaded (context, slots, GPU layers...)."""
+        self.lost_workers: list[str] = []
+        """RPC workers found down after the runner went away (llama.cpp ends a runner whose
+        worker connection fails); the next load of the model may go on without them."""
+        client.explain_loss = self._explain_loss
+
+    async def _explain_loss(self, reason: str) -> tuple[str, int | None]:
+        """How the runner ended (its exit status and log's cause line), and first, when RPC
+        workers stopped answering, which (llama.cpp ends a runner whose worker fails)."""
+        blame = await self._blame_workers() if self.process.config.rpc_workers else None
+        ended, returncode = await self.process.explain_loss(reason)
+        return (f"{blame} ({ended})" if blame else ended), returncode
+
+    async def _blame_workers(self) -> str | None:
+        """Which RPC workers stopped answering, once the runner went away (None: all are up,
+        so they are not why). Only a worker that refuses connections counts: one that is up
+        but slow to answer may still be finishing the dead runner's last step."""
+        workers = [w for w in self.process.config.rpc_workers if w not in self.health_dropped]
+        statuses = await asyncio.to_thread(probe_all, workers)
+        down = [s for s in statuses if not s.connected]
+        if not down:
+            return None
+        self.lost_workers = [*self.health_dropped, *(s.endpoint for s in down)]
+        named = "; ".join(f"RPC worker {s.endpoint} {s.problem}" for s in down)
+        return (
+            f"{named}; llama.cpp stops a runner whose worker fails, so the model loads again "
+            "on the next request, without that worker if the model fits on the rest"
+        )
+
+    @property
+    def health_dropped(self) -> list[str]:
+        """Lost workers this runner was loaded without."""
+        return list(self.health.get("rpc_dropped") or [])
 
     @classmethod
     async def start(

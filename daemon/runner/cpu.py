@@ -518,22 +518,30 @@ def _probe_child(mode: str, threads: int, workdir: Path) -> int:
 
 def _info_child() -> int:
     import ctypes
-    from dataclasses import asdict
 
     import llama_cpp
 
-    from . import ggml
+    from . import backends
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # referenced while C may call it
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
-    devices = ggml.devices()
+    devices = backends.all_devices()
     report = {
         "llama_cpp_python": llama_cpp.__version__,
         "system_info": llama_cpp.llama_print_system_info().decode().strip(),
-        "backends": ggml.backends(),
-        "devices": [asdict(device) for device in devices],
-        "gpu_offload": any(device.type in ("gpu", "igpu") for device in devices),
+        "backends": backends.backend_names(),
+        "devices": [
+            {
+                "name": device.name,
+                "description": device.description,
+                "type": device.kind,
+                "memory_free": device.free,
+                "memory_total": device.total,
+            }
+            for device in devices
+        ],
+        "gpu_offload": backends.has_local_gpu(),
         "rpc": bool(llama_cpp.llama_supports_rpc()),
         "mmap": bool(llama_cpp.llama_supports_mmap()),
         "mlock": bool(llama_cpp.llama_supports_mlock()),

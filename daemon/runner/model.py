@@ -11,13 +11,16 @@ import ctypes
 import logging
 import threading
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import llama_cpp
 
-from . import ggml
+from .backends import has_local_gpu
 from .cpu import decide, default_threads
 from .protocol import RunnerConfig
+
+if TYPE_CHECKING:
+    from .rpc import RemoteSplit
 
 __all__ = [
     "Batch",
@@ -152,18 +155,18 @@ class LlamaModel:
         """How it was loaded."""
         self.n_threads = config.n_threads or default_threads()
         """CPU threads used for decoding and prefill."""
-        # Not llama_supports_gpu_offload(): that is true for an RPC build on a machine
-        # without a GPU.
-        self.gpu_offload = ggml.has_gpu()
-        """Whether a GPU can hold layers here (a GPU build, and a GPU it found)."""
+        # Not llama_supports_gpu_offload(): it is true in every build with the RPC backend,
+        # GPU or none.
+        self.gpu_offload = has_local_gpu()
+        """Whether this machine has a GPU that llama.cpp can offload to."""
 
         # Whether weights go into llama.cpp's extra CPU buffer types (repacked).
         self.cpu_repack: bool
         if config.cpu_repack is None:
-            paths = decide(threads=self.n_threads)
-            if paths.error:
-                raise ModelLoadError(paths.error)
-            self.cpu_repack = paths.repack
+            decision = decide(threads=self.n_threads)
+            if decision.error:
+                raise ModelLoadError(decision.error)
+            self.cpu_repack = decision.repack
         else:
             self.cpu_repack = config.cpu_repack
         model_params = llama_cpp.llama_model_default_params()
@@ -178,6 +181,13 @@ class LlamaModel:
             load_mode=_LOAD_MODES[config.use_mmap, config.use_mlock],
             use_extra_bufts=self.cpu_repack,
         )
+        self.remote: RemoteSplit | None = None
+        """The RPC workers the model is split onto, with its layers per device."""
+        if config.rpc_workers:
+            from .rpc import split_onto_workers
+
+            self.remote = split_onto_workers(model_params, config)
+            self.n_gpu_layers = self.remote.placement.n_gpu_layers
         if config.extra_model_paths:
             # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by
             # side, so llama.cpp is given the list.

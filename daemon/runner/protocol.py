@@ -431,6 +431,13 @@ class RunnerConfig:
     cpu_repack: bool | None = None
     """Repack weights into llama.cpp's extra CPU buffer types (AMX, CPU_REPACK); None: as the
     CPU probe decides (:func:`.cpu.decide`). The daemon always passes its decision."""
+    rpc_workers: list[str] = field(default_factory=list)
+    """``host:port`` of RPC workers (``localllm worker``) whose devices take a share of the
+    layers, by free memory; each must answer before the load (see :mod:`.rpc`)."""
+    rpc_lost: list[str] = field(default_factory=list, compare=False)
+    """Workers of ``rpc_workers`` that died under this model's previous runner: this load goes
+    on without those still down when the model fits on the rest. Not part of the config's
+    identity, so the next request naming the same workers does not reload again."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------

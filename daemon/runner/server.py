@@ -488,8 +488,14 @@ class RunnerServer:
             "n_batch": model.n_batch,
             "n_threads": model.n_threads,
             "gpu_offload": model.gpu_offload,
-            "gpu_layers": model.n_gpu_layers,
+            "gpu_layers": (
+                model.n_gpu_layers
+                if model.remote is None
+                else model.remote.placement.local_gpu_layers
+            ),
+            "devices": model.remote.placement.report() if model.remote is not None else None,
             "cpu_repack": model.cpu_repack,
+            "rpc_dropped": [s.endpoint for s in model.remote.dropped] if model.remote else [],
             "kv_cache_type": model.config.kv_cache_type,
             "flash_attention": model.config.flash_attention,
             "fill_in_the_middle": model.fim is not None,

@@ -53,16 +53,19 @@ def diagnose() -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
     from ..daemon.runner import cpu
+    from ..daemon.runner.rpc import doctor_line
     from .common import load_settings
 
     settings = load_settings()
     paths = cpu.decide(settings)
+    rpc_ok, rpc_line = doctor_line()
     return {
         "localllm": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "llama_cpp": cpu.system_report(),
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
+        "rpc": {"ok": rpc_ok, "line": rpc_line},
         "data_root": _free_disk(settings.data_dir),
         "endpoints": {
             "socket": _endpoint(settings, socket_path=settings.socket_path),
@@ -103,11 +106,8 @@ def _render(report: dict[str, Any]) -> list[str]:
                 f"  device {device['name']} ({device['type']}): {device['description']}, {memory}"
             )
         gpus = [d["name"] for d in llama["devices"] if d["type"] in ("gpu", "igpu")]
-        lines.append(
-            "  GPU offload: "
-            + (f"yes ({', '.join(gpus)})" if gpus else "no GPU device")
-            + f"; RPC: {'yes' if llama['rpc'] else 'no (build with -DGGML_RPC=on)'}"
-        )
+        lines.append("  GPU offload: " + (f"yes ({', '.join(gpus)})" if gpus else "no GPU device"))
+        lines.append(f"  {report['rpc']['line']}")
     state = "on" if repack["repack"] else "off"
     if not repack["usable"]:
         state = "llama.cpp cannot run here"

@@ -35,6 +35,7 @@ __all__ = [
     "cmd_rm",
     "cmd_show",
     "cmd_stop",
+    "device_line",
     "ps_rows",
     "pull_model",
     "render_show",
@@ -171,6 +172,20 @@ def _processor(size: int, size_vram: int) -> str:
     return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 
+def _split_processor(devices: list[Any]) -> str | None:
+    """``40%/60% local/RPC`` for a model split across workers, by layers (output included)."""
+    units = {"local": 0, "rpc": 0}
+    for device in devices:
+        if isinstance(device, dict):
+            count = int(device.get("layers") or 0) + (1 if device.get("output") else 0)
+            units["rpc" if device.get("kind") == "rpc" else "local"] += count
+    total = units["local"] + units["rpc"]
+    if not units["rpc"] or not total:
+        return None
+    local = round(100 * units["local"] / total)
+    return f"{local}%/{100 - local}% local/RPC" if local else "100% RPC"
+
+
 def _until(expires_at: str | None) -> str:
     timestamp = parse_time(expires_at)
     if timestamp is None or (expires_at or "").startswith("9999"):
@@ -209,7 +224,8 @@ def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
                 str(entry.get("name", "")),
                 str(entry.get("digest", ""))[:12],
                 human_size(entry.get("size", 0) or 0),
-                _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
+                _split_processor(entry.get("devices") or [])
+                or _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
                 str(entry.get("context_length", "")),
                 f"{busy}/{total}" if total else "",
                 f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
@@ -217,7 +233,33 @@ def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
             ]
         )
     headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
-    return table(headers, rows)
+    spans = [line for entry in loaded if (line := device_line(entry)) is not None]
+    return table(headers, rows) + "".join(f"\n{line}" for line in spans)
+
+
+def device_line(entry: Mapping[str, Any]) -> str | None:
+    """``NAME spans CPU (local): layers 0-1, RPC0 (host:port): layers 2-3 + output`` for a
+    model split across RPC workers; None for one on this machine alone."""
+    devices = entry.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return None
+    parts = []
+    for device in devices:
+        where = device.get("endpoint") or "local"
+        layers = int(device.get("layers") or 0)
+        first = device.get("first_layer")
+        if layers and isinstance(first, int):
+            span = f"layer {first}" if layers == 1 else f"layers {first}-{first + layers - 1}"
+        else:
+            span = "no layers"
+        if device.get("output"):
+            span = "output" if span == "no layers" else f"{span} + output"
+        parts.append(f"{device.get('name', '?')} ({where}): {span}")
+    line = f"{entry.get('name', '')} spans " + ", ".join(parts)
+    dropped = entry.get("rpc_dropped")
+    if dropped:
+        line += f"; going without lost worker {', '.join(map(str, dropped))}"
+    return line
 
 
 def _watch_ps(client: Client) -> int:

@@ -184,6 +184,27 @@ def build_parser() -> argparse.ArgumentParser:
         "/usr/share/ollama/.ollama/models)",
     )
 
+    sub = add(
+        "worker",
+        "worker:cmd_worker",
+        "Serve this machine's devices to other machines' models (llama.cpp RPC)",
+    )
+    sub.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on (loopback)")
+    sub.add_argument("--port", type=int, default=50052, help="TCP port (default 50052)")
+    sub.add_argument("--threads", type=int, default=0, help="CPU threads (0: physical cores)")
+    sub.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        metavar="DEVICE",
+        help="devices to serve, comma separated (CPU, CUDA0, ...); default: the GPUs, else the CPU",
+    )
+    sub.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not keep received tensors on disk (rpc-cache/ under the data root)",
+    )
+
     from .bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(add("bench", "bench:cmd_bench", "Measure throughput and latency"))
