@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -54,6 +55,7 @@ from .protocol import (
 )
 
 __all__ = [
+    "DoesNotFitError",
     "GenerationStream",
     "ProcessRunner",
     "RunnerClient",
@@ -62,6 +64,7 @@ __all__ = [
     "RunnerProcess",
     "RunnerStartError",
     "TokenChunk",
+    "plan_only",
 ]
 
 log = logging.getLogger("localllm.daemon")
@@ -99,6 +102,15 @@ class RunnerStartError(RunnerError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, "load_failed")
+
+
+class DoesNotFitError(RunnerStartError):
+    """The runner's memory plan found no load that fits, before allocating anything."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        super().__init__("the model does not fit in the memory that is free")
+        self.report = report
+        """The plan's :class:`~localllm.daemon.memplan.NoFitReport`, as a dict."""
 
 
 @dataclass(frozen=True)
@@ -441,6 +453,20 @@ def _load_failure(path: Path, since: int) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
+# The most a runner writes on its ready pipe (a memory report is a few kilobytes).
+_READY_LIMIT = 1 << 20
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything written to the pipe ``fd`` until its writer closes it."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < _READY_LIMIT and (chunk := os.read(fd, 65536)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _exit_status(code: int) -> str:
     if code < 0:
         with contextlib.suppress(ValueError):
@@ -499,6 +525,10 @@ class RunnerProcess:
             args += ["--draft-model", c.draft_model]
             if c.draft_name is not None:
                 args += ["--draft-name", c.draft_name]
+        if c.memory_plan:
+            args += ["--memory-plan", "--mapped-ram", str(c.mapped_ram)]
+            for device, amount in c.memory_reserved.items():
+                args += ["--reserve", f"{device}={amount}"]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:
@@ -530,7 +560,7 @@ class RunnerProcess:
         finally:
             os.close(ready_write)
         loop = asyncio.get_running_loop()
-        ready = loop.run_in_executor(None, os.read, ready_read, 64)
+        ready = loop.run_in_executor(None, _read_all, ready_read)
         try:
             signal_bytes = await asyncio.wait_for(asyncio.shield(ready), timeout)
         except TimeoutError:
@@ -541,6 +571,13 @@ class RunnerProcess:
         finally:
             if ready.done():
                 os.close(ready_read)
+        if signal_bytes.startswith(b"nofit "):
+            await loop.run_in_executor(None, self.process.wait)
+            try:
+                report = json.loads(signal_bytes[6:])["nofit"]
+            except (ValueError, KeyError, TypeError):
+                raise RunnerStartError("the runner sent an unreadable memory report") from None
+            raise DoesNotFitError(report)
         if not signal_bytes.startswith(b"ready"):
             code = await loop.run_in_executor(None, self.process.wait)
             cause = _load_failure(self.log_path, log_start)
@@ -600,6 +637,41 @@ class RunnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+async def plan_only(config: RunnerConfig, log_path: Path, timeout: float = 120.0) -> dict[str, Any]:
+    """The memory plan a runner would load ``config`` by, without loading it:
+    ``{"plan": MemoryPlan}`` or ``{"nofit": NoFitReport}`` (as dicts); raises
+    :class:`RunnerStartError` when the runner cannot say."""
+    process = RunnerProcess(config, log_path.with_suffix(".plan.sock"), log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        log_start = log_file.tell()
+        child = await asyncio.create_subprocess_exec(
+            *process.command(),
+            "--plan-only",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            cwd=str(log_path.parent),
+            start_new_session=True,
+        )
+    try:
+        output, _ = await asyncio.wait_for(child.communicate(), timeout)
+    except TimeoutError:
+        child.kill()
+        await child.wait()
+        raise RunnerStartError(f"the runner did not plan the load within {timeout:.0f}s") from None
+    for line in reversed(output.decode("utf-8", "replace").splitlines()):
+        with contextlib.suppress(ValueError):
+            answer = json.loads(line)
+            if isinstance(answer, dict) and ("plan" in answer or "nofit" in answer):
+                return answer
+    cause = _load_failure(log_path, log_start)
+    raise RunnerStartError(
+        f"the runner {_exit_status(child.returncode or 0)} while planning the load"
+        + (f": {cause}" if cause else "")
+    )
 
 
 class ProcessRunner:

@@ -390,7 +390,7 @@ class RunnerConfig:
     n_slots: int = 4
     """Parallel sequences (n_seq_max)."""
     n_ctx_per_slot: int = 4096
-    """Context length each slot may use."""
+    """Context length each slot may use; 0 lets the memory plan choose (``memory_plan``)."""
     n_batch: int = 512
     """Tokens per llama_decode call."""
     kv_cells: int = 0
@@ -399,7 +399,8 @@ class RunnerConfig:
     n_threads: int = 0
     """0 = physical cores."""
     n_gpu_layers: int = -1
-    """-1 = all layers when the build has a GPU backend, else 0."""
+    """-1 = all layers when the build has a GPU backend (as many as fit, with
+    ``memory_plan``), else 0."""
     main_gpu: int = 0
     """The GPU that holds the model (or, split by layer, its small tensors and the KV scratch)."""
     use_mmap: bool = True
@@ -428,6 +429,13 @@ class RunnerConfig:
     """Bytes of disk for saved prefixes, over the whole folder (0: no disk tier)."""
     projector: str | None = None
     """The vision projector GGUF (``mmproj``) that lets the model read images (None: text only)."""
+    memory_plan: bool = False
+    """Plan the load against free memory first (:mod:`localllm.daemon.memplan`): choose the
+    context and GPU layers left open, and refuse before allocating what cannot fit."""
+    memory_reserved: dict[str, int] = field(default_factory=dict)
+    """Bytes per device that other loaded models may still grow into (not free for this one)."""
+    mapped_ram: int = 0
+    """Bytes of other runners' mapped weights, which MemAvailable counts as reclaimable."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------

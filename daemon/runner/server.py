@@ -440,6 +440,8 @@ class RunnerServer:
         """The vision projector, when the model reads images."""
         self.socket_path = socket_path
         self.default_template = model.config.chat_template or model.chat_template()
+        self.memory_plan: dict[str, Any] | None = None
+        """The memory plan the model was loaded by (:class:`~..memplan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         # Dispatched requests; close() waits for them, because prompt preparation reads the
@@ -494,6 +496,7 @@ class RunnerServer:
             "fill_in_the_middle": model.fim is not None,
             "chat_template": self.default_template is not None,
             "vision": self.projector is not None,
+            "memory_plan": self.memory_plan,
         }
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
