@@ -252,7 +252,7 @@ def plan_load(config: RunnerConfig) -> MemoryPlan:
     llama_cpp.llama_backend_init()
     layout = _layout(config)
     host = host_device(config.mapped_ram)
-    devices = [host, *(llama_devices() if llama_cpp.llama_supports_gpu_offload() else [])]
+    devices = [host, *llama_devices()]
     measure = LlamaMeasure(config, devices, layout)
     try:
         result = plan(
