@@ -193,6 +193,16 @@ class Generation:
         """The prompt's length in tokens, as the runner counted it."""
         return self.stream.prompt_tokens
 
+    def truncation(self) -> dict[str, int]:
+        """What truncation left out of the prompt, for the final chunk (empty when nothing):
+        ``truncated_messages`` (older chat messages) and ``truncated_tokens``."""
+        if not self.stream.dropped_tokens and not self.stream.dropped_messages:
+            return {}
+        return {
+            "truncated_messages": self.stream.dropped_messages,
+            "truncated_tokens": self.stream.dropped_tokens,
+        }
+
     async def events(self) -> AsyncIterator[str | Outcome]:
         """Generated text pieces, then one :class:`Outcome`. Runner errors propagate."""
         async for item in self.chunks():
@@ -359,6 +369,15 @@ async def start(state: DaemonState, request: Request, job: Job) -> Generation:
         except BaseException:
             lease.release()
             raise
+        if stream.dropped_tokens or stream.dropped_messages:
+            log.info(
+                "%s: the prompt was longer than the context of %d tokens; dropped %d older "
+                "messages and %d tokens",
+                job.model.name.short,
+                lease.loaded.context_length,
+                stream.dropped_messages,
+                stream.dropped_tokens,
+            )
         return Generation(state, job, lease, stream, waited)
 
     try:

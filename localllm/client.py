@@ -108,6 +108,7 @@ class LoadedModelInfo(TypedDict, total=False):
     queued_requests: int
     runner_pid: int
     loaded_at: str
+    pinned: bool
 
 
 class ShowResponse(TypedDict, total=False):
@@ -584,6 +585,14 @@ class Client:
     def ps(self) -> list[LoadedModelInfo]:
         """Loaded models."""
         return list(self._json("GET", "/api/ps")["models"])
+
+    def plan(self, model: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The memory plan of ``model`` on the daemon's machine (``/api/plan``): ``plan``
+        when it fits, else ``refusal``, the sentence a load would be refused with."""
+        body: dict[str, Any] = {"model": model}
+        if options:
+            body["options"] = options
+        return dict(self._json("POST", "/api/plan", body))
 
     def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""

@@ -265,7 +265,7 @@ async def _run(
         fields = _fields(chat, parsed, calls_of(parsed))
         if options.logprobs:
             fields["logprobs"] = ollama_logprobs(logprobs, top)
-        body = _final(name, outcome, fields)
+        body = _final(name, outcome, {**fields, **generation.truncation()})
         if return_context and outcome.result.context is not None:
             body["context"] = outcome.result.context
         return body
@@ -478,7 +478,8 @@ async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response
         messages=chat_messages(model, body.messages, plan=plan, images=images),
         template=model_template(model),
         options=_sampling(body, options),
-        truncate=body.truncate is True,
+        # Ollama drops a long chat's oldest turns; only truncate: false asks for the 400.
+        truncate=body.truncate is not False,
         images=images.encoded,
     )
     if plan is not None:

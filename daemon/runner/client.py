@@ -161,6 +161,10 @@ class GenerationStream:
         """Prompt length in tokens, known once the runner accepted the prompt."""
         self.prompt_tail = ""
         """The end of the rendered prompt (does it open a reasoning block?)."""
+        self.dropped_messages = 0
+        """Older chat messages truncation left out to fit the context."""
+        self.dropped_tokens = 0
+        """Prompt tokens truncation left out (those messages' included)."""
         self._client = client
         self._queue = queue
         self._on_cancelled = on_cancelled
@@ -174,6 +178,8 @@ class GenerationStream:
         if isinstance(event, PromptReadyEvent):
             self.prompt_tokens = event.prompt_tokens
             self.prompt_tail = event.prompt_tail
+            self.dropped_messages = event.dropped_messages
+            self.dropped_tokens = event.dropped_tokens
         elif isinstance(event, DoneEvent):  # cancelled while the prompt was being prepared
             self._early = event
         else:

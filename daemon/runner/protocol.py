@@ -522,6 +522,10 @@ class PromptReadyEvent:
     prompt_tail: str = ""
     """The end of the rendered prompt (up to 200 characters): whether it opens a reasoning
     block (``<think>``) or a tool call tells the API's parsers how the answer starts."""
+    dropped_messages: int = 0
+    """Older chat messages truncation left out to fit the context."""
+    dropped_tokens: int = 0
+    """Prompt tokens truncation left out (those messages' included)."""
 
 
 @dataclass
