@@ -20,7 +20,7 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HostMemory", "ProcessMemory", "host_memory", "process_memory"]
+__all__ = ["HostMemory", "ProcessMemory", "host_memory", "memory_cgroup", "process_memory"]
 
 # cgroup v1 writes "no limit" as a page-aligned LONG_MAX; anything this large is no limit.
 _UNLIMITED = 1 << 60
@@ -183,6 +183,22 @@ def _cgroup_room(root: Path) -> tuple[int, int, str] | None:
         return None
     room, limit, name = min(candidates)
     return max(room, 0), limit, name
+
+
+def memory_cgroup(root: Path = Path("/")) -> tuple[str, Path] | None:
+    """This process's own memory cgroup: ``("v2", folder)`` or ``("v1", folder)`` (the v2
+    hierarchy first when it has the memory controller), None when neither is mounted."""
+    mount_v2, mount_v1 = _mounts(root)
+    group_v2, group_v1 = _groups(root)
+    if mount_v2 is not None and group_v2 is not None:
+        folder = _ancestors(mount_v2, group_v2)[0][1]
+        if (folder / "memory.max").exists() or (
+            "memory" in (_read(mount_v2[0] / "cgroup.controllers") or "").split()
+        ):
+            return "v2", folder
+    if mount_v1 is not None and group_v1 is not None:
+        return "v1", _ancestors(mount_v1, group_v1)[0][1]
+    return None
 
 
 def host_memory(root: Path = Path("/")) -> HostMemory:
