@@ -31,6 +31,9 @@ async def preload(state: DaemonState) -> list[str]:
             message = exc.message if isinstance(exc, HTTPProblem) else str(exc)
             log.warning("LOCALLLM_PRELOAD: not loading %s: %s", name, message)
             continue
+        except Exception:  # a bug must not end the others' preloading, nor go unseen
+            log.exception("LOCALLLM_PRELOAD: loading %s failed", name)
+            continue
         lease.release()
         loaded.append(name)
         log.info("LOCALLLM_PRELOAD: loaded %s", name)

@@ -547,10 +547,9 @@ class Scheduler:
         loaded = self.get(model.name.full)
         if loaded is not None and loaded.config == config and loaded.plan is not None:
             return {"loaded": True, "plan": loaded.plan.to_dict()}
+        # Loaded with other options, the model's own memory is not counted as free: the plan
+        # is what a load next to everything loaded now would get.
         reserved, mapped = self.reservations(model.name.full)
-        if loaded is not None:
-            # What the model holds now would be freed by reloading it.
-            reserved, mapped = self.reservations("")
         started = dataclasses.replace(
             config, memory_plan=True, memory_reserved=reserved, mapped_ram=mapped
         )
