@@ -519,6 +519,20 @@ class Scheduler:
         loaded.pending += 1  # reserved for the request that asked for the load
         loaded.update_idle()
         log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, loaded.load_seconds, loaded.pid)
+        plan = loaded.plan
+        if plan is not None:
+            log.info(
+                "%s: %d slots x %d tokens, %d of %d layers offloaded, %d MiB (%s)",
+                loaded.name,
+                plan.n_slots,
+                plan.n_ctx_per_slot,
+                plan.n_gpu_layers,
+                plan.n_layer + 1,
+                plan.size >> 20,
+                plan.processor(),
+            )
+            for warning in plan.warnings:
+                log.warning("%s: %s", loaded.name, warning)
         if self._on_load is not None:
             self._on_load(loaded)
         if loaded.keep_alive > 0:
