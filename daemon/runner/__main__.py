@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 # How often the runner checks that the daemon that started it is still alive.
 _PARENT_CHECK_S = 1.0
+# The context per slot when the memory plan could not choose one.
+_UNPLANNED_CONTEXT = 4096
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -175,15 +177,24 @@ async def _serve(args: argparse.Namespace) -> int:
             runner_log.error("the model does not fit: %s", exc)
             _report(args, "nofit", exc.report.to_dict())
             return 0 if args.plan_only else 3
-        except (MeasureError, OSError, ValueError) as exc:
+        except (MeasureError, OSError) as exc:  # llama.cpp cannot lay the model out
             runner_log.error("could not plan the load: %s", exc)
             return 2
-        for warning in plan.warnings:
-            runner_log.warning("%s", warning)
-        if args.plan_only:
-            _report(args, "plan", plan.to_dict())
-            return 0
-        config = _planned(config, plan)
+        except Exception as exc:  # a planner bug must not make a loadable model unusable
+            if args.plan_only:
+                runner_log.exception("could not plan the load")
+                return 2
+            runner_log.warning("no memory plan (%r): loading as asked", exc)
+            plan = None
+            if config.n_ctx_per_slot == 0:
+                config = dataclasses.replace(config, n_ctx_per_slot=_UNPLANNED_CONTEXT)
+        if plan is not None:
+            for warning in plan.warnings:
+                runner_log.warning("%s", warning)
+            if args.plan_only:
+                _report(args, "plan", plan.to_dict())
+                return 0
+            config = _planned(config, plan)
     try:
         model = await asyncio.to_thread(LlamaModel, config)
     except ModelLoadError as exc:
