@@ -43,6 +43,7 @@ __all__ = [
     "Generation",
     "Job",
     "Outcome",
+    "context_length",
     "embed",
     "parse_keep_alive",
     "resolve_model",
@@ -400,6 +401,20 @@ async def load_only(
     lease.keep_alive = keep_alive
     lease.release()
     return lease.load_seconds
+
+
+async def context_length(
+    state: DaemonState, request: Request, model: LocalModel, config: RunnerConfig
+) -> int:
+    """The context per slot ``model`` runs with under ``config``. Left open (0), the memory
+    plan chooses it when the runner loads, so the model is loaded (if it is not) to know it."""
+    if config.n_ctx_per_slot:
+        return config.n_ctx_per_slot
+    lease = await until_disconnect(request, state.scheduler.acquire(model, config))
+    try:
+        return lease.loaded.context_length
+    finally:
+        lease.release()
 
 
 async def embed(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from localllm.daemon.memlayout import ModelLayout, estimate, place_layers
 from localllm.daemon.memplan import (
     AUTO_HEADROOM,
     MIB,
@@ -18,15 +19,12 @@ from localllm.daemon.memplan import (
     DeviceUse,
     DoesNotFit,
     MemoryPlan,
-    ModelLayout,
     NoFitReport,
     PlanRequest,
     Trial,
     budgets,
     context_candidates,
-    estimate,
     margin,
-    place_layers,
     plan,
     refusal,
 )

@@ -16,6 +16,7 @@ import llama_cpp
 import pytest
 from runner_harness import RunnerHarness
 
+from localllm.daemon.memlayout import layout_from_gguf
 from localllm.daemon.memplan import MIB, DoesNotFit, MemoryPlan, NoFitReport, refusal
 from localllm.daemon.runner import RunnerConfig, RunnerProcess
 from localllm.daemon.runner.client import DoesNotFitError, plan_only
@@ -60,6 +61,16 @@ def test_smollm2_measured_kv_and_weights_match_the_gguf(smollm2_gguf: Path) -> N
     info = inspect_gguf(smollm2_gguf)
     assert cpu.compute >= 512 * (info.vocab_size or 0) * 4
     assert result.budgets["CPU"] <= host_memory().available
+
+
+def test_the_gguf_layout_prices_smollm2_as_llama_cpp_does(smollm2_gguf: Path) -> None:
+    layout = layout_from_gguf([inspect_gguf(smollm2_gguf)])
+    assert layout.n_layer == 30 and layout.n_ctx_train == 8192
+    # Without llama.cpp: the KV per cell and the weights it measured above.
+    assert sum(layout.kv_per_cell) * 4 * 8192 == 720 * MIB
+    assert layout.weights == _model_size(smollm2_gguf)
+    # SmolLM2 ties its head to the token embedding: a copy only off the host.
+    assert layout.tied_output > 0
 
 
 def test_the_default_context_of_smollm2_is_its_trained_length(smollm2_gguf: Path) -> None:

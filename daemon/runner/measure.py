@@ -31,18 +31,8 @@ from llama_cpp import _ggml
 
 from localllm.gguf_info import inspect_gguf
 
-from ..memplan import (
-    HOST,
-    Device,
-    DeviceUse,
-    MemoryPlan,
-    ModelLayout,
-    PlanRequest,
-    Trial,
-    layout_from_gguf,
-    place,
-    plan,
-)
+from ..memlayout import ModelLayout, layout_from_gguf, place
+from ..memplan import HOST, Device, DeviceUse, MemoryPlan, PlanRequest, Trial, plan
 from ..sysmem import host_memory
 from .model import batch_size, context_params, load_model, model_params, set_fields, tap_llama_log
 from .protocol import RunnerConfig
