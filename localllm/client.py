@@ -946,6 +946,14 @@ class AsyncClient:
         """Loaded models."""
         return list((await self._json("GET", "/api/ps"))["models"])
 
+    async def plan(self, model: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The memory plan of ``model`` on the daemon's machine (``/api/plan``): ``plan``
+        when it fits, else ``refusal``, the sentence a load would be refused with."""
+        body: dict[str, Any] = {"model": model}
+        if options:
+            body["options"] = options
+        return dict(await self._json("POST", "/api/plan", body))
+
     async def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""
         await self._request("POST", "/api/copy", {"source": source, "destination": destination})

@@ -463,14 +463,13 @@ def _load_failure(path: Path, since: int) -> str:
 _READY_LIMIT = 1 << 20
 
 
-def _read_all(fd: int) -> bytes:
-    """Everything written to the pipe ``fd`` until its writer closes it."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < _READY_LIMIT and (chunk := os.read(fd, 65536)):
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+def _read_line(fd: int) -> bytes:
+    """The first line written to the pipe ``fd`` (``ready``, or ``nofit`` and a report), or
+    what came before its writer closed it."""
+    data = b""
+    while b"\n" not in data and len(data) < _READY_LIMIT and (chunk := os.read(fd, 65536)):
+        data += chunk
+    return data
 
 
 def _exit_status(code: int) -> str:
@@ -566,7 +565,7 @@ class RunnerProcess:
         finally:
             os.close(ready_write)
         loop = asyncio.get_running_loop()
-        ready = loop.run_in_executor(None, _read_all, ready_read)
+        ready = loop.run_in_executor(None, _read_line, ready_read)
         try:
             signal_bytes = await asyncio.wait_for(asyncio.shield(ready), timeout)
         except TimeoutError:
