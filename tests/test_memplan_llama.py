@@ -80,24 +80,22 @@ def test_the_default_context_of_smollm2_is_its_trained_length(smollm2_gguf: Path
 
 
 def test_a_plan_that_does_not_fit_says_what_would(tiny_gguf: Path) -> None:
-    free = host_memory().available
     config = RunnerConfig(
         model_path=str(tiny_gguf),
         n_slots=4,
         n_ctx_per_slot=4096,
-        # Leave the plan 3 MiB of RAM: the tiny model's weights and a small context fit in it.
-        memory_reserved={"CPU": free - 3 * MIB - 64 * MIB},
+        # Everything free is taken by (pretend) loaded models: nothing can fit.
+        memory_reserved={"CPU": host_memory().available},
     )
-    try:
-        result = plan_load(config)
-    except DoesNotFit as refused:
-        report = refused.report
-        assert report.trial.n_ctx_per_slot == 4096
-        assert report.short()["CPU"] > 0
-        text = refusal("tiny", report)
-        assert text.startswith("tiny needs ") and "for 4 × 4,096 cells" in text
-    else:  # the machine's free memory moved between the two readings
-        pytest.fail(f"a 3 MiB budget held {result.size // MIB} MiB")
+    with pytest.raises(DoesNotFit) as refused:
+        plan_load(config)
+    report = refused.value.report
+    assert report.trial.n_ctx_per_slot == 4096 and report.budgets == {"CPU": 0}
+    assert report.short()["CPU"] == report.uses[0].total > 0
+    assert report.num_ctx is None and not report.one_slot  # nothing smaller fits either
+    text = refusal("tiny", report)
+    assert text.startswith("tiny needs ") and "for 4 × 4,096 cells" in text
+    assert "; 0 MiB are free; free memory" in text
 
 
 def test_llama_cpp_lists_no_offload_device_here() -> None:
