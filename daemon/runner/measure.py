@@ -31,7 +31,7 @@ from llama_cpp import _ggml
 
 from localllm.gguf_info import inspect_gguf
 
-from ..memlayout import ModelLayout, layout_from_gguf, place
+from ..memlayout import ModelLayout, estimate, layout_from_gguf, place
 from ..memplan import HOST, Device, DeviceUse, MemoryPlan, PlanRequest, Trial, plan
 from ..sysmem import host_memory
 from .model import batch_size, context_params, load_model, model_params, set_fields, tap_llama_log
@@ -201,10 +201,21 @@ class LlamaMeasure:
             layers = sum(u.layers for u in uses) or 1
             for use in uses:
                 use.kv = round(measured_kv * use.layers / layers)
-        for buffer, mib in _BUFFER_LINE.findall(text):
+        buffers = _BUFFER_LINE.findall(text)
+        for buffer, mib in buffers:
             by_name[_buffer_device(buffer, self.devices, self.host)].compute += round(
                 float(mib) * _MIB
             )
+        if not buffers:  # a llama.cpp that words its report otherwise: the GGUF's guess
+            log.warning("llama.cpp reported no compute buffers; estimating them from the GGUF")
+            guess = estimate(
+                self.layout,
+                self.devices,
+                n_batch=n_ubatch,
+                flash_attention=self.config.flash_attention,
+            )(trial)
+            for use in guess:
+                by_name[use.device].compute = use.compute
         by_name[place_head(uses, self.host)].other += self._extras.bytes(trial.cells)
         return uses
 
