@@ -26,7 +26,7 @@ from localllm import __version__
 from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
-from .api import anthropic, llamaserver, ollama, openai, responses
+from .api import anthropic, llamaserver, memory, ollama, openai, responses
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
@@ -117,6 +117,7 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     )
     app.state.daemon = state or DaemonState.create(settings)
     app.include_router(ollama.router)
+    app.include_router(memory.router)
     app.include_router(openai.router, prefix="/v1")
     # llama-server serves the OpenAI routes at the root too; clients given a bare base URL
     # (http://127.0.0.1:11435) call /chat/completions.

@@ -34,6 +34,7 @@ __all__ = [
     "BUSY_MESSAGE",
     "ClientGone",
     "HTTPProblem",
+    "InsufficientMemoryError",
     "QueueFullError",
     "field_path",
     "problem_from",
@@ -71,6 +72,14 @@ class QueueFullError(HTTPProblem):
 
     def __init__(self) -> None:
         super().__init__(503, BUSY_MESSAGE, code="server_busy", headers={"Retry-After": "1"})
+
+
+class InsufficientMemoryError(HTTPProblem):
+    """A model cannot be loaded in the memory that is free: 507, naming what is needed, what
+    is free and what to change (:func:`~.memplan.refusal`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(507, message, code="insufficient_memory")
 
 
 class ClientGone(Exception):

@@ -43,6 +43,7 @@ __all__ = [
     "Generation",
     "Job",
     "Outcome",
+    "context_length",
     "embed",
     "parse_keep_alive",
     "resolve_model",
@@ -192,6 +193,16 @@ class Generation:
     def prompt_tokens(self) -> int:
         """The prompt's length in tokens, as the runner counted it."""
         return self.stream.prompt_tokens
+
+    def truncation(self) -> dict[str, int]:
+        """What truncation left out of the prompt, for the final chunk (empty when nothing):
+        ``truncated_messages`` (older chat messages) and ``truncated_tokens``."""
+        if not self.stream.dropped_tokens and not self.stream.dropped_messages:
+            return {}
+        return {
+            "truncated_messages": self.stream.dropped_messages,
+            "truncated_tokens": self.stream.dropped_tokens,
+        }
 
     async def events(self) -> AsyncIterator[str | Outcome]:
         """Generated text pieces, then one :class:`Outcome`. Runner errors propagate."""
@@ -359,6 +370,15 @@ async def start(state: DaemonState, request: Request, job: Job) -> Generation:
         except BaseException:
             lease.release()
             raise
+        if stream.dropped_tokens or stream.dropped_messages:
+            log.info(
+                "%s: the prompt was longer than the context of %d tokens; dropped %d older "
+                "messages and %d tokens",
+                job.model.name.short,
+                lease.loaded.context_length,
+                stream.dropped_messages,
+                stream.dropped_tokens,
+            )
         return Generation(state, job, lease, stream, waited)
 
     try:
@@ -381,6 +401,20 @@ async def load_only(
     lease.keep_alive = keep_alive
     lease.release()
     return lease.load_seconds
+
+
+async def context_length(
+    state: DaemonState, request: Request, model: LocalModel, config: RunnerConfig
+) -> int:
+    """The context per slot ``model`` runs with under ``config``. Left open (0), the memory
+    plan chooses it when the runner loads, so the model is loaded (if it is not) to know it."""
+    if config.n_ctx_per_slot:
+        return config.n_ctx_per_slot
+    lease = await until_disconnect(request, state.scheduler.acquire(model, config))
+    try:
+        return lease.loaded.context_length
+    finally:
+        lease.release()
 
 
 async def embed(

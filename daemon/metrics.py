@@ -142,7 +142,31 @@ class Metrics:
             ["model", "drafter"],
             registry=r,
         )
+        self.memory_planned = Gauge(
+            "localllm_memory_planned_bytes",
+            "Bytes the memory plan gives each loaded model per device, by part: weights, kv, "
+            "compute, other (projector, draft), prefix_cache (RAM for saved prompts, at most).",
+            ["model", "device", "part"],
+            registry=r,
+        )
+        self.memory_used = Gauge(
+            "localllm_memory_used_bytes",
+            "Bytes each loaded model's runner holds now per device (the host's RAM: its "
+            "resident set; GPU buffers are allocated whole at load, as planned).",
+            ["model", "device"],
+            registry=r,
+        )
+        self.device_memory = Gauge(
+            "localllm_device_memory_bytes",
+            "Memory of each device, free and total: the host's RAM as this daemon may use it "
+            "(cgroup-aware), GPUs as llama.cpp reported them at the latest load.",
+            ["device", "state"],
+            registry=r,
+        )
         self._per_model_gauges = (
+            self.memory_planned,
+            self.memory_used,
+            self.device_memory,
             self.drafter,
             self.busy_slots,
             self.total_slots,
@@ -176,6 +200,29 @@ class Metrics:
             self.draft_tokens.labels(model, "rejected").inc(t.draft_tokens - accepted)
         self.prefill.labels(model).observe(t.prompt_ms / 1000)
 
+    def _memory(self, loaded: list[LoadedModel]) -> None:
+        from .memplan import HOST
+        from .sysmem import host_memory, process_memory
+
+        host = host_memory()
+        self.device_memory.labels(HOST, "free").set(host.available)
+        self.device_memory.labels(HOST, "total").set(host.total)
+        for model in sorted(loaded, key=lambda m: m.loaded_at):
+            plan = model.plan
+            if plan is None:
+                continue
+            for device in plan.devices:
+                if not device.is_host:  # the latest load's reading wins
+                    self.device_memory.labels(device.name, "free").set(device.free)
+                    self.device_memory.labels(device.name, "total").set(device.total)
+            for use in plan.uses:
+                for part in ("weights", "kv", "compute", "other"):
+                    self.memory_planned.labels(model.name, use.device, part).set(getattr(use, part))
+            self.memory_planned.labels(model.name, HOST, "prefix_cache").set(plan.prefix_cache)
+            held = process_memory(model.pid) if model.pid is not None else None
+            if held is not None:
+                self.memory_used.labels(model.name, HOST).set(held.rss)
+
     async def render(self, scheduler: Scheduler) -> bytes:
         """Refresh the gauges from the scheduler and runners, then the exposition text."""
         self.queue_depth.set(scheduler.queued)
@@ -183,6 +230,7 @@ class Metrics:
         self.loaded_models.set(len(loaded))
         for gauge in self._per_model_gauges:
             gauge.clear()  # models unloaded since the last scrape disappear
+        self._memory(loaded)
         for model in loaded:
             stats: Stats | None = await scheduler.stats(model)
             name = model.name

@@ -1,10 +1,15 @@
 """Request options → what the runner needs: sampling options and the runner's load config.
 
 Ollama's layering: the model's params layer gives defaults, the request's ``options`` override
-them. Nine options change how the model is *loaded* (``num_ctx``, ``num_batch``, ``num_gpu``,
-``main_gpu``, ``use_mmap``, ``use_mlock``, ``num_thread``, ``draft_model``, ``rpc_workers``:
-:data:`LOAD_OPTIONS`); a request whose load options differ from the loaded runner's reloads it.
-``rpc_workers`` (``host:port,...``; empty for none) overrides ``LOCALLLM_RPC_WORKERS``.
+them. Ten options change how the model is *loaded* (``num_ctx``, ``num_parallel``,
+``num_batch``, ``num_gpu``, ``main_gpu``, ``use_mmap``, ``use_mlock``, ``num_thread``,
+``draft_model``, ``rpc_workers``: :data:`LOAD_OPTIONS`); a request whose load options differ
+from the loaded runner's reloads it. ``rpc_workers`` (``host:port,...``; empty for none)
+overrides ``LOCALLLM_RPC_WORKERS``. ``num_ctx`` and ``num_gpu`` not given (nor
+``LOCALLLM_CONTEXT_LENGTH``) are left to the memory plan (:mod:`.memplan`); a ``num_ctx`` above
+the trained length is honoured, and the plan warns about it. ``keep_alive`` is a model parameter
+only (a Modelfile's ``PARAMETER keep_alive``, the model's default): a request gives its own at
+the top level.
 
 The draft model for speculative decoding (:func:`draft_for`): the ``draft_model`` option (a
 request's, else the model's ``PARAMETER``) wins over the Modelfile's ``DRAFT`` layer, which wins
@@ -57,7 +62,8 @@ log = logging.getLogger("localllm.daemon")
 
 # Inclusive bounds; None means unbounded on that side.
 _RANGES: dict[str, tuple[float | None, float | None]] = {
-    "num_ctx": (1, 1 << 20),
+    "num_ctx": (64, 1 << 20),
+    "num_parallel": (1, 256),
     "num_batch": (1, 1 << 16),
     "num_gpu": (-1, 1 << 12),
     "main_gpu": (0, 1 << 8),
@@ -152,6 +158,15 @@ def merge_options(
         for key, value in source.items():
             if value is None and key != "stop":
                 continue  # JSON's way of not giving it
+            if key == "keep_alive":
+                if source is model.parameters:
+                    continue  # the scheduler applies it (validated when the model was created)
+                raise HTTPProblem(
+                    400,
+                    f"{where}keep_alive is not an option: give keep_alive at the top level of "
+                    "the request",
+                    param=f"{where}keep_alive",
+                )
             if key in FIXED_OPTIONS:
                 if (problem := fixed_option_problem(key, value)) is not None:
                     raise HTTPProblem(400, f"{where}{key}: {problem}", param=f"{where}{key}")
@@ -272,18 +287,16 @@ def drafter_label(config: RunnerConfig) -> str:
 
 
 def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]) -> RunnerConfig:
-    """How the runner for ``model`` should be loaded for a request with ``options``."""
+    """How the runner for ``model`` should be loaded for a request with ``options``: a context
+    of 0 and GPU layers of -1 leave the choice to the runner's memory plan."""
     n_ctx = int(options.get("num_ctx", settings.context_length))
-    trained = model.info.context_length
-    if trained:
-        n_ctx = min(n_ctx, trained)
     first, *rest = model.gguf_paths
     draft = draft_for(settings, model, options)
     return RunnerConfig(
         model_path=str(first),
         extra_model_paths=[str(part) for part in rest],
-        n_slots=settings.num_parallel,
-        n_ctx_per_slot=max(n_ctx, 64),
+        n_slots=int(options.get("num_parallel", settings.num_parallel)),
+        n_ctx_per_slot=n_ctx,
         n_batch=int(options.get("num_batch", 512)),
         n_threads=int(options.get("num_thread", settings.num_threads)),
         n_gpu_layers=int(options.get("num_gpu", -1)),
@@ -304,4 +317,5 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
             if "rpc_workers" in options
             else settings.rpc_workers
         ),
+        memory_plan=True,
     )

@@ -18,6 +18,16 @@
   thread): weight repacking on or off, or a one-line refusal when llama.cpp cannot run on this
   CPU at all. A runner with repacking on that dies by a native fault the probe missed (SIGILL,
   SIGSEGV) turns repacking off for later loads, and a load that died so is tried once without.
+* Memory (:mod:`.memplan`): runners plan their load against free memory before allocating
+  anything, one load at a time, each told what the loaded models may still grow into (their
+  plan less what they hold now). A load that does not fit unloads idle models, least
+  recently used first, and tries again; while models that would make room are busy, it
+  waits for them; when nothing could make room, it is refused
+  (:class:`~.errors.InsufficientMemoryError`) with the plan's sentence: what is needed, what
+  is free, what to change. Models kept loaded forever (a negative ``keep_alive``: pinned)
+  are never unloaded to make room.
+* ``keep_alive`` not given by a request comes from the model's ``PARAMETER keep_alive``, else
+  the setting.
 
 The scheduler knows runners only through the :class:`Runner` protocol and gets them from a
 ``runner_factory``; the daemon's factory starts runner processes
@@ -35,16 +45,25 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from localllm._exceptions import SettingsError
 from localllm.models import LocalModel
-from localllm.settings import Settings
+from localllm.settings import Settings, parse_duration
 
-from .errors import QueueFullError
+from .errors import InsufficientMemoryError, QueueFullError
 from .history import RequestHistory
+from .memplan import HOST, MemoryPlan, NoFitReport, refusal
 from .runner import cpu
-from .runner.client import GenerationStream, ProcessRunner, RunnerStartError
+from .runner.client import (
+    DoesNotFitError,
+    GenerationStream,
+    ProcessRunner,
+    RunnerStartError,
+    plan_only,
+)
 from .runner.protocol import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -211,6 +230,61 @@ class LoadedModel:
         """The runner's process id."""
         return self.runner.pid
 
+    @property
+    def plan(self) -> MemoryPlan | None:
+        """The memory plan the runner loaded by (None for a runner that did not plan)."""
+        data = self.health.get("memory_plan")
+        if not isinstance(data, dict):
+            return None
+        try:
+            return MemoryPlan.from_dict(data)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def memory_size(self) -> tuple[int, int]:
+        """(bytes in all, bytes in GPU memory), as ``/api/ps`` reports them: the memory plan's,
+        or for a runner without one an estimate from the GGUF (all on the GPU when every
+        layer is offloaded, else in proportion)."""
+        plan = self.plan
+        if plan is not None:
+            return plan.size, plan.size_vram
+        from localllm.gguf_info import estimate_memory
+
+        model = self.model
+        try:
+            cells = self.config.n_ctx_per_slot * self.config.n_slots
+            size = estimate_memory(model.info, cells, self.config.kv_cache_type)["total"]
+            if (layer := model.projector_layer) is not None:
+                size += layer.size
+            blocks = (model.info.block_count or 0) + 1
+        except Exception:
+            size, blocks = model.entry.size, 1
+        offload = self.health.get("gpu_offload", True)
+        gpu_layers = int(self.health.get("gpu_layers", 0) or 0) if offload else 0
+        vram = size if gpu_layers >= blocks else size * max(gpu_layers, 0) // blocks
+        return size, vram
+
+    @property
+    def pinned(self) -> bool:
+        """Kept loaded forever (a negative keep_alive): never unloaded to make room."""
+        return self.keep_alive < 0
+
+
+def _any_idle(models: list[LoadedModel]) -> bool:
+    return any(not m.busy() for m in models)
+
+
+def _would_make_room(report: NoFitReport, models: list[LoadedModel]) -> bool:
+    """Whether unloading ``models`` frees what ``report`` says is missing on every device."""
+    freed: dict[str, int] = {}
+    for model in models:
+        plan = model.plan
+        for use in plan.uses if plan is not None else []:
+            freed[use.device] = freed.get(use.device, 0) + use.total
+        if plan is not None:
+            freed[HOST] = freed.get(HOST, 0) + plan.prefix_cache
+    return all(freed.get(device, 0) >= missing for device, missing in report.short().items())
+
 
 class Lease:
     """A slot on a loaded model, held for one request. Release it exactly once (idempotent)."""
@@ -283,6 +357,8 @@ class Scheduler:
         """TTFT and decode rate of every model's requests since the daemon started."""
         self._models: dict[str, LoadedModel] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # One runner starts at a time: each plans against the memory the others left.
+        self._load_gate = asyncio.Lock()
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task[None]] = set()
@@ -444,7 +520,7 @@ class Scheduler:
         paths = await self.cpu_paths(self._threads(config))
         if paths.error:
             raise RunnerStartError(paths.error)
-        return replace(config, cpu_repack=paths.repack)
+        return dataclasses.replace(config, cpu_repack=paths.repack)
 
     def _note_crash(self, config: RunnerConfig, returncode: int | None) -> bool:
         """A runner loaded with ``config`` ended with ``returncode``: when it was a native fault
@@ -520,14 +596,8 @@ class Scheduler:
     ) -> LoadedModel:
         await self._make_room(key)
         started = time.monotonic()
-        try:
-            loaded = await self._start(key, model, config, keep_alive)
-        except RunnerStartError as exc:
-            if not self._note_crash(config, exc.returncode):
-                raise
-            log.warning("loading %s again without weight repacking", model.name.short)
-            config = await self._follow_cpu_paths(config)
-            loaded = await self._start(key, model, config, keep_alive)
+        async with self._load_gate:
+            loaded = await self._start_fitting(key, model, config, keep_alive)
         loaded.load_seconds = time.monotonic() - started
         if self.closed:
             await self._stop(loaded)
@@ -536,6 +606,20 @@ class Scheduler:
         loaded.pending += 1  # reserved for the request that asked for the load
         loaded.update_idle()
         log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, loaded.load_seconds, loaded.pid)
+        plan = loaded.plan
+        if plan is not None:
+            log.info(
+                "%s: %d slots x %d tokens, %d of %d layers offloaded, %d MiB (%s)",
+                loaded.name,
+                plan.n_slots,
+                plan.n_ctx_per_slot,
+                plan.n_gpu_layers,
+                plan.n_layer + 1,
+                plan.size >> 20,
+                plan.processor(),
+            )
+            for warning in plan.warnings:
+                log.warning("%s: %s", loaded.name, warning)
         if self._on_load is not None:
             self._on_load(loaded)
         if loaded.keep_alive > 0:
@@ -544,27 +628,121 @@ class Scheduler:
             loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
         return loaded
 
-    async def _start_process(self, model: LocalModel, config: RunnerConfig) -> Runner:
+    def _runner_log(self, model: LocalModel) -> Path:
         safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", model.name.short)
+        return self.settings.log_dir / f"runner-{safe}.log"
+
+    async def _start_process(self, model: LocalModel, config: RunnerConfig) -> Runner:
         log.info("loading %s (%s)", model.name.short, config)
         return await ProcessRunner.start(
             config,
             self.settings.runtime_socket(f"runner-{secrets.token_hex(6)}.sock"),
-            self.settings.log_dir / f"runner-{safe}.log",
+            self._runner_log(model),
         )
+
+    async def plan(self, model: LocalModel, config: RunnerConfig) -> dict[str, Any]:
+        """The memory plan of ``model`` under ``config`` on this machine now, without loading
+        it: ``{"loaded": True, "plan": ...}`` for the runner serving it so, else what a runner
+        would plan (``{"loaded": False, "plan": ...}``) or why it cannot fit
+        (``{"loaded": False, "nofit": ..., "refusal": "..."}``)."""
+        config = await self._follow_cpu_paths(config)
+        loaded = self.get(model.name.full)
+        if loaded is not None and loaded.config == config and loaded.plan is not None:
+            return {"loaded": True, "plan": loaded.plan.to_dict()}
+        # Loaded with other options, the model's own memory is not counted as free: the plan
+        # is what a load next to everything loaded now would get.
+        reserved, mapped = self.reservations(model.name.full)
+        started = dataclasses.replace(
+            config, memory_plan=True, memory_reserved=reserved, mapped_ram=mapped
+        )
+        answer = await plan_only(started, self._runner_log(model))
+        if "nofit" in answer:
+            report = NoFitReport.from_dict(answer["nofit"])
+            return {**answer, "loaded": False, "refusal": refusal(model.name.short, report)}
+        return {**answer, "loaded": False}
 
     async def _start(
         self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
     ) -> LoadedModel:
-        runner = await self._runner_factory(model, config)
+        started = config
+        if config.memory_plan:
+            reserved, mapped = self.reservations(key)
+            started = dataclasses.replace(config, memory_reserved=reserved, mapped_ram=mapped)
+        runner = await self._runner_factory(model, started)
         return LoadedModel(
             key=key,
             model=model,
             config=config,
             runner=runner,
             load_seconds=0.0,
-            keep_alive=self.settings.keep_alive if keep_alive is None else keep_alive,
+            keep_alive=self.default_keep_alive(model) if keep_alive is None else keep_alive,
         )
+
+    def default_keep_alive(self, model: LocalModel) -> float:
+        """The model's ``PARAMETER keep_alive`` when it has a valid one, else the setting."""
+        value = model.parameters.get("keep_alive")
+        if value is not None and not isinstance(value, bool):
+            try:
+                return parse_duration(value)
+            except SettingsError:
+                log.warning("%s: ignoring its keep_alive parameter %r", model.name.short, value)
+        return self.settings.keep_alive
+
+    def reservations(self, key: str) -> tuple[dict[str, int], int]:
+        """What loaded models may still grow into (their plan less what they hold), and their
+        mapped weights, which MemAvailable counts as free cache."""
+        from .sysmem import process_memory
+
+        growth, mapped = 0, 0
+        for other in self._models.values():
+            plan = other.plan
+            if other.key == key or not other.alive() or plan is None or other.pid is None:
+                continue
+            held = process_memory(other.pid)
+            growth += max(plan.host_bytes - (held.rss if held else 0), 0)
+            mapped += held.rss_file if held else 0
+        # GPU buffers are allocated whole at load: the devices' free memory already counts them.
+        return ({HOST: growth} if growth else {}), mapped
+
+    async def _start_fitting(
+        self, key: str, model: LocalModel, config: RunnerConfig, keep_alive: float | None
+    ) -> LoadedModel:
+        """Start the runner; when its plan finds no room, unload idle models (least recently
+        used first), wait for busy ones that would make room, or refuse."""
+        while True:
+            try:
+                return await self._start(key, model, config, keep_alive)
+            except DoesNotFitError as exc:
+                report = NoFitReport.from_dict(exc.report)
+            except RunnerStartError as exc:
+                if not self._note_crash(config, exc.returncode):
+                    raise
+                log.warning("loading %s again without weight repacking", model.name.short)
+                config = await self._follow_cpu_paths(config)
+                continue
+            others = [m for k, m in self._models.items() if k != key and m.alive()]
+            idle = [m for m in others if not m.busy() and not m.pinned]
+            if idle:
+                victim = min(idle, key=lambda m: m.last_used)
+                log.info("unloading %s to make room for %s", victim.name, model.name.short)
+                await self._unload(victim)
+                continue
+            busy = [m for m in others if m.busy() and not m.pinned]
+            if busy and _would_make_room(report, busy):
+                log.info(
+                    "%s waits for %s to finish to make room",
+                    model.name.short,
+                    ", ".join(m.name for m in busy),
+                )
+                async with self._changed:
+                    await self._changed.wait_for(lambda waiting=busy: _any_idle(waiting))
+                continue
+            message = refusal(model.name.short, report)
+            pinned = [m.name for m in others if m.pinned]
+            if pinned:
+                message += f" (kept loaded with a negative keep_alive: {', '.join(pinned)})"
+            log.warning("refusing to load %s: %s", model.name.short, message)
+            raise InsufficientMemoryError(message) from None
 
     async def _make_room(self, key: str) -> None:
         limit = self.settings.max_loaded_models

@@ -30,6 +30,7 @@ from localllm.settings import Settings
 from localllm.starter import ensure_starter
 
 from .app import create_app
+from .preload import preload
 from .security import check_bind_allowed
 from .state import DaemonState
 
@@ -168,7 +169,10 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
             await asyncio.to_thread(ensure_starter, state.store)
         except (LocalLLMError, OSError) as exc:
             log.warning("could not import the starter model: %s", exc)
+        preloading = asyncio.create_task(preload(state)) if settings.preload else None
         await asyncio.gather(servers[0].serve([unix_sock]), servers[1].serve([tcp_sock]))
+        if preloading is not None and not preloading.done():
+            preloading.cancel()
     finally:
         for signum in _STOP_SIGNALS:
             loop.remove_signal_handler(signum)

@@ -113,6 +113,7 @@ class LoadedModelInfo(TypedDict, total=False):
     ``layers``, ``first_layer``, ``output``, ``free``, ``total``), the local CPU first."""
     rpc_dropped: list[str]
     """Workers lost mid-request that this load went without."""
+    pinned: bool
 
 
 class ShowResponse(TypedDict, total=False):
@@ -604,6 +605,14 @@ class Client:
         """Loaded models."""
         return list(self._json("GET", "/api/ps")["models"])
 
+    def plan(self, model: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The memory plan of ``model`` on the daemon's machine (``/api/plan``): ``plan``
+        when it fits, else ``refusal``, the sentence a load would be refused with."""
+        body: dict[str, Any] = {"model": model}
+        if options:
+            body["options"] = options
+        return dict(self._json("POST", "/api/plan", body))
+
     def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""
         self._request("POST", "/api/copy", {"source": source, "destination": destination})
@@ -955,6 +964,14 @@ class AsyncClient:
     async def ps(self) -> list[LoadedModelInfo]:
         """Loaded models."""
         return list((await self._json("GET", "/api/ps"))["models"])
+
+    async def plan(self, model: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The memory plan of ``model`` on the daemon's machine (``/api/plan``): ``plan``
+        when it fits, else ``refusal``, the sentence a load would be refused with."""
+        body: dict[str, Any] = {"model": model}
+        if options:
+            body["options"] = options
+        return dict(await self._json("POST", "/api/plan", body))
 
     async def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""

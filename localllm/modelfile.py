@@ -103,7 +103,7 @@ def coerce_parameter(name: str, value: str) -> Any:
         raise ModelfileError(f"unknown parameter {name!r} (known: {known})")
     if name == "stop":
         return [value]
-    if expected is str:
+    if expected is str or name == "keep_alive":  # a duration: 5m, 1h, -1
         return value
     try:
         if expected is bool:

@@ -50,6 +50,8 @@ __all__ = [
 # Options a params layer may carry, with the type each must have (Ollama's option names).
 OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "num_ctx": int,
+    "num_parallel": int,
+    "keep_alive": (str, int, float),
     "num_predict": int,
     "num_keep": int,
     "num_draft": int,
@@ -109,6 +111,7 @@ ModelOptions = dict[str, Any]
 LOAD_OPTIONS = frozenset(
     {
         "num_ctx",
+        "num_parallel",
         "num_batch",
         "num_gpu",
         "main_gpu",
@@ -119,6 +122,21 @@ LOAD_OPTIONS = frozenset(
         "rpc_workers",
     }
 )
+
+
+def _keep_alive_parameter(value: Any) -> str | int | float:
+    """A model's ``keep_alive`` (a duration; negative keeps it loaded forever), checked."""
+    from .settings import parse_duration
+
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise LocalLLMError(f"parameter 'keep_alive' must be a duration, got {value!r}")
+    try:
+        seconds = parse_duration(value)
+    except LocalLLMError as exc:
+        raise LocalLLMError(f"parameter 'keep_alive': {exc}") from None
+    if seconds != seconds or abs(seconds) == float("inf"):
+        raise LocalLLMError("parameter 'keep_alive' must be a finite duration")
+    return value
 
 
 def parse_parameters(parameters: dict[str, Any] | None) -> ModelOptions:
@@ -136,6 +154,9 @@ def parse_parameters(parameters: dict[str, Any] | None) -> ModelOptions:
             continue
         if expected is None:
             raise LocalLLMError(f"unknown parameter {key!r}")
+        if key == "keep_alive":
+            clean[key] = _keep_alive_parameter(value)
+            continue
         if key == "stop":
             if isinstance(value, str):
                 value = [value]

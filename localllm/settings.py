@@ -234,8 +234,10 @@ class Settings:
     )
     context_length: int = _setting(
         "LOCALLLM_CONTEXT_LENGTH",
-        4096,
-        "Context length of each slot, in tokens (a request's num_ctx overrides).",
+        0,
+        "Context length of each slot, in tokens (a request's num_ctx overrides); 0 lets the "
+        "memory plan choose the largest of 4096, 8192, 16384, 32768 and the trained length "
+        "that fits with headroom.",
     )
     kv_cache_type: str = _setting(
         "LOCALLLM_KV_CACHE_TYPE", "f16", "KV cache element type: f16, q8_0 or q4_0."
@@ -347,6 +349,12 @@ class Settings:
         "host:port,... (a Modelfile or request rpc_workers option overrides; empty for none). "
         "The RPC protocol has no authentication: reach workers over SSH tunnels or a VPN.",
     )
+    preload: tuple[str, ...] = _setting(
+        "LOCALLLM_PRELOAD",
+        (),
+        "Models loaded when the daemon starts, in order (comma separated), each as its first "
+        "request would load it; one that does not fit is logged and skipped.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -390,11 +398,18 @@ class Settings:
             ("LOCALLLM_NUM_PARALLEL", "num_parallel", 1),
             ("LOCALLLM_MAX_LOADED_MODELS", "max_loaded_models", 1),
             ("LOCALLLM_MAX_QUEUE", "max_queue", 0),
-            ("LOCALLLM_CONTEXT_LENGTH", "context_length", 64),
+            ("LOCALLLM_CONTEXT_LENGTH", "context_length", 0),
             ("LOCALLLM_NUM_THREADS", "num_threads", 0),
         ):
             if (number := as_int(name, minimum)) is not None:
                 values[attr] = number
+        if 0 < values.get("context_length", 0) < 64:
+            raise SettingsError(
+                "LOCALLLM_CONTEXT_LENGTH must be 0 (chosen by memory) or at least 64, "
+                f"got {values['context_length']}"
+            )
+        if (raw := get("LOCALLLM_PRELOAD")) is not None:
+            values["preload"] = tuple(n.strip() for n in raw.split(",") if n.strip())
         if (raw := get("LOCALLLM_KEEP_ALIVE")) is not None:
             try:
                 values["keep_alive"] = parse_duration(raw)

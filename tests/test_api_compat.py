@@ -204,7 +204,12 @@ def test_context_overflow_is_openais_error_streamed_or_not(daemon: Daemon) -> No
 
 
 def test_context_overflow_streamed_ollama_is_a_400(http: httpx.Client) -> None:
-    body = {"model": SMOL, "messages": [{"role": "user", "content": LONG}], "stream": True}
+    body = {
+        "model": SMOL,
+        "messages": [{"role": "user", "content": LONG}],
+        "stream": True,
+        "truncate": False,
+    }
     with http.stream("POST", "/api/chat", json=body) as response:
         assert response.status_code == 400
         response.read()
@@ -218,10 +223,19 @@ def test_ollama_truncate_drops_the_oldest_turns(http: httpx.Client) -> None:
         {"role": "user", "content": "hi"},
     ]
     body = {"model": SMOL, "messages": history, "stream": False, "options": FEW}
-    assert http.post("/api/chat", json=body).status_code == 400
-    kept = http.post("/api/chat", json={**body, "truncate": True})
-    assert kept.status_code == 200, kept.text
-    assert kept.json()["prompt_eval_count"] < 256
+    refused = http.post("/api/chat", json={**body, "truncate": False})
+    assert refused.status_code == 400 and "256 tokens" in _error(refused)
+    # By default (and with truncate: true), as Ollama does: the oldest turns go, and the
+    # final chunk says how much went.
+    for extra in ({}, {"truncate": True}):
+        kept = http.post("/api/chat", json={**body, **extra})
+        assert kept.status_code == 200, kept.text
+        answer = kept.json()
+        assert answer["prompt_eval_count"] < 256
+        assert answer["truncated_messages"] == 1 and answer["truncated_tokens"] > 600
+    streamed = http.post("/api/chat", json={**body, "stream": True})
+    *_, final = (json.loads(line) for line in streamed.text.splitlines() if line)
+    assert final["done"] and final["truncated_messages"] == 1
 
 
 # --- embeddings -------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from localllm.cli.models import ps_rows, render_show
+from localllm.cli.models import ps_rows, render_plan, render_show
 from localllm.cli.repl import Repl
 from localllm.cli.session import ChatConfig
 from localllm.modelfile import (
@@ -232,6 +232,55 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
         "Forever",
     ]
     assert second[4:] == ["100%", "GPU", "2048", "0/2", "-", "Stopping..."]
+
+
+def test_ps_marks_pinned_models() -> None:
+    entry = {"name": "a", "size": 1, "expires_at": "9999-12-31T23:59:59Z", "pinned": True}
+    assert ps_rows([entry]).splitlines()[1].endswith("Forever (pinned)")
+
+
+def test_show_prints_the_memory_plan_or_why_it_does_not_fit() -> None:
+    from localllm.daemon.memplan import Device, DeviceUse, MemoryPlan
+
+    mib = 1 << 20
+    plan = MemoryPlan(
+        n_slots=4,
+        n_ctx_per_slot=8192,
+        n_gpu_layers=20,
+        n_layer=30,
+        kv_cells=32768,
+        uses=[
+            DeviceUse("CPU", weights=40 * mib, kv=240 * mib, compute=10 * mib, layers=11),
+            DeviceUse("CUDA0", weights=60 * mib, kv=480 * mib, compute=90 * mib, layers=20),
+        ],
+        devices=[Device("CPU", "cpu", 8 << 30, 16 << 30), Device("CUDA0", "gpu", 2 << 30, 4 << 30)],
+        budgets={"CPU": 7 << 30, "CUDA0": 1792 * mib},
+        prefix_cache=512 * mib,
+        context_chosen=True,
+        warnings=["something to know"],
+    )
+    text = render_plan({"loaded": False, "plan": plan.to_dict()})
+    rows = {line.split("  ")[2].strip(): line for line in text.splitlines()[1:] if line.strip()}
+    assert "4 × 8,192 (chosen by free memory)" in rows["slots × context"]
+    assert "11 on CPU, 20 on CUDA0 (of 31" in rows["layers"]
+    assert (
+        "630 MiB of 1,792 MiB usable (weights 60 MiB, KV 480 MiB, compute 90 MiB)" in rows["CUDA0"]
+    )
+    assert "512 MiB" in rows["prefix cache"] and "something to know" in rows["warning"]
+    assert rows["processor"].endswith(plan.processor())
+    refused = render_plan({"loaded": False, "refusal": "x needs 9 MiB; 1 MiB are free"})
+    assert "does not fit: x needs 9 MiB; 1 MiB are free" in refused
+
+
+def test_truncation_is_one_line() -> None:
+    from localllm.cli.session import truncation_line
+
+    line = truncation_line({"truncated_messages": 3, "truncated_tokens": 912})
+    assert line == (
+        "(the conversation is longer than the model's context: 3 older messages (912 tokens) "
+        "left out)"
+    )
+    assert "the first 40 tokens" in truncation_line({"truncated_tokens": 40})
 
 
 def test_show_sections_from_the_api_answer() -> None:

@@ -150,8 +150,11 @@ class _Runners:
 
 
 class _Model:
+    """The part of a LocalModel the scheduler reads."""
+
     def __init__(self, name: str) -> None:
         self.name = parse_name(name)
+        self.parameters: dict[str, Any] = {}
 
 
 def _answer(

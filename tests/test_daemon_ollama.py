@@ -227,7 +227,8 @@ def test_ps_after_use(client: ollama.Client) -> None:
     loaded = {m.model: m for m in client.ps().models}
     assert SMOL in loaded
     entry = loaded[SMOL]
-    assert entry.context_length == 4096
+    # No num_ctx: the memory plan chose a step up to SmolLM2's trained 8192.
+    assert entry.context_length in (4096, 8192)
     assert entry.size > 0
     assert entry.expires_at is not None
 

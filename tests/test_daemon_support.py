@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,11 @@ class Daemon:
             self.process.wait()
 
 
-def start_daemon(home: Path, **settings: Any) -> Daemon:
-    """Start ``python -m localllm.daemon`` for ``home``; ``settings`` become LOCALLLM_* vars.
+def start_daemon(
+    home: Path, preexec_fn: Callable[[], None] | None = None, **settings: Any
+) -> Daemon:
+    """Start ``python -m localllm.daemon`` for ``home``; ``settings`` become LOCALLLM_* vars;
+    ``preexec_fn`` runs in the child before the daemon (to enter a cgroup, say).
 
     Returns once the daemon announced that it listens (its sockets accept from then on).
     """
@@ -101,6 +104,7 @@ def start_daemon(home: Path, **settings: Any) -> Daemon:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     assert process.stderr is not None
     line = process.stderr.readline()  # the announcement, or an error before exiting
@@ -126,9 +130,11 @@ def run_daemon_expecting_failure(home: Path, **settings: Any) -> subprocess.Comp
 
 
 @contextlib.contextmanager
-def running_daemon(home: Path, **settings: Any) -> Iterator[Daemon]:
+def running_daemon(
+    home: Path, preexec_fn: Callable[[], None] | None = None, **settings: Any
+) -> Iterator[Daemon]:
     """Start a daemon, yield it, and check it shuts down cleanly."""
-    daemon = start_daemon(home, **settings)
+    daemon = start_daemon(home, preexec_fn, **settings)
     try:
         yield daemon
     except BaseException:

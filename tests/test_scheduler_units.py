@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import pytest
@@ -32,6 +32,7 @@ class FakeModel:
     """The part of a LocalModel the scheduler reads."""
 
     name: ModelName
+    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeRunner:
@@ -85,8 +86,8 @@ class Factory:
         return runner
 
 
-def model(name: str) -> Any:
-    return FakeModel(parse_name(name))
+def model(name: str, **parameters: Any) -> Any:
+    return FakeModel(parse_name(name), parameters)
 
 
 def config(**changes: Any) -> RunnerConfig:
@@ -305,5 +306,145 @@ def test_finished_requests_build_the_daemons_history() -> None:
         assert series["requests"] == 2
         assert series["ttft_ms"] == [100.0, 300.0]
         assert series["decode_tps"] == [50.0, 50.0]
+
+    run(scenario)
+
+
+# -- memory: runners that plan against a fake machine -------------------------------------------
+
+MIB = 1 << 20
+
+
+class MemoryFactory(Factory):
+    """Fake runners on a machine of ``capacity`` bytes of RAM: each model needs ``sizes[name]``;
+    a start is refused (as a runner's memory plan refuses) when what the scheduler reserved for
+    the loaded models leaves too little."""
+
+    def __init__(self, capacity: int, sizes: dict[str, int]) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.sizes = sizes
+        self.refused: list[str] = []
+
+    async def __call__(self, model: Any, config: RunnerConfig) -> Any:
+        from localllm.daemon.memplan import Device, DeviceUse, MemoryPlan, NoFitReport, Trial
+        from localllm.daemon.runner.client import DoesNotFitError
+
+        assert config.memory_plan
+        need = self.sizes[model.name.model]
+        room = self.capacity - config.memory_reserved.get("CPU", 0)
+        devices = [Device("CPU", "cpu", self.capacity, self.capacity)]
+        use = DeviceUse("CPU", weights=need, layers=1)
+        if need > room:
+            self.refused.append(model.name.model)
+            report = NoFitReport(Trial(4096, 1, 0), [use], devices, {"CPU": room})
+            raise DoesNotFitError(report.to_dict())
+        runner = await super().__call__(model, config)
+        memory = MemoryPlan(1, 4096, 0, 1, 4096, [use], devices, {"CPU": room})
+        runner.health["memory_plan"] = memory.to_dict()
+        return runner
+
+
+def run_memory(
+    test: Callable[[Scheduler, MemoryFactory], Coroutine[Any, Any, T]],
+    capacity: int,
+    sizes: dict[str, int],
+) -> T:
+    async def main() -> T:
+        factory = MemoryFactory(capacity, sizes)
+        settings = Settings(num_parallel=1, keep_alive=300.0, max_loaded_models=8, max_queue=8)
+        scheduler = Scheduler(settings, runner_factory=factory)
+        try:
+            async with asyncio.timeout(DEADLINE_S):
+                return await test(scheduler, factory)
+        finally:
+            await scheduler.close()
+
+    return asyncio.run(main())
+
+
+def planned() -> RunnerConfig:
+    return config(memory_plan=True)
+
+
+def test_a_load_that_does_not_fit_unloads_the_least_recently_used_idle_model() -> None:
+    async def scenario(scheduler: Scheduler, factory: MemoryFactory) -> None:
+        for name in ("a", "b"):
+            (await scheduler.acquire(model(name), planned())).release()
+        a, b = factory.started
+        lease = await scheduler.acquire(model("c"), planned())
+        assert factory.refused == ["c"]  # refused once, then loaded after a went
+        assert await closed(a) and b.alive()
+        assert {m.name for m in scheduler.loaded()} == {"b:latest", "c:latest"}
+        lease.release()
+
+    run_memory(scenario, 10 * MIB, {"a": 4 * MIB, "b": 4 * MIB, "c": 4 * MIB})
+
+
+def test_a_load_waits_for_a_busy_model_that_would_make_room() -> None:
+    async def scenario(scheduler: Scheduler, factory: MemoryFactory) -> None:
+        busy = await scheduler.acquire(model("a"), planned())
+        loading = asyncio.ensure_future(scheduler.acquire(model("c"), planned()))
+        while not factory.refused:
+            await asyncio.sleep(0)
+        for _ in range(50):  # let the load run as far as it can: it must block, not refuse
+            await asyncio.sleep(0)
+        assert not loading.done() and factory.started[0].alive()
+        busy.release()
+        lease = await loading
+        assert await closed(factory.started[0])
+        assert lease.loaded.name == "c:latest"
+        lease.release()
+
+    run_memory(scenario, 6 * MIB, {"a": 4 * MIB, "c": 4 * MIB})
+
+
+def test_a_pinned_model_is_never_unloaded_to_make_room() -> None:
+    from localllm.daemon.errors import InsufficientMemoryError
+
+    async def scenario(scheduler: Scheduler, factory: MemoryFactory) -> None:
+        (await scheduler.acquire(model("a"), planned(), keep_alive=-1)).release()
+        with pytest.raises(InsufficientMemoryError) as refused:
+            await scheduler.acquire(model("c"), planned())
+        assert refused.value.status == 507
+        message = refused.value.message
+        assert message.startswith("c:latest needs 4 MiB") and "2 MiB are free" in message
+        assert "negative keep_alive: a:latest" in message
+        assert factory.started[0].alive() and len(factory.started) == 1
+
+    run_memory(scenario, 6 * MIB, {"a": 4 * MIB, "c": 4 * MIB})
+
+
+def test_a_model_larger_than_the_machine_is_refused_at_once() -> None:
+    from localllm.daemon.errors import InsufficientMemoryError
+
+    async def scenario(scheduler: Scheduler, factory: MemoryFactory) -> None:
+        (await scheduler.acquire(model("a"), planned())).release()
+        busy = await scheduler.acquire(model("a"), planned())
+        with pytest.raises(InsufficientMemoryError):
+            await scheduler.acquire(model("huge"), planned())
+        # a was busy and would not have made room: it stays, and nothing waited for it
+        assert factory.started[0].alive() and factory.refused == ["huge"]
+        busy.release()
+
+    run_memory(scenario, 6 * MIB, {"a": 2 * MIB, "huge": 64 * MIB})
+
+
+def test_the_models_keep_alive_parameter_is_its_default() -> None:
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        (await scheduler.acquire(model("a", keep_alive="-1"), config())).release()
+        (await scheduler.acquire(model("b", keep_alive="10m"), config())).release()
+        (await scheduler.acquire(model("c"), config())).release()
+        keep = {m.name: (m.keep_alive, m.pinned) for m in scheduler.loaded()}
+        assert keep == {
+            "a:latest": (-1.0, True),
+            "b:latest": (600.0, False),
+            "c:latest": (300.0, False),
+        }
+        # A request's own keep_alive still wins.
+        lease = await scheduler.acquire(model("a", keep_alive="-1"), config(), keep_alive=0)
+        lease.keep_alive = 0
+        lease.release()
+        assert await closed(factory.started[0])
 
     run(scenario)

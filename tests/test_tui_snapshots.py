@@ -34,9 +34,12 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    """A daemon whose models never unload (no keep-alive countdown to freeze)."""
+    """A daemon whose models never unload (no keep-alive countdown to freeze), with a fixed
+    context (the memory plan would choose one by this machine's free memory)."""
     home = tmp_path_factory.mktemp("tui-snap") / "home"
-    with running_daemon(home, num_parallel=2, num_threads=1, keep_alive=-1) as d:
+    with running_daemon(
+        home, num_parallel=2, num_threads=1, keep_alive=-1, context_length=4096
+    ) as d:
         yield d
 
 

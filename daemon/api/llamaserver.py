@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from localllm.models import LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
-from ..generation import Job, Outcome, resolve_model, start, until_disconnect
+from ..generation import Job, Outcome, context_length, resolve_model, start, until_disconnect
 from ..options import merge_options, runner_config, sampling_options
 from ..runner.protocol import GenerationRequest, SamplingOptions
 from ..state import DaemonState, StateDep
@@ -472,9 +472,8 @@ async def infill(body: InfillRequest, request: Request, state: StateDep) -> Resp
     # An early stop leaves the runner's count behind: log probabilities count the tokens.
     sampling.logprobs = early
     config = runner_config(state.settings, model, options)
-    tokens, truncated = await _infill_tokens(
-        state, request, model, body, config.n_ctx_per_slot, n_predict
-    )
+    n_ctx = await context_length(state, request, model, config)
+    tokens, truncated = await _infill_tokens(state, request, model, body, n_ctx, n_predict)
     runner_request = GenerationRequest(id="", prompt="", raw=True, context=tokens, options=sampling)
     job = Job(model=model, config=config, request=runner_request, keep_alive=None, api="llama")
     generation = await start(state, request, job)

@@ -265,7 +265,7 @@ async def _run(
         fields = _fields(chat, parsed, calls_of(parsed))
         if options.logprobs:
             fields["logprobs"] = ollama_logprobs(logprobs, top)
-        body = _final(name, outcome, fields)
+        body = _final(name, outcome, {**fields, **generation.truncation()})
         if return_context and outcome.result.context is not None:
             body["context"] = outcome.result.context
         return body
@@ -478,7 +478,8 @@ async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response
         messages=chat_messages(model, body.messages, plan=plan, images=images),
         template=model_template(model),
         options=_sampling(body, options),
-        truncate=body.truncate is True,
+        # Ollama drops a long chat's oldest turns; only truncate: false asks for the 400.
+        truncate=body.truncate is not False,
         images=images.encoded,
     )
     if plan is not None:
@@ -576,24 +577,13 @@ async def root() -> PlainTextResponse:
 
 @router.get("/api/ps", summary="Loaded models")
 async def ps(state: StateDep) -> dict[str, Any]:
-    """Ollama's /api/ps, plus localllm's slot count and runner process id, and for a model
-    split across RPC workers its ``devices`` (layers on each) and ``rpc_dropped`` workers."""
-    from localllm.gguf_info import estimate_memory
-
+    """Ollama's /api/ps (``size`` and ``size_vram`` from the memory plan), plus localllm's
+    slot count, runner process id, whether the model is pinned (negative keep_alive), and for
+    a model split across RPC workers its ``devices`` (layers on each) and ``rpc_dropped``."""
     models = []
     for loaded in state.scheduler.loaded():
         model = loaded.model
-        n_ctx_total = loaded.config.n_ctx_per_slot * loaded.config.n_slots
-        try:
-            size = estimate_memory(model.info, n_ctx_total, loaded.config.kv_cache_type)["total"]
-            if (layer := model.projector_layer) is not None:
-                size += layer.size  # the vision projector's weights load with the model
-            blocks = (model.info.block_count or 0) + 1
-        except Exception:
-            size, blocks = model.entry.size, 1
-        offload = loaded.health.get("gpu_offload", True)
-        gpu_layers = int(loaded.health.get("gpu_layers", 0) or 0) if offload else 0
-        size_vram = size if gpu_layers >= blocks else size * max(gpu_layers, 0) // blocks
+        size, size_vram = loaded.memory_size()
         expires = loaded.expires_at
         models.append(
             {
@@ -616,6 +606,7 @@ async def ps(state: StateDep) -> dict[str, Any]:
                 "kv_cache_type": loaded.config.kv_cache_type,
                 "drafter": drafter_label(loaded.config),
                 "kv_cells": int(loaded.health.get("n_ctx", 0) or 0),
+                "pinned": loaded.pinned,
                 "loaded_at": datetime.fromtimestamp(loaded.loaded_at, UTC)
                 .isoformat()
                 .replace("+00:00", "Z"),

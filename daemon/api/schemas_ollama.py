@@ -138,7 +138,9 @@ class ChatRequest(_ModelBody):
         None, description="false: end with done_reason length at the end of the context."
     )
     truncate: bool | None = Field(
-        None, description="true: drop the oldest turns of a chat longer than the context."
+        None,
+        description="Unless false: drop the oldest turns (system messages kept) of a chat "
+        "longer than the context, as Ollama does; false: a 400 naming the sizes.",
     )
 
 

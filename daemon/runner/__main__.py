@@ -5,22 +5,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import faulthandler
+import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .kvcache import PrefixCache, layout_folder
 from .protocol import RunnerConfig
 
 if TYPE_CHECKING:
+    from ..memplan import MemoryPlan
     from .model import LlamaModel
 
 # How often the runner checks that the daemon that started it is still alive.
 _PARENT_CHECK_S = 1.0
+# The context per slot when the memory plan could not choose one.
+_UNPLANNED_CONTEXT = 4096
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,8 +93,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="a worker that died under the previous runner: go on without it if still down",
     )
+    parser.add_argument(
+        "--memory-plan",
+        action="store_true",
+        help="plan the load against free memory first: a context of 0 and GPU layers of -1 "
+        "are chosen to fit, and a load that cannot fit is refused before allocating",
+    )
+    parser.add_argument(
+        "--reserve",
+        action="append",
+        default=[],
+        metavar="DEVICE=BYTES",
+        help="memory other loaded models may still grow into on a device (not free here)",
+    )
+    parser.add_argument(
+        "--mapped-ram", type=int, default=0, help="bytes of other runners' mapped weights"
+    )
+    parser.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="print the memory plan (or why nothing fits) as JSON and exit without loading",
+    )
     parser.add_argument("--debug", action="store_true", help="log llama.cpp debug output")
     return parser.parse_args(argv)
+
+
+def _reserved(values: list[str]) -> dict[str, int]:
+    reserved: dict[str, int] = {}
+    for value in values:
+        name, _, amount = value.rpartition("=")
+        if not name or not amount.isdigit():
+            raise SystemExit(f"--reserve wants DEVICE=BYTES, got {value!r}")
+        reserved[name] = reserved.get(name, 0) + int(amount)
+    return reserved
+
+
+def _planned(config: RunnerConfig, plan: MemoryPlan) -> RunnerConfig:
+    """``config`` with what the plan chose: context, GPU layers, the prefix cache's RAM.
+
+    Split across RPC workers with no ``num_gpu`` given, the layers stay the split's to place
+    (:mod:`.placement`: by each device's free memory, the local CPU's share included); the
+    plan checked that the model fits those devices."""
+    layers_open = config.rpc_workers and config.n_gpu_layers < 0
+    return dataclasses.replace(
+        config,
+        n_ctx_per_slot=plan.n_ctx_per_slot,
+        n_gpu_layers=config.n_gpu_layers if layers_open else plan.n_gpu_layers,
+        kv_cache_ram=plan.prefix_cache,
+    )
+
+
+def _report(args: argparse.Namespace, key: str, value: dict[str, Any]) -> None:
+    """Tell the daemon the plan's verdict: on stdout for --plan-only, else on the ready pipe
+    (a refusal, which ends the runner)."""
+    line = json.dumps({key: value}) + "\n"
+    if args.plan_only:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+    elif args.ready_fd is not None:
+        os.write(args.ready_fd, b"nofit " + line.encode())
+        os.close(args.ready_fd)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -123,7 +186,40 @@ async def _serve(args: argparse.Namespace) -> int:
         cpu_repack=None if args.cpu_repack is None else args.cpu_repack == "on",
         rpc_workers=args.rpc_worker,
         rpc_lost=args.rpc_lost,
+        memory_plan=args.memory_plan or args.plan_only,
+        memory_reserved=_reserved(args.reserve),
+        mapped_ram=args.mapped_ram,
     )
+    plan: MemoryPlan | None = None
+    if config.memory_plan:
+        from ..memplan import DoesNotFit
+        from .measure import MeasureError, plan_load
+
+        runner_log = logging.getLogger("localllm.runner")
+        try:
+            plan = await asyncio.to_thread(plan_load, config)
+        except DoesNotFit as exc:
+            runner_log.error("the model does not fit: %s", exc)
+            _report(args, "nofit", exc.report.to_dict())
+            return 0 if args.plan_only else 3
+        except (MeasureError, OSError) as exc:  # llama.cpp cannot lay the model out
+            runner_log.error("could not plan the load: %s", exc)
+            return 2
+        except Exception as exc:  # a planner bug must not make a loadable model unusable
+            if args.plan_only:
+                runner_log.exception("could not plan the load")
+                return 2
+            runner_log.warning("no memory plan (%r): loading as asked", exc)
+            plan = None
+            if config.n_ctx_per_slot == 0:
+                config = dataclasses.replace(config, n_ctx_per_slot=_UNPLANNED_CONTEXT)
+        if plan is not None:
+            for warning in plan.warnings:
+                runner_log.warning("%s", warning)
+            if args.plan_only:
+                _report(args, "plan", plan.to_dict())
+                return 0
+            config = _planned(config, plan)
     try:
         model = await asyncio.to_thread(LlamaModel, config)
     except ModelLoadError as exc:
@@ -169,6 +265,7 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     engine.start()
     server = RunnerServer(model, engine, Path(args.socket), projector)
+    server.memory_plan = plan.to_dict() if plan is not None else None
     await server.start()
     logging.getLogger("localllm.runner").info(
         "serving %s: %d slots x %d tokens, %d threads, %d GPU layers",

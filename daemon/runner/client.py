@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import re
@@ -59,6 +60,7 @@ from .protocol import (
 from .workers import probe_all
 
 __all__ = [
+    "DoesNotFitError",
     "GenerationStream",
     "ProcessRunner",
     "RunnerClient",
@@ -67,6 +69,7 @@ __all__ = [
     "RunnerProcess",
     "RunnerStartError",
     "TokenChunk",
+    "plan_only",
 ]
 
 log = logging.getLogger("localllm.daemon")
@@ -111,6 +114,15 @@ class RunnerStartError(RunnerError):
         super().__init__(message, "load_failed")
         self.returncode = returncode
         """The runner's exit status (negative: the signal), when it died while loading."""
+
+
+class DoesNotFitError(RunnerStartError):
+    """The runner's memory plan found no load that fits, before allocating anything."""
+
+    def __init__(self, report: dict[str, Any]) -> None:
+        super().__init__("the model does not fit in the memory that is free")
+        self.report = report
+        """The plan's :class:`~localllm.daemon.memplan.NoFitReport`, as a dict."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,10 @@ class GenerationStream:
         """Prompt length in tokens, known once the runner accepted the prompt."""
         self.prompt_tail = ""
         """The end of the rendered prompt (does it open a reasoning block?)."""
+        self.dropped_messages = 0
+        """Older chat messages truncation left out to fit the context."""
+        self.dropped_tokens = 0
+        """Prompt tokens truncation left out (those messages' included)."""
         self._client = client
         self._queue = queue
         self._on_cancelled = on_cancelled
@@ -175,6 +191,8 @@ class GenerationStream:
         if isinstance(event, PromptReadyEvent):
             self.prompt_tokens = event.prompt_tokens
             self.prompt_tail = event.prompt_tail
+            self.dropped_messages = event.dropped_messages
+            self.dropped_tokens = event.dropped_tokens
         elif isinstance(event, DoneEvent):  # cancelled while the prompt was being prepared
             self._early = event
         else:
@@ -503,6 +521,19 @@ def _death(code: int, cause: str, log_path: Path, during: str = "") -> str:
     return f"{text} (full log: {log_path})"
 
 
+# The most a runner writes on its ready pipe (a memory report is a few kilobytes).
+_READY_LIMIT = 1 << 20
+
+
+def _read_line(fd: int) -> bytes:
+    """The first line written to the pipe ``fd`` (``ready``, or ``nofit`` and a report), or
+    what came before its writer closed it."""
+    data = b""
+    while b"\n" not in data and len(data) < _READY_LIMIT and (chunk := os.read(fd, 65536)):
+        data += chunk
+    return data
+
+
 class RunnerProcess:
     """A runner child process for one model."""
 
@@ -561,6 +592,10 @@ class RunnerProcess:
             args += ["--draft-model", c.draft_model]
             if c.draft_name is not None:
                 args += ["--draft-name", c.draft_name]
+        if c.memory_plan:
+            args += ["--memory-plan", "--mapped-ram", str(c.mapped_ram)]
+            for device, amount in c.memory_reserved.items():
+                args += ["--reserve", f"{device}={amount}"]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:
@@ -592,7 +627,7 @@ class RunnerProcess:
         finally:
             os.close(ready_write)
         loop = asyncio.get_running_loop()
-        ready = loop.run_in_executor(None, os.read, ready_read, 64)
+        ready = loop.run_in_executor(None, _read_line, ready_read)
         try:
             signal_bytes = await asyncio.wait_for(asyncio.shield(ready), timeout)
         except TimeoutError:
@@ -603,6 +638,13 @@ class RunnerProcess:
         finally:
             if ready.done():
                 os.close(ready_read)
+        if signal_bytes.startswith(b"nofit "):
+            await loop.run_in_executor(None, self.process.wait)
+            try:
+                report = json.loads(signal_bytes[6:])["nofit"]
+            except (ValueError, KeyError, TypeError):
+                raise RunnerStartError("the runner sent an unreadable memory report") from None
+            raise DoesNotFitError(report)
         if not signal_bytes.startswith(b"ready"):
             code = await loop.run_in_executor(None, self.process.wait)
             cause = _cause_line(self.log_path, log_start)
@@ -675,6 +717,39 @@ class RunnerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+async def plan_only(config: RunnerConfig, log_path: Path, timeout: float = 120.0) -> dict[str, Any]:
+    """The memory plan a runner would load ``config`` by, without loading it:
+    ``{"plan": MemoryPlan}`` or ``{"nofit": NoFitReport}`` (as dicts); raises
+    :class:`RunnerStartError` when the runner cannot say."""
+    process = RunnerProcess(config, log_path.with_suffix(".plan.sock"), log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        log_start = log_file.tell()
+        child = await asyncio.create_subprocess_exec(
+            *process.command(),
+            "--plan-only",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            cwd=str(log_path.parent),
+            start_new_session=True,
+        )
+    try:
+        output, _ = await asyncio.wait_for(child.communicate(), timeout)
+    except TimeoutError:
+        child.kill()
+        await child.wait()
+        raise RunnerStartError(f"the runner did not plan the load within {timeout:.0f}s") from None
+    for line in reversed(output.decode("utf-8", "replace").splitlines()):
+        with contextlib.suppress(ValueError):
+            answer = json.loads(line)
+            if isinstance(answer, dict) and ("plan" in answer or "nofit" in answer):
+                return answer
+    code = child.returncode or 0
+    cause = _cause_line(log_path, log_start)
+    raise RunnerStartError(_death(code, cause, log_path, " while planning the load"), code)
 
 
 class ProcessRunner:

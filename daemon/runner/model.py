@@ -7,9 +7,11 @@ generation context is used from the engine thread only.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
@@ -26,9 +28,14 @@ __all__ = [
     "Batch",
     "LlamaModel",
     "ModelLoadError",
+    "batch_size",
+    "context_params",
     "default_threads",
+    "load_model",
+    "model_params",
     "route_llama_log",
     "set_fields",
+    "tap_llama_log",
 ]
 
 _KV_TYPES = {
@@ -74,6 +81,8 @@ def set_fields(params: ctypes.Structure, **values: object) -> None:
 
 # The C callback must stay referenced for as long as llama.cpp may call it.
 _log_state: dict[str, object] = {}
+# Lists collecting log lines for tap_llama_log.
+_log_taps: list[list[str]] = []
 
 
 def route_llama_log(stream: IO[str], debug: bool = False) -> None:
@@ -85,6 +94,8 @@ def route_llama_log(stream: IO[str], debug: bool = False) -> None:
     def callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         effective = last_level[0] if level == _LOG_CONT else level
         last_level[0] = effective
+        for tap in _log_taps:
+            tap.append(text.decode("utf-8", errors="replace"))
         if effective == _LOG_DEBUG and not debug:
             return
         with lock:
@@ -93,6 +104,96 @@ def route_llama_log(stream: IO[str], debug: bool = False) -> None:
 
     _log_state["callback"] = callback
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+
+
+def cpu_repack(config: RunnerConfig) -> bool:
+    """Whether ``config``'s weights go into llama.cpp's extra CPU buffer types (repacked): as
+    it says, else as the CPU probe decided (:func:`.cpu.decide`); raises
+    :class:`ModelLoadError` where llama.cpp cannot run on this CPU at all."""
+    if config.cpu_repack is not None:
+        return config.cpu_repack
+    decision = decide(threads=config.n_threads or default_threads())
+    if decision.error:
+        raise ModelLoadError(decision.error)
+    return decision.repack
+
+
+def model_params(config: RunnerConfig, n_gpu_layers: int) -> llama_cpp.llama_model_params:
+    """llama.cpp's model parameters for ``config`` with ``n_gpu_layers`` offloaded."""
+    params = llama_cpp.llama_model_default_params()
+    set_fields(
+        params,
+        n_gpu_layers=n_gpu_layers,
+        main_gpu=config.main_gpu,
+        load_mode=_LOAD_MODES[config.use_mmap, config.use_mlock],
+        use_extra_bufts=cpu_repack(config),
+    )
+    return params
+
+
+def load_model(
+    config: RunnerConfig, params: llama_cpp.llama_model_params
+) -> llama_cpp.llama_model_p | None:
+    """Load ``config``'s GGUF (all its parts) with ``params``; None when llama.cpp refuses."""
+    if config.extra_model_paths:
+        # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by
+        # side, so llama.cpp is given the list.
+        paths = [p.encode() for p in (config.model_path, *config.extra_model_paths)]
+        array = (ctypes.c_char_p * len(paths))(*paths)
+        return llama_cpp.llama_model_load_from_splits(array, len(paths), params)
+    return llama_cpp.llama_model_load_from_file(config.model_path.encode(), params)
+
+
+def batch_size(config: RunnerConfig) -> int:
+    """Tokens per decode for ``config``: every generating slot puts one token in each step's
+    batch, and llama.cpp wants a batch at least as large as the sequences (the slots and the
+    scratch one), so a smaller ``n_batch`` is raised, as llama.cpp's own tools clamp
+    out-of-range settings (health reports the value used)."""
+    n_batch = max(config.n_batch, config.n_slots + 1)
+    if n_batch != config.n_batch:
+        log.warning(
+            "num_batch %d is below the %d parallel slots plus one; using %d",
+            config.n_batch,
+            config.n_slots,
+            n_batch,
+        )
+    return n_batch
+
+
+def context_params(
+    config: RunnerConfig, n_ctx: int, n_seq: int, n_threads: int
+) -> llama_cpp.llama_context_params:
+    """Context parameters for ``config``: ``n_ctx`` cells for ``n_seq`` sequences (the batch
+    size is the caller's)."""
+    params = llama_cpp.llama_context_default_params()
+    set_fields(
+        params,
+        n_ctx=n_ctx,
+        n_seq_max=n_seq,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        # One cache for all sequences: shared prefixes occupy their cells once
+        # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
+        kv_unified=True,
+        type_k=_KV_TYPES[config.kv_cache_type],
+        type_v=_KV_TYPES[config.kv_cache_type],
+        flash_attn_type=_FLASH[config.flash_attention],
+        no_perf=True,
+    )
+    return params
+
+
+@contextlib.contextmanager
+def tap_llama_log() -> Iterator[list[str]]:
+    """Collect llama.cpp's log lines while the block runs (they still reach the runner's
+    log): what it reports of buffers it only pretended to allocate (``no_alloc``) is read
+    from them."""
+    lines: list[str] = []
+    _log_taps.append(lines)
+    try:
+        yield lines
+    finally:
+        _log_taps.remove(lines)
 
 
 class Batch:
@@ -160,44 +261,21 @@ class LlamaModel:
         self.gpu_offload = has_local_gpu()
         """Whether this machine has a GPU that llama.cpp can offload to."""
 
-        # Whether weights go into llama.cpp's extra CPU buffer types (repacked).
-        self.cpu_repack: bool
-        if config.cpu_repack is None:
-            decision = decide(threads=self.n_threads)
-            if decision.error:
-                raise ModelLoadError(decision.error)
-            self.cpu_repack = decision.repack
-        else:
-            self.cpu_repack = config.cpu_repack
-        model_params = llama_cpp.llama_model_default_params()
+        self.cpu_repack = cpu_repack(config)
+        """Whether weights went into llama.cpp's extra CPU buffer types (repacked)."""
         if config.n_gpu_layers < 0:
             self.n_gpu_layers = 999 if self.gpu_offload else 0
         else:
             self.n_gpu_layers = config.n_gpu_layers if self.gpu_offload else 0
-        set_fields(
-            model_params,
-            n_gpu_layers=self.n_gpu_layers,
-            main_gpu=config.main_gpu,
-            load_mode=_LOAD_MODES[config.use_mmap, config.use_mlock],
-            use_extra_bufts=self.cpu_repack,
-        )
+        params = model_params(config, self.n_gpu_layers)
         self.remote: RemoteSplit | None = None
         """The RPC workers the model is split onto, with its layers per device."""
         if config.rpc_workers:
             from .rpc import split_onto_workers
 
-            self.remote = split_onto_workers(model_params, config)
+            self.remote = split_onto_workers(params, config)
             self.n_gpu_layers = self.remote.placement.n_gpu_layers
-        if config.extra_model_paths:
-            # Split GGUF parts are content-addressed blobs, not named -0000i-of-0000n side by
-            # side, so llama.cpp is given the list.
-            paths = [p.encode() for p in (config.model_path, *config.extra_model_paths)]
-            array = (ctypes.c_char_p * len(paths))(*paths)
-            self.model = llama_cpp.llama_model_load_from_splits(array, len(paths), model_params)
-        else:
-            self.model = llama_cpp.llama_model_load_from_file(
-                config.model_path.encode(), model_params
-            )
+        self.model = load_model(config, params)
         if not self.model:
             raise ModelLoadError(
                 f"llama.cpp could not load {config.model_path} (see the log above)"
@@ -212,21 +290,9 @@ class LlamaModel:
         """Tokens each slot may hold."""
 
         # One sequence more than the slots: a scratch sequence, for measuring decode costs.
-        params = self._context_params(
-            config.kv_cells or config.n_ctx_per_slot * config.n_slots, config.n_slots + 1
-        )
-        # Every generating slot puts one token in each step's batch, and llama.cpp wants a
-        # batch at least as large as the sequences (the slots and the scratch one): smaller
-        # would abort, so clamp as llama.cpp's own tools clamp out-of-range settings, and
-        # report the value used in health.
-        n_batch = max(config.n_batch, config.n_slots + 1)
-        if n_batch != config.n_batch:
-            log.warning(
-                "num_batch %d is below the %d parallel slots plus one; using %d",
-                config.n_batch,
-                config.n_slots,
-                n_batch,
-            )
+        cells = config.kv_cells or config.n_ctx_per_slot * config.n_slots
+        params = context_params(config, cells, config.n_slots + 1, self.n_threads)
+        n_batch = batch_size(config)
         set_fields(params, n_batch=n_batch, n_ubatch=n_batch)
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
@@ -255,24 +321,6 @@ class LlamaModel:
         self._embedding_ctx: llama_cpp.llama_context_p | None = None
         self._embedding_batch: Batch | None = None
         self._embd_batch: llama_cpp.llama_batch | None = None
-
-    def _context_params(self, n_ctx: int, n_seq: int) -> llama_cpp.llama_context_params:
-        params = llama_cpp.llama_context_default_params()
-        set_fields(
-            params,
-            n_ctx=n_ctx,
-            n_seq_max=n_seq,
-            n_threads=self.n_threads,
-            n_threads_batch=self.n_threads,
-            # One cache for all sequences: shared prefixes occupy their cells once
-            # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
-            kv_unified=True,
-            type_k=_KV_TYPES[self.config.kv_cache_type],
-            type_v=_KV_TYPES[self.config.kv_cache_type],
-            flash_attn_type=_FLASH[self.config.flash_attention],
-            no_perf=True,
-        )
-        return params
 
     # -- metadata --------------------------------------------------------------------------
 
@@ -437,7 +485,9 @@ class LlamaModel:
         if len(sequences) > self.embed_batch_sequences:
             raise ValueError(f"at most {self.embed_batch_sequences} sequences per batch")
         if self._embedding_ctx is None:
-            params = self._context_params(self.n_ctx_per_slot, self.embed_batch_sequences)
+            params = context_params(
+                self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.n_threads
+            )
             # Non-causal (encoder) models need every token of a sequence in one ubatch.
             set_fields(
                 params,

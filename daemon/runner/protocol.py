@@ -390,7 +390,7 @@ class RunnerConfig:
     n_slots: int = 4
     """Parallel sequences (n_seq_max)."""
     n_ctx_per_slot: int = 4096
-    """Context length each slot may use."""
+    """Context length each slot may use; 0 lets the memory plan choose (``memory_plan``)."""
     n_batch: int = 512
     """Tokens per llama_decode call."""
     kv_cells: int = 0
@@ -399,7 +399,8 @@ class RunnerConfig:
     n_threads: int = 0
     """0 = physical cores."""
     n_gpu_layers: int = -1
-    """-1 = all layers when the build has a GPU backend, else 0."""
+    """-1 = all layers when the build has a GPU backend (as many as fit, with
+    ``memory_plan``), else 0."""
     main_gpu: int = 0
     """The GPU that holds the model (or, split by layer, its small tensors and the KV scratch)."""
     use_mmap: bool = True
@@ -438,6 +439,13 @@ class RunnerConfig:
     """Workers of ``rpc_workers`` that died under this model's previous runner: this load goes
     on without those still down when the model fits on the rest. Not part of the config's
     identity, so the next request naming the same workers does not reload again."""
+    memory_plan: bool = False
+    """Plan the load against free memory first (:mod:`localllm.daemon.memplan`): choose the
+    context and GPU layers left open, and refuse before allocating what cannot fit."""
+    memory_reserved: dict[str, int] = field(default_factory=dict)
+    """Bytes per device that other loaded models may still grow into (not free for this one)."""
+    mapped_ram: int = 0
+    """Bytes of other runners' mapped weights, which MemAvailable counts as reclaimable."""
 
 
 # -- messages: requests (daemon → runner) -------------------------------------------------------
@@ -524,6 +532,10 @@ class PromptReadyEvent:
     prompt_tail: str = ""
     """The end of the rendered prompt (up to 200 characters): whether it opens a reasoning
     block (``<think>``) or a tool call tells the API's parsers how the answer starts."""
+    dropped_messages: int = 0
+    """Older chat messages truncation left out to fit the context."""
+    dropped_tokens: int = 0
+    """Prompt tokens truncation left out (those messages' included)."""
 
 
 @dataclass

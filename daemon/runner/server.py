@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,10 @@ class Prompt:
     """The end of the rendered prompt text."""
     images: dict[int, ImageEmbeddings] = field(default_factory=dict)
     """The prompt's images by the position where each starts (see :mod:`.vision`)."""
+    dropped_messages: int = 0
+    """Older chat messages left out to fit the context (truncation)."""
+    dropped_tokens: int = 0
+    """Prompt tokens left out to fit the context (truncation), those messages' included."""
 
 
 class _Images:
@@ -191,11 +195,14 @@ def prepare(
         text = _encodable(request.prompt or "", "prompt")
         context = _checked_context(model, request.context)
         tokens = context + images.tokenize(text, not context, offset=len(context))
+        whole = len(tokens)
         tokens = _fit(model, request, tokens, keep=bos_only, images=bool(images.files))
-        prompt = Prompt(tokens, bos_only, text[-200:], images.placed)
+        prompt = Prompt(
+            tokens, bos_only, text[-200:], images.placed, dropped_tokens=whole - len(tokens)
+        )
     if request.options.num_keep >= 0:
         keep = min(request.options.num_keep, len(prompt.tokens))
-        return Prompt(prompt.tokens, keep, prompt.tail, prompt.images)
+        return replace(prompt, keep=keep)
     return prompt
 
 
@@ -284,6 +291,7 @@ def _chat_prompt(
         return model.tokenize(text, add_special=add_special, parse_special=True)
 
     tokens = tokens_for(messages, request.add_generation_prompt, with_images=True)
+    whole = len(tokens)
     tail = rendered[0][-200:]
     system = [m for m in messages if m["role"] == "system"]
     keep = (
@@ -307,8 +315,14 @@ def _chat_prompt(
         files = [f for i in kept for f in per_message[i]] if per_message is not None else None
         conversation = [messages[i] for i in kept]
         tokens = tokens_for(conversation, request.add_generation_prompt, with_images, files)
+    tokens = _fit(model, request, tokens, keep=keep, images=with_images)
     return Prompt(
-        _fit(model, request, tokens, keep=keep, images=with_images), keep, tail, images.placed
+        tokens,
+        keep,
+        tail,
+        images.placed,
+        dropped_messages=len(messages) - len(system_at) - len(rest_at),
+        dropped_tokens=whole - len(tokens),
     )
 
 
@@ -440,6 +454,8 @@ class RunnerServer:
         """The vision projector, when the model reads images."""
         self.socket_path = socket_path
         self.default_template = model.config.chat_template or model.chat_template()
+        self.memory_plan: dict[str, Any] | None = None
+        """The memory plan the model was loaded by (:class:`~..memplan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         # Dispatched requests; close() waits for them, because prompt preparation reads the
@@ -501,6 +517,7 @@ class RunnerServer:
             "fill_in_the_middle": model.fim is not None,
             "chat_template": self.default_template is not None,
             "vision": self.projector is not None,
+            "memory_plan": self.memory_plan,
         }
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -606,7 +623,13 @@ class RunnerServer:
             )
             return
         connection.send(
-            PromptReadyEvent(id=op.id, prompt_tokens=len(prompt.tokens), prompt_tail=prompt.tail)
+            PromptReadyEvent(
+                id=op.id,
+                prompt_tokens=len(prompt.tokens),
+                prompt_tail=prompt.tail,
+                dropped_messages=prompt.dropped_messages,
+                dropped_tokens=prompt.dropped_tokens,
+            )
         )
         self.engine.submit(
             GenerationJob(

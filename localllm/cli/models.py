@@ -38,6 +38,7 @@ __all__ = [
     "device_line",
     "ps_rows",
     "pull_model",
+    "render_plan",
     "render_show",
 ]
 
@@ -144,10 +145,64 @@ def render_show(data: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _mib(size: int) -> str:
+    return f"{size // (1 << 20):,} MiB"
+
+
+# What a device holds, in the plan's words.
+_PARTS = (("weights", "weights"), ("kv", "KV"), ("compute", "compute"), ("other", "projector"))
+
+
+def render_plan(answer: Mapping[str, Any]) -> str:
+    """The ``Memory plan`` section of ``show``: slots × context, where the layers go and the
+    memory per device on this machine (or why the model does not fit)."""
+    lines = ["  Memory plan (this machine)"]
+    if answer.get("refusal"):
+        lines.append(f"    does not fit: {answer['refusal']}")
+        return "\n".join(lines) + "\n"
+    plan = answer.get("plan") or {}
+    chosen = " (chosen by free memory)" if plan.get("context_chosen") else ""
+    rows = [("slots × context", f"{plan.get('n_slots')} × {plan.get('n_ctx_per_slot'):,}{chosen}")]
+    uses = [u for u in plan.get("uses") or [] if u.get("layers") or u.get("weights")]
+    total_layers = (plan.get("n_layer") or 0) + 1
+    placed = ", ".join(
+        f"{u.get('layers', 0)} on {u.get('device')}" for u in uses if u.get("layers")
+    )
+    rows.append(("layers", f"{placed} (of {total_layers}, the output layer counted)"))
+    budgets = plan.get("budgets") or {}
+    for use in uses:
+        parts = [f"{label} {_mib(int(use[key]))}" for key, label in _PARTS if use.get(key)]
+        total = sum(int(use.get(key) or 0) for key, _ in _PARTS)
+        usable = budgets.get(use.get("device"))
+        room = f" of {_mib(int(usable))} usable" if usable is not None else ""
+        rows.append((str(use.get("device")), f"{_mib(total)}{room} ({', '.join(parts)})"))
+    if plan.get("prefix_cache"):
+        rows.append(("prefix cache", f"{_mib(int(plan['prefix_cache']))} of RAM at most"))
+    rows.append(("processor", str(plan.get("processor", ""))))
+    if answer.get("loaded"):
+        rows.append(("loaded", "yes, by this plan"))
+    rows.extend(("warning", str(w)) for w in plan.get("warnings") or [])
+    width = max(len(key) for key, _ in rows) + 4
+    lines.extend(f"    {key.ljust(width)}{value}" for key, value in rows)
+    return "\n".join(lines) + "\n"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    """``show MODEL``: details, or one part (``--modelfile``, ``--template``...), or JSON."""
+    """``show MODEL``: details and the memory plan on this machine, or one part
+    (``--modelfile``, ``--template``...), or JSON."""
     with connect() as client:
         data = client.show(args.model, verbose=args.verbose)
+        plan: dict[str, Any] | None = None
+        if not args.json and not any(
+            getattr(args, part)
+            for part in ("modelfile", "template", "system", "license", "parameters")
+        ):
+            from .._exceptions import APIError
+
+            try:
+                plan = client.plan(args.model)
+            except APIError as exc:  # a runner that could not plan: show says why, once
+                plan = {"refusal": f"could not plan ({exc})"}
     for part in ("modelfile", "template", "system", "license", "parameters"):
         if getattr(args, part):
             text = str(data.get(part) or "")
@@ -157,6 +212,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     print(render_show(data))
+    if plan is not None:
+        print(render_plan(plan))
     return 0
 
 
@@ -186,7 +243,9 @@ def _split_processor(devices: list[Any]) -> str | None:
     return f"{local}%/{100 - local}% local/RPC" if local else "100% RPC"
 
 
-def _until(expires_at: str | None) -> str:
+def _until(expires_at: str | None, pinned: bool = False) -> str:
+    if pinned:
+        return "Forever (pinned)"
     timestamp = parse_time(expires_at)
     if timestamp is None or (expires_at or "").startswith("9999"):
         return "Forever"
@@ -229,7 +288,7 @@ def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
                 str(entry.get("context_length", "")),
                 f"{busy}/{total}" if total else "",
                 f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
-                _until(entry.get("expires_at")),
+                _until(entry.get("expires_at"), bool(entry.get("pinned"))),
             ]
         )
     headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]

@@ -33,6 +33,7 @@ __all__ = [
     "ChatConfig",
     "ChatSession",
     "ensure_model",
+    "truncation_line",
 ]
 
 THINKING_OPENING = "Thinking..."
@@ -210,6 +211,13 @@ class ChatSession:
         self.client.close()
         self.client = Client(self.settings)
 
+    def _say_truncated(self, final: dict[str, Any]) -> None:
+        """One dim line on stderr: the daemon dropped the oldest turns to fit the context."""
+        line = truncation_line(final)
+        if self.err.isatty():
+            line = f"\x1b[2m{line}\x1b[0m"
+        print(line, file=self.err, flush=True)
+
     def _width(self) -> int | None:
         if not self.config.wordwrap or self.config.format or not self.out.isatty():
             return None
@@ -305,6 +313,8 @@ class ChatSession:
         answer = printer.content
         ending = "\n\n" if interactive else "\n"
         write(ending if answer and not answer.endswith("\n") else ending[:-1])
+        if final.get("truncated_messages") or final.get("truncated_tokens"):
+            self._say_truncated(final)
         if self.config.verbose and final:
             from ..run_stats import format_timings
 
@@ -317,6 +327,16 @@ class ChatSession:
             reply["thinking"] = printer.thinking  # sent back with the history, as Ollama does
         self.messages.append(reply)
         return answer
+
+
+def truncation_line(final: dict[str, Any]) -> str:
+    """The one line that says a long conversation lost its oldest turns to fit the context."""
+    messages = int(final.get("truncated_messages") or 0)
+    tokens = int(final.get("truncated_tokens") or 0)
+    what = f"{messages} older message{'s' if messages != 1 else ''} ({tokens} tokens)"
+    if not messages:
+        what = f"the first {tokens} tokens after the system prompt"
+    return f"(the conversation is longer than the model's context: {what} left out)"
 
 
 def _user_message(prompt: str, images: list[str] | None) -> ChatMessage:
