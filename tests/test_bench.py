@@ -278,7 +278,8 @@ def test_compare_plan_names_what_is_a_request_option_and_what_needs_a_daemon() -
     assert compare_plan("num_ctx=512,1024") == ("num_ctx", "option", ["512", "1024"])
     assert compare_plan("num_draft=0,8") == ("num_draft", "option", ["0", "8"])
     assert compare_plan("kv_cache_type=f16,q8_0,q4_0")[1] == "setting"
-    assert compare_plan("num_parallel=1,4")[1] == "setting"
+    # A per-model load option (PARAMETER num_parallel), sent with each request.
+    assert compare_plan("num_parallel=1,4")[1] == "option"
     assert compare_plan("speculation=auto,off")[:2] == ("speculative", "setting")
     for bad in ("kv_cache_type", "num_ctx=512", "home=/a,/b", "api_key=a,b"):
         with pytest.raises(BenchError):
