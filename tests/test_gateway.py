@@ -449,7 +449,15 @@ def test_api_key_goes_to_the_workers_and_is_required_from_clients(
         assert check.status == "refused" and "401" in check.detail
         with gateway([daemon], "cache_aware", tmp_path, api_key="sekret") as gw:
             with pytest.raises(openai.AuthenticationError):
-                openai_client(gw, "wrong").models.list()
+                openai_client(gw, "wrong").chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+            bare = httpx.post(
+                f"{gw.config.url}/v1/chat/completions",
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                timeout=TIMEOUT,
+            )
+            assert bare.status_code == 401
             # the daemon refuses requests without the key: this answer went through with it
             reply = openai_client(gw, "sekret").chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
