@@ -342,6 +342,15 @@ def _is_localllm(response: httpx.Response) -> bool:
     return response.status_code == 200 and response.text.startswith(_IDENTITY)
 
 
+def _other_server(response: httpx.Response) -> str | None:
+    """None for a localllm daemon's ``GET /`` answer, else what answered, in a few words."""
+    if _is_localllm(response):
+        return None
+    text = " ".join(response.text.split())
+    excerpt = repr(text[:60] + ("..." if len(text) > 60 else ""))
+    return f"GET / answered HTTP {response.status_code}: {excerpt}"
+
+
 _IDENTITY = "localllm"
 _PROBE_TIMEOUT = httpx.Timeout(2.0)
 
@@ -565,11 +574,7 @@ class Client:
         endpoint = self._config.current
         with self._config.errors(endpoint):
             response = self._http(endpoint).get("/", timeout=_PROBE_TIMEOUT)
-        if _is_localllm(response):
-            return None
-        text = " ".join(response.text.split())
-        excerpt = repr(text[:60] + ("..." if len(text) > 60 else ""))
-        return f"GET / answered HTTP {response.status_code}: {excerpt}"
+        return _other_server(response)
 
     def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Wait until a daemon answers (after starting one); False if none did in time."""
@@ -983,6 +988,13 @@ class AsyncClient:
                 return True
         self._config.found(None)
         return False
+
+    async def identify(self) -> str | None:
+        """Who answers at this client's first address; see :meth:`Client.identify`."""
+        endpoint = self._config.current
+        with self._config.errors(endpoint):
+            response = await self._http(endpoint).get("/", timeout=_PROBE_TIMEOUT)
+        return _other_server(response)
 
     async def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Wait until a daemon answers; False if none did in time."""
