@@ -9,6 +9,7 @@ shows each worker's loaded models and slots.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 from pathlib import Path
@@ -109,24 +110,25 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     settings = load_settings()
     api_key = args.api_key if args.api_key is not None else settings.api_key
-    checks = check_workers(_worker_urls(args), api_key)
+    urls = _worker_urls(args)
+    config = GatewayConfig(  # checked (address, key, intervals) before any worker is asked
+        workers=tuple(urls),
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        policy=args.policy,
+        api_key=api_key or None,
+        health_interval=args.health_interval,
+        shutdown_grace=args.shutdown_grace,
+    )
+    checks = check_workers(urls, api_key)
     problems = describe_problems(checks)
     if problems:
         print(f"Warning: {problems}", file=sys.stderr, flush=True)
     workers = tuple(c.url for c in checks if c.joins)
     if not workers:
         raise GatewayError("no worker is a localllm daemon (nor down): nothing to route to")
-    config = GatewayConfig(
-        workers=workers,
-        host=args.host,
-        port=args.port,
-        metrics_port=args.metrics_port,
-        policy=args.policy,
-        api_key=api_key or None,
-        aliases=model_aliases(checks),
-        health_interval=args.health_interval,
-        shutdown_grace=args.shutdown_grace,
-    )
+    config = dataclasses.replace(config, workers=workers, aliases=model_aliases(checks))
     gateway = Gateway.start(config, settings.log_dir / "gateway.log")
     # SIGTERM (a service manager) stops it as Ctrl-C does: the gateway ends its streams.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
