@@ -26,7 +26,7 @@ from localllm import __version__
 from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
-from .api import anthropic, llamaserver, memory, ollama, openai, responses
+from .api import anthropic, fleet, llamaserver, memory, ollama, openai, responses
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
@@ -126,6 +126,8 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     app.include_router(responses.router, prefix="/v1")
     # llama-server's /tokenize, /detokenize and /infill, for plugins written against it
     app.include_router(llamaserver.router)
+    # the load figures a gateway in front of many daemons polls (localllm gateway)
+    app.include_router(fleet.router, prefix="/v1")
 
     @app.get("/health", summary="Liveness (llama-server's shape)")
     @app.get("/v1/health", include_in_schema=False)

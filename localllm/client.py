@@ -48,6 +48,7 @@ __all__ = [
     "ChatMessage",
     "Client",
     "EmbedResponse",
+    "GatewayClient",
     "GenerateChunk",
     "LoadedModelInfo",
     "ModelDetails",
@@ -361,6 +362,15 @@ def _is_localllm(response: httpx.Response) -> bool:
     return response.status_code == 200 and response.text.startswith(_IDENTITY)
 
 
+def _other_server(response: httpx.Response) -> str | None:
+    """None for a localllm daemon's ``GET /`` answer, else what answered, in a few words."""
+    if _is_localllm(response):
+        return None
+    text = " ".join(response.text.split())
+    excerpt = repr(text[:60] + ("..." if len(text) > 60 else ""))
+    return f"GET / answered HTTP {response.status_code}: {excerpt}"
+
+
 _IDENTITY = "localllm"
 _PROBE_TIMEOUT = httpx.Timeout(2.0)
 
@@ -575,6 +585,16 @@ class Client:
                 return True
         self._config.found(None)
         return False
+
+    def identify(self) -> str | None:
+        """Who answers at this client's first address: None for a localllm daemon, otherwise
+        what answered instead, in a few words (``GET / answered HTTP 200: 'Ollama is
+        running'``). Raises :class:`~localllm.DaemonUnavailableError` when nothing answers
+        (connection refused, no such host, timeout)."""
+        endpoint = self._config.current
+        with self._config.errors(endpoint):
+            response = self._http(endpoint).get("/", timeout=_PROBE_TIMEOUT)
+        return _other_server(response)
 
     def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Wait until a daemon answers (after starting one); False if none did in time."""
@@ -823,6 +843,66 @@ class Client:
         return self._json("POST", "/v1/embeddings", dict(body), timeout=_NO_READ_TIMEOUT)
 
 
+# -- the gateway (smg) -------------------------------------------------------------------------
+
+
+class GatewayClient:
+    """The few calls localllm makes to the gateway that ``localllm gateway`` starts (the
+    Shepherd Model Gateway's own routes, not a daemon's): whether it is ready, and its
+    workers with their health and load. ``api_key`` is the gateway's (its ``--api-key``).
+
+    Errors as for :class:`Client`: :class:`~localllm.DaemonUnavailableError` when nothing
+    answers at ``base_url``, :class:`~localllm.APIError` for an error answer.
+    """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout)
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _get(self, path: str, *, accept: tuple[int, ...] = ()) -> Any:
+        try:
+            response = self._http.get(path)
+            if response.status_code >= 400 and response.status_code not in accept:
+                raise APIError(response.status_code, _error_message(response))
+            return response.json()
+        except httpx.TimeoutException as exc:
+            raise DaemonTimeoutError(
+                f"the gateway at {self.base_url} did not answer in time"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise DaemonUnavailableError(
+                f"no gateway answers at {self.base_url} ({exc.__class__.__name__}); "
+                "start one with `localllm gateway --worker URL ...`"
+            ) from exc
+        except json.JSONDecodeError as exc:
+            message = f"the gateway at {self.base_url} answered with invalid JSON"
+            raise APIError(502, message) from exc
+
+    def readiness(self) -> dict[str, Any]:
+        """``GET /readiness``: ``status`` ("ready" once a worker is healthy, else
+        "not_ready"), ``healthy_workers``, ``total_workers``."""
+        return dict(self._get("/readiness", accept=(503,)))
+
+    def workers(self) -> list[dict[str, Any]]:
+        """``GET /workers``: each worker's ``url``, ``is_healthy``, ``status``, ``models``,
+        ``load`` (requests the gateway has in flight there) and ``engine_load`` (what the
+        worker last reported at ``/v1/loads``)."""
+        return list(self._get("/workers").get("workers", []))
+
+
 # -- asynchronous client -----------------------------------------------------------------------
 
 
@@ -936,6 +1016,13 @@ class AsyncClient:
                 return True
         self._config.found(None)
         return False
+
+    async def identify(self) -> str | None:
+        """Who answers at this client's first address; see :meth:`Client.identify`."""
+        endpoint = self._config.current
+        with self._config.errors(endpoint):
+            response = await self._http(endpoint).get("/", timeout=_PROBE_TIMEOUT)
+        return _other_server(response)
 
     async def wait_ready(self, timeout: float = 30.0, interval: float = 0.05) -> bool:
         """Wait until a daemon answers; False if none did in time."""

@@ -9,6 +9,9 @@ stays fast:
   ``quantize``, ``stop``;
 - :mod:`~localllm.cli.run`: ``run``, with the interactive chat of :mod:`~localllm.cli.repl`;
   both go through the chat session of :mod:`~localllm.cli.session`;
+- :mod:`~localllm.cli.gateway`: ``gateway`` (many daemons behind one endpoint) and
+  ``ps --all``;
+- :mod:`~localllm.cli.worker`: ``worker`` (this machine's devices for another's models);
 - :mod:`~localllm.cli.tui`: ``tui``;
 - :mod:`~localllm.cli.doctor`: ``doctor``.
 

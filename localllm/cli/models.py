@@ -36,6 +36,8 @@ __all__ = [
     "cmd_show",
     "cmd_stop",
     "device_line",
+    "merged_ps",
+    "ps_row",
     "ps_rows",
     "pull_model",
     "render_plan",
@@ -252,7 +254,7 @@ def _until(expires_at: str | None, pinned: bool = False) -> str:
     return human_until(timestamp)
 
 
-def _merged_ps(client: Client) -> list[dict[str, Any]]:
+def merged_ps(client: Client) -> list[dict[str, Any]]:
     """``/api/ps`` entries with the live rates and slot states of ``/api/stats`` added."""
     loaded = [dict(entry) for entry in client.ps()]
     from .._exceptions import APIError
@@ -271,29 +273,31 @@ def _merged_ps(client: Client) -> list[dict[str, Any]]:
     return loaded
 
 
+def ps_row(entry: Mapping[str, Any]) -> list[str]:
+    """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
+    busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
+    total = entry.get("slots")
+    rate = entry.get("decode_tokens_per_s")
+    return [
+        str(entry.get("name", "")),
+        str(entry.get("digest", ""))[:12],
+        human_size(entry.get("size", 0) or 0),
+        _split_processor(entry.get("devices") or [])
+        or _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
+        str(entry.get("context_length", "")),
+        f"{busy}/{total}" if total else "",
+        f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
+        _until(entry.get("expires_at"), bool(entry.get("pinned"))),
+    ]
+
+
 def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
     """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
-    rows = []
-    for entry in loaded:
-        busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
-        total = entry.get("slots")
-        rate = entry.get("decode_tokens_per_s")
-        rows.append(
-            [
-                str(entry.get("name", "")),
-                str(entry.get("digest", ""))[:12],
-                human_size(entry.get("size", 0) or 0),
-                _split_processor(entry.get("devices") or [])
-                or _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
-                str(entry.get("context_length", "")),
-                f"{busy}/{total}" if total else "",
-                f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
-                _until(entry.get("expires_at"), bool(entry.get("pinned"))),
-            ]
-        )
     headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
     spans = [line for entry in loaded if (line := device_line(entry)) is not None]
-    return table(headers, rows) + "".join(f"\n{line}" for line in spans)
+    return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
+        f"\n{line}" for line in spans
+    )
 
 
 def device_line(entry: Mapping[str, Any]) -> str | None:
@@ -330,20 +334,25 @@ def _watch_ps(client: Client) -> int:
     # Ctrl-C is the way out, and it can land while Live is still starting (after the first
     # render is on screen), so the whole block is inside the handler, not just the loop.
     try:
-        with Live(Text(ps_rows(_merged_ps(client))), console=console, auto_refresh=False) as live:
+        with Live(Text(ps_rows(merged_ps(client))), console=console, auto_refresh=False) as live:
             for _ in client.stats_stream(interval=0.5):
-                live.update(Text(ps_rows(_merged_ps(client))), refresh=True)
+                live.update(Text(ps_rows(merged_ps(client))), refresh=True)
     except KeyboardInterrupt:
         pass
     return 0
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
-    """``ps``: loaded models with their slots, live decode tokens/s and expiry."""
+    """``ps``: loaded models with their slots, live decode tokens/s and expiry (``--all``:
+    those of every worker behind the gateway)."""
+    if args.all:
+        from .gateway import cmd_ps_all
+
+        return cmd_ps_all(args)
     with connect() as client:
         if args.watch and not args.json:
             return _watch_ps(client)
-        loaded = _merged_ps(client)
+        loaded = merged_ps(client)
     if args.json:
         print_json(loaded)
     else:

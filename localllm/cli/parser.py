@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = add("ps", "models:cmd_ps", "List running models")
     sub.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
+    sub.add_argument(
+        "--all", action="store_true", help="every worker behind the gateway (localllm gateway)"
+    )
+    sub.add_argument(
+        "--gateway", metavar="URL", help="with --all: this gateway (default: the one started here)"
+    )
 
     sub = add("show", "models:cmd_show", "Show information for a model")
     sub.add_argument("model", metavar="MODEL")
@@ -203,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-cache",
         action="store_true",
         help="do not keep received tensors on disk (rpc-cache/ under the data root)",
+    )
+
+    from .gateway import add_arguments as add_gateway_arguments
+
+    add_gateway_arguments(
+        add("gateway", "gateway:cmd_gateway", "Route to many daemons by prompt prefix (smg)")
     )
 
     from .bench import add_arguments as add_bench_arguments
