@@ -9,14 +9,14 @@ would advance it, so the two are accepted separately.
 from __future__ import annotations
 
 import ctypes
-import json
 import random
 from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 
+from .jsongrammar import schema_gbnf
 from .protocol import SamplingOptions
 
 __all__ = [
@@ -44,7 +44,7 @@ def grammar_for(options: SamplingOptions) -> str | None:
         return options.grammar
     if options.json_schema is not None:
         try:
-            return json_schema_to_gbnf(json.dumps(options.json_schema))
+            return schema_gbnf(options.json_schema)
         except Exception as exc:  # the converter raises assorted types on bad schemas
             raise GrammarError(f"unsupported JSON schema: {exc}") from None
     if options.json_mode:
