@@ -974,6 +974,7 @@ class Engine:
         if tail:
             self._emit(job.emit, TokenEvent(id=job.id, text=tail, logprobs=logprobs))
         done = _done(job.id, full_text, reason, timings, error)
+        done.result.stop_sequence = text.stopped_by if text is not None else None
         if job.return_context:
             done.result.context = job.prompt + slot.output
         self._emit(job.emit, done)

@@ -301,6 +301,8 @@ class GenerationResult:
     """Set when done_reason is ``error``."""
     context: list[int] | None = None
     """Prompt and generated tokens, when the request asked (Ollama's ``context``)."""
+    stop_sequence: str | None = None
+    """The stop string that ended the generation (done_reason ``stop``), if one did."""
 
 
 @dataclass
