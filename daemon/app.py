@@ -27,6 +27,7 @@ from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
 from .api import anthropic, llamaserver, ollama, openai, responses
+from .api.errorshapes import openai_error
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
@@ -40,7 +41,7 @@ log = logging.getLogger("localllm.daemon")
 def _render(request: Request, problem: HTTPProblem) -> Response:
     path = request.url.path
     if is_openai_path(path):
-        body: dict[str, Any] = openai.error_body(problem, path)
+        body: dict[str, Any] = openai_error(problem, path)
     else:
         body = {"error": problem.message}
     return JSONResponse(body, status_code=problem.status, headers=problem.headers)

@@ -23,10 +23,9 @@ from test_api_tools import HERMES, HERMES_TEMPLATE, JSONTOOLS, TOOLS, _valid
 from test_daemon_support import Daemon
 
 from localllm.client import Client
-from localllm.daemon.api import anthropic as anthropic_api
-from localllm.daemon.api.anthropic import ReplyParser
-from localllm.daemon.api.tooling import AnswerStream
+from localllm.daemon.api.errorshapes import anthropic_error
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.runner.text import TextStream
 
 pytestmark = pytest.mark.slow
 
@@ -447,17 +446,21 @@ def test_prompt_too_long(http: httpx.Client) -> None:
 
 
 def test_stop_sequences_across_pieces() -> None:
-    parser = ReplyParser(AnswerStream(), ["END", "STOP"])
-    pieces = [parser.feed(t).content for t in ("hello E", "x E", "N", "Dmore", "after")]
-    assert pieces == ["hello ", "Ex ", "", "", ""]
-    assert parser.stopped == "END"
-    assert parser.finish().content == ""
-    earliest = ReplyParser(AnswerStream(), ["later", "soon"])
-    assert earliest.feed("a soon and later").content == "a "
-    assert earliest.stopped == "soon"
-    unmatched = ReplyParser(AnswerStream(), ["END"])
-    assert unmatched.feed("the EN").content == "the "
-    assert unmatched.finish().content == "EN"  # held back, then released at the end
+    """The runner's stop matching, which every API reports: the earliest stop string in the
+    text, found across token pieces, never emitted, and named."""
+
+    def feed(stream: TextStream, pieces: tuple[str, ...]) -> list[str]:
+        return [stream.push(piece.encode()) for piece in pieces]
+
+    stream = TextStream(["END", "STOP"])
+    assert feed(stream, ("hello E", "x E", "N", "Dmore", "after")) == ["hello ", "Ex ", "", "", ""]
+    assert stream.stopped_by == "END" and stream.finish() == ""
+    earliest = TextStream(["later", "soon"])
+    assert earliest.push(b"a soon and later") == "a "
+    assert earliest.stopped_by == "soon"
+    unmatched = TextStream(["END"])
+    assert unmatched.push(b"the EN") == "the "
+    assert unmatched.finish() == "EN" and unmatched.stopped_by is None  # held, then released
 
 
 @pytest.mark.parametrize(
@@ -473,6 +476,6 @@ def test_stop_sequences_across_pieces() -> None:
     ],
 )
 def test_error_shapes(problem: HTTPProblem, status: int, kind: str) -> None:
-    got_status, body = anthropic_api._anthropic_problem(problem)
+    got_status, body = anthropic_error(problem)
     assert got_status == status
     assert body == {"type": "error", "error": {"type": kind, "message": problem.message}}

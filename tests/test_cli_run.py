@@ -112,7 +112,7 @@ def test_format_json_answers_json(cli: CliHome) -> None:
     assert result.returncode == 0, result.stderr
     answer = result.stdout.strip()
     assert answer.startswith("{"), result.stdout
-    generated = re.search(r"eval count: +(\d+) token", result.stderr)
+    generated = re.search(r"(?m)^eval count: +(\d+) token", result.stderr)
     assert generated, result.stderr
     if int(generated.group(1)) < limit:  # the model ended the answer: done_reason "stop"
         assert isinstance(json.loads(answer), dict), result.stdout

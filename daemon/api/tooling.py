@@ -1,4 +1,4 @@
-"""Tool calling at the API layer, shared by the Ollama and OpenAI routes.
+"""Tool calling and reasoning at the API layer, for the request core (:mod:`.core`).
 
 A request's ``tools`` are checked here (400 naming the field for anything malformed), the
 chat history's calls and results are put in the shape chat templates expect (Hugging Face's
@@ -49,6 +49,7 @@ __all__ = [
     "ToolPlan",
     "after_reasoning",
     "effective_template",
+    "flat_tool",
     "history_tool_calls",
     "jinja_override",
     "map_call_id",
@@ -153,6 +154,23 @@ class ToolPlan:
 
 def _problem(message: str, param: str, code: str = "invalid_field") -> HTTPProblem:
     return HTTPProblem(400, message, param=param, code=code)
+
+
+def flat_tool(
+    tool: Any, where: str, keys: set[str], kinds: Sequence[str | None], refusal: str
+) -> dict[str, Any]:
+    """A flat tool definition (Anthropic's and Responses' ``{name, ...}``) checked: an object
+    whose ``type`` is one of ``kinds`` (``refusal`` says why another is not taken) and whose
+    keys are all in ``keys`` (no field is silently ignored)."""
+    if not isinstance(tool, dict):
+        raise _problem(f"{where} must be an object", where)
+    kind = tool.get("type", kinds[0])
+    if kind not in kinds:
+        raise _problem(f"{where}.type {kind!r}{refusal}", f"{where}.type")
+    extra = sorted(set(tool) - keys)
+    if extra:
+        raise _problem(f"{where}.{extra[0]}: unknown field of a tool", f"{where}.{extra[0]}")
+    return tool
 
 
 def _normalize_tools(tools: list[Any], field: str) -> list[dict[str, Any]]:
@@ -578,11 +596,12 @@ class AnswerStream:
             return Parsed(content=text)
         return self._shape(self._parser.feed(text))
 
-    def finish(self) -> Parsed:
-        """The output ended: the rest."""
+    def finish(self, cut: bool = False) -> Parsed:
+        """The output ended (``cut``: by the token limit, so a call it was writing is cut
+        off): the rest."""
         if self._parser is None:
             return Parsed()
-        return self._shape(self._parser.finish())
+        return self._shape(self._parser.finish(cut))
 
     def whole(self, text: str) -> Parsed:
         """A whole answer at once (non-streamed responses)."""
