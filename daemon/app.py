@@ -107,6 +107,26 @@ class _CountRequests:
             self.state.metrics.http_requests.labels(scope["method"], path, str(status)).inc()
 
 
+def _model_routes(app: FastAPI) -> None:
+    """``GET /v1/models`` and ``/v1/models/{id}`` answer in Anthropic's shape to a client
+    that sends ``anthropic-version`` (Anthropic's SDK always does), in OpenAI's otherwise:
+    both APIs own the path. Registered before the routers, so they come first."""
+
+    @app.get("/v1/models", include_in_schema=False)
+    async def models(request: Request) -> Response:
+        state = request.app.state.daemon
+        if "anthropic-version" in request.headers:
+            return await anthropic.list_models(request, state)
+        return JSONResponse(await openai.list_models(state))
+
+    @app.get("/v1/models/{model_id:path}", include_in_schema=False)
+    async def model(request: Request, model_id: str) -> Response:
+        state = request.app.state.daemon
+        if "anthropic-version" in request.headers:
+            return await anthropic.get_model(request, state, model_id)
+        return JSONResponse(await openai.get_model(model_id, state))
+
+
 def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     """The daemon's ASGI app for ``settings`` (runners start on first use, not here)."""
     app = FastAPI(
@@ -117,6 +137,7 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.daemon = state or DaemonState.create(settings)
+    _model_routes(app)
     app.include_router(ollama.router)
     app.include_router(openai.router, prefix="/v1")
     # llama-server serves the OpenAI routes at the root too; clients given a bare base URL

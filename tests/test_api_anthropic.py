@@ -143,7 +143,7 @@ def test_plain_message_whole_and_streamed(claude: anthropic.Anthropic, http: htt
     assert start["content"] == [] and start["stop_reason"] is None
     assert start["usage"]["input_tokens"] == prompt
     assert names.count("content_block_start") == names.count("content_block_stop") == 1
-    assert reassemble(events) == [{"type": "text", "text": text}]
+    assert reassemble(events) == [{"type": "text", "text": text, "citations": None}]
     assert events[-2][1]["delta"]["stop_reason"] == whole.stop_reason
 
 
@@ -281,9 +281,11 @@ def test_stop_sequences(claude: anthropic.Anthropic, http: httpx.Client) -> None
     assert cut.usage.output_tokens < whole.usage.output_tokens
     body = {"model": HERMES, "max_tokens": 24, "messages": messages, "stop_sequences": [stop]}
     events = raw_events(http, {**body, **GREEDY})
-    assert reassemble(events) == [{"type": "text", "text": text[: text.find(stop)]}]
+    shown = text[: text.find(stop)]
+    assert reassemble(events) == [{"type": "text", "text": shown, "citations": None}]
     delta = events[-2][1]
-    assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
+    assert delta["delta"]["stop_reason"] == "stop_sequence"
+    assert delta["delta"]["stop_sequence"] == stop
     assert delta["usage"]["output_tokens"] == cut.usage.output_tokens
 
 
@@ -478,4 +480,9 @@ def test_stop_sequences_across_pieces() -> None:
 def test_error_shapes(problem: HTTPProblem, status: int, kind: str) -> None:
     got_status, body = anthropic_error(problem)
     assert got_status == status
-    assert body == {"type": "error", "error": {"type": kind, "message": problem.message}}
+    assert body["request_id"].startswith("req_")
+    assert body == {
+        "type": "error",
+        "error": {"type": kind, "message": problem.message},
+        "request_id": body["request_id"],
+    }

@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from localllm.models import LocalModel
 
@@ -42,7 +44,14 @@ from .streaming import ClosingStreamingResponse, dumps
 from .tooling import ToolPlan, flat_tool, plan_thinking
 from .vision import Images, no_vision
 
-__all__ = ["CountTokensRequest", "MessagesRequest", "render_error", "router"]
+__all__ = [
+    "CountTokensRequest",
+    "MessagesRequest",
+    "get_model",
+    "list_models",
+    "render_error",
+    "router",
+]
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -597,7 +606,7 @@ class _Blocks:
             else:
                 self._space = ""
                 if self._open != "text":
-                    events += self._start({"type": "text", "text": ""})
+                    events += self._start({"type": "text", "text": "", "citations": None})
                 self.blocks[-1]["text"] += text
                 events.append(self._delta({"type": "text_delta", "text": text}))
         for call in parsed.calls:
@@ -608,7 +617,13 @@ class _Blocks:
     def _tool_use(self, call: ToolCall) -> list[bytes]:
         assert self.plan is not None
         ident = self.plan.call_id(call)
-        block = {"type": "tool_use", "id": ident, "name": call.name, "input": call.arguments}
+        block = {
+            "type": "tool_use",
+            "id": ident,
+            "name": call.name,
+            "input": call.arguments,
+            "caller": {"type": "direct"},  # the model called it (no code execution here)
+        }
         events = self._start(block)
         # Calls are parsed whole, so the input comes in one piece (as Ollama sends it).
         partial = json.dumps(call.arguments, ensure_ascii=False)
@@ -620,7 +635,7 @@ class _Blocks:
         """Events closing the last block (an answer has at least one)."""
         events = self._close()
         if not self.blocks:
-            events += self._start({"type": "text", "text": ""})
+            events += self._start({"type": "text", "text": "", "citations": None})
             events += self._close()
         return events
 
@@ -638,14 +653,33 @@ def _stop_reason(done: Done, blocks: _Blocks) -> str:
     return "stop_sequence" if done.reason == "stop_sequence" else "end_turn"
 
 
-def _usage(done: Done) -> dict[str, Any]:
-    # Anthropic counts cached prompt tokens apart from input_tokens.
+def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
+    """Anthropic's ``usage``: cached prompt tokens apart from ``input_tokens``; nothing is
+    written to a cache on request (the daemon caches every prefix on its own) and no server
+    tool runs here."""
     return {
-        "input_tokens": max(done.prompt_tokens - done.cached_tokens, 0),
+        "input_tokens": max(prompt - cached, 0),
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": done.cached_tokens,
-        "output_tokens": done.output_tokens,
+        "cache_read_input_tokens": cached,
+        "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
+        "output_tokens": output,
+        "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+        "service_tier": None,
+        "inference_geo": None,
     }
+
+
+def _done_usage(done: Done) -> dict[str, Any]:
+    return _usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+
+
+_DELTA_USAGE = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+    "server_tool_use",
+)
 
 
 def _overrides(body: MessagesRequest) -> dict[str, Any]:
@@ -688,7 +722,9 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
                 "content": blocks.blocks,
                 "stop_reason": _stop_reason(whole.done, blocks),
                 "stop_sequence": whole.done.stop_sequence,
-                "usage": _usage(whole.done),
+                "stop_details": None,
+                "container": None,
+                "usage": _done_usage(whole.done),
             }
         )
 
@@ -698,7 +734,9 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 0},
+            "stop_details": None,
+            "container": None,
+            "usage": _usage(reply.prompt_tokens, 0, 0),
         }
         yield _sse("message_start", {"type": "message_start", "message": started})
         yield _sse("ping", {"type": "ping"})
@@ -710,10 +748,14 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
                     delta = {
                         "stop_reason": _stop_reason(event, blocks),
                         "stop_sequence": event.stop_sequence,
+                        "stop_details": None,
+                        "container": None,
                     }
+                    # the final counts, cumulative as Anthropic sends them
+                    usage = {k: v for k, v in _done_usage(event).items() if k in _DELTA_USAGE}
                     yield _sse(
                         "message_delta",
-                        {"type": "message_delta", "delta": delta, "usage": _usage(event)},
+                        {"type": "message_delta", "delta": delta, "usage": usage},
                     )
                     yield _sse("message_stop", {"type": "message_stop"})
                     return
@@ -735,3 +777,76 @@ async def count_tokens(body: CountTokensRequest, request: Request, state: StateD
     count = reply.prompt_tokens
     reply.close()
     return JSONResponse({"input_tokens": count})
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+def _model_info(model: LocalModel) -> dict[str, Any]:
+    """A local model as Anthropic's ``ModelInfo``: its name as id and display name, its
+    training context as ``max_input_tokens`` (the daemon's own context may be smaller)."""
+    try:
+        context = model.info.context_length
+    except Exception:  # a model whose GGUF cannot be read still lists
+        context = None
+    created = datetime.fromtimestamp(model.entry.modified, UTC)
+    return {
+        "type": "model",
+        "id": model.name.short,
+        "display_name": model.name.short,
+        "created_at": created.isoformat().replace("+00:00", "Z"),
+        "capabilities": None,  # Anthropic's capability names (batch, pdf_input...) are not ours
+        "max_input_tokens": context,
+        "max_tokens": None,
+    }
+
+
+def _page_size(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 1000:
+        raise HTTPProblem(400, "limit: must be an integer from 1 to 1000", param="limit")
+    return int(value)
+
+
+async def list_models(request: Request, state: DaemonState) -> Response:
+    """``GET /v1/models`` for a client that sends ``anthropic-version`` (Anthropic's SDK):
+    Anthropic's list shape, newest first, paged by ``limit``, ``after_id`` and
+    ``before_id`` as Anthropic pages it."""
+    try:
+        params = request.query_params
+        unknown = sorted(set(params) - {"limit", "after_id", "before_id"})
+        if unknown:
+            raise HTTPProblem(400, f"{unknown[0]}: unknown query parameter", param=unknown[0])
+        limit = _page_size(params.get("limit"))
+        entries = await run_in_threadpool(state.store.list)
+        infos = [_model_info(LocalModel(entry=e, store=state.store)) for e in entries]
+        ids = [info["id"] for info in infos]
+        after, before = params.get("after_id"), params.get("before_id")
+        for key, value in (("after_id", after), ("before_id", before)):
+            if value is not None and value not in ids:
+                raise HTTPProblem(404, f"{key}: no model {value!r}", param=key)
+        if before is not None:
+            infos = infos[: ids.index(before)]
+            page, more = infos[-limit:], len(infos) > limit
+        else:
+            infos = infos[ids.index(after) + 1 :] if after is not None else infos
+            page, more = infos[:limit], len(infos) > limit
+        return JSONResponse(
+            {
+                "data": page,
+                "has_more": more,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+            }
+        )
+    except HTTPProblem as exc:
+        return render_error(request, exc)
+
+
+async def get_model(request: Request, state: DaemonState, model_id: str) -> Response:
+    """``GET /v1/models/{id}`` for Anthropic's SDK: one ``ModelInfo``, or its 404."""
+    try:
+        return JSONResponse(_model_info(resolve_model(state, model_id)))
+    except Exception as exc:
+        return render_error(request, problem_from(exc))

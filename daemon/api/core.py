@@ -649,9 +649,7 @@ class Reply:
         events: list[Delta | Done] = []
         if rest:
             events.append(Delta(rest.content, rest.thinking, rest.calls, self._leftover(c)))
-        events.append(
-            self._done(c, reason, result.stop_sequence, rest, result.timings, outcome)
-        )
+        events.append(self._done(c, reason, result.stop_sequence, rest, result.timings, outcome))
         return events
 
     def _done(
@@ -755,4 +753,3 @@ async def _all(awaitables: Sequence[Awaitable[T]]) -> list[T]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-

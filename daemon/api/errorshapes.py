@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -95,7 +96,12 @@ def anthropic_error(problem: HTTPProblem) -> tuple[int, dict[str, Any]]:
     kind = _ANTHROPIC_TYPES.get(
         status, "invalid_request_error" if 400 <= status < 500 else "api_error"
     )
-    return status, {"type": "error", "error": {"type": kind, "message": message}}
+    body = {
+        "type": "error",
+        "error": {"type": kind, "message": message},
+        "request_id": f"req_{secrets.token_hex(12)}",
+    }
+    return status, body
 
 
 def strict_problem(exc: RequestValidationError) -> HTTPProblem:

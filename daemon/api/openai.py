@@ -390,9 +390,7 @@ async def chat_completions(
             if piece.content or not (piece.calls or piece.thinking):
                 content["content"] = piece.content
             if piece.calls:
-                content["tool_calls"] = _openai_calls(
-                    tools, piece.calls, calls_sent[index], True
-                )
+                content["tool_calls"] = _openai_calls(tools, piece.calls, calls_sent[index], True)
                 calls_sent[index] += len(piece.calls)
         elif done is not None:
             items = done.logprobs

@@ -365,6 +365,17 @@ def _tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], bool]:
     return out, strict
 
 
+def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response object lists it (every field it has, null unset)."""
+    return {
+        "type": "function",
+        "name": tool.get("name"),
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+    }
+
+
 def _choice(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     """Responses' ``tool_choice`` in Chat Completions' shape."""
     if value is None or isinstance(value, str):
@@ -594,7 +605,8 @@ def _status(done: Done) -> str:
 def _usage(done: Done) -> dict[str, Any]:
     return {
         "input_tokens": done.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": done.cached_tokens},
+        # the daemon writes every prefix to its cache on its own, none on request
+        "input_tokens_details": {"cached_tokens": done.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": done.output_tokens,
         "output_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
         "total_tokens": done.prompt_tokens + done.output_tokens,
@@ -635,6 +647,7 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
     assert ask.images is not None
     ask.turns = _conversation(model, body, ask.images)
     planned = plan(state, ask)
+    sampling = planned.jobs[0].request.options
     reply = await Reply.open(state, request, planned)
     reasoning = body.reasoning
     output = _Output(
@@ -669,19 +682,23 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
                 "summary": (reasoning.summary or reasoning.generate_summary) if reasoning else None,
             },
             "store": False,  # nothing is stored, whatever the request said
-            "temperature": body.temperature,
-            "top_p": body.top_p,
+            # the values the answer was sampled with (the request's, else the model's)
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "top_logprobs": 0,
             "text": {
                 "format": fmt.model_dump(by_alias=True, exclude_none=True)
                 if fmt
                 else {"type": "text"}
             },
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": body.tools or [],
+            "tools": [_tool_echo(tool) for tool in body.tools or []],
             "truncation": body.truncation or "disabled",
-            "usage": _usage(done) if done is not None else None,
+            **({"usage": _usage(done)} if done is not None else {}),
             "metadata": body.metadata or {},
-            "user": body.user,
+            **({"user": body.user} if body.user is not None else {}),
             **extra,
         }
 
