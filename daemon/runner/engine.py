@@ -52,6 +52,7 @@ from .protocol import (
     TokenLogprob,
 )
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
+from .scoring import PromptScore
 from .slots import (
     Slot,
     SlotState,
@@ -104,6 +105,8 @@ class GenerationJob:
     """Emit control tokens as their text (for tool-call and thinking parsers)."""
     images: dict[int, ImageEmbeddings] = field(default_factory=dict)
     """The prompt's images by the position where each starts (their pseudo-tokens follow)."""
+    score: PromptScore | None = None
+    """Collects the prompt's log probabilities (``options.prompt_logprobs``)."""
 
     def image_start(self, position: int) -> int:
         """``position``, or the start of the image it falls inside (cached prefixes are
@@ -353,9 +356,12 @@ class Engine:
                 return
             job = self.waiting.popleft()
             slot, reuse = choose_slot(free, job.prompt)
+            if job.score is not None:
+                reuse = 0  # every position's logits are needed: the prompt is evaluated whole
             if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
                 self._save(slot)  # the cells about to be overwritten stay reachable
-            reuse = self._restore(slot, job.prompt, reuse)
+            if job.score is None:
+                reuse = self._restore(slot, job.prompt, reuse)
             try:
                 sampler = Sampler(
                     self.model.vocab,
@@ -403,6 +409,8 @@ class Engine:
         for slot in prefilling:
             job = slot.job
             assert job is not None
+            if job.score is not None:
+                continue  # a scored prompt is evaluated whole (copied cells have no logits)
             source = prefix_source(slot, self.slots, job.prompt)
             end = job.image_start(source.end) if source is not None else 0
             if source is not None and end > len(slot.cache):
@@ -503,6 +511,8 @@ class Engine:
         batch.clear()
         for slot in self.slots:
             slot.batch_index, slot.chunk, slot.draft_indices = -1, 0, []
+            if slot.job is not None and slot.job.score is not None:
+                slot.job.score.unmark()  # a batch refilled after a failed decode
         for slot in plan.decoding:
             position = len(slot.cache)
             slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
@@ -515,8 +525,12 @@ class Engine:
                 continue
             prompt = slot.job.prompt  # type: ignore[union-attr]
             start, last = len(slot.cache), len(prompt) - 1
+            score = slot.job.score  # type: ignore[union-attr]
             for position in range(start, start + count):
-                index = batch.add(prompt[position], position, slot.seq_id, position == last)
+                wanted = position == last or score is not None
+                index = batch.add(prompt[position], position, slot.seq_id, wanted)
+                if score is not None:
+                    score.mark(position, index)
             slot.chunk = count
             if start + count == len(prompt):
                 slot.batch_index = index
@@ -538,8 +552,14 @@ class Engine:
             while self._rates[0][0] < now - _RATE_WINDOW_S:
                 self._rates.popleft()
         for slot in self.slots:
-            if slot.job is not None and slot.batch_index >= 0:
-                self._sample(slot, now)
+            job = slot.job
+            if job is not None and job.score is not None and slot.chunk:
+                job.score.collect(lambda index, token, job=job: self._logprob(index, token, job))
+            if job is not None and slot.batch_index >= 0:
+                if job.options.prefill_only:
+                    self._finish(slot, "length")  # scored: nothing to generate
+                else:
+                    self._sample(slot, now)
             slot.batch_index, slot.chunk = -1, 0
 
     def _prefill_images(self) -> None:
@@ -849,7 +869,7 @@ class Engine:
             slot.drafter.append(token)
         piece_bytes = self.model.piece(token, special=job.render_special)
         if job.options.logprobs:
-            slot.logprobs.append(self._logprob(index, token, piece_bytes, job))
+            slot.logprobs.append(self._logprob(index, token, job, piece_bytes))
         piece = text.push(piece_bytes)
         if piece:
             self._emit(job.emit, TokenEvent(job.id, piece, self._take_logprobs(slot)))
@@ -903,7 +923,7 @@ class Engine:
         return True
 
     def _logprob(
-        self, batch_index: int, token: int, piece: bytes, job: GenerationJob
+        self, batch_index: int, token: int, job: GenerationJob, piece: bytes | None = None
     ) -> TokenLogprob:
         logits = logits_at(self.model.ctx, batch_index, self.model.n_vocab)
         chosen, top = token_logprobs(logits, token, job.options.top_logprobs)
@@ -913,7 +933,7 @@ class Engine:
             text = data.decode("utf-8", errors="replace")
             return TokenLogprob(token=text, logprob=logprob, bytes=list(data))
 
-        result = entry(token, chosen, piece)
+        result = entry(token, chosen, piece if piece is not None else self.model.piece(token, True))
         result.top_logprobs = [entry(t, lp) for t, lp in top]
         return result
 
@@ -977,6 +997,8 @@ class Engine:
         done.result.stop_sequence = text.stopped_by if text is not None else None
         if job.return_context:
             done.result.context = job.prompt + slot.output
+        if job.score is not None:
+            done.result.prompt_logprobs = job.score.entries
         self._emit(job.emit, done)
 
     def _fail(self, slot: Slot, message: str) -> None:

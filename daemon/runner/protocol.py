@@ -196,6 +196,13 @@ class SamplingOptions:
     logit_bias: dict[str, float] = field(default_factory=dict)
     """Added to the logits of token ids (keys are ids as strings, as OpenAI sends them);
     -100 or less bans a token."""
+    prompt_logprobs: bool = False
+    """Report every prompt token's log probability given the tokens before it (with
+    ``top_logprobs`` alternatives), from the prefill's own logits; the prompt is then
+    evaluated whole, without a cached prefix."""
+    prefill_only: bool = False
+    """Evaluate the prompt and generate nothing (a scoring request's ``max_tokens: 0``):
+    the generation ends with ``length`` and no token."""
 
 
 @dataclass
@@ -303,6 +310,9 @@ class GenerationResult:
     """Prompt and generated tokens, when the request asked (Ollama's ``context``)."""
     stop_sequence: str | None = None
     """The stop string that ended the generation (done_reason ``stop``), if one did."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """With ``prompt_logprobs``: one entry per prompt token; the first has nothing before it
+    (its ``logprob`` is 0.0 and means nothing)."""
 
 
 @dataclass

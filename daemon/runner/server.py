@@ -42,11 +42,13 @@ from .protocol import (
     TextEvent,
     Timings,
     TokenizeOp,
+    TokenLogprob,
     TokensEvent,
     decode,
     encode,
 )
 from .sampling import GrammarError, check_sampling, grammar_for
+from .scoring import PromptScore
 from .slots import common_prefix_length
 from .text import unicode_problem
 from .vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
@@ -598,6 +600,7 @@ class RunnerServer:
                 )
             )
             return
+        score = self._score(request, prompt) if request.options.prompt_logprobs else None
         connection.send(
             PromptReadyEvent(id=op.id, prompt_tokens=len(prompt.tokens), prompt_tail=prompt.tail)
         )
@@ -612,8 +615,21 @@ class RunnerServer:
                 return_context=request.return_context,
                 render_special=request.render_special,
                 images=prompt.images,
+                score=score,
             )
         )
+
+    def _score(self, request: GenerationRequest, prompt: Prompt) -> PromptScore:
+        """The collector of a prompt's log probabilities, holding its first token (which has
+        nothing before it). A BOS the tokenizer added shows as no text, so the tokens' texts
+        add up to the prompt as the client wrote it."""
+        if prompt.images:
+            raise PromptError("prompt log probabilities are for text prompts, not images")
+        first = prompt.tokens[0]
+        added_bos = not request.context and self.model.add_bos and first == self.model.bos_id
+        data = self.model.piece(first, special=not added_bos)
+        entry = TokenLogprob(data.decode("utf-8", errors="replace"), 0.0, list(data))
+        return PromptScore(prompt.tokens, entry)
 
     async def _embed(self, connection: _Connection, op: EmbedOp) -> None:
         request = op.request
