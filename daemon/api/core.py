@@ -89,6 +89,7 @@ __all__ = [
     "Whole",
     "check_strict",
     "plan",
+    "plan_batch",
 ]
 
 T = TypeVar("T")
@@ -184,6 +185,10 @@ class Ask:
     """A last adjustment of the sampling options (llama-server's ``samplers``)."""
     count_tokens: bool = False
     """The reply may be cut short here (a :class:`TextCut`): count its tokens exactly."""
+    prompt_logprobs: bool = False
+    """Report the prompt tokens' log probabilities (from the prefill; the first choice's)."""
+    prefill_only: bool = False
+    """Evaluate the prompt, generate nothing (a scoring request's ``max_tokens: 0``)."""
 
 
 @dataclass
@@ -313,6 +318,8 @@ def _sampling(ask: Ask) -> SamplingOptions:
     elif isinstance(ask.format, dict):
         sampling.json_schema = ask.format
     apply_logprobs(sampling, ask.logprobs, ask.top_logprobs)
+    sampling.prompt_logprobs = ask.prompt_logprobs
+    sampling.prefill_only = ask.prefill_only
     if ask.shift is False:
         sampling.shift = False
     if ask.tune is not None:
@@ -377,8 +384,23 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
         copy = dataclasses.replace(request, options=dataclasses.replace(request.options))
         if index and copy.options.seed >= 0:
             copy.options.seed = (copy.options.seed + index) & 0xFFFFFFFF
+        if index:
+            # The choices share the prompt: its log probabilities are the first choice's, and
+            # the others may reuse its cells instead of evaluating it again.
+            copy.options.prompt_logprobs = False
         jobs.append(Job.for_model(state, model, ask.options, copy, ask.keep_alive, ask.api))
     return Plan(ask=ask, jobs=jobs, tools=tools, think=think, counted=counted)
+
+
+def plan_batch(state: DaemonState, asks: Sequence[Ask]) -> Plan:
+    """One plan for several prompts answered together (OpenAI completions' list of
+    prompts): each planned as :func:`plan` does, their jobs in order (prompt after prompt,
+    ``n`` choices each). The prompts must not differ in tools or reasoning."""
+    plans = [plan(state, ask) for ask in asks]
+    first = plans[0]
+    assert all(p.tools is None and p.think is None for p in plans[1:]), "a batch of prompts"
+    jobs = [job for planned in plans for job in planned.jobs]
+    return Plan(first.ask, jobs, first.tools, first.think, first.counted)
 
 
 # --- the reply stream -------------------------------------------------------------------------
@@ -425,6 +447,9 @@ class Done:
     """The runner's outcome (load time, context...); None when cut short here."""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     """Log probabilities of tokens whose text was never shown (dropped call markup)."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """The prompt tokens' log probabilities, when asked for (the first token's is
+    meaningless: nothing comes before it)."""
 
     @property
     def limited(self) -> bool:
@@ -649,7 +674,9 @@ class Reply:
         events: list[Delta | Done] = []
         if rest:
             events.append(Delta(rest.content, rest.thinking, rest.calls, self._leftover(c)))
-        events.append(self._done(c, reason, result.stop_sequence, rest, result.timings, outcome))
+        done = self._done(c, reason, result.stop_sequence, rest, result.timings, outcome)
+        done.prompt_logprobs = result.prompt_logprobs
+        events.append(done)
         return events
 
     def _done(

@@ -10,6 +10,7 @@ adds a last chunk with ``usage`` and no choices. Errors use OpenAI's shape
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import secrets
@@ -30,7 +31,7 @@ from ..options import merge_options, runner_config
 from ..runner.protocol import TokenLogprob
 from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
-from .core import Ask, Delta, Done, Plan, Reply, Turn, Whole, plan
+from .core import Ask, Delta, Done, Plan, Reply, Turn, Whole, plan, plan_batch
 from .errorshapes import openai_error
 from .logprobs import LegacyLogprobs, chat_logprobs, check_top_logprobs
 from .schemas_openai import (
@@ -53,18 +54,22 @@ router = APIRouter()
 """The routes without a prefix; the app mounts them under ``/v1`` and at the root."""
 
 
-def _usage(dones: Sequence[Done]) -> dict[str, Any]:
-    """OpenAI's ``usage`` of one answer: the prompt counted once (its ``n`` choices share
-    it), the completion tokens of every choice added up."""
+def _usage(dones: Sequence[Done], n: int) -> dict[str, Any]:
+    """OpenAI's ``usage`` of one answer (its choices in order, ``n`` per prompt): each
+    prompt counted once (its choices share it), the completion tokens of every choice
+    added up."""
     first = dones[0]
     t = first.timings
+    prompts = dones[::n]
+    prompt = sum(done.prompt_tokens for done in prompts)
+    cached = sum(done.cached_tokens for done in prompts)
     completion = sum(done.output_tokens for done in dones)
     load_s = first.outcome.load_seconds if first.outcome is not None else 0.0
     return {
-        "prompt_tokens": first.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": first.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
         # localllm's own timings (of the first choice), so clients can show TTFT and
         # prefill vs decode speed.
         "timings": {
@@ -263,7 +268,7 @@ async def _answer(
                 "object": object_name,
                 "system_fingerprint": "localllm",
                 "choices": [choice(index, whole) for index, whole in enumerate(wholes)],
-                "usage": _usage([whole.done for whole in wholes]),
+                "usage": _usage([whole.done for whole in wholes], planned.ask.n),
             }
         )
 
@@ -282,16 +287,16 @@ async def _answer(
     usage_null = {"usage": None} if include_usage else {}
 
     async def body() -> AsyncIterator[bytes]:
-        dones: list[Done] = []
+        dones: dict[int, Done] = {}
         try:
             async for index, event in reply.events():
                 if isinstance(event, Done):
-                    dones.append(event)
+                    dones[index] = event
                     yield chunk([delta(index, None, event)], **usage_null)
                 else:
                     yield chunk([delta(index, event, None)], **usage_null)
             if include_usage:
-                yield chunk([], usage=_usage(dones))
+                yield chunk([], usage=_usage([dones[i] for i in sorted(dones)], planned.ask.n))
         except Exception as exc:
             yield _sse_error(problem_from(exc, name))
             return
@@ -404,56 +409,139 @@ async def chat_completions(
     return await _answer(state, request, planned, body, (choice, delta))
 
 
+def _prompts(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """OpenAI's ``prompt``: a string, a list of strings, one prompt as token ids, or a list
+    of them; each one is a prompt of its own."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        return [""]
+    if all(isinstance(item, int) for item in value):
+        return [list(value)]  # type: ignore[arg-type]
+    prompts: list[str | list[int]] = []
+    for index, item in enumerate(value):
+        if isinstance(item, list) and not item:
+            raise HTTPProblem(400, f"prompt[{index}] is an empty list of tokens", param="prompt")
+        prompts.append(item)  # type: ignore[arg-type]
+    return prompts
+
+
+def _prompt_ask(ask: Ask, prompt: str | list[int], body: CompletionRequest) -> Ask:
+    """``ask`` for one of the request's prompts."""
+    one = dataclasses.replace(ask)
+    if isinstance(prompt, list):
+        if body.suffix:
+            raise HTTPProblem(400, "suffix goes with a text prompt, not tokens", param="suffix")
+        one.prompt_tokens = prompt
+    else:
+        one.prompt, one.raw, one.suffix = prompt, True, body.suffix or None
+    # an echoed token prompt is shown as its tokens' text, which the prefill reports
+    one.prompt_logprobs = bool(body.echo) and (ask.logprobs or isinstance(prompt, list))
+    return one
+
+
 @router.post("/completions", summary="Text completion (OpenAI), with suffix for FIM")
 async def completions(body: CompletionRequest, request: Request, state: StateDep) -> Response:
-    """OpenAI's legacy completions: a raw prompt, or fill-in-the-middle with ``suffix``;
-    ``logprobs`` (an int: alternatives per token), ``n`` choices."""
-    ask = _ask(state, body, body.max_tokens)
-    if isinstance(body.prompt, list):
-        if len(body.prompt) != 1:
-            raise HTTPProblem(400, "prompt must be a single string", param="prompt")
-        prompt = body.prompt[0]
-    else:
-        prompt = body.prompt
+    """OpenAI's legacy completions: a raw prompt (or several, or token ids), or
+    fill-in-the-middle with ``suffix``; ``logprobs`` (an int: alternatives per token), ``n``
+    choices per prompt; ``echo`` with ``logprobs`` scores the prompt itself (its tokens' log
+    probabilities, from the prefill), ``max_tokens: 0`` generates nothing: the
+    log-likelihood requests of evaluation harnesses."""
+    ask = _ask(state, body, body.max_tokens or None)
+    prompts = _prompts(body.prompt)
     if body.best_of is not None and body.best_of != ask.n:
         raise HTTPProblem(
             400, "best_of is not supported (only best_of equal to n)", param="best_of"
         )
     top = check_top_logprobs(body.logprobs, "logprobs")
-    want_logprobs = body.logprobs is not None
-    if want_logprobs and body.echo:
-        # the prompt's own log probabilities would need a scoring pass the runner lacks
-        raise HTTPProblem(400, "echo cannot be combined with logprobs", param="echo")
-    ask.prompt, ask.raw, ask.suffix = prompt, True, body.suffix or None
-    ask.logprobs, ask.top_logprobs = want_logprobs, top
-    planned = plan(state, ask)
-    echo = prompt if body.echo else ""
-    legacy = [LegacyLogprobs(top) for _ in range(ask.n)]
-    first_chunk = [True] * ask.n
+    ask.logprobs, ask.top_logprobs = body.logprobs is not None, top
+    ask.prefill_only = body.max_tokens == 0
+    planned = plan_batch(state, [_prompt_ask(ask, prompt, body) for prompt in prompts])
+    n = ask.n
+    count = len(prompts) * n
+    legacy = [LegacyLogprobs(top) for _ in range(count)]
+    echoes: list[str | None] = [p if isinstance(p, str) else None for p in prompts]
 
-    def logprobs_of(index: int, items: list[TokenLogprob]) -> dict[str, Any] | None:
-        return legacy[index].shape(items) if want_logprobs else None
+    def echo(index: int, done: Done | None) -> tuple[str, dict[str, Any] | None]:
+        """The echoed prompt of a choice and its tokens' log probabilities."""
+        if not body.echo:
+            return "", None
+        scored = done.prompt_logprobs if done is not None else None
+        if scored is None and index % n:
+            # the prompt was scored once, for its first choice: the same tokens
+            scored = shared.get(index - index % n)
+        text = echoes[index // n]
+        if text is None:  # a token prompt: its tokens' text
+            text = "".join(entry.token for entry in scored or [])
+        shown = legacy[index].shape(scored, prompt=True) if ask.logprobs and scored else None
+        legacy[index].offset = len(text)
+        return text, shown
+
+    shared: dict[int, list[TokenLogprob]] = {}
+
+    def joined(first: dict[str, Any] | None, then: dict[str, Any] | None) -> Any:
+        if first is None or then is None:
+            return first or then
+        return {key: first[key] + then[key] for key in first}
 
     def choice(index: int, whole: Whole) -> dict[str, Any]:
+        if whole.done.prompt_logprobs is not None:
+            shared[index] = whole.done.prompt_logprobs
+        text, scored = echo(index, whole.done)
+        generated = legacy[index].shape(whole.logprobs) if ask.logprobs else None
         return {
             "index": index,
-            "text": echo + whole.content,
+            "text": text + whole.content,
             "finish_reason": "length" if whole.done.limited else "stop",
-            "logprobs": logprobs_of(index, whole.logprobs),
+            "logprobs": joined(scored, generated),
         }
+
+    first_chunk = [True] * count
 
     def delta(index: int, piece: Delta | None, done: Done | None) -> dict[str, Any]:
-        shown = (echo if first_chunk[index] else "") + (piece.content if piece else "")
+        shown, scored = echo(index, done) if first_chunk[index] else ("", None)
         first_chunk[index] = False
         items = piece.logprobs if piece is not None else done.logprobs if done else []
+        generated = legacy[index].shape(items) if ask.logprobs and items else None
         return {
             "index": index,
-            "text": shown,
+            "text": shown + (piece.content if piece else ""),
             "finish_reason": ("length" if done.limited else "stop") if done else None,
-            "logprobs": logprobs_of(index, items) if items else None,
+            "logprobs": joined(scored, generated),
         }
 
+    if body.echo and body.stream and any(p.options.prompt_logprobs for p in _requests(planned)):
+        # The scored prompt (its log probabilities, a token prompt's text) is known at the
+        # end of its generation: the answer is held until then and sent as one chunk per
+        # choice, so the prompt's text and offsets come first, as they must.
+        whole = await _answer(state, request, planned, _whole(body), (choice, delta))
+        return _as_stream(whole, _include_usage(body))
     return await _answer(state, request, planned, body, (choice, delta))
+
+
+def _requests(planned: Plan) -> list[Any]:
+    return [job.request for job in planned.jobs]
+
+
+def _whole(body: CompletionRequest) -> CompletionRequest:
+    return body.model_copy(update={"stream": False})
+
+
+def _as_stream(whole: Response, include_usage: bool) -> Response:
+    """A whole completion (already run) sent as a stream: one chunk per choice, then the
+    usage when asked for, then ``[DONE]``."""
+    answer = json.loads(bytes(whole.body))
+    usage = answer.pop("usage")
+    events = [sse_event({**answer, "choices": [c]}) for c in answer["choices"]]
+    if include_usage:
+        events.append(sse_event({**answer, "choices": [], "usage": usage}))
+    events.append(sse_event("[DONE]"))
+
+    async def body() -> AsyncIterator[bytes]:
+        for event in events:
+            yield event
+
+    return ClosingStreamingResponse(body(), media_type="text/event-stream")
 
 
 def _encode(vector: list[float], encoding: str | None, dimensions: int | None) -> Any:
