@@ -51,6 +51,7 @@ from .protocol import (
     TokenEvent,
     TokenLogprob,
 )
+from .reasoning import ReasoningBudget
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
 from .scoring import PromptScore
 from .slots import (
@@ -107,6 +108,8 @@ class GenerationJob:
     """The prompt's images by the position where each starts (their pseudo-tokens follow)."""
     score: PromptScore | None = None
     """Collects the prompt's log probabilities (``options.prompt_logprobs``)."""
+    budget: ReasoningBudget | None = None
+    """Ends the reasoning when its budget is spent (``options.reasoning_budget``)."""
 
     def image_start(self, position: int) -> int:
         """``position``, or the start of the image it falls inside (cached prefixes are
@@ -832,8 +835,13 @@ class Engine:
         # more drafts accepted than verified.
         slot.drafted += len(draft)
         produced: list[int] = []
+        budget = slot.job.budget if slot.job is not None else None
         for i, index in enumerate([slot.batch_index, *slot.draft_indices]):
-            token = sampler.sample(self.model.ctx, index)
+            forced = budget.next_forced() if budget is not None else None
+            if forced is not None and not sampler.force(forced):
+                budget.abandon()  # type: ignore[union-attr]
+                forced = None
+            token = forced if forced is not None else sampler.sample(self.model.ctx, index)
             produced.append(token)
             matched = i < len(draft) and token == draft[i]
             if matched:
@@ -868,6 +876,8 @@ class Engine:
         if slot.drafter is not None:
             slot.drafter.append(token)
         piece_bytes = self.model.piece(token, special=job.render_special)
+        if job.budget is not None:
+            job.budget.take(piece_bytes)
         if job.options.logprobs:
             slot.logprobs.append(self._logprob(index, token, job, piece_bytes))
         piece = text.push(piece_bytes)
@@ -999,6 +1009,7 @@ class Engine:
             done.result.context = job.prompt + slot.output
         if job.score is not None:
             done.result.prompt_logprobs = job.score.entries
+        done.result.budget_exhausted = job.budget is not None and job.budget.exhausted
         self._emit(job.emit, done)
 
     def _fail(self, slot: Slot, message: str) -> None:

@@ -203,6 +203,20 @@ class SamplingOptions:
     prefill_only: bool = False
     """Evaluate the prompt and generate nothing (a scoring request's ``max_tokens: 0``):
     the generation ends with ``length`` and no token."""
+    reasoning_tags: list[str] = field(default_factory=list)
+    """``[open, close]``: the tags of the model's reasoning block, when the answer may hold
+    one (for ``reasoning_budget`` and ``closed_triggers``)."""
+    reasoning_budget: int = -1
+    """Most tokens of reasoning (-1: no limit). When they are spent, the close tag is
+    inserted in place of sampled tokens (llama-server's way) and the answer follows."""
+    closed_triggers: list[str] | None = None
+    """The grammar's triggers when the rendered prompt already closed the reasoning block
+    (the template switched reasoning off): they replace ``grammar_triggers``, which wait for
+    the close tag."""
+    grammar_after_reasoning: bool = False
+    """The grammar (a format, a forced call) constrains the answer after the reasoning
+    block: lazy, triggered by the close tag; from the first token where the rendered prompt
+    already closed the block."""
 
 
 @dataclass
@@ -313,6 +327,8 @@ class GenerationResult:
     prompt_logprobs: list[TokenLogprob] | None = None
     """With ``prompt_logprobs``: one entry per prompt token; the first has nothing before it
     (its ``logprob`` is 0.0 and means nothing)."""
+    budget_exhausted: bool = False
+    """The reasoning budget ran out: the close tag was inserted there."""
 
 
 @dataclass

@@ -192,6 +192,20 @@ class Sampler:
         llama_cpp.llama_sampler_accept(self.chain, token)
         return token
 
+    def force(self, token: int) -> bool:
+        """Take ``token`` as if it had been sampled (a reasoning budget's close tag); False,
+        taking nothing, when the grammar refuses it (accepting a refused token would abort
+        llama.cpp)."""
+        if self.grammar is not None:
+            candidate = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0.0, 0))
+            array = llama_cpp.llama_token_data_array(candidate, 1, -1, False)
+            llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
+            if candidate[0].logit == float("-inf"):
+                return False
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return True
+
     def _candidates(self) -> tuple[np.ndarray, Any]:
         if self._token_data is None:
             storage = (llama_cpp.llama_token_data * self.n_vocab)()

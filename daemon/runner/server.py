@@ -47,6 +47,7 @@ from .protocol import (
     decode,
     encode,
 )
+from .reasoning import ReasoningBudget, grammar_after
 from .sampling import GrammarError, check_sampling, grammar_for
 from .scoring import PromptScore
 from .slots import common_prefix_length
@@ -601,6 +602,7 @@ class RunnerServer:
             )
             return
         score = self._score(request, prompt) if request.options.prompt_logprobs else None
+        budget, grammar = self._reasoning(request, prompt, grammar)
         connection.send(
             PromptReadyEvent(id=op.id, prompt_tokens=len(prompt.tokens), prompt_tail=prompt.tail)
         )
@@ -616,8 +618,35 @@ class RunnerServer:
                 render_special=request.render_special,
                 images=prompt.images,
                 score=score,
+                budget=budget,
             )
         )
+
+    def _reasoning(
+        self, request: GenerationRequest, prompt: Prompt, grammar: str | None
+    ) -> tuple[ReasoningBudget | None, str | None]:
+        """How the rendered prompt leaves the reasoning block: closed (the template switched
+        reasoning off), the grammar and its triggers stop waiting for the close tag; open or
+        not yet opened, a grammar for the answer waits for it, and the budget (when there is
+        one) counts the reasoning. Returns (budget, grammar)."""
+        options = request.options
+        if len(options.reasoning_tags) != 2:
+            return None, grammar
+        open_tag, close_tag = options.reasoning_tags
+        tail = prompt.tail.rstrip()
+        if tail.endswith(close_tag):
+            if options.closed_triggers is not None:
+                options.grammar_triggers = list(options.closed_triggers)
+            return None, grammar
+        if grammar is not None and options.grammar_after_reasoning:
+            grammar, trigger = grammar_after(grammar, close_tag)
+            options.grammar_triggers = [trigger]
+        if options.reasoning_budget < 0:
+            return None, grammar
+        tokens = self.model.tokenize(close_tag, add_special=False, parse_special=True)
+        inside = tail.endswith(open_tag)
+        budget = ReasoningBudget(open_tag, close_tag, options.reasoning_budget, tokens, inside)
+        return budget, grammar
 
     def _score(self, request: GenerationRequest, prompt: Prompt) -> PromptScore:
         """The collector of a prompt's log probabilities, holding its first token (which has
