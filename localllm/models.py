@@ -73,6 +73,8 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "mirostat_tau": (int, float),
     "mirostat_eta": (int, float),
     "stop": list,
+    # The most tokens a reasoning model may think before its reasoning block is closed.
+    "thinking_budget": int,
 }
 # Options Ollama clients may send (its documented example has some) that llama.cpp fixes to one
 # behaviour: that value is honoured, since it is what happens anyway; any other is refused

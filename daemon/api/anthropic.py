@@ -78,8 +78,9 @@ class ThinkingConfig(_Body):
     budget_tokens: int | None = Field(
         None,
         ge=1,
-        description="Caps the reasoning: a model still reasoning after this many tokens is "
-        "stopped there (stop_reason max_tokens). Must be below max_tokens.",
+        description="Caps the reasoning: after this many tokens of it the reasoning block is "
+        "closed (its close tag inserted, as llama-server does) and the answer follows. Must be "
+        "below max_tokens.",
     )
     display: Literal["summarized", "omitted"] | None = Field(
         None,

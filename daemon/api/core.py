@@ -18,8 +18,10 @@ What differs between the families on purpose, decided by each adapter through th
 * **Thinking default**: Ollama, OpenAI chat and Responses leave reasoning to the template's
   default (on) unless the request switches it; Anthropic switches it off unless ``thinking``
   is ``enabled`` or ``adaptive``. Levels: Ollama ``think``, OpenAI ``reasoning_effort``,
-  Responses ``reasoning.effort``, Anthropic ``output_config.effort``; a budget: Anthropic's
-  ``budget_tokens`` (see :attr:`Ask.thinking_budget`).
+  Responses ``reasoning.effort``, Anthropic ``output_config.effort``. One reasoning budget
+  for all (:attr:`Ask.thinking_budget`, ended as llama-server ends it: the close tag is
+  inserted, then the answer follows): Anthropic's ``budget_tokens``, the ``thinking_budget``
+  option, and a level on a template without levels (:data:`LEVEL_BUDGETS`).
 * **Stop handling and stop reasons**: all stop strings are the runner's. Ollama reports
   ``stop``/``length``; OpenAI ``stop``, ``length``, ``tool_calls``; Anthropic ``end_turn``,
   ``max_tokens``, ``stop_sequence`` (with the string) and ``tool_use``; Responses
@@ -79,6 +81,7 @@ from .tooling import (
 from .vision import Images
 
 __all__ = [
+    "LEVEL_BUDGETS",
     "Ask",
     "Delta",
     "Done",
@@ -156,7 +159,8 @@ class Ask:
     think_field: str = "think"
     """The request field that set ``think`` (for 400s)."""
     thinking_budget: int | None = None
-    """Most tokens of reasoning; a model still reasoning past it is stopped (``length``)."""
+    """Most tokens of reasoning (None: the ``thinking_budget`` option, or the level's
+    budget, or none): the runner then inserts the close tag and the answer follows."""
     format: str | dict[str, Any] | None = None
     """``"json"`` for any JSON, or a JSON schema the answer must follow."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -310,6 +314,24 @@ def _continuation(ask: Ask, template: str | None, kwargs: dict[str, Any]) -> str
         raise HTTPProblem(400, str(exc), param="template") from None
 
 
+LEVEL_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "max": None}
+"""Reasoning budgets of the levels (Ollama's ``think``, OpenAI's ``reasoning_effort``...) on a
+template that has no level switch of its own (one with ``reasoning_effort`` gets the level)."""
+
+
+def _budget(ask: Ask, think: ThinkPlan) -> int | None:
+    """The reasoning budget: the request's, else the ``thinking_budget`` option, else its
+    level's where the template cannot take the level itself."""
+    if ask.thinking_budget is not None:
+        return ask.thinking_budget
+    option = ask.options.get("thinking_budget")
+    if option is not None and option >= 0:
+        return int(option)
+    if isinstance(ask.think, str) and not think.style.takes_level:
+        return LEVEL_BUDGETS.get(ask.think)
+    return None
+
+
 def _sampling(ask: Ask) -> SamplingOptions:
     sampling = sampling_options(ask.options)
     sampling.logit_bias = dict(ask.logit_bias)
@@ -369,12 +391,12 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
     if tools is not None:
         tools.apply(request)
     if think is not None:
-        think.apply(request)
+        think.apply(request, _budget(ask, think))
     # explicit template variables win over the ones the reasoning switch sets
     request.template_kwargs.update(ask.template_kwargs)
-    # A reply cut short here (a reasoning budget, a text filter) ends before the runner's
-    # count: one log probability per token counts them exactly.
-    counted = (ask.thinking_budget is not None or ask.count_tokens) and not sampling.logprobs
+    # A reply cut short here (a text filter) ends before the runner's count: one log
+    # probability per token counts them exactly.
+    counted = ask.count_tokens and not sampling.logprobs
     if counted:
         sampling.logprobs = True
     jobs = []
@@ -425,8 +447,8 @@ class Done:
     """How one choice's answer ended."""
 
     reason: EndReason
-    """``stop`` (the model ended), ``length`` (the token limit, the reasoning budget, or an
-    early stop), ``stop_sequence`` (one of the request's stop strings)."""
+    """``stop`` (the model ended), ``length`` (the token limit, or an early stop),
+    ``stop_sequence`` (one of the request's stop strings)."""
     stop_sequence: str | None
     """The stop string that matched."""
     calls: int
@@ -450,10 +472,12 @@ class Done:
     prompt_logprobs: list[TokenLogprob] | None = None
     """The prompt tokens' log probabilities, when asked for (the first token's is
     meaningless: nothing comes before it)."""
+    budget_exhausted: bool = False
+    """The reasoning budget ran out: the close tag was inserted and the answer followed."""
 
     @property
     def limited(self) -> bool:
-        """Whether the answer ran into a limit (tokens, budget) or had a call cut off."""
+        """Whether the answer ran into the token limit or had a call cut off."""
         return self.reason == "length" or self.cut
 
 
@@ -584,7 +608,6 @@ class Reply:
             raise problem_from(exc, self.model_name) from exc
         self._begin(c, generation)
         think = self.plan.think
-        budget = self.plan.ask.thinking_budget
         shown = self.plan.ask.logprobs
         chunks = generation.chunks()
         try:
@@ -597,8 +620,7 @@ class Reply:
                 if delta is not None:
                     yield delta
                 cutter = c.cutter
-                over = budget is not None and c.in_thinking and c.reasoning > budget
-                if over or (cutter is not None and cutter.stopped):
+                if cutter is not None and cutter.stopped:
                     for event in self._cut_short(c):
                         yield event
                     return
@@ -637,7 +659,7 @@ class Reply:
         return Delta(parsed.content, parsed.thinking, parsed.calls, taken)
 
     def _cut_short(self, c: _Choice) -> list[Delta | Done]:
-        """The events ending a choice stopped here (its budget spent, or its filter)."""
+        """The events ending a choice its filter stopped here."""
         events: list[Delta | Done] = []
         rest = c.answer.feed(c.cutter.rest()) if c.cutter is not None else Parsed()
         rest.add(c.answer.finish(cut=True))
@@ -676,6 +698,7 @@ class Reply:
             events.append(Delta(rest.content, rest.thinking, rest.calls, self._leftover(c)))
         done = self._done(c, reason, result.stop_sequence, rest, result.timings, outcome)
         done.prompt_logprobs = result.prompt_logprobs
+        done.budget_exhausted = result.budget_exhausted
         events.append(done)
         return events
 

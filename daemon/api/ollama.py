@@ -181,6 +181,8 @@ def _final(model: str, done: Done, extra: dict[str, Any]) -> dict[str, Any]:
         # a call cut by the token limit is the limit, never a call
         "done_reason": "length" if done.limited else "stop",
         **timing_fields(done),
+        # localllm: the reasoning budget closed the reasoning block (the answer followed)
+        **({"thinking_budget_exhausted": True} if done.budget_exhausted else {}),
     }
 
 

@@ -64,12 +64,16 @@ def _usage(dones: Sequence[Done], n: int) -> dict[str, Any]:
     prompt = sum(done.prompt_tokens for done in prompts)
     cached = sum(done.cached_tokens for done in prompts)
     completion = sum(done.output_tokens for done in dones)
+    reasoning = sum(done.reasoning_tokens for done in dones)
     load_s = first.outcome.load_seconds if first.outcome is not None else 0.0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+        # localllm: a reasoning budget closed some choice's reasoning (the answer followed)
+        **({"reasoning_budget_exhausted": True} if any(d.budget_exhausted for d in dones) else {}),
         # localllm's own timings (of the first choice), so clients can show TTFT and
         # prefill vs decode speed.
         "timings": {

@@ -60,6 +60,11 @@ class Options(BaseModel):
     mirostat_tau: float | None = Field(None, description="Mirostat's target surprise.")
     mirostat_eta: float | None = Field(None, description="Mirostat's learning rate.")
     num_thread: int | None = None
+    thinking_budget: int | None = Field(
+        None,
+        description="Most tokens of reasoning: then the reasoning block is closed (its close "
+        "tag inserted) and the answer follows; -1 no limit.",
+    )
 
 
 class _ModelBody(_Body):
