@@ -139,6 +139,8 @@ class EmbeddingJob:
     arrived: float = field(default_factory=time.perf_counter)
     vectors: list[list[float]] = field(default_factory=list)
     """Embeddings of ``inputs[:len(vectors)]``, computed so far."""
+    rank: bool = False
+    """Score each input with the rank head (a reranker) instead of embedding it."""
 
 
 @dataclass
@@ -1045,7 +1047,7 @@ class Engine:
             tokens += len(job.inputs[end])
             end += 1
         try:
-            vectors = self.model.embed_many(job.inputs[start:end])
+            vectors = self.model.embed_many(job.inputs[start:end], rank=job.rank)
         except Exception as exc:
             log.exception("embedding failed")
             self.embeddings.popleft()

@@ -345,6 +345,9 @@ class EmbeddingRequest:
     """Cut inputs longer than the context instead of failing."""
     normalize: bool = True
     """L2-normalise each vector."""
+    rank_pairs: list[list[str]] | None = None
+    """``[query, document]`` pairs to score instead (a reranker: rank pooling): each one's
+    "embedding" is its relevance score alone (then ``inputs`` is empty)."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from .protocol import (
     DetokenizeOp,
     DoneEvent,
     EmbeddingEvent,
+    EmbeddingRequest,
     EmbedOp,
     ErrorEvent,
     Event,
@@ -497,6 +498,7 @@ class RunnerServer:
             "fill_in_the_middle": model.fim is not None,
             "chat_template": self.default_template is not None,
             "vision": self.projector is not None,
+            "rank": model.rank_pooling,
         }
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -669,6 +671,10 @@ class RunnerServer:
             if request.inputs:
                 raise PromptError("give inputs as texts or as token ids, not both")
             texts = list(request.token_inputs)
+        if request.rank_pairs is not None:
+            if texts:
+                raise PromptError("give texts to embed or pairs to rank, not both")
+            inputs = await asyncio.to_thread(self._rank_inputs, request)
         for index, text in enumerate(texts):
             if isinstance(text, list):
                 tokens = _checked_context(self.model, text, f"input[{index}]")
@@ -687,8 +693,35 @@ class RunnerServer:
                     )
                 tokens = tokens[:limit]
             inputs.append(tokens)
+        rank = request.rank_pairs is not None
         self.engine.embed(
             EmbeddingJob(
-                id=op.id, inputs=inputs, normalize=request.normalize, emit=connection.emitter()
+                id=op.id,
+                inputs=inputs,
+                normalize=request.normalize and not rank,
+                emit=connection.emitter(),
+                rank=rank,
             )
         )
+
+    def _rank_inputs(self, request: EmbeddingRequest) -> list[list[int]]:
+        """The token sequences of a rank request's (query, document) pairs."""
+        if not self.model.rank_pooling:
+            raise PromptError(
+                "this model cannot rank: its GGUF declares no rank pooling", "unsupported"
+            )
+        limit = self.model.n_ctx_per_slot
+        inputs = []
+        for index, (query, document) in enumerate(request.rank_pairs or []):
+            _encodable(query, "query")
+            tokens = self.model.rank_tokens(query, _encodable(document, f"documents[{index}]"))
+            if len(tokens) > limit:
+                if not request.truncate:
+                    raise PromptError(
+                        f"documents[{index}] with the query is {len(tokens)} tokens, more than "
+                        f"the context of {limit}; shorten it or allow truncation",
+                        "context_overflow",
+                    )
+                tokens = tokens[:limit]
+            inputs.append(tokens)
+        return inputs
