@@ -26,7 +26,7 @@ from localllm import __version__
 from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
-from .api import anthropic, llamaserver, ollama, openai, responses
+from .api import anthropic, llamaserver, ollama, openai, rerank, responses
 from .api.errorshapes import openai_error
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
@@ -147,6 +147,9 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     app.include_router(responses.router, prefix="/v1")
     # llama-server's /tokenize, /detokenize and /infill, for plugins written against it
     app.include_router(llamaserver.router)
+    # reranking in Jina's and Cohere's shape, under /v1 and (as llama-server) at the root
+    app.include_router(rerank.router, prefix="/v1")
+    app.include_router(rerank.router)
 
     @app.get("/health", summary="Liveness (llama-server's shape)")
     @app.get("/v1/health", include_in_schema=False)

@@ -352,9 +352,11 @@ async def embed(
     truncate: bool,
     keep_alive: float | None,
     token_inputs: list[list[int]] | None = None,
+    rank_pairs: list[list[str]] | None = None,
 ) -> tuple[EmbeddingResult, float, float]:
-    """Embed ``inputs`` (or ``token_inputs``, the model's own token ids):
-    (result, load seconds, total seconds)."""
+    """Embed ``inputs`` (or ``token_inputs``, the model's own token ids), or score
+    ``rank_pairs`` (``[query, document]``, a reranker): (result, load seconds, total
+    seconds)."""
     started = time.monotonic()
 
     async def run() -> tuple[EmbeddingResult, float]:
@@ -362,7 +364,13 @@ async def embed(
         lease.keep_alive = keep_alive
         async with lease:
             result = await lease.runner.embed(
-                EmbeddingRequest(id="", inputs=inputs, truncate=truncate, token_inputs=token_inputs)
+                EmbeddingRequest(
+                    id="",
+                    inputs=inputs,
+                    truncate=truncate,
+                    token_inputs=token_inputs,
+                    rank_pairs=rank_pairs,
+                )
             )
         return result, lease.load_seconds
 

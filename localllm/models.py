@@ -291,10 +291,11 @@ class LocalModel:
 
     def capabilities(self) -> list[str]:
         """What the model can do: ``completion``, ``embedding``, ``insert`` (FIM), ``vision``
-        (only with a projector layer, as Ollama reports it)."""
+        (only with a projector layer, as Ollama reports it), ``rerank`` (rank pooling)."""
+        rank = ["rerank"] if self.info.rank_pooling else []
         if self.info.is_embedding_only:
-            return ["embedding"]
-        capabilities = ["completion"]
+            return ["embedding", *rank]
+        capabilities = ["completion", *rank]
         if any(k.startswith("tokenizer.ggml.fim_") for k in self.info.metadata):
             capabilities.append("insert")
         if self.projector_layer is not None:
