@@ -479,6 +479,21 @@ class ToolCallParser(ABC):
         return out
 
 
+def _past_closer(text: str, end: int, closer: str, final: bool) -> int | None:
+    """Where a call region that ends at ``end`` really ends: past ``closer`` (and the space
+    before it) when it follows; None while a closer may still be coming. At the end of the
+    output a closer it cut goes with the call."""
+    if not closer:
+        return end
+    rest = text[end:]
+    after = rest.lstrip()
+    if after.startswith(closer):
+        return end + len(rest) - len(after) + len(closer)
+    if closer.startswith(after):
+        return len(text) if final else None
+    return end
+
+
 class _TaggedJsonParser(ToolCallParser):
     """Calls as ``<open>`` + JSON (object or array) + optional ``<close>``."""
 
@@ -507,16 +522,9 @@ class _TaggedJsonParser(ToolCallParser):
         if end is None:
             return _more(final)
         calls = _calls_from(_loads(value[:end]), None)
-        consumed = offset + end
-        if self.closer:
-            rest = text[consumed:]
-            after = rest.lstrip()
-            if after.startswith(self.closer):
-                consumed += len(rest) - len(after) + len(self.closer)
-            elif self.closer.startswith(after):
-                if not final:
-                    return NEED_MORE  # the closing marker may still come
-                consumed = len(text)  # the end cut the closing marker: it goes too
+        consumed = _past_closer(text, offset + end, self.closer, final)
+        if consumed is None:
+            return NEED_MORE  # the closing marker may still come
         # JSON after the opener that is not a call is broken markup, not text
         return _Done(calls, consumed) if calls is not None else _Drop(consumed)
 
@@ -561,15 +569,9 @@ class Qwen3CoderParser(HermesParser):
         end = body.find("</function>")
         if end < 0:
             return _more(final)
-        consumed = offset + end + len("</function>")
-        rest = text[consumed:]
-        after = rest.lstrip()
-        if after.startswith(self.closer):
-            consumed += len(rest) - len(after) + len(self.closer)
-        elif self.closer.startswith(after):
-            if not final:
-                return NEED_MORE
-            consumed = len(text)  # the end cut the closing marker: it goes too
+        consumed = _past_closer(text, offset + end + len("</function>"), self.closer, final)
+        if consumed is None:
+            return NEED_MORE
         match = self._FUNCTION.match(body)
         if match is None:
             return _Drop(consumed)

@@ -316,6 +316,20 @@ def _chat_prompt(
     )
 
 
+def _fit_input(tokens: list[int], limit: int, truncate: bool, what: str) -> list[int]:
+    """An embedding (or ranking) input within the context: cut when ``truncate``, else a
+    context overflow naming ``what``."""
+    if len(tokens) <= limit:
+        return tokens
+    if not truncate:
+        raise PromptError(
+            f"{what} is {len(tokens)} tokens, more than the context of {limit}; shorten it "
+            "or allow truncation",
+            "context_overflow",
+        )
+    return tokens[:limit]
+
+
 def _overflow(model: LlamaModel, count: int) -> PromptError:
     return PromptError(
         f"the prompt is {count} tokens, more than fit in this model's context of "
@@ -684,15 +698,7 @@ class RunnerServer:
                 )
             if not tokens:
                 raise PromptError(f"input[{index}] is empty: there is nothing to embed")
-            if len(tokens) > limit:
-                if not request.truncate:
-                    raise PromptError(
-                        f"input[{index}] is {len(tokens)} tokens, more than the context of "
-                        f"{limit}; shorten it or allow truncation",
-                        "context_overflow",
-                    )
-                tokens = tokens[:limit]
-            inputs.append(tokens)
+            inputs.append(_fit_input(tokens, limit, request.truncate, f"input[{index}]"))
         rank = request.rank_pairs is not None
         self.engine.embed(
             EmbeddingJob(
@@ -715,13 +721,6 @@ class RunnerServer:
         for index, (query, document) in enumerate(request.rank_pairs or []):
             _encodable(query, "query")
             tokens = self.model.rank_tokens(query, _encodable(document, f"documents[{index}]"))
-            if len(tokens) > limit:
-                if not request.truncate:
-                    raise PromptError(
-                        f"documents[{index}] with the query is {len(tokens)} tokens, more than "
-                        f"the context of {limit}; shorten it or allow truncation",
-                        "context_overflow",
-                    )
-                tokens = tokens[:limit]
-            inputs.append(tokens)
+            what = f"documents[{index}] with the query"
+            inputs.append(_fit_input(tokens, limit, request.truncate, what))
         return inputs
