@@ -742,10 +742,10 @@ CUT_CASES = {
     ),
     "harmony": (
         HarmonyParser,
-        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
         '{"city": "Oslo"}<|call|>',
         "",
-        '<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json'
+        "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json"
         '<|message|>{"zone": "UTC"}<|call|>',
     ),
 }
@@ -784,7 +784,7 @@ MALFORMED = {
     "llama3-tag": (Llama3Parser, 'Ok.<|python_tag|>{"name": 5}'),
     "harmony": (
         HarmonyParser,
-        '<|channel|>final<|message|>Ok.<|end|><|start|>assistant<|channel|>commentary '
+        "<|channel|>final<|message|>Ok.<|end|><|start|>assistant<|channel|>commentary "
         "to=functions.get_time <|constrain|>json<|message|>{zone: UTC}<|call|>",
     ),
 }
