@@ -26,7 +26,8 @@ from localllm import __version__
 from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
-from .api import anthropic, fleet, llamaserver, memory, ollama, openai, responses
+from .api import anthropic, fleet, llamaserver, memory, ollama, openai, rerank, responses
+from .api.errorshapes import openai_error
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
@@ -40,7 +41,7 @@ log = logging.getLogger("localllm.daemon")
 def _render(request: Request, problem: HTTPProblem) -> Response:
     path = request.url.path
     if is_openai_path(path):
-        body: dict[str, Any] = openai.error_body(problem, path)
+        body: dict[str, Any] = openai_error(problem, path)
     else:
         body = {"error": problem.message}
     return JSONResponse(body, status_code=problem.status, headers=problem.headers)
@@ -106,6 +107,26 @@ class _CountRequests:
             self.state.metrics.http_requests.labels(scope["method"], path, str(status)).inc()
 
 
+def _model_routes(app: FastAPI) -> None:
+    """``GET /v1/models`` and ``/v1/models/{id}`` answer in Anthropic's shape to a client
+    that sends ``anthropic-version`` (Anthropic's SDK always does), in OpenAI's otherwise:
+    both APIs own the path. Registered before the routers, so they come first."""
+
+    @app.get("/v1/models", include_in_schema=False)
+    async def models(request: Request) -> Response:
+        state = request.app.state.daemon
+        if "anthropic-version" in request.headers:
+            return await anthropic.list_models(request, state)
+        return JSONResponse(await openai.list_models(state))
+
+    @app.get("/v1/models/{model_id:path}", include_in_schema=False)
+    async def model(request: Request, model_id: str) -> Response:
+        state = request.app.state.daemon
+        if "anthropic-version" in request.headers:
+            return await anthropic.get_model(request, state, model_id)
+        return JSONResponse(await openai.get_model(model_id, state))
+
+
 def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     """The daemon's ASGI app for ``settings`` (runners start on first use, not here)."""
     app = FastAPI(
@@ -116,6 +137,7 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.daemon = state or DaemonState.create(settings)
+    _model_routes(app)
     app.include_router(ollama.router)
     app.include_router(memory.router)
     app.include_router(openai.router, prefix="/v1")
@@ -128,6 +150,9 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     app.include_router(llamaserver.router)
     # the load figures a gateway in front of many daemons polls (localllm gateway)
     app.include_router(fleet.router, prefix="/v1")
+    # reranking in Jina's and Cohere's shape, under /v1 and (as llama-server) at the root
+    app.include_router(rerank.router, prefix="/v1")
+    app.include_router(rerank.router)
 
     @app.get("/health", summary="Liveness (llama-server's shape)")
     @app.get("/v1/health", include_in_schema=False)

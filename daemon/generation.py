@@ -1,11 +1,11 @@
-"""Running one generation for either API: resolve the model, get a slot, stream, account.
+"""Running one generation for any API: resolve the model, get a slot, stream, account.
 
-Both API modules build a :class:`Job` and call :func:`start`, which loads the model and waits
-for a slot *before* the HTTP response starts (so 404, 503 and load failures still get their
-status code), and gives up as soon as the client disconnects. :meth:`Generation.events` then
-yields text pieces and finally an :class:`Outcome`; the slot is given back before the
-outcome is yielded, so a client that reads the final chunk and asks ``/api/ps`` sees the
-effect of ``keep_alive: 0`` already.
+The request core (:mod:`.api.core`) plans a :class:`Job` per choice and calls :func:`start`,
+which loads the model and waits for a slot *before* the HTTP response starts (so 404, 503 and
+load failures still get their status code), and gives up as soon as the client disconnects.
+:meth:`Generation.chunks` then yields the runner's chunks and finally an :class:`Outcome`;
+the slot is given back before the outcome is yielded, so a client that reads the final chunk
+and asks ``/api/ps`` sees the effect of ``keep_alive: 0`` already.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from .runner.protocol import (
     EmbeddingResult,
     GenerationRequest,
     RunnerConfig,
-    TokenLogprob,
 )
 from .runner.protocol import GenerationResult as Result
 from .scheduler import Lease
@@ -45,6 +44,7 @@ __all__ = [
     "Outcome",
     "context_length",
     "embed",
+    "load_only",
     "parse_keep_alive",
     "resolve_model",
     "start",
@@ -147,8 +147,6 @@ class Outcome:
     """Time spent loading the model for this request."""
     total_seconds: float
     """From arrival at the daemon to the end."""
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    """Every generated token's log probability, when the request asked for them."""
 
 
 def _add_daemon_wait(result: Result, waited_s: float, load_s: float) -> None:
@@ -168,7 +166,7 @@ def _add_daemon_wait(result: Result, waited_s: float, load_s: float) -> None:
 
 
 class Generation:
-    """A generation holding a slot whose prompt the runner accepted; iterate :meth:`events`
+    """A generation holding a slot whose prompt the runner accepted; iterate :meth:`chunks`
     once (or call :meth:`close` if the answer is never sent)."""
 
     def __init__(
@@ -203,14 +201,6 @@ class Generation:
             "truncated_messages": self.stream.dropped_messages,
             "truncated_tokens": self.stream.dropped_tokens,
         }
-
-    async def events(self) -> AsyncIterator[str | Outcome]:
-        """Generated text pieces, then one :class:`Outcome`. Runner errors propagate."""
-        async for item in self.chunks():
-            if isinstance(item, Outcome):
-                yield item
-            elif item.text:
-                yield item.text
 
     async def chunks(self) -> AsyncIterator[TokenChunk | Outcome]:
         """Generated chunks (text with the tokens' log probabilities when asked for), then
@@ -248,7 +238,6 @@ class Generation:
 
     async def _pump(self, items: asyncio.Queue[TokenChunk | Outcome | BaseException]) -> None:
         result: Result | None = None
-        logprobs: list[TokenLogprob] = []
         try:
             async with self.lease:
                 async for item in self.stream:
@@ -262,16 +251,13 @@ class Generation:
                                     code="client_not_reading",
                                 )
                             items.put_nowait(item)
-                            logprobs += item.logprobs or []
                     else:
                         result = item
                         _add_daemon_wait(result, self.waited, self.lease.load_seconds)
                         self.lease.record(item)
             if result is None:  # the runner closed the stream without a result
                 raise RunnerDiedError("the runner ended the request without a result")
-            outcome = self._outcome(result)
-            outcome.logprobs = logprobs
-            items.put_nowait(outcome)
+            items.put_nowait(self._outcome(result))
         except asyncio.CancelledError:
             log.info("%s: request ended early (client gone)", self.model_name)
             raise
@@ -318,33 +304,6 @@ class Generation:
         task = asyncio.get_running_loop().create_task(self.stream.aclose())
         _background.add(task)
         task.add_done_callback(_background.discard)
-
-    async def whole(self, request: Request) -> tuple[str, Outcome]:
-        """Run to the end for a non-streaming answer; failures become :class:`HTTPProblem`."""
-        try:
-            text, outcome = await until_disconnect(request, self.collect())
-        except (HTTPProblem, ClientGone):
-            raise
-        except Exception as exc:
-            raise problem_from(exc, self.model_name) from exc
-        if outcome.result.done_reason == "error":
-            raise HTTPProblem(500, outcome.result.error or "generation failed")
-        return text, outcome
-
-    async def collect(self) -> tuple[str, Outcome]:
-        """Run to the end: the whole text and the outcome."""
-        pieces: list[str] = []
-        outcome: Outcome | None = None
-        try:
-            async for event in self.events():
-                if isinstance(event, Outcome):
-                    outcome = event
-                else:
-                    pieces.append(event)
-        finally:
-            self.close()
-        assert outcome is not None
-        return "".join(pieces), outcome
 
 
 # A client this far behind its stream is not reading it (sockets and the server's own buffer
@@ -427,9 +386,11 @@ async def embed(
     truncate: bool,
     keep_alive: float | None,
     token_inputs: list[list[int]] | None = None,
+    rank_pairs: list[list[str]] | None = None,
 ) -> tuple[EmbeddingResult, float, float]:
-    """Embed ``inputs`` (or ``token_inputs``, the model's own token ids):
-    (result, load seconds, total seconds)."""
+    """Embed ``inputs`` (or ``token_inputs``, the model's own token ids), or score
+    ``rank_pairs`` (``[query, document]``, a reranker): (result, load seconds, total
+    seconds)."""
     started = time.monotonic()
 
     async def run() -> tuple[EmbeddingResult, float]:
@@ -437,7 +398,13 @@ async def embed(
         lease.keep_alive = keep_alive
         async with lease:
             result = await lease.runner.embed(
-                EmbeddingRequest(id="", inputs=inputs, truncate=truncate, token_inputs=token_inputs)
+                EmbeddingRequest(
+                    id="",
+                    inputs=inputs,
+                    truncate=truncate,
+                    token_inputs=token_inputs,
+                    rank_pairs=rank_pairs,
+                )
             )
         return result, lease.load_seconds
 
@@ -449,27 +416,3 @@ async def embed(
         raise problem_from(exc, model.name.short) from exc
     state.metrics.embedded_tokens.labels(model.name.short).inc(result.prompt_tokens)
     return result, load_seconds, time.monotonic() - started
-
-
-def timing_fields(outcome: Outcome) -> dict[str, Any]:
-    """Ollama's final-chunk metrics in nanoseconds, plus localllm's own fields."""
-    t = outcome.result.timings
-    evaluated = max(t.prompt_tokens - t.cached_tokens, 0)
-    return {
-        "total_duration": int(outcome.total_seconds * 1e9),
-        "load_duration": int(outcome.load_seconds * 1e9),
-        "prompt_eval_count": t.prompt_tokens,
-        "prompt_eval_duration": int(t.prompt_ms * 1e6),
-        "eval_count": t.completion_tokens,
-        "eval_duration": int(t.decode_ms * 1e6),
-        # localllm extras: TTFT and the two phases apart; clients ignore unknown keys.
-        "ttft_duration": int(t.ttft_ms * 1e6),
-        "queue_duration": int(t.queued_ms * 1e6),
-        "prompt_cached_count": t.cached_tokens,
-        "prompt_evaluated_count": evaluated,
-        "prompt_eval_rate": round(t.prompt_tokens_per_s, 2),
-        "eval_rate": round(t.decode_tokens_per_s, 2),
-        "draft_count": t.draft_tokens,
-        "draft_accepted_count": t.draft_accepted,
-        **({"drafter": t.drafter} if t.drafter else {}),
-    }

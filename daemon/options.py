@@ -84,6 +84,7 @@ _RANGES: dict[str, tuple[float | None, float | None]] = {
     "presence_penalty": (-100, 100),
     "frequency_penalty": (-100, 100),
     "seed": (-(1 << 63), (1 << 64) - 1),
+    "thinking_budget": (-1, 1 << 24),
 }
 
 _SAMPLING_FIELDS = (

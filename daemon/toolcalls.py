@@ -20,10 +20,10 @@ call, is not content (a reply that is only calls has empty content).
 :class:`ThinkingSplitter` does the same for reasoning text (``<think>...</think>`` and the
 families' equivalents); :class:`HarmonyParser` handles GPT-OSS, whose channels carry both.
 
-:func:`tool_call_grammar` builds a GBNF grammar (with llama-cpp-python's
-``json_schema_to_gbnf``) that forces a call to one of the given tools in a family's syntax,
-for ``tool_choice: "required"`` or a named function; :func:`lazy_triggers` gives the patterns
-that start a lazy grammar for ``tool_choice: "auto"``.
+:func:`tool_call_grammar` builds a GBNF grammar (strict JSON, see
+:mod:`localllm.daemon.runner.jsongrammar`) that forces a call to one of the given tools in a
+family's syntax, for ``tool_choice: "required"`` or a named function; :func:`lazy_triggers`
+gives the patterns that start a lazy grammar for ``tool_choice: "auto"``.
 """
 
 from __future__ import annotations
@@ -97,12 +97,21 @@ class Parsed:
     """Reasoning text."""
     calls: list[ToolCall] = field(default_factory=list)
     """Complete calls, in order."""
+    dropped: str = ""
+    """Call markup that did not make a call (cut by the end of the output, or malformed):
+    never content, so a client never sees half a call as text."""
+    cut: bool = False
+    """A call was cut off by the end of the output (the token limit): its markup is in
+    ``dropped``, and the answer must say it was cut rather than claim a call."""
 
     def add(self, other: Parsed) -> Parsed:
         """Append ``other`` to this one (returns self)."""
         self.content += other.content
         self.thinking += other.thinking
         self.calls.extend(other.calls)
+        if other.dropped:
+            self.dropped += other.dropped
+        self.cut = self.cut or other.cut
         return self
 
     def __bool__(self) -> bool:
@@ -304,6 +313,22 @@ class _Reject:
 
 
 @dataclass
+class _Drop:
+    """The region is call markup that holds no valid call: its first ``length`` characters
+    are dropped (neither a call nor content)."""
+
+    length: int
+
+
+@dataclass
+class _Cut:
+    """The output ended inside a call region (``final``): ``bare`` when nothing followed the
+    opener, which then may be prose that ended there."""
+
+    bare: bool = False
+
+
+@dataclass
 class _Done:
     """The region held calls: ``length`` characters were consumed."""
 
@@ -311,7 +336,12 @@ class _Done:
     length: int
 
 
-_Outcome = _Need | _Reject | _Done
+_Outcome = _Need | _Reject | _Drop | _Cut | _Done
+
+
+def _more(final: bool, bare: bool = False) -> _Outcome:
+    """An unfinished call region: wait for more text, or, at the end, a cut call."""
+    return _Cut(bare) if final else NEED_MORE
 
 
 class ToolCallParser(ABC):
@@ -336,6 +366,7 @@ class ToolCallParser(ABC):
         self._any_output = False
         self._made_calls = False
         self._after_call = False
+        self._cut_end = False
 
     @classmethod
     @abstractmethod
@@ -366,11 +397,18 @@ class ToolCallParser(ABC):
         self._buffer += text
         return self._advance(final=False)
 
-    def finish(self) -> Parsed:
-        """The output ended: parse what can be, and release the rest as content."""
+    def finish(self, cut: bool = False) -> Parsed:
+        """The output ended (``cut``: by the token limit): parse what can be, and release the
+        rest as content, except call markup: a call the end cut off, or one that holds no
+        valid call, is dropped (``Parsed.dropped``, and ``Parsed.cut`` when it was cut)."""
+        self._cut_end = cut
         out = self._advance(final=True)
         rest, self._buffer = self._buffer, ""
-        if rest and not (self._made_calls and not rest.strip()):
+        if rest and cut and rest.strip():
+            # the beginning of an opener, cut off: markup, not text
+            out.dropped += rest
+            out.cut = True
+        elif rest and not (self._made_calls and not rest.strip()):
             self._content(out, rest)
         return out
 
@@ -410,10 +448,23 @@ class ToolCallParser(ABC):
             result = self._parse(stripped, final)
             if result is NEED_MORE or isinstance(result, _Need):
                 if len(stripped) > MAX_CALL_CHARS:
-                    result = _Reject(len(stripped))
+                    result = _Drop(len(stripped))  # not a call a model meant to make
                 else:
                     return out
             self._in_call = False
+            if isinstance(result, _Cut):
+                if result.bare and not self._cut_end:
+                    result = _Reject(len(stripped))  # an opener the output ended on: prose
+                else:
+                    out.dropped += stripped
+                    out.cut = out.cut or self._cut_end
+                    self._buffer = ""
+                    return out
+            if isinstance(result, _Drop):
+                length = max(result.length, 1)
+                out.dropped += stripped[:length]
+                self._buffer = stripped[length:]
+                continue
             if isinstance(result, _Done):
                 out.calls.extend(result.calls)
                 self._made_calls = True
@@ -426,6 +477,21 @@ class ToolCallParser(ABC):
                 self._content(out, self._buffer[: skipped + length])
                 self._buffer = self._buffer[skipped + length :]
         return out
+
+
+def _past_closer(text: str, end: int, closer: str, final: bool) -> int | None:
+    """Where a call region that ends at ``end`` really ends: past ``closer`` (and the space
+    before it) when it follows; None while a closer may still be coming. At the end of the
+    output a closer it cut goes with the call."""
+    if not closer:
+        return end
+    rest = text[end:]
+    after = rest.lstrip()
+    if after.startswith(closer):
+        return end + len(rest) - len(after) + len(closer)
+    if closer.startswith(after):
+        return len(text) if final else None
+    return end
 
 
 class _TaggedJsonParser(ToolCallParser):
@@ -449,24 +515,18 @@ class _TaggedJsonParser(ToolCallParser):
         value = body.lstrip()
         offset = body_start + len(body) - len(value)
         if not value:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final, bare=True)
         if value[0] not in "{[":
             return self._other_body(text, offset, final)
         end = self._scanner.end(value)
         if end is None:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final)
         calls = _calls_from(_loads(value[:end]), None)
-        consumed = offset + end
-        if calls is None:
-            return _Reject(consumed)
-        if self.closer:
-            rest = text[consumed:]
-            after = rest.lstrip()
-            if after.startswith(self.closer):
-                consumed += len(rest) - len(after) + len(self.closer)
-            elif not final and self.closer.startswith(after):
-                return NEED_MORE  # the closing marker may still come
-        return _Done(calls, consumed)
+        consumed = _past_closer(text, offset + end, self.closer, final)
+        if consumed is None:
+            return NEED_MORE  # the closing marker may still come
+        # JSON after the opener that is not a call is broken markup, not text
+        return _Done(calls, consumed) if calls is not None else _Drop(consumed)
 
     def _other_body(self, text: str, offset: int, final: bool) -> _Outcome:
         """A body that does not start with JSON: by default, the opener was plain text."""
@@ -503,28 +563,24 @@ class Qwen3CoderParser(HermesParser):
     def _other_body(self, text: str, offset: int, final: bool) -> _Outcome:
         body = text[offset:]
         if not body.startswith("<function="):
-            if "<function=".startswith(body) and not final:
-                return NEED_MORE
+            if "<function=".startswith(body):
+                return _more(final)
             return _Reject(len(self.opener))
         end = body.find("</function>")
         if end < 0:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final)
+        consumed = _past_closer(text, offset + end + len("</function>"), self.closer, final)
+        if consumed is None:
+            return NEED_MORE
         match = self._FUNCTION.match(body)
         if match is None:
-            return _Reject(offset + end + len("</function>"))
+            return _Drop(consumed)
         name = match.group(1)
         schema = self._schema(name)
         arguments = {}
         for parameter in self._PARAMETER.finditer(body, match.end(), end):
             key, raw = parameter.group(1), parameter.group(2)
             arguments[key] = self._typed(raw, schema.get(key))
-        consumed = offset + end + len("</function>")
-        rest = text[consumed:]
-        after = rest.lstrip()
-        if after.startswith(self.closer):
-            consumed += len(rest) - len(after) + len(self.closer)
-        elif not final and self.closer.startswith(after):
-            return NEED_MORE
         return _Done([ToolCall(name, arguments)], consumed)
 
     def _schema(self, name: str) -> dict[str, Any]:
@@ -589,7 +645,8 @@ class Llama3Parser(ToolCallParser):
             return _Reject(1)
         end = self._scanner.end(text)
         if end is None:
-            return NEED_MORE if not final else _Reject(len(text))
+            # a call-shaped object cut off; a bare `{` alone may be prose
+            return _more(final, bare=not text[1:].strip())
         calls = _calls_from(_loads(text[:end]), self.known)
         if calls is None:
             return _Reject(end)
@@ -617,14 +674,14 @@ class Llama3Parser(ToolCallParser):
         value = body.lstrip()
         offset = len(text) - len(value)
         if not value:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final, bare=True)
         if value[0] == "{":
             end = self._scanner.end(value)
             if end is None:
-                return NEED_MORE if not final else _Reject(len(text))
+                return _more(final)
             calls = _calls_from(_loads(value[:end]), None)
             if calls is None:
-                return _Reject(offset + end)
+                return _Drop(offset + end)
             if not final and not value[end:].strip():
                 return NEED_MORE
             return _Done(calls, self._separator(text, offset + end))
@@ -632,7 +689,9 @@ class Llama3Parser(ToolCallParser):
         if not final:
             return NEED_MORE
         calls = _python_calls(value, None)
-        return _Done(calls, len(text)) if calls else _Reject(len(text))
+        if calls:
+            return _Done(calls, len(text))
+        return _Cut() if self._cut_end else _Drop(len(text))
 
 
 class MistralParser(ToolCallParser):
@@ -658,13 +717,13 @@ class MistralParser(ToolCallParser):
         value = body.lstrip()
         offset = len(text) - len(value)
         if not value:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final, bare=True)
         if value[0] in "[{":
             end = self._scanner.end(value)
             if end is None:
-                return NEED_MORE if not final else _Reject(len(text))
+                return _more(final)
             calls = _calls_from(_loads(value[:end]), None)
-            return _Done(calls, offset + end) if calls else _Reject(offset + end)
+            return _Done(calls, offset + end) if calls else _Drop(offset + end)
         return self._named(text, value, offset, final)
 
     def _named(self, text: str, value: str, offset: int, final: bool) -> _Outcome:
@@ -676,27 +735,30 @@ class MistralParser(ToolCallParser):
         if rest.startswith("[CALL_ID]"):
             id_match = self._NAME.match(rest, len("[CALL_ID]"))
             if id_match is None:
-                return NEED_MORE if not final and rest == "[CALL_ID]" else _Reject(offset)
+                return _more(final) if rest == "[CALL_ID]" else _Reject(offset)
             if id_match.end() == len(rest):
-                return NEED_MORE if not final else _Reject(len(text))
+                return _more(final)
             call_id = id_match.group(0)
             rest = rest[id_match.end() :]
         if not rest.startswith("[ARGS]"):
-            if not final and ("[ARGS]".startswith(rest) or "[CALL_ID]".startswith(rest)):
-                return NEED_MORE
+            if "[ARGS]".startswith(rest) or "[CALL_ID]".startswith(rest):
+                if not final:
+                    return NEED_MORE
+                if self._cut_end:
+                    return _Cut()  # the end cut the call off after its name
             return _Reject(offset)
         args = rest[len("[ARGS]") :]
         args_offset = len(text) - len(args)
         if not args:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final)
         if args[0] != "{":
-            return _Reject(args_offset)
+            return _Drop(args_offset)
         end = self._scanner.end(args)
         if end is None:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final)
         arguments = _loads(args[:end])
         if not isinstance(arguments, dict):
-            return _Reject(args_offset + end)
+            return _Drop(args_offset + end)
         return _Done([ToolCall(name, arguments, call_id)], args_offset + end)
 
 
@@ -760,7 +822,7 @@ class GenericJsonParser(ToolCallParser):
             return _Reject(1)
         end = self._scanner.end(text)
         if end is None:
-            return NEED_MORE if not final else _Reject(len(text))
+            return _more(final, bare=not rest)
         calls = _calls_from(_loads(text[:end]), self.known)
         return _Done(calls, end) if calls else _Reject(end)
 
@@ -832,13 +894,20 @@ class HarmonyParser(ToolCallParser):
         self._buffer += text
         return self._step(final=False)
 
-    def finish(self) -> Parsed:
-        """The output ended (``<|call|>`` and ``<|return|>`` usually stop generation)."""
+    def finish(self, cut: bool = False) -> Parsed:
+        """The output ended (``<|call|>`` and ``<|return|>`` usually stop generation;
+        ``cut``: the token limit ended it, so an open call was cut off)."""
+        self._cut_end = cut
         out = self._step(final=True)
         if self._state == "header" and self._buffer:
-            out.content += self._buffer  # not harmony after all
+            head = self._buffer.lstrip()
+            if cut and any(head.startswith(m) or m.startswith(head) for m in self._HEADER_OPENERS):
+                out.dropped += self._buffer  # a header cut off: markup, not text
+                out.cut = True
+            else:
+                out.content += self._buffer  # not harmony after all
         elif self._state == "body":
-            self._end_message(out, self._buffer)
+            self._end_message(out, self._buffer, cut=cut)
         self._buffer = ""
         self._state = "header"
         return out
@@ -899,7 +968,7 @@ class HarmonyParser(ToolCallParser):
         else:
             out.content += text
 
-    def _end_message(self, out: Parsed, text: str) -> None:
+    def _end_message(self, out: Parsed, text: str, cut: bool = False) -> None:
         self._body_text(out, text)
         if self._is_call():
             assert self._recipient is not None
@@ -907,8 +976,9 @@ class HarmonyParser(ToolCallParser):
             arguments = _loads(self._body.strip() or "{}")
             if isinstance(arguments, dict):
                 out.calls.append(ToolCall(name, arguments))
-            else:  # not valid JSON: show what the model wrote rather than lose it
-                out.content += self._body
+            else:  # not valid JSON (or cut off): call markup, never content
+                out.dropped += self._body
+                out.cut = out.cut or cut
         self._body = ""
         self._recipient = None
         self._channel = "final"
@@ -1146,11 +1216,11 @@ class OutputParser:
         """Take the next piece of output."""
         return self._through(self.thinking.feed(text) if self.thinking else Parsed(text))
 
-    def finish(self) -> Parsed:
-        """The output ended."""
+    def finish(self, cut: bool = False) -> Parsed:
+        """The output ended (``cut``: by the token limit)."""
         out = self._through(self.thinking.finish() if self.thinking else Parsed())
         if self.tools is not None:
-            out.add(self.tools.finish())
+            out.add(self.tools.finish(cut))
         return out
 
     def _through(self, parsed: Parsed) -> Parsed:
@@ -1190,10 +1260,10 @@ def _rename_root(grammar: str, new_root: str) -> str:
 
 
 def _schema_grammar(schema: dict[str, Any], root: str, order: list[str]) -> str:
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from .runner.jsongrammar import schema_gbnf
 
     try:
-        grammar = json_schema_to_gbnf(json.dumps(schema), order)
+        grammar = schema_gbnf(schema, order)
     except Exception as exc:
         raise ToolGrammarError(f"cannot build a grammar from the tool schemas: {exc}") from exc
     return _rename_root(grammar, root)

@@ -272,6 +272,12 @@ class GGUFInfo:
         }
 
     @property
+    def rank_pooling(self) -> bool:
+        """True for rerankers: the file declares rank pooling (a classifier head scores a
+        query and a document joined in one sequence; llama.cpp's pooling type 4)."""
+        return self._arch_value("pooling_type") == 4
+
+    @property
     def weights_bytes(self) -> int:
         """Bytes of tensor data."""
         return sum(t.n_bytes for t in self.tensors)

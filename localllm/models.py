@@ -77,6 +77,8 @@ OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "mirostat_tau": (int, float),
     "mirostat_eta": (int, float),
     "stop": list,
+    # The most tokens a reasoning model may think before its reasoning block is closed.
+    "thinking_budget": int,
 }
 # Options Ollama clients may send (its documented example has some) that llama.cpp fixes to one
 # behaviour: that value is honoured, since it is what happens anyway; any other is refused
@@ -315,10 +317,11 @@ class LocalModel:
 
     def capabilities(self) -> list[str]:
         """What the model can do: ``completion``, ``embedding``, ``insert`` (FIM), ``vision``
-        (only with a projector layer, as Ollama reports it)."""
+        (only with a projector layer, as Ollama reports it), ``rerank`` (rank pooling)."""
+        rank = ["rerank"] if self.info.rank_pooling else []
         if self.info.is_embedding_only:
-            return ["embedding"]
-        capabilities = ["completion"]
+            return ["embedding", *rank]
+        capabilities = ["completion", *rank]
         if any(k.startswith("tokenizer.ggml.fim_") for k in self.info.metadata):
             capabilities.append("insert")
         if self.projector_layer is not None:

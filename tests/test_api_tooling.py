@@ -23,6 +23,7 @@ from localllm.daemon.api.tooling import (
 )
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.runner.protocol import GenerationRequest
+from localllm.daemon.runner.reasoning import grammar_after
 from localllm.daemon.toolcalls import thinking_style
 from localllm.models import create_model, load_model
 from localllm.store import Store
@@ -207,25 +208,39 @@ def test_plan_thinking_on_models(store: Store, tmp_path: Path) -> None:
     assert plan is not None and plan.template_kwargs()["reasoning_effort"] == "low"
 
 
-def test_constrained_output_is_the_answer() -> None:
-    """A format or a forced call constrains the output from its first token: reasoning left
-    to the template's default is switched off, and the output is read as the answer even
-    where the prompt opened a reasoning block."""
+def test_constrained_output_waits_for_the_reasoning_to_close() -> None:
+    """A format (or a forced call) on a reasoning model: the model reasons first, and the
+    grammar constrains the answer after the close tag (a lazy grammar it triggers); where the
+    template closes the block itself (reasoning off) the runner applies it at once."""
+    import re
+
     style = thinking_style(THINKER_TEMPLATE)
     assert style is not None
     request = GenerationRequest(id="")
     request.options.json_mode = True
     plan = ThinkPlan(style, None)
-    plan.apply(request)
-    assert request.template_kwargs == {"enable_thinking": False} and request.render_special
-    parsed = AnswerStream(None, plan, "question<think>\n").whole('{"a": 1}')
+    plan.apply(request, budget=64)
+    options = request.options
+    assert request.template_kwargs == {} and request.render_special and not plan.constrained
+    assert options.reasoning_tags == ["<think>", "</think>"] and options.reasoning_budget == 64
+    # the runner makes the grammar lazy, triggered by the close tag (unless the prompt closed it)
+    assert options.grammar_after_reasoning and options.grammar_triggers == []
+    grammar, trigger = grammar_after('root ::= "{}"', "</think>")
+    assert not re.fullmatch(trigger, "thinking about {}")
+    match = re.fullmatch(trigger, "thinking</think>\n\n{")
+    assert match is not None and match.group(1) == "</think>"  # what the grammar is fed first
+    assert grammar.startswith('root ::= "</think>"') and "reasoned-answer ::= " in grammar
+    parsed = AnswerStream(None, plan, "question<think>\n").whole('hmm</think>\n\n{"a": 1}')
+    assert (parsed.content, parsed.thinking) == ('{"a": 1}', "hmm")
+    # reasoning switched off: the output is constrained from its first token, and is the answer
+    off = GenerationRequest(id="")
+    off.options.json_mode = True
+    plain = ThinkPlan(style, False)
+    plain.apply(off, budget=64)
+    assert off.template_kwargs == {"enable_thinking": False} and plain.constrained
+    assert not off.options.grammar_after_reasoning and off.options.reasoning_budget == -1
+    parsed = AnswerStream(None, plain, "question<think>\n").whole('{"a": 1}')
     assert (parsed.content, parsed.thinking) == ('{"a": 1}', "")
-    # a lazy grammar waits for its trigger: the output is free until then
-    lazy = GenerationRequest(id="")
-    lazy.options.grammar, lazy.options.grammar_triggers = 'root ::= "x"', ["x"]
-    free = ThinkPlan(style, None)
-    free.apply(lazy)
-    assert lazy.template_kwargs == {} and not free.constrained
 
 
 def test_lazy_call_grammar_waits_for_the_reasoning_to_close() -> None:

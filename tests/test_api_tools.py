@@ -149,15 +149,10 @@ def _non_streamed(oai: openai.OpenAI, **kwargs: Any) -> Any:
 
 
 def _streamed_calls(oai: openai.OpenAI, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+    kwargs.setdefault("max_tokens", 120)
     """Calls reassembled from a stream as clients do (joined by index), and the finish."""
     stream = oai.chat.completions.create(
-        model=HERMES,
-        messages=ASK,
-        tools=TOOLS,
-        temperature=0,
-        max_tokens=120,
-        stream=True,
-        **kwargs,
+        model=HERMES, messages=ASK, tools=TOOLS, temperature=0, stream=True, **kwargs
     )
     calls: dict[int, dict[str, Any]] = {}
     finish = ""
@@ -369,3 +364,62 @@ def test_ollama_raw_shape_and_history(http: httpx.Client) -> None:
     )
     assert follow.status_code == 200, follow.text
     assert follow.json()["done"] is True
+
+
+MARKUP = ("<tool_call", "</tool_call", '{"name"', "<tool")
+
+
+def test_a_forced_call_cut_by_max_tokens_is_the_limit_never_text(
+    oai: openai.OpenAI, http: httpx.Client
+) -> None:
+    """Wherever max_tokens cuts a forced call (a first one, or a parallel second one), the
+    answer says the limit (finish_reason length, stop_reason max_tokens), holds only whole
+    calls valid for their schemas, and no call markup shows as content or text."""
+    one = _non_streamed(oai, tool_choice="required", parallel_tool_calls=False)
+    assert one.choices[0].finish_reason == "tool_calls"
+    # the whole call's tokens (completion_tokens counts the end-of-generation token too)
+    needed = one.usage.completion_tokens - 1
+    assert needed > 3
+    for limit in sorted({1, 2, needed // 2, needed - 1, needed, needed * 2}):
+        whole = oai.chat.completions.create(
+            model=HERMES,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=0,
+            max_tokens=limit,
+        )
+        choice = whole.choices[0]
+        content = choice.message.content or ""
+        assert not any(marker in content for marker in MARKUP), (limit, content)
+        calls = choice.message.tool_calls or []
+        for call in calls:
+            assert _valid(call.function.name, json.loads(call.function.arguments))
+        if limit <= needed // 2:  # cut inside the call's JSON
+            assert choice.finish_reason == "length" and not calls, limit
+        elif limit < needed:  # maybe only its closing tag was cut: the call is whole
+            assert (choice.finish_reason, bool(calls)) in (("length", False), ("tool_calls", True))
+        else:
+            assert calls and choice.finish_reason in ("tool_calls", "length"), limit
+        streamed, finish = _streamed_calls(oai, tool_choice="required", max_tokens=limit)
+        assert finish == choice.finish_reason
+        assert [c["name"] for c in streamed] == [c.function.name for c in calls]
+        # Anthropic's shape of the same answer
+        body = {
+            "model": HERMES,
+            "max_tokens": limit,
+            "messages": ASK,
+            "temperature": 0,
+            "tools": [
+                {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                for t in TOOLS
+            ],
+            "tool_choice": {"type": "any"},
+        }
+        message = http.post("/v1/messages", json=body).json()
+        kinds = [block["type"] for block in message["content"]]
+        texts = "".join(block.get("text", "") for block in message["content"])
+        assert not any(marker in texts for marker in MARKUP), (limit, message)
+        assert kinds.count("tool_use") == len(calls), (limit, message)
+        expected = "max_tokens" if choice.finish_reason == "length" else "tool_use"
+        assert message["stop_reason"] == expected, (limit, message)

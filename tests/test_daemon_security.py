@@ -192,7 +192,7 @@ _HOSTILE: list[tuple[str, str, dict[str, Any]]] = [
             }
         },
     ),
-    ("POST", "/v1/completions", {"json": {"model": "smollm2:135m", "prompt": ["a", "b"]}}),
+    ("POST", "/v1/completions", {"json": {"model": "smollm2:135m", "prompt": [[1], "b"]}}),
     ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": [[1, 10**9]]}}),
     ("POST", "/v1/embeddings", {"json": {"model": "smollm2:135m", "input": ""}}),
     ("GET", "/v1/models/..%2F..%2Fetc%2Fpasswd", {}),

@@ -63,13 +63,13 @@ TOOLS = [WEATHER, TIME]
 Factory = Callable[[], object]
 
 
-def _run(make: Callable[[], object], pieces: list[str]) -> Parsed:
+def _run(make: Callable[[], object], pieces: list[str], cut: bool = False) -> Parsed:
     parser = make()
     out = Parsed()
     for piece in pieces:
         step = parser.feed(piece)  # type: ignore[attr-defined]
         out.add(step)
-    out.add(parser.finish())  # type: ignore[attr-defined]
+    out.add(parser.finish(cut) if cut else parser.finish())  # type: ignore[attr-defined]
     return out
 
 
@@ -137,11 +137,13 @@ def test_hermes_plain_text_that_looks_like_a_call() -> None:
     check(lambda: HermesParser(TOOLS), text, text, [])
 
 
-def test_hermes_invalid_json_comes_back_as_text() -> None:
+def test_hermes_invalid_json_is_dropped_markup() -> None:
     text = (
         'Before <tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call> after'
     )
-    check(lambda: HermesParser(TOOLS), text, text, [])
+    check(lambda: HermesParser(TOOLS), text, "Before after", [], forbidden=("<tool", "{"))
+    out = _run(lambda: HermesParser(TOOLS), [text])
+    assert "<tool_call>" in out.dropped and not out.cut
 
 
 def test_hermes_braces_and_tags_inside_strings() -> None:
@@ -163,9 +165,13 @@ def test_hermes_call_cut_off_without_closing_tag() -> None:
     check(lambda: HermesParser(TOOLS), text, "Sure.", [ToolCall("get_time", {})])
 
 
-def test_hermes_unfinished_call_is_text() -> None:
+def test_hermes_unfinished_call_is_never_content() -> None:
     text = 'Sure.\n<tool_call>\n{"name": "get_time", "argu'
-    check(lambda: HermesParser(TOOLS), text, text, [])
+    check(lambda: HermesParser(TOOLS), text, "Sure.", [], forbidden=("<tool",))
+    out = _run(lambda: HermesParser(TOOLS), [text])
+    assert out.dropped.startswith("<tool_call>") and not out.cut  # ended, not cut
+    cut = _run(lambda: HermesParser(TOOLS), [text], cut=True)
+    assert cut.cut and cut.content == "Sure." and not cut.calls
 
 
 def test_hermes_text_after_a_call_is_content() -> None:
@@ -678,3 +684,136 @@ def test_arguments_keep_key_order() -> None:
     (call,) = _run(lambda: HermesParser(TOOLS), [text]).calls
     assert list(call.arguments) == ["z", "a", "m"]
     assert json.dumps(call.arguments) == '{"z": 1, "a": 2, "m": 3}'
+
+
+# --- cut and malformed calls ----------------------------------------------------------------
+
+# family: (parser, a complete call, what separates two calls, a second call to cut)
+CUT_CASES = {
+    "hermes": (
+        HermesParser,
+        QWEN_ONE,
+        "\n",
+        '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>',
+    ),
+    "qwen3-coder": (
+        Qwen3CoderParser,
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "\n",
+        "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n</function>\n"
+        "</tool_call>",
+    ),
+    "llama3": (
+        Llama3Parser,
+        '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+        "; ",
+        '{"name": "get_time", "parameters": {"zone": "UTC"}}',
+    ),
+    "llama3-tag": (
+        Llama3Parser,
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+        "; ",
+        '{"name": "get_time", "parameters": {"zone": "UTC"}}',
+    ),
+    "mistral": (
+        MistralParser,
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+        "",
+        '[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "UTC"}}]',
+    ),
+    "mistral-args": (
+        MistralParser,
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}',
+        "",
+        '[TOOL_CALLS]get_time[CALL_ID]abc123XYZ[ARGS]{"zone": "UTC"}',
+    ),
+    "granite": (
+        GraniteParser,
+        '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+        "\n",
+        '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "CET"}}]',
+    ),
+    "json": (
+        GenericJsonParser,
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}',
+        "\n",
+        '{"name": "get_time", "arguments": {"zone": "CET"}}',
+    ),
+    "harmony": (
+        HarmonyParser,
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city": "Oslo"}<|call|>',
+        "",
+        "<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json"
+        '<|message|>{"zone": "UTC"}<|call|>',
+    ),
+}
+MARKUP = ("<tool", "</tool", "<|", "[TOOL", "[ARGS]", "{", "<function", "<parameter")
+
+
+@pytest.mark.parametrize("family", sorted(CUT_CASES))
+def test_a_call_cut_by_the_token_limit_is_dropped_and_reported(family: str) -> None:
+    """Wherever the limit cuts the second call, the first is parsed, the second never shows
+    as content, and the answer says a call was cut (or has both when nothing was left)."""
+    parser, first, separator, second = CUT_CASES[family]
+    whole = _run(lambda: parser(TOOLS), [first + separator + second])
+    assert len(whole.calls) == 2 and not whole.cut and not whole.content.strip()
+    for k in range(1, len(second)):
+        text = first + separator + second[:k]
+        for pieces in ([text], [text[: len(first)], text[len(first) :]]):
+            out = _run(lambda: parser(TOOLS), pieces, cut=True)
+            assert not any(marker in out.content for marker in MARKUP), (k, out)
+            assert out.calls[:1] == whole.calls[:1], (k, out)
+            # the start of a closing marker after a whole call is that marker, not a cut
+            closing = any(c.startswith(second[:k].strip()) for c in ("</tool", "<|/tool"))
+            allowed = ((1, True), (2, False), (1, False)) if closing else ((1, True), (2, False))
+            assert (len(out.calls), out.cut) in allowed, (k, out)
+
+
+MALFORMED = {
+    "hermes": (
+        HermesParser,
+        'Ok.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": }}\n</tool_call>',
+    ),
+    "hermes-not-a-call": (HermesParser, 'Ok.\n<tool_call>\n{"zone": "UTC"}\n</tool_call>'),
+    "qwen3-coder": (Qwen3CoderParser, "Ok.\n<tool_call>\n<function=>\n</function>\n</tool_call>"),
+    "mistral": (MistralParser, 'Ok.[TOOL_CALLS][{"name": "get_time", "arguments": [1}]'),
+    "mistral-args": (MistralParser, 'Ok.[TOOL_CALLS]get_time[ARGS]{"zone": UTC}'),
+    "granite": (GraniteParser, 'Ok.<|tool_call|>[{"arguments": {}}]'),
+    "llama3-tag": (Llama3Parser, 'Ok.<|python_tag|>{"name": 5}'),
+    "harmony": (
+        HarmonyParser,
+        "<|channel|>final<|message|>Ok.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_time <|constrain|>json<|message|>{zone: UTC}<|call|>",
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(MALFORMED))
+def test_malformed_call_markup_is_dropped_never_content(family: str) -> None:
+    parser, text = MALFORMED[family]
+    for pieces in _splits(text):
+        out = _run(lambda: parser(TOOLS), pieces)
+        assert out.content == "Ok.", (pieces, out)
+        assert not out.calls and out.dropped and not out.cut, (pieces, out)
+
+
+def test_an_opener_the_output_ends_on_is_prose_unless_cut() -> None:
+    for parser, text in ((MistralParser, "Write [TOOL_CALLS]"), (HermesParser, "a <tool_call>")):
+        assert _run(lambda p=parser: p(TOOLS), [text]).content == text  # type: ignore[misc]
+        cut = _run(lambda p=parser: p(TOOLS), [text], cut=True)  # type: ignore[misc]
+        assert cut.cut and "[TOOL" not in cut.content and "<tool" not in cut.content
+
+
+def test_strict_json_grammar_refuses_raw_control_characters(vocab: Any) -> None:
+    """A string in a call may hold an escaped newline, never a raw one (JSON forbids it; the
+    forced call that held one could not be parsed)."""
+    grammar = tool_call_grammar("hermes", TOOLS, name="get_weather", parallel=False)
+    escaped = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a\\nb"}}\n</tool_call>'
+    raw = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a\nb"}}\n</tool_call>'
+    assert _accepts(vocab, grammar, escaped)
+    assert not _accepts(vocab, grammar, raw)
+    assert _run(lambda: HermesParser(TOOLS), [escaped]).calls == [
+        ToolCall("get_weather", {"city": "a\nb"})
+    ]

@@ -118,6 +118,7 @@ def write_tiny_gguf(
     license: str | None = "MIT",
     never_ends: bool = False,
     extra_tokens: int = 0,
+    reranker: bool = False,
 ) -> Path:
     """Write a tiny llama model to ``path`` and return the path.
 
@@ -127,6 +128,9 @@ def write_tiny_gguf(
     best of the others is around +20, so greedy decoding never ends a generation by itself.
     ``extra_tokens`` adds that many ordinary tokens before the special ones (another
     vocabulary, for draft-model compatibility checks).
+    ``reranker`` writes a Qwen3-architecture reranker instead (as Qwen3-Reranker's GGUFs are):
+    per-head Q/K norms, a two-label classifier head (``cls.output``), rank pooling (llama.cpp
+    scores each sequence with the head at its last token) and a rerank prompt.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -135,7 +139,7 @@ def write_tiny_gguf(
     head_dim = n_embd // n_head
     matrix_type = {"f32": np.float32, "f16": np.float16}[dtype]
 
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), "qwen3" if reranker else "llama")
     writer.add_name(name)
     writer.add_context_length(context_length)
     writer.add_embedding_length(n_embd)
@@ -168,6 +172,16 @@ def write_tiny_gguf(
     writer.add_uint32(gguf.Keys.Tokenizer.FIM_MID_ID, special["<fim_middle>"])
     if chat_template is not None:
         writer.add_chat_template(chat_template)
+    if reranker:
+        writer.add_pooling_type(gguf.PoolingType.RANK)
+        # Qwen3-Reranker's labels: llama.cpp soft-maxes the head's outputs, the first is the
+        # score; and its rerank prompt, which llama-server fills with the query and document.
+        writer.add_array("qwen3.classifier.output_labels", ["yes", "no"])
+        writer.add_string(
+            "tokenizer.chat_template.rerank",
+            "<|im_start|>system\nJudge the document.<|im_end|>\n<|im_start|>user\n"
+            "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n",
+        )
 
     def matrix(rows: int, cols: int, scale: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * scale).astype(matrix_type)
@@ -189,6 +203,9 @@ def write_tiny_gguf(
             f"{prefix}.attn_v.weight", matrix(n_head_kv * head_dim, n_embd, attn_scale)
         )
         writer.add_tensor(f"{prefix}.attn_output.weight", matrix(n_embd, n_embd, attn_scale))
+        if reranker:
+            writer.add_tensor(f"{prefix}.attn_q_norm.weight", np.ones(head_dim, np.float32))
+            writer.add_tensor(f"{prefix}.attn_k_norm.weight", np.ones(head_dim, np.float32))
         writer.add_tensor(f"{prefix}.ffn_norm.weight", norm())
         writer.add_tensor(f"{prefix}.ffn_gate.weight", matrix(n_ff, n_embd, attn_scale))
         writer.add_tensor(f"{prefix}.ffn_up.weight", matrix(n_ff, n_embd, attn_scale))
@@ -200,6 +217,8 @@ def write_tiny_gguf(
     if never_ends:
         output[len(tokens) - len(SPECIAL_TOKENS) :] = 0
     writer.add_tensor("output.weight", output)
+    if reranker:
+        writer.add_tensor("cls.output.weight", matrix(2, n_embd, 1.0 / np.sqrt(n_embd)))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -1,9 +1,10 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
 
 Claude Code and the ``anthropic`` Python client can use a local model through these routes, as
-Ollama allows. A request is translated into the daemon's own chat request (the model's chat
-template renders the system prompt, the turns, ``tool_use`` / ``tool_result`` blocks and the
-tools); the model's output is split back into ``thinking``, ``text`` and ``tool_use`` blocks.
+Ollama allows. The request is decoded into the core's neutral request (:mod:`.core`: the
+model's chat template renders the system prompt, the turns, ``tool_use`` / ``tool_result``
+blocks and the tools); the core's reply events are encoded as ``thinking``, ``text`` and
+``tool_use`` blocks.
 
 Every field of the request is honoured or refused with a 400 naming it. The ones without an
 effect on a local model say why in :class:`MessagesRequest`. Headers: ``anthropic-version``
@@ -15,336 +16,42 @@ The daemon's API key (``LOCALLLM_API_KEY``) is checked by :mod:`..security`, whi
 Errors take Anthropic's shape ``{"type": "error", "error": {"type", "message"}}`` with
 Anthropic's status codes (an unknown model is 404 ``not_found_error``, a full queue is 529
 ``overloaded_error``); an error after a stream has started is an ``event: error``.
-
-This module also holds what :mod:`.responses` shares with it: the output pipeline (stop
-sequences, reasoning, tool calls), the thinking switch and request-error rendering.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import re
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.concurrency import run_in_threadpool
 
 from localllm.models import LocalModel
 
-from ..errors import ClientGone, HTTPProblem, field_path, problem_from, validation_problem
-from ..generation import Generation, Job, Outcome, resolve_model, start, until_disconnect
-from ..options import merge_options, sampling_options
-from ..runner.protocol import GenerationRequest
+from ..errors import HTTPProblem, problem_from
+from ..generation import resolve_model
+from ..options import merge_options
 from ..state import DaemonState, StateDep
-from ..toolcalls import Parsed, ToolCall
-from .ollama import chat_messages
-from .schemas_ollama import ChatMessage
+from ..toolcalls import ToolCall
+from .core import Ask, Delta, Done, Reply, Turn, plan
+from .errorshapes import anthropic_error, error_route
 from .streaming import ClosingStreamingResponse, dumps
-from .tooling import AnswerStream, ThinkPlan, ToolPlan, model_template, plan_thinking, plan_tools
+from .tooling import ToolPlan, flat_tool, plan_thinking
 from .vision import Images, no_vision
 
 __all__ = [
     "CountTokensRequest",
     "MessagesRequest",
-    "ReplyEnd",
-    "ReplyParser",
-    "chat_history",
-    "check_generates",
-    "check_strict",
-    "collect_reply",
-    "error_route",
-    "plan_renamed",
-    "read_reply",
+    "get_model",
+    "list_models",
     "render_error",
-    "reply_parser",
-    "request_problem",
     "router",
 ]
-
-log = logging.getLogger("localllm.daemon")
-
-
-# --- shared with the Responses API ---------------------------------------------------------
-
-
-def request_problem(exc: RequestValidationError) -> HTTPProblem:
-    """A 400 for a request body that failed validation, naming the field; unknown fields
-    are named together (no parameter is silently ignored, so they are refused)."""
-    errors = list(exc.errors())
-    unknown = [field_path(e.get("loc", ())) for e in errors if e.get("type") == "extra_forbidden"]
-    if unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        return HTTPProblem(
-            400,
-            f"unknown field{plural} {', '.join(unknown)}: not supported by localllm "
-            "(remove it; no parameter is silently ignored)",
-            param=unknown[0],
-            code="unknown_field",
-        )
-    # Anthropic's wording, which its clients show as they get it.
-    return validation_problem(
-        errors, missing="{field}: Field required", invalid="{field}: {message}"
-    )
-
-
-Renderer = Callable[[Request, HTTPProblem], Response]
-
-
-def error_route(render: Renderer) -> type[APIRoute]:
-    """A route class whose errors (bad bodies included) are answered by ``render`` in the
-    API's own shape; the app-wide handlers would answer in OpenAI's shape under ``/v1``."""
-
-    class _Route(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
-
-            async def route(request: Request) -> Response:
-                try:
-                    return await handler(request)
-                except ClientGone:
-                    raise  # no one to answer; the app logs a 499
-                except RequestValidationError as exc:
-                    return render(request, request_problem(exc))
-                except HTTPProblem as exc:
-                    return render(request, exc)
-                except StarletteHTTPException as exc:  # FastAPI's own 4xx (a body not JSON)
-                    detail = exc.detail if isinstance(exc.detail, str) else "bad request"
-                    return render(request, HTTPProblem(exc.status_code, detail))
-                except Exception as exc:
-                    problem = problem_from(exc)
-                    if problem.status >= 500 and problem.code == "internal":
-                        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-                    return render(request, problem)
-
-            return route
-
-    return _Route
-
-
-def check_generates(model: LocalModel) -> None:
-    """400 unless ``model`` generates text (an embedding model does not)."""
-    if "completion" not in model.capabilities():
-        raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
-
-
-def plan_renamed(
-    model: LocalModel,
-    tools: list[dict[str, Any]],
-    renames: Sequence[tuple[str, str]],
-    **kwargs: Any,
-) -> ToolPlan | None:
-    """:func:`plan_tools` for an API whose tools are flat (``{name, ...}``, not nested in
-    ``function``): its 400s are rewritten to name the fields as that API spells them."""
-    try:
-        return plan_tools(model, tools, **kwargs)
-    except HTTPProblem as exc:
-        message, param = exc.message, exc.param
-        for old, new in renames:
-            message = message.replace(old, new)
-            param = param.replace(old, new) if param else param
-        raise HTTPProblem(exc.status, message, param=param, code=exc.code) from None
-
-
-def _partial_stop(text: str, stops: Sequence[str]) -> int:
-    """How many characters at the end of ``text`` may begin a stop sequence."""
-    best = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
-                break
-    return best
-
-
-class ReplyParser:
-    """A model's output as a client sees it: cut at the first stop sequence, then through an
-    :class:`AnswerStream` (reasoning split out, tool calls parsed).
-
-    Stop sequences are matched here rather than in the runner because the APIs report which
-    one matched (Anthropic's ``stop_sequence``), which the runner does not say."""
-
-    def __init__(self, answer: AnswerStream, stops: Sequence[str] = ()) -> None:
-        self.answer = answer
-        self.stops = [s for s in stops if s]
-        self.stopped: str | None = None
-        """The stop sequence that ended the output, once one has."""
-        self.in_thinking = False
-        """Whether the model is (still) reasoning, as far as the output shows."""
-        self._held = ""
-
-    def feed(self, text: str) -> Parsed:
-        """The next piece of output."""
-        if self.stopped is not None or not text:
-            return Parsed()
-        if not self.stops:
-            return self._parse(text)
-        buffer = self._held + text
-        match: tuple[int, str] | None = None
-        for stop in self.stops:
-            at = buffer.find(stop)
-            if at >= 0 and (match is None or at < match[0]):
-                match = (at, stop)
-        if match is not None:
-            self.stopped = match[1]
-            self._held = ""
-            return self._parse(buffer[: match[0]])
-        keep = _partial_stop(buffer, self.stops)
-        self._held = buffer[len(buffer) - keep :]
-        return self._parse(buffer[: len(buffer) - keep])
-
-    def finish(self) -> Parsed:
-        """The output ended (or was stopped): what was held back."""
-        out = self._parse(self._held)
-        self._held = ""
-        return self._note(out.add(self.answer.finish()))
-
-    def _parse(self, text: str) -> Parsed:
-        return self._note(self.answer.feed(text)) if text else Parsed()
-
-    def _note(self, parsed: Parsed) -> Parsed:
-        if parsed.thinking:
-            self.in_thinking = True
-        if parsed.content.strip() or parsed.calls:
-            self.in_thinking = False
-        return parsed
-
-
-def reply_parser(
-    plan: ToolPlan | None,
-    think: ThinkPlan | None,
-    prompt_tail: str,
-    stops: Sequence[str] = (),
-) -> ReplyParser:
-    """The parser for one answer; ``prompt_tail`` (the rendered prompt's end) tells whether
-    the template already opened a reasoning block."""
-    if plan is not None and plan.grammar is not None:
-        prompt_tail = ""  # a grammar-forced call starts at once: no reasoning comes first
-    return ReplyParser(AnswerStream(plan, think, prompt_tail), stops)
-
-
-def check_strict(plan: ToolPlan | None, strict: bool, field: str = "tools") -> None:
-    """Strict tools need every call checked against its schema: by the forced call's grammar
-    or the lazy one that starts at the family's call opener. Without either, a 400."""
-    if strict and plan is not None and plan.grammar is None and plan.lazy_grammar is None:
-        raise HTTPProblem(
-            400,
-            "strict tools: calls cannot be checked against their schemas here (this model's "
-            "call syntax has no opener to start checking at, or the output has a format); "
-            "drop strict, or force a call with tool_choice",
-            param=field,
-        )
-
-
-@dataclass
-class ReplyEnd:
-    """How an answer ended, with its token counts."""
-
-    reason: Literal["stop", "length", "stop_sequence", "thinking_budget"]
-    """``stop`` (the model ended), ``length`` (the token limit), ``stop_sequence`` (one of
-    the request's), ``thinking_budget`` (reasoning ran past its budget)."""
-    stop_sequence: str | None
-    """The stop sequence that matched."""
-    prompt_tokens: int
-    """Tokens in the prompt."""
-    cached_tokens: int
-    """Prompt tokens reused from the cache."""
-    output_tokens: int
-    """Tokens generated."""
-    reasoning_tokens: int
-    """Of those, tokens generated while the model was reasoning (as the output shows)."""
-
-
-async def collect_reply(
-    request: Request,
-    pieces: AsyncIterator[Parsed | ReplyEnd],
-    add: Callable[[Parsed], None],
-    model_name: str,
-) -> ReplyEnd:
-    """Run a reply that is answered whole to its end, handing each parsed piece to ``add``;
-    gives up when the client leaves, and failures become :class:`HTTPProblem`."""
-
-    async def collect() -> ReplyEnd:
-        async for piece in pieces:
-            if isinstance(piece, ReplyEnd):
-                return piece
-            add(piece)
-        raise HTTPProblem(500, "the generation ended without a result")
-
-    try:
-        return await until_disconnect(request, collect())
-    except (HTTPProblem, ClientGone):
-        raise
-    except Exception as exc:
-        raise problem_from(exc, model_name) from exc
-    finally:
-        await pieces.aclose()  # type: ignore[attr-defined]
-
-
-async def read_reply(
-    generation: Generation, parser: ReplyParser, thinking_budget: int | None = None
-) -> AsyncIterator[Parsed | ReplyEnd]:
-    """Run ``generation`` through ``parser``: parsed pieces, then one :class:`ReplyEnd`.
-
-    A stop sequence or a spent reasoning budget ends the runner request early; the tokens
-    are then counted here (exactly when the request asked the runner for log probabilities,
-    one entry per token)."""
-    tokens = 0
-    reasoning = 0
-    events = generation.chunks()
-    try:
-        async for item in events:
-            if isinstance(item, Outcome):
-                result = item.result
-                if result.done_reason == "error":
-                    raise HTTPProblem(500, result.error or "generation failed")
-                rest = parser.finish()
-                if rest:
-                    yield rest
-                t = result.timings
-                yield ReplyEnd(
-                    "length" if result.done_reason == "length" else "stop",
-                    None,
-                    t.prompt_tokens,
-                    t.cached_tokens,
-                    t.completion_tokens,
-                    min(reasoning, t.completion_tokens),
-                )
-                return
-            count = len(item.logprobs) if item.logprobs else 1
-            tokens += count
-            was_thinking = parser.in_thinking
-            parsed = parser.feed(item.text)
-            if was_thinking or parser.in_thinking:
-                reasoning += count
-            if parsed:
-                yield parsed
-            over_budget = (
-                thinking_budget is not None and parser.in_thinking and reasoning > thinking_budget
-            )
-            if parser.stopped is not None or over_budget:
-                rest = parser.finish()
-                if rest:
-                    yield rest
-                yield ReplyEnd(
-                    "stop_sequence" if parser.stopped is not None else "thinking_budget",
-                    parser.stopped,
-                    generation.prompt_tokens,
-                    0,  # the runner reports cache use at the end, which is not awaited here
-                    tokens,
-                    reasoning,
-                )
-                return
-    finally:
-        await events.aclose()
-        generation.close()
 
 
 # --- request ---------------------------------------------------------------------------------
@@ -371,8 +78,9 @@ class ThinkingConfig(_Body):
     budget_tokens: int | None = Field(
         None,
         ge=1,
-        description="Caps the reasoning: a model still reasoning after this many tokens is "
-        "stopped there (stop_reason max_tokens). Must be below max_tokens.",
+        description="Caps the reasoning: after this many tokens of it the reasoning block is "
+        "closed (its close tag inserted, as llama-server does) and the answer follows. Must be "
+        "below max_tokens.",
     )
     display: Literal["summarized", "omitted"] | None = Field(
         None,
@@ -562,14 +270,12 @@ def _tool_result(
     return f"Error: {text}" if block.get("is_error") else text
 
 
-def _conversation(
-    model: LocalModel, body: _Conversation, plan: ToolPlan | None, images: Images
-) -> list[dict[str, Any]]:
-    """The runner's chat messages for an Anthropic conversation."""
-    converted: list[ChatMessage] = []
+def _conversation(model: LocalModel, body: _Conversation, images: Images) -> list[Turn]:
+    """The turns of an Anthropic conversation."""
+    converted: list[Turn] = []
     system = _system(model, body.system)
     if system:
-        converted.append(ChatMessage(role="system", content=system))
+        converted.append(Turn(role="system", content=system))
     names: dict[str, str] = {}  # tool_use id → tool name, for the results' tool_name
     for index, message in enumerate(body.messages):
         where = f"messages[{index}].content"
@@ -580,7 +286,7 @@ def _conversation(
         )
         if message.role == "system":
             content = _system(model, blocks, where) or ""
-            converted.append(ChatMessage(role="system", content=content))
+            converted.append(Turn(role="system", content=content))
             continue
         if message.role == "assistant":
             text, thinking, calls = [], [], []
@@ -609,7 +315,7 @@ def _conversation(
                         }
                     )
             converted.append(
-                ChatMessage(
+                Turn(
                     role="assistant",
                     content="".join(text),
                     thinking="".join(thinking) or None,
@@ -628,13 +334,13 @@ def _conversation(
                 pending.append(_image(block, at, images))
                 continue
             if pending:
-                converted.append(ChatMessage(role="user", content="".join(pending)))
+                converted.append(Turn(role="user", content="".join(pending)))
                 pending = []
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str) or not call_id:
                 raise HTTPProblem(400, f"{at}.tool_use_id is required", param=f"{at}.tool_use_id")
             converted.append(
-                ChatMessage(
+                Turn(
                     role="tool",
                     content=_tool_result(model, block, at, images),
                     tool_call_id=call_id,
@@ -642,7 +348,7 @@ def _conversation(
                 )
             )
         if pending or not blocks:
-            converted.append(ChatMessage(role="user", content="".join(pending)))
+            converted.append(Turn(role="user", content="".join(pending)))
     if body.messages[-1].role == "assistant":
         # The templates close every assistant turn, so its text cannot be continued.
         raise HTTPProblem(
@@ -651,21 +357,7 @@ def _conversation(
             "end the conversation with a user turn",
             param=f"messages[{len(body.messages) - 1}]",
         )
-    return chat_history(model, converted, plan)
-
-
-def chat_history(
-    model: LocalModel, converted: list[ChatMessage], plan: ToolPlan | None
-) -> list[dict[str, Any]]:
-    """The runner's messages for ``converted`` (the model's own SYSTEM and MESSAGEs first, as
-    on ``/api/chat``); an assistant's earlier reasoning goes in ``reasoning_content``, the
-    field templates that show past reasoning read (Qwen3, llama.cpp's convention)."""
-    out = chat_messages(model, converted, plan=plan)
-    offset = len(out) - len(converted)
-    for index, message in enumerate(converted):
-        if message.thinking:
-            out[offset + index]["reasoning_content"] = message.thinking
-    return out
+    return converted
 
 
 # A tool's keys that need nothing here: cache_control (prefix caching is automatic) and
@@ -690,21 +382,14 @@ def _tools(body: _Conversation) -> tuple[list[dict[str, Any]], bool]:
     strict = False
     for index, tool in enumerate(body.tools or []):
         where = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise HTTPProblem(400, f"{where} must be an object", param=where)
-        kind = tool.get("type", "custom")
-        if kind not in (None, "custom"):
-            raise HTTPProblem(
-                400,
-                f"{where}.type {kind!r}: Anthropic's server tools are not available here; "
-                "only custom tools (name, description, input_schema)",
-                param=f"{where}.type",
-            )
-        extra = sorted(set(tool) - _TOOL_KEYS)
-        if extra:
-            raise HTTPProblem(
-                400, f"{where}.{extra[0]}: unknown field of a tool", param=f"{where}.{extra[0]}"
-            )
+        tool = flat_tool(
+            tool,
+            where,
+            _TOOL_KEYS,
+            ("custom", None),
+            ": Anthropic's server tools are not available here; only custom tools (name, "
+            "description, input_schema)",
+        )
         if tool.get("defer_loading"):
             raise HTTPProblem(
                 400,
@@ -747,7 +432,8 @@ _RENAMES = (
 )
 
 
-def _plan(model: LocalModel, body: _Conversation, formatted: bool) -> ToolPlan | None:
+def _tool_ask(ask: Ask, body: _Conversation) -> bool:
+    """The tools and ``tool_choice`` into ``ask``; whether a call is forced."""
     tools, strict = _tools(body)
     choice: str | dict[str, Any] | None = None
     parallel = None
@@ -763,41 +449,20 @@ def _plan(model: LocalModel, body: _Conversation, formatted: bool) -> ToolPlan |
             choice = {"auto": "auto", "any": "required", "none": "none"}[kind]
         if body.tool_choice.disable_parallel_tool_use:
             parallel = False
-    plan = plan_renamed(
-        model,
-        tools,
-        _RENAMES,
-        tool_choice=choice,
-        parallel=parallel,
-        constrained_output=formatted,
-        field="tools",
-    )
-    check_strict(plan, strict)
-    return plan
-
-
-@dataclass
-class _Prepared:
-    model: LocalModel
-    job: Job
-    plan: ToolPlan | None
-    think: ThinkPlan | None
-    stops: list[str]
-    budget: int | None
-    omit_thinking: bool
+    ask.tools, ask.tool_choice, ask.parallel, ask.strict = tools, choice, parallel, strict
+    ask.tool_renames = _RENAMES
+    return bool(tools) and (choice == "required" or isinstance(choice, dict))
 
 
 # Anthropic's effort levels as reasoning levels (think values).
 _EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "max", "max": "max"}
 
 
-def _thinking(
-    model: LocalModel, body: _Conversation, forced: bool, max_tokens: int | None
-) -> tuple[ThinkPlan | None, int | None]:
-    """The reasoning plan for ``thinking`` and ``output_config.effort``, and the budget."""
+def _thinking(ask: Ask, body: _Conversation, forced: bool, max_tokens: int | None) -> None:
+    """``thinking`` and ``output_config.effort`` into ``ask``: the switch, the budget."""
+    model = ask.model
     thinking = body.thinking
     effort = body.output_config.effort if body.output_config is not None else None
-    budget = None
     if thinking is not None and thinking.type != "enabled" and thinking.budget_tokens is not None:
         raise HTTPProblem(
             400,
@@ -828,9 +493,11 @@ def _thinking(
                 "max_tokens must be greater than thinking.budget_tokens",
                 param="thinking.budget_tokens",
             )
+        ask.thinking_budget = budget
         think = True
+    ask.think, ask.think_field = think, "thinking"
     if effort is None:
-        return plan_thinking(model, think, field="thinking"), budget
+        return
     if think is False:
         raise HTTPProblem(
             400,
@@ -838,86 +505,38 @@ def _thinking(
             "is off; enable thinking (or adaptive) or leave effort out",
             param="output_config.effort",
         )
-    plan = plan_thinking(model, _EFFORT[effort], field="output_config.effort")
-    if plan is None or not plan.style.takes_level:
+    levels = plan_thinking(model, _EFFORT[effort], field="output_config.effort")
+    if levels is None or not levels.style.takes_level:
         raise HTTPProblem(
             400,
             f"output_config.effort: {model.name.short}'s chat template has no reasoning "
             "levels; leave effort out",
             param="output_config.effort",
         )
-    return plan, budget
+    ask.think, ask.think_field = _EFFORT[effort], "output_config.effort"
 
 
-def _prepare(
-    state: DaemonState,
-    body: _Conversation,
-    overrides: dict[str, Any],
-    stops: list[str],
-    max_tokens: int | None,
-) -> _Prepared:
+def _ask(
+    state: DaemonState, body: _Conversation, overrides: dict[str, Any], max_tokens: int | None
+) -> Ask:
     model = resolve_model(state, body.model)
-    check_generates(model)
+    ask = Ask(model=model, api="anthropic", options=merge_options(model, overrides, prefix=""))
     output_format = body.output_config.format if body.output_config is not None else None
-    plan = _plan(model, body, output_format is not None)
-    forced = plan is not None and plan.grammar is not None
-    think, budget = _thinking(model, body, forced, max_tokens)
-    options = merge_options(model, overrides, prefix="")
-    sampling = sampling_options(options)
-    # The runner's log probabilities count tokens exactly when the answer may be cut here.
-    sampling.logprobs = bool(stops) or budget is not None
     if output_format is not None:
-        sampling.json_schema = output_format.schema_
-    images = Images(state.settings, model)
-    runner_request = GenerationRequest(
-        id="",
-        messages=_conversation(model, body, plan, images),
-        template=model_template(model),
-        options=sampling,
-        images=images.encoded,
-    )
-    if plan is not None:
-        plan.apply(runner_request)
-    if think is not None:
-        think.apply(runner_request)
-    job = Job.for_model(state, model, options, runner_request, None, "anthropic")
-    omit = body.thinking is not None and body.thinking.display == "omitted"
-    return _Prepared(model, job, plan, think, stops, budget, omit)
+        ask.format = output_format.schema_
+    forced = _tool_ask(ask, body)
+    _thinking(ask, body, forced, max_tokens)
+    ask.images = Images(state.settings, model)
+    ask.turns = _conversation(model, body, ask.images)
+    return ask
 
 
 # --- answer ----------------------------------------------------------------------------------
 
 
-def _error_type(status: int) -> str:
-    return {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        413: "request_too_large",
-        429: "rate_limit_error",
-        529: "overloaded_error",
-    }.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
-
-
-_OVERFLOW = re.compile(r"(\d+) tokens, more than fit in this model's context of (\d+)")
-
-
-def _anthropic_problem(problem: HTTPProblem) -> tuple[int, dict[str, Any]]:
-    status = 529 if problem.status == 503 else problem.status  # Anthropic's "overloaded"
-    message = problem.message
-    if problem.code in ("context_length_exceeded", "context_overflow"):
-        # Claude Code looks for Anthropic's wording to compact the conversation.
-        found = _OVERFLOW.search(message)
-        if found:
-            message = f"prompt is too long: {found[1]} tokens > {found[2]} maximum ({message})"
-    body = {"type": "error", "error": {"type": _error_type(status), "message": message}}
-    return status, body
-
-
 def render_error(request: Request, problem: HTTPProblem) -> Response:
     """``problem`` as Anthropic's error response."""
-    status, body = _anthropic_problem(problem)
+    status, body = anthropic_error(problem)
     return JSONResponse(body, status_code=status, headers=problem.headers)
 
 
@@ -969,7 +588,7 @@ class _Blocks:
             "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         )
 
-    def add(self, parsed: Parsed) -> list[bytes]:
+    def add(self, parsed: Delta) -> list[bytes]:
         """Events for the next parsed piece."""
         events: list[bytes] = []
         if parsed.thinking:
@@ -988,7 +607,7 @@ class _Blocks:
             else:
                 self._space = ""
                 if self._open != "text":
-                    events += self._start({"type": "text", "text": ""})
+                    events += self._start({"type": "text", "text": "", "citations": None})
                 self.blocks[-1]["text"] += text
                 events.append(self._delta({"type": "text_delta", "text": text}))
         for call in parsed.calls:
@@ -999,7 +618,13 @@ class _Blocks:
     def _tool_use(self, call: ToolCall) -> list[bytes]:
         assert self.plan is not None
         ident = self.plan.call_id(call)
-        block = {"type": "tool_use", "id": ident, "name": call.name, "input": call.arguments}
+        block = {
+            "type": "tool_use",
+            "id": ident,
+            "name": call.name,
+            "input": call.arguments,
+            "caller": {"type": "direct"},  # the model called it (no code execution here)
+        }
         events = self._start(block)
         # Calls are parsed whole, so the input comes in one piece (as Ollama sends it).
         partial = json.dumps(call.arguments, ensure_ascii=False)
@@ -1011,7 +636,7 @@ class _Blocks:
         """Events closing the last block (an answer has at least one)."""
         events = self._close()
         if not self.blocks:
-            events += self._start({"type": "text", "text": ""})
+            events += self._start({"type": "text", "text": "", "citations": None})
             events += self._close()
         return events
 
@@ -1021,30 +646,44 @@ class _Blocks:
         return any(block["type"] == "tool_use" for block in self.blocks)
 
 
-def _stop_reason(end: ReplyEnd, blocks: _Blocks) -> str:
-    if blocks.has_calls:
+def _stop_reason(done: Done, blocks: _Blocks) -> str:
+    if blocks.has_calls and not done.cut:
         return "tool_use"
-    return {
-        "stop": "end_turn",
-        "length": "max_tokens",
-        "stop_sequence": "stop_sequence",
-        "thinking_budget": "max_tokens",
-    }[end.reason]
+    if done.limited:
+        return "max_tokens"  # the token limit, the thinking budget, or a call it cut off
+    return "stop_sequence" if done.reason == "stop_sequence" else "end_turn"
 
 
-def _usage(end: ReplyEnd) -> dict[str, Any]:
-    # Anthropic counts cached prompt tokens apart from input_tokens.
+def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
+    """Anthropic's ``usage``: cached prompt tokens apart from ``input_tokens``; nothing is
+    written to a cache on request (the daemon caches every prefix on its own) and no server
+    tool runs here."""
     return {
-        "input_tokens": max(end.prompt_tokens - end.cached_tokens, 0),
+        "input_tokens": max(prompt - cached, 0),
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": end.cached_tokens,
-        "output_tokens": end.output_tokens,
+        "cache_read_input_tokens": cached,
+        "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
+        "output_tokens": output,
+        "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
+        "service_tier": None,
+        "inference_geo": None,
     }
 
 
-@router.post("/messages", summary="Messages (Anthropic)")
-async def messages(body: MessagesRequest, request: Request, state: StateDep) -> Response:
-    """Anthropic's Messages API, streamed as server-sent events when ``stream`` is true."""
+def _done_usage(done: Done) -> dict[str, Any]:
+    return _usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+
+
+_DELTA_USAGE = (
+    "input_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens",
+    "server_tool_use",
+)
+
+
+def _overrides(body: MessagesRequest) -> dict[str, Any]:
     overrides: dict[str, Any] = {"num_predict": body.max_tokens}
     for key in ("temperature", "top_p", "top_k"):
         value = getattr(body, key)
@@ -1053,31 +692,40 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
     stops = list(body.stop_sequences or [])
     if any(not stop for stop in stops):
         raise HTTPProblem(400, "stop_sequences must not hold empty strings", param="stop_sequences")
-    prepared = _prepare(state, body, overrides, stops, body.max_tokens)
-    generation = await start(state, request, prepared.job)
-    parser = reply_parser(
-        prepared.plan, prepared.think, generation.stream.prompt_tail, prepared.stops
-    )
-    blocks = _Blocks(prepared.plan, prepared.omit_thinking)
-    name = prepared.model.name.short
+    if stops:
+        overrides["stop"] = stops
+    return overrides
+
+
+@router.post("/messages", summary="Messages (Anthropic)")
+async def messages(body: MessagesRequest, request: Request, state: StateDep) -> Response:
+    """Anthropic's Messages API, streamed as server-sent events when ``stream`` is true."""
+    ask = _ask(state, body, _overrides(body), body.max_tokens)
+    planned = plan(state, ask)
+    reply = await Reply.open(state, request, planned)
+    omit = body.thinking is not None and body.thinking.display == "omitted"
+    blocks = _Blocks(planned.tools, omit)
+    name = ask.model.name.short
     message: dict[str, Any] = {
         "id": f"msg_{secrets.token_hex(12)}",
         "type": "message",
         "role": "assistant",
         "model": name,
     }
-    pieces = read_reply(generation, parser, prepared.budget)
 
     if not body.stream:
-        end = await collect_reply(request, pieces, blocks.add, name)
+        (whole,) = await reply.whole(request)
+        blocks.add(Delta(whole.content, whole.thinking, whole.calls))
         blocks.finish()
         return JSONResponse(
             {
                 **message,
                 "content": blocks.blocks,
-                "stop_reason": _stop_reason(end, blocks),
-                "stop_sequence": end.stop_sequence,
-                "usage": _usage(end),
+                "stop_reason": _stop_reason(whole.done, blocks),
+                "stop_sequence": whole.done.stop_sequence,
+                "stop_details": None,
+                "container": None,
+                "usage": _done_usage(whole.done),
             }
         )
 
@@ -1087,45 +735,119 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": generation.prompt_tokens, "output_tokens": 0},
+            "stop_details": None,
+            "container": None,
+            "usage": _usage(reply.prompt_tokens, 0, 0),
         }
         yield _sse("message_start", {"type": "message_start", "message": started})
         yield _sse("ping", {"type": "ping"})
         try:
-            async for piece in pieces:
-                if isinstance(piece, ReplyEnd):
-                    for event in blocks.finish():
-                        yield event
+            async for _, event in reply.events():
+                if isinstance(event, Done):
+                    for out in blocks.finish():
+                        yield out
                     delta = {
-                        "stop_reason": _stop_reason(piece, blocks),
-                        "stop_sequence": piece.stop_sequence,
+                        "stop_reason": _stop_reason(event, blocks),
+                        "stop_sequence": event.stop_sequence,
+                        "stop_details": None,
+                        "container": None,
                     }
+                    # the final counts, cumulative as Anthropic sends them
+                    usage = {k: v for k, v in _done_usage(event).items() if k in _DELTA_USAGE}
                     yield _sse(
                         "message_delta",
-                        {"type": "message_delta", "delta": delta, "usage": _usage(piece)},
+                        {"type": "message_delta", "delta": delta, "usage": usage},
                     )
                     yield _sse("message_stop", {"type": "message_stop"})
                     return
-                for event in blocks.add(piece):
-                    yield event
-            raise HTTPProblem(500, "the generation ended without a result")
+                for out in blocks.add(event):
+                    yield out
         except Exception as exc:
-            _, error = _anthropic_problem(problem_from(exc, name))
+            _, error = anthropic_error(problem_from(exc, name))
             yield _sse("error", error)
-        finally:
-            await pieces.aclose()
 
-    return ClosingStreamingResponse(
-        stream(), media_type="text/event-stream", on_close=generation.close
-    )
+    return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)
 
 
 @router.post("/messages/count_tokens", summary="Count a prompt's tokens (Anthropic)")
 async def count_tokens(body: CountTokensRequest, request: Request, state: StateDep) -> Response:
     """The prompt's length in tokens: the runner renders and tokenizes it as it would for
     ``/v1/messages`` (so the model loads), then the request is cancelled before generating."""
-    prepared = _prepare(state, body, {"num_predict": 1}, [], None)
-    generation = await start(state, request, prepared.job)
-    count = generation.prompt_tokens
-    generation.close()
+    ask = _ask(state, body, {"num_predict": 1}, None)
+    reply = await Reply.open(state, request, plan(state, ask))
+    count = reply.prompt_tokens
+    reply.close()
     return JSONResponse({"input_tokens": count})
+
+
+# --- models --------------------------------------------------------------------------------
+
+
+def _model_info(model: LocalModel) -> dict[str, Any]:
+    """A local model as Anthropic's ``ModelInfo``: its name as id and display name, its
+    training context as ``max_input_tokens`` (the daemon's own context may be smaller)."""
+    try:
+        context = model.info.context_length
+    except Exception:  # a model whose GGUF cannot be read still lists
+        context = None
+    created = datetime.fromtimestamp(model.entry.modified, UTC)
+    return {
+        "type": "model",
+        "id": model.name.short,
+        "display_name": model.name.short,
+        "created_at": created.isoformat().replace("+00:00", "Z"),
+        "capabilities": None,  # Anthropic's capability names (batch, pdf_input...) are not ours
+        "max_input_tokens": context,
+        "max_tokens": None,
+    }
+
+
+def _page_size(value: str | None) -> int:
+    if value is None:
+        return 20
+    if not value.isdigit() or not 1 <= int(value) <= 1000:
+        raise HTTPProblem(400, "limit: must be an integer from 1 to 1000", param="limit")
+    return int(value)
+
+
+async def list_models(request: Request, state: DaemonState) -> Response:
+    """``GET /v1/models`` for a client that sends ``anthropic-version`` (Anthropic's SDK):
+    Anthropic's list shape, newest first, paged by ``limit``, ``after_id`` and
+    ``before_id`` as Anthropic pages it."""
+    try:
+        params = request.query_params
+        unknown = sorted(set(params) - {"limit", "after_id", "before_id"})
+        if unknown:
+            raise HTTPProblem(400, f"{unknown[0]}: unknown query parameter", param=unknown[0])
+        limit = _page_size(params.get("limit"))
+        entries = await run_in_threadpool(state.store.list)
+        infos = [_model_info(LocalModel(entry=e, store=state.store)) for e in entries]
+        ids = [info["id"] for info in infos]
+        after, before = params.get("after_id"), params.get("before_id")
+        for key, value in (("after_id", after), ("before_id", before)):
+            if value is not None and value not in ids:
+                raise HTTPProblem(404, f"{key}: no model {value!r}", param=key)
+        if before is not None:
+            infos = infos[: ids.index(before)]
+            page, more = infos[-limit:], len(infos) > limit
+        else:
+            infos = infos[ids.index(after) + 1 :] if after is not None else infos
+            page, more = infos[:limit], len(infos) > limit
+        return JSONResponse(
+            {
+                "data": page,
+                "has_more": more,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+            }
+        )
+    except HTTPProblem as exc:
+        return render_error(request, exc)
+
+
+async def get_model(request: Request, state: DaemonState, model_id: str) -> Response:
+    """``GET /v1/models/{id}`` for Anthropic's SDK: one ``ModelInfo``, or its 404."""
+    try:
+        return JSONResponse(_model_info(resolve_model(state, model_id)))
+    except Exception as exc:
+        return render_error(request, problem_from(exc))

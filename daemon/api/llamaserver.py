@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from localllm.models import LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
-from ..generation import Job, Outcome, context_length, resolve_model, start, until_disconnect
-from ..options import merge_options, runner_config, sampling_options
-from ..runner.protocol import GenerationRequest, SamplingOptions
+from ..generation import context_length, resolve_model, until_disconnect
+from ..options import merge_options, runner_config
+from ..runner.protocol import SamplingOptions
 from ..state import DaemonState, StateDep
+from .core import Ask, Done, Reply, TextCut, plan
 from .streaming import ClosingStreamingResponse, sse_event
 
 __all__ = ["DetokenizeRequest", "InfillRequest", "TokenizeRequest", "router"]
@@ -340,7 +341,7 @@ async def _infill_tokens(
     return tokens, truncated
 
 
-class _EarlyStop:
+class _EarlyStop(TextCut):
     """llama-server's two infill stops, applied to the text as it comes.
 
     ``n_indent``: once a line after the first starts with less indentation than asked (the
@@ -356,11 +357,13 @@ class _EarlyStop:
         self.first_token_at: float | None = None
         self.stopped = False
 
-    def feed(self, piece: str, now: float) -> str:
-        """Take ``piece``; return the text that may be sent now (a new line is held until
-        its indentation is known)."""
+    def feed(self, piece: str, now: float | None = None) -> str:
+        """Take ``piece`` (at ``now``, monotonic seconds); return the text that may be sent
+        now (a new line is held until its indentation is known)."""
         if self.stopped:  # nothing after the stop belongs to the completion
             return ""
+        if now is None:
+            now = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = now
         sent = len(self._released())
@@ -411,21 +414,14 @@ class _EarlyStop:
         return self.text
 
 
-def _timings(
-    outcome: Outcome | None, prompt_tokens: int, measured: dict[str, float]
-) -> dict[str, Any]:
+def _timings(done: Done) -> dict[str, Any]:
     """llama-server's ``timings``: the runner's when the generation ran to its end, the
     daemon's own measurement when it was stopped early."""
-    if outcome is not None:
-        t = outcome.result.timings
-        prompt_n, prompt_ms = t.prompt_tokens - t.cached_tokens, t.prompt_ms
-        predicted_n, predicted_ms, cached = t.completion_tokens, t.decode_ms, t.cached_tokens
-    else:
-        prompt_n, prompt_ms = prompt_tokens, measured.get("prompt_ms", 0.0)
-        predicted_n = int(measured.get("predicted_n", 0))
-        predicted_ms, cached = measured.get("predicted_ms", 0.0), 0
+    t = done.timings
+    prompt_n, prompt_ms = t.prompt_tokens - t.cached_tokens, t.prompt_ms
+    predicted_n, predicted_ms = t.completion_tokens, t.decode_ms
     return {
-        "cache_n": cached,
+        "cache_n": t.cached_tokens,
         "prompt_n": prompt_n,
         "prompt_ms": round(prompt_ms, 3),
         "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
@@ -466,83 +462,46 @@ async def infill(body: InfillRequest, request: Request, state: StateDep) -> Resp
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
     options, n_predict = _infill_sampling(model, body)
-    sampling = sampling_options(options)
-    _apply_samplers(sampling, body.samplers)
-    early = body.n_indent > 0 or body.t_max_predict_ms > 0
-    # An early stop leaves the runner's count behind: log probabilities count the tokens.
-    sampling.logprobs = early
     config = runner_config(state.settings, model, options)
+    # The context the runner has (or would plan): 0 in the config when the plan chooses.
     n_ctx = await context_length(state, request, model, config)
     tokens, truncated = await _infill_tokens(state, request, model, body, n_ctx, n_predict)
-    runner_request = GenerationRequest(id="", prompt="", raw=True, context=tokens, options=sampling)
-    job = Job(model=model, config=config, request=runner_request, keep_alive=None, api="llama")
-    generation = await start(state, request, job)
+    early = body.n_indent > 0 or body.t_max_predict_ms > 0
+    ask = Ask(
+        model=model,
+        api="llama",
+        options=options,
+        prompt_tokens=tokens,
+        tune=lambda sampling: _apply_samplers(sampling, body.samplers),
+        # an early stop leaves the runner's count behind: log probabilities count the tokens
+        count_tokens=early,
+    )
+    cutter = (lambda: _EarlyStop(body.n_indent, body.t_max_predict_ms)) if early else None
+    reply = await Reply.open(state, request, plan(state, ask), cutter)
     name = model.name.short
 
-    def final(text: str, outcome: Outcome | None, measured: dict[str, float]) -> dict[str, Any]:
-        reason = outcome.result.done_reason if outcome is not None else "limit"
-        stop_type = {"stop": "eos", "length": "limit"}.get(reason, "limit")
+    def final(text: str, done: Done) -> dict[str, Any]:
+        stop_type = {"stop": "eos", "stop_sequence": "word"}.get(done.reason, "limit")
+        timings = _timings(done)
         completion = {
             "index": 0,
             "content": text,
             "id_slot": -1,
             "stop": True,
             "model": name,
-            "tokens_predicted": _timings(outcome, len(tokens), measured)["predicted_n"],
+            "tokens_predicted": timings["predicted_n"],
             "tokens_evaluated": len(tokens),
             "truncated": truncated,
             "stop_type": stop_type,
-            "stopping_word": "",
-            "tokens_cached": (outcome.result.timings.cached_tokens if outcome is not None else 0),
-            "timings": _timings(outcome, len(tokens), measured),
+            "stopping_word": done.stop_sequence or "",
+            "tokens_cached": done.cached_tokens,
+            "timings": timings,
         }
         return _select(completion, body.response_fields)
 
-    async def pieces() -> AsyncIterator[tuple[str, Outcome | None, dict[str, float]]]:
-        """(text to send, outcome at the end, measurements when stopped early)."""
-        stopper = _EarlyStop(body.n_indent, body.t_max_predict_ms)
-        began = time.monotonic()
-        counted = 0
-        async for item in generation.chunks():
-            if isinstance(item, Outcome):
-                if item.result.done_reason == "error":
-                    raise HTTPProblem(500, item.result.error or "generation failed")
-                yield stopper.rest(), item, {}
-                return
-            counted += len(item.logprobs or [])
-            now = time.monotonic()
-            text = stopper.feed(item.text, now) if early else item.text
-            if text:
-                yield text, None, {}
-            if stopper.stopped:
-                generation.close()
-                first = stopper.first_token_at or now
-                yield (
-                    "",
-                    None,
-                    {
-                        "prompt_ms": (first - began) * 1000,
-                        "predicted_ms": (now - first) * 1000,
-                        "predicted_n": counted,
-                    },
-                )
-                return
-
     if not body.stream:
-        try:
-            parts: list[str] = []
-            ending: tuple[Outcome | None, dict[str, float]] = (None, {})
-            async for text, outcome, measured in pieces():
-                parts.append(text)
-                if outcome is not None or measured:
-                    ending = (outcome, measured)
-        except (HTTPProblem, ClientGone):
-            raise
-        except Exception as exc:
-            raise problem_from(exc, name) from exc
-        finally:
-            generation.close()
-        return JSONResponse(final("".join(parts), *ending))
+        (whole,) = await reply.whole(request)
+        return JSONResponse(final(whole.content, whole.done))
 
     def partial(text: str) -> bytes:
         return sse_event(
@@ -551,16 +510,13 @@ async def infill(body: InfillRequest, request: Request, state: StateDep) -> Resp
 
     async def stream() -> AsyncIterator[bytes]:
         try:
-            async for text, outcome, measured in pieces():
-                if outcome is not None or measured:
-                    if text:
-                        yield partial(text)
-                    yield sse_event(final("", outcome, measured))
+            async for _, event in reply.events():
+                if isinstance(event, Done):
+                    yield sse_event(final("", event))
                     return
-                yield partial(text)
+                if event.content:
+                    yield partial(event.content)
         except Exception as exc:
             yield sse_event({"error": problem_from(exc, name).message})
 
-    return ClosingStreamingResponse(
-        stream(), media_type="text/event-stream", on_close=generation.close
-    )
+    return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)

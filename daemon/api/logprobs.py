@@ -93,21 +93,30 @@ class LegacyLogprobs:
         self.offset = offset
         """Characters of the choice's text before the next token (the echoed prompt)."""
 
-    def shape(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def shape(self, items: Sequence[TokenLogprob], prompt: bool = False) -> dict[str, Any]:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` for ``items``;
         each ``top_logprobs`` dict holds the alternatives and the token itself, as OpenAI's
-        may hold ``logprobs + 1`` entries."""
-        tokens, values, tops, offsets = [], [], [], []
-        for item in items:
+        may hold ``logprobs + 1`` entries. ``prompt``: the items are an echoed prompt's, whose
+        first token has nothing before it: its log probability and alternatives are null, as
+        OpenAI reports them."""
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
+        for index, item in enumerate(items):
             tokens.append(item.token)
+            offsets.append(self.offset)
+            self.offset += len(item.token)
+            if prompt and index == 0:
+                values.append(None)
+                tops.append(None)
+                continue
             values.append(_finite(item.logprob))
             alternatives = {
                 alt.token: _finite(alt.logprob) for alt in item.top_logprobs[: self.top]
             }
             alternatives.setdefault(item.token, _finite(item.logprob))
             tops.append(alternatives)
-            offsets.append(self.offset)
-            self.offset += len(item.token)
         return {
             "tokens": tokens,
             "token_logprobs": values,

@@ -22,23 +22,14 @@ from localllm import __version__
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
-from ..generation import (
-    Job,
-    Outcome,
-    embed,
-    load_only,
-    parse_keep_alive,
-    resolve_model,
-    start,
-    timing_fields,
-)
-from ..options import drafter_label, merge_options, runner_config, sampling_options
-from ..runner.protocol import GenerationRequest, SamplingOptions, TokenLogprob
+from ..generation import embed, load_only, parse_keep_alive, resolve_model
+from ..options import drafter_label, merge_options, runner_config
 from ..runner.text import unicode_problem
 from ..state import DaemonState, StateDep
-from ..toolcalls import Parsed
+from ..toolcalls import ToolCall
 from . import models as model_routes
-from .logprobs import apply_logprobs, check_top_logprobs, ollama_logprobs
+from .core import Ask, Delta, Done, Reply, Turn, plan
+from .logprobs import check_top_logprobs, ollama_logprobs
 from .schemas_ollama import (
     ChatMessage,
     ChatRequest,
@@ -48,21 +39,10 @@ from .schemas_ollama import (
     Options,
 )
 from .streaming import NDJSON, ClosingStreamingResponse, dumps, ndjson_line
-from .tooling import (
-    AnswerStream,
-    ThinkPlan,
-    ToolPlan,
-    history_tool_calls,
-    jinja_override,
-    map_call_id,
-    model_template,
-    parse_think,
-    plan_thinking,
-    plan_tools,
-)
-from .vision import Images, no_vision, with_markers
+from .tooling import ToolPlan, jinja_override, parse_think, plan_thinking, plan_tools
+from .vision import Images, with_markers
 
-__all__ = ["OLLAMA_API_VERSION", "chat_messages", "no_vision", "ollama_tool_calls", "router"]
+__all__ = ["OLLAMA_API_VERSION", "ollama_tool_calls", "router", "timing_fields"]
 
 log = logging.getLogger("localllm.daemon")
 
@@ -91,16 +71,13 @@ def _options_dict(options: Options | None) -> dict[str, Any]:
     return options.model_dump(exclude_none=True) if options is not None else {}
 
 
-def apply_format(sampling: SamplingOptions, value: str | dict[str, Any] | None) -> None:
+def _format(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     """``format``: ``"json"`` for any JSON, a JSON schema object for structured output."""
     if value is None or value == "":
-        return
-    if value == "json":
-        sampling.json_mode = True
-    elif isinstance(value, dict):
-        sampling.json_schema = value
-    else:
-        raise HTTPProblem(400, 'format must be "json" or a JSON schema object', param="format")
+        return None
+    if value == "json" or isinstance(value, dict):
+        return value
+    raise HTTPProblem(400, 'format must be "json" or a JSON schema object', param="format")
 
 
 def require_unicode(text: str | None, field: str) -> None:
@@ -109,81 +86,54 @@ def require_unicode(text: str | None, field: str) -> None:
         raise HTTPProblem(400, problem, param=field)
 
 
-def _prepare(
-    state: DaemonState, body: GenerateRequest | ChatRequest
-) -> tuple[LocalModel, float | None, dict[str, Any]]:
-    """The checks /api/generate and /api/chat share: model, keep_alive, merged options."""
+def _ask(state: DaemonState, body: GenerateRequest | ChatRequest) -> Ask:
+    """What /api/generate and /api/chat share: model, keep_alive, options, format,
+    ``logprobs`` and ``top_logprobs``, ``shift``, ``truncate``, ``think``."""
     model = resolve_model(state, body.model_name())
     keep_alive = parse_keep_alive(body.keep_alive)
     options = merge_options(model, _options_dict(body.options))
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} does not support generate", param="model")
-    return model, keep_alive, options
-
-
-def _sampling(body: GenerateRequest | ChatRequest, options: dict[str, Any]) -> SamplingOptions:
-    """Sampling of a generate or chat request: its options, ``format``, ``logprobs`` and
-    ``top_logprobs``, and ``shift``."""
-    sampling = sampling_options(options)
-    apply_format(sampling, body.format)
     top = check_top_logprobs(body.top_logprobs)
-    # top_logprobs alone asks for log probabilities too: alternatives need the chosen token.
-    apply_logprobs(sampling, bool(body.logprobs) or top > 0, top)
-    if body.shift is False:
-        sampling.shift = False
-    return sampling
+    return Ask(
+        model=model,
+        api="ollama",
+        options=options,
+        keep_alive=keep_alive,
+        format=_format(body.format),
+        # top_logprobs alone asks for log probabilities too: alternatives need the token.
+        logprobs=bool(body.logprobs) or top > 0,
+        top_logprobs=top,
+        shift=body.shift,
+        truncate=body.truncate is True,
+        think=parse_think(body.think),
+    )
 
 
-def chat_messages(
-    model: LocalModel,
-    messages: list[ChatMessage],
-    system: str | None = None,
-    plan: ToolPlan | None = None,
-    images: Images | None = None,
-) -> list[dict[str, Any]]:
-    """The conversation the runner renders: system prompt, the model's MESSAGEs, the chat.
-
-    Calls and tool results keep the fields chat templates read (Hugging Face's convention):
-    an assistant's ``tool_calls`` with arguments as objects, a tool result's
-    ``tool_call_id`` and its tool's ``name`` (Ollama's ``tool_name``), an assistant's
-    reasoning as ``reasoning_content`` (what Qwen3's and DeepSeek's templates read) and
-    ``thinking`` (Ollama's name). A message's ``images`` go to ``images`` (which checks them)
-    and their markers before its text, as Ollama places them, whatever the role (Ollama
-    reads images on any message)."""
-    out: list[dict[str, Any]] = []
-    has_system = any(m.role == "system" for m in messages)
-    system_text = system if system is not None else model.system
-    if system_text and not has_system:
-        out.append({"role": "system", "content": system_text})
-    for example in model.messages:
-        out.append(
-            {"role": str(example.get("role", "user")), "content": example.get("content", "")}
-        )
+def _turns(model: LocalModel, messages: list[ChatMessage], images: Images) -> list[Turn]:
+    """Ollama's messages as turns. A message's ``images`` go to ``images`` (which checks
+    them) and their markers before its text, as Ollama places them, whatever the role
+    (Ollama reads images on any message)."""
+    turns = []
     for index, message in enumerate(messages):
         content = message.content or ""
         if message.images:
             where = f"messages[{index}].images"
-            if images is None:
-                raise HTTPProblem(400, no_vision(model), param=where)
             markers = [
                 images.add_base64(image, f"{where}[{i}]") for i, image in enumerate(message.images)
             ]
             content = with_markers(content, markers, f"messages[{index}].content")
-        item: dict[str, Any] = {"role": message.role.lower(), "content": content}
-        if message.thinking:
-            item["reasoning_content"] = message.thinking
-            item["thinking"] = message.thinking
-        if message.tool_calls:
-            item["tool_calls"] = history_tool_calls(
-                message.tool_calls, f"messages[{index}].tool_calls", plan
+        turns.append(
+            Turn(
+                role=message.role,
+                content=content,
+                thinking=message.thinking or None,
+                tool_calls=message.tool_calls or None,
+                tool_name=message.tool_name,
+                tool_call_id=message.tool_call_id,
             )
-        if message.tool_name:
-            item["tool_name"] = message.tool_name
-            item["name"] = message.tool_name
-        if message.tool_call_id:
-            item["tool_call_id"] = map_call_id(message.tool_call_id, plan)
-        out.append(item)
-    return out
+        )
+    return turns
 
 
 def ollama_tool_calls(plan: ToolPlan, calls: list[Any], first_index: int) -> list[dict[str, Any]]:
@@ -197,82 +147,100 @@ def ollama_tool_calls(plan: ToolPlan, calls: list[Any], first_index: int) -> lis
     ]
 
 
-def _final(model: str, outcome: Outcome, extra: dict[str, Any]) -> dict[str, Any]:
-    result = outcome.result
-    done_reason = result.done_reason if result.done_reason in ("stop", "length") else "stop"
+def timing_fields(done: Done) -> dict[str, Any]:
+    """Ollama's final-chunk metrics in nanoseconds, plus localllm's own fields."""
+    t = done.timings
+    outcome = done.outcome
+    evaluated = max(t.prompt_tokens - t.cached_tokens, 0)
+    return {
+        "total_duration": int(outcome.total_seconds * 1e9) if outcome else int(t.total_ms * 1e6),
+        "load_duration": int(outcome.load_seconds * 1e9) if outcome else 0,
+        "prompt_eval_count": t.prompt_tokens,
+        "prompt_eval_duration": int(t.prompt_ms * 1e6),
+        "eval_count": t.completion_tokens,
+        "eval_duration": int(t.decode_ms * 1e6),
+        # localllm extras: TTFT and the two phases apart; clients ignore unknown keys.
+        "ttft_duration": int(t.ttft_ms * 1e6),
+        "queue_duration": int(t.queued_ms * 1e6),
+        "prompt_cached_count": t.cached_tokens,
+        "prompt_evaluated_count": evaluated,
+        "prompt_eval_rate": round(t.prompt_tokens_per_s, 2),
+        "eval_rate": round(t.decode_tokens_per_s, 2),
+        "draft_count": t.draft_tokens,
+        "draft_accepted_count": t.draft_accepted,
+        **({"drafter": t.drafter} if t.drafter else {}),
+    }
+
+
+def _final(model: str, done: Done, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": model,
         "created_at": now_rfc3339(),
         **extra,
         "done": True,
-        "done_reason": done_reason,
-        **timing_fields(outcome),
+        # a call cut by the token limit is the limit, never a call
+        "done_reason": "length" if done.limited else "stop",
+        **timing_fields(done),
+        # localllm: the reasoning budget closed the reasoning block (the answer followed)
+        **({"thinking_budget_exhausted": True} if done.budget_exhausted else {}),
     }
 
 
 def _fields(
-    chat: bool, parsed: Parsed, calls: list[dict[str, Any]] | None = None
+    chat: bool, content: str, thinking: str, calls: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """An answer's fields: ``message`` (chat) or ``response`` and ``thinking`` (generate)."""
     if chat:
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.thinking:
-            message["thinking"] = parsed.thinking
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            message["thinking"] = thinking
         if calls:
             message["tool_calls"] = calls
         return {"message": message}
-    fields: dict[str, Any] = {"response": parsed.content}
-    if parsed.thinking:
-        fields["thinking"] = parsed.thinking
+    fields: dict[str, Any] = {"response": content}
+    if thinking:
+        fields["thinking"] = thinking
     return fields
 
 
 async def _run(
-    state: DaemonState,
-    request: Request,
-    job: Job,
-    *,
-    stream: bool,
-    chat: bool,
-    tools: ToolPlan | None = None,
-    think: ThinkPlan | None = None,
-    return_context: bool = False,
+    state: DaemonState, request: Request, ask: Ask, *, stream: bool, chat: bool
 ) -> Response:
-    """Run ``job`` and answer as NDJSON (stream) or one JSON object.
+    """Plan and run ``ask``; answer as NDJSON (stream) or one JSON object.
 
-    The output goes through an :class:`AnswerStream`: reasoning comes out as ``thinking``
-    (streamed before the answer), and with a tool ``plan`` (chat only) the text before a call
-    streams as it comes and each call arrives whole in a chunk of its own, as Ollama streams
-    them. Log probabilities travel with the chunk whose text they produced (text a parser
-    holds back takes its tokens' log probabilities along to the chunk that releases it)."""
-    name = job.model.name.short
-    options = job.request.options
-    top = options.top_logprobs
-    generation = await start(state, request, job)
-    # Only now is the rendered prompt known: did the template open the reasoning block?
-    answer = AnswerStream(tools, think, generation.stream.prompt_tail)
+    Reasoning comes out as ``thinking`` (streamed before the answer), and with tools (chat
+    only) the text before a call streams as it comes and each call arrives whole in a chunk
+    of its own, as Ollama streams them. Log probabilities travel with the chunk whose text
+    they produced."""
+    planned = plan(state, ask)
+    tools = planned.tools
+    name = ask.model.name.short
+    top = ask.top_logprobs
+    reply = await Reply.open(state, request, planned)
     calls_sent = 0
 
-    def calls_of(parsed: Parsed) -> list[dict[str, Any]] | None:
+    def calls_of(calls: list[ToolCall]) -> list[dict[str, Any]] | None:
         nonlocal calls_sent
-        if not parsed.calls or tools is None:
+        if not calls or tools is None:
             return None
-        calls = ollama_tool_calls(tools, parsed.calls, calls_sent)
-        calls_sent += len(calls)
-        return calls
+        shaped = ollama_tool_calls(tools, calls, calls_sent)
+        calls_sent += len(shaped)
+        return shaped
 
-    def final(outcome: Outcome, parsed: Parsed, logprobs: list[TokenLogprob]) -> dict[str, Any]:
-        fields = _fields(chat, parsed, calls_of(parsed))
-        if options.logprobs:
-            fields["logprobs"] = ollama_logprobs(logprobs, top)
-        body = _final(name, outcome, {**fields, **generation.truncation()})
-        if return_context and outcome.result.context is not None:
-            body["context"] = outcome.result.context
+    def final(done: Done, extra: dict[str, Any]) -> dict[str, Any]:
+        # localllm: what truncation dropped from a long chat's start (Ollama says nothing)
+        body = _final(name, done, {**extra, **done.truncation})
+        context = done.outcome.result.context if done.outcome is not None else None
+        if ask.return_context and context is not None:
+            body["context"] = context
         return body
 
     if not stream:
-        text, outcome = await generation.whole(request)
-        return JSONResponse(final(outcome, answer.whole(text), outcome.logprobs))
+        (whole,) = await reply.whole(request)
+        fields = _fields(chat, whole.content, whole.thinking, calls_of(whole.calls))
+        if ask.logprobs:
+            fields["logprobs"] = ollama_logprobs(whole.logprobs, top)
+        return JSONResponse(final(whole.done, fields))
 
     # Every line starts with the model's name: encoded once, then spliced with the rest.
     head = b'{"model":' + dumps(name) + b',"created_at":"'
@@ -283,47 +251,37 @@ async def _run(
             (head, now_rfc3339().encode(), b'",', inner, b"," if inner else b"", b'"done":false}\n')
         )
 
-    def lines_for(parsed: Parsed, logprobs: list[TokenLogprob]) -> list[bytes]:
+    def lines_for(delta: Delta) -> list[bytes]:
         pieces = []
-        if parsed.thinking:  # reasoning first, as Ollama streams it
-            pieces.append(_fields(chat, Parsed(thinking=parsed.thinking)))
-        if parsed.content:
-            pieces.append(_fields(chat, Parsed(content=parsed.content)))
-        calls = calls_of(parsed)
+        if delta.thinking:  # reasoning first, as Ollama streams it
+            pieces.append(_fields(chat, "", delta.thinking))
+        if delta.content:
+            pieces.append(_fields(chat, delta.content, ""))
+        calls = calls_of(delta.calls)
         if calls:
-            pieces.append(_fields(chat, Parsed(), calls))
-        if pieces and options.logprobs:
-            pieces[0]["logprobs"] = ollama_logprobs(logprobs, top)
+            pieces.append(_fields(chat, "", "", calls))
+        if pieces and ask.logprobs:
+            pieces[0]["logprobs"] = ollama_logprobs(delta.logprobs, top)
         return [line(fields) for fields in pieces]
 
     async def body() -> AsyncIterator[bytes]:
-        pending: list[TokenLogprob] = []
         try:
-            async for item in generation.chunks():
-                if isinstance(item, Outcome):
-                    if item.result.done_reason == "error":
-                        yield ndjson_line({"error": item.result.error or "generation failed"})
-                        return
-                    rest = answer.finish()
-                    if rest:
-                        for out in lines_for(rest, pending):
-                            yield out
-                        pending = []
-                    yield ndjson_line(final(item, Parsed(), pending))
+            async for _, event in reply.events():
+                if isinstance(event, Done):
+                    extra: dict[str, Any] = _fields(chat, "", "")
+                    if ask.logprobs:
+                        extra["logprobs"] = ollama_logprobs(event.logprobs, top)
+                    yield ndjson_line(final(event, extra))
                     return
-                pending += item.logprobs or []
-                parsed = answer.feed(item.text) if item.text else Parsed()
-                if parsed:
-                    for out in lines_for(parsed, pending):
-                        yield out
-                    pending = []
+                for out in lines_for(event):
+                    yield out
         except Exception as exc:
             problem = problem_from(exc, name)
             if problem.status >= 500:
                 log.warning("%s: stream failed: %s", name, exc, exc_info=problem.code == "internal")
             yield ndjson_line({"error": problem.message})
 
-    return ClosingStreamingResponse(body(), media_type=NDJSON, on_close=generation.close)
+    return ClosingStreamingResponse(body(), media_type=NDJSON, on_close=reply.close)
 
 
 def _load_response(name: str, done_reason: str, extra: dict[str, Any]) -> JSONResponse:
@@ -339,56 +297,16 @@ def _load_response(name: str, done_reason: str, extra: dict[str, Any]) -> JSONRe
 
 
 async def _load_or_unload(
-    state: DaemonState,
-    request: Request,
-    model: LocalModel,
-    options: dict[str, Any],
-    keep_alive: float | None,
-    extra: dict[str, Any],
+    state: DaemonState, request: Request, ask: Ask, extra: dict[str, Any]
 ) -> JSONResponse:
+    model = ask.model
     name = model.name.short
-    if keep_alive == 0:
+    if ask.keep_alive == 0:
         await state.scheduler.unload(model.name.full)
         return _load_response(name, "unload", extra)
-    config = runner_config(state.settings, model, options)
-    await load_only(state, request, model, config, keep_alive)
+    config = runner_config(state.settings, model, ask.options)
+    await load_only(state, request, model, config, ask.keep_alive)
     return _load_response(name, "load", extra)
-
-
-# The runner's template for a model that has none (its prepare() falls back to the same).
-_PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}"
-
-
-def _continuation(
-    model: LocalModel,
-    body: GenerateRequest,
-    template: str | None,
-    kwargs: dict[str, Any],
-    prompt: str,
-) -> str:
-    """The templated prompt of a generate request that continues ``context``.
-
-    Ollama renders the new prompt and puts it after the context's tokens; the runner takes
-    ``context`` only before a prompt it does not template, so the template is rendered here
-    (in the same sandbox the runner uses). The model's default system prompt was part of
-    the earlier exchange and is not repeated; a ``system`` in the request is. The prompt
-    continues a sequence, so the template's BOS text is left out (``bos_token`` is empty).
-    """
-    from ..runner.chat import TemplateRenderError, render_chat
-
-    messages: list[dict[str, Any]] = []
-    if body.system:
-        messages.append({"role": "system", "content": body.system})
-    messages.append({"role": "user", "content": prompt})
-    try:
-        return render_chat(
-            template or model.info.chat_template or _PLAIN_TEMPLATE,
-            messages,
-            add_generation_prompt=True,
-            extra=kwargs,
-        )
-    except TemplateRenderError as exc:
-        raise HTTPProblem(400, str(exc), param="template") from None
 
 
 @router.post("/api/generate", summary="Generate a completion")
@@ -407,95 +325,49 @@ async def generate(body: GenerateRequest, request: Request, state: StateDep) -> 
     for field in ("prompt", "system", "suffix"):
         # Checked here because the runner sees a templated prompt as a chat message.
         require_unicode(getattr(body, field), field)
-    model, keep_alive, options = _prepare(state, body)
-    think = parse_think(body.think)
-    images = Images(state.settings, model)
+    ask = _ask(state, body)
+    images = Images(state.settings, ask.model)
     markers = [
         images.add_base64(image, f"images[{i}]") for i, image in enumerate(body.images or [])
     ]
     prompt = with_markers(body.prompt or "", markers, "prompt")
     if not prompt and not body.suffix:
-        return await _load_or_unload(state, request, model, options, keep_alive, {"response": ""})
+        return await _load_or_unload(state, request, ask, {"response": ""})
     if body.suffix:
         # fill-in-the-middle is its own prompt format: no template, no earlier exchange
-        for field, value in (("context", body.context), ("think", think), ("images", markers)):
+        for field, value in (("context", body.context), ("think", ask.think), ("images", markers)):
             if value:
                 raise HTTPProblem(400, f"{field} cannot be combined with suffix", param=field)
-    runner_request = GenerationRequest(
-        id="", options=_sampling(body, options), truncate=body.truncate is True
-    )
-    thinking: ThinkPlan | None = None
-    if body.raw or body.suffix:
-        runner_request.prompt = prompt
-        runner_request.raw = bool(body.raw)
-        runner_request.suffix = body.suffix
-        if body.raw and think:
-            # no template to switch: the reasoning the model writes is split out
-            thinking = plan_thinking(model, think)
-    else:
-        template = jinja_override(body.template) or model_template(model)
-        thinking = plan_thinking(model, think, template=template)
-        if body.context:
-            kwargs = thinking.template_kwargs() if thinking is not None else {}
-            runner_request.prompt = _continuation(model, body, template, kwargs, prompt)
-            runner_request.raw = True
-            runner_request.context = list(body.context)
-        else:
-            user = [ChatMessage(role="user", content=prompt)]
-            runner_request.messages = chat_messages(model, user, body.system)
-            runner_request.template = template
-    runner_request.images = images.encoded
+    ask.prompt = prompt
+    ask.raw = bool(body.raw)
+    ask.suffix = body.suffix or None
+    ask.system = body.system
+    ask.template = jinja_override(body.template)
+    ask.context = list(body.context) if body.context else None
+    ask.images = images
     # Ollama returns the context of templated answers only (a raw prompt has no turn to
     # continue).
-    runner_request.return_context = not body.raw
-    if thinking is not None:
-        thinking.apply(runner_request)
-    job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
-    return await _run(
-        state,
-        request,
-        job,
-        stream=body.stream is not False,
-        chat=False,
-        think=thinking,
-        return_context=not body.raw,
-    )
+    ask.return_context = not body.raw
+    return await _run(state, request, ask, stream=body.stream is not False, chat=False)
 
 
 @router.post("/api/chat", summary="Chat with a model")
 async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response:
     """Ollama's /api/chat: messages rendered with the model's chat template; ``tools``,
     ``think``, ``logprobs``."""
-    model, keep_alive, options = _prepare(state, body)
-    plan = plan_tools(model, body.tools, constrained_output=bool(body.format))
-    thinking = plan_thinking(model, parse_think(body.think))
-    empty_message = {"message": {"role": "assistant", "content": ""}}
+    ask = _ask(state, body)
+    ask.tools = body.tools
     if not body.messages:
-        return await _load_or_unload(state, request, model, options, keep_alive, empty_message)
-    images = Images(state.settings, model)
-    runner_request = GenerationRequest(
-        id="",
-        messages=chat_messages(model, body.messages, plan=plan, images=images),
-        template=model_template(model),
-        options=_sampling(body, options),
-        # Ollama drops a long chat's oldest turns; only truncate: false asks for the 400.
-        truncate=body.truncate is not False,
-        images=images.encoded,
-    )
-    if plan is not None:
-        plan.apply(runner_request)
-    if thinking is not None:
-        thinking.apply(runner_request)
-    job = Job.for_model(state, model, options, runner_request, keep_alive, "ollama")
-    return await _run(
-        state,
-        request,
-        job,
-        stream=body.stream is not False,
-        chat=True,
-        tools=plan,
-        think=thinking,
-    )
+        # the request's tools and think are checked all the same
+        plan_tools(ask.model, body.tools, constrained_output=ask.format is not None)
+        plan_thinking(ask.model, ask.think)
+        empty = {"message": {"role": "assistant", "content": ""}}
+        return await _load_or_unload(state, request, ask, empty)
+    # Ollama drops a long chat's oldest turns; only truncate: false asks for the 400.
+    ask.truncate = body.truncate is not False
+    ask.images = Images(state.settings, ask.model)
+    ask.turns = _turns(ask.model, body.messages, ask.images)
+    return await _run(state, request, ask, stream=body.stream is not False, chat=True)
 
 
 def _shorten(vector: list[float], dimensions: int | None) -> list[float]:

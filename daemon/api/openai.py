@@ -4,12 +4,11 @@ configured with a bare base URL).
 
 Streams are server-sent events ending with ``data: [DONE]``; ``stream_options.include_usage``
 adds a last chunk with ``usage`` and no choices. Errors use OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}`` (rendered in :mod:`..app`).
+``{"error": {"message", "type", "param", "code"}}`` (:func:`.errorshapes.openai_error`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import json
@@ -17,9 +16,8 @@ import logging
 import secrets
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -28,18 +26,14 @@ from starlette.concurrency import run_in_threadpool
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
-from ..generation import Generation, Job, Outcome, embed, resolve_model, start
-from ..options import merge_options, runner_config, sampling_options
-from ..runner.protocol import (
-    GenerationRequest,
-    SamplingOptions,
-    TokenLogprob,
-)
+from ..generation import embed, resolve_model
+from ..options import merge_options, runner_config
+from ..runner.protocol import TokenLogprob
 from ..state import DaemonState, StateDep
-from ..toolcalls import Parsed, ToolCall
-from .logprobs import LegacyLogprobs, apply_logprobs, chat_logprobs, check_top_logprobs
-from .ollama import chat_messages
-from .schemas_ollama import ChatMessage
+from ..toolcalls import ToolCall
+from .core import Ask, Delta, Done, Plan, Reply, Turn, Whole, plan, plan_batch
+from .errorshapes import openai_error
+from .logprobs import LegacyLogprobs, chat_logprobs, check_top_logprobs
 from .schemas_openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,40 +43,37 @@ from .schemas_openai import (
     ResponseFormat,
 )
 from .streaming import ClosingStreamingResponse, dumps, sse_event
-from .tooling import (
-    AnswerStream,
-    ThinkPlan,
-    ToolPlan,
-    model_template,
-    plan_thinking,
-    plan_tools,
-    reasoning_effort_think,
-)
+from .tooling import ToolPlan, reasoning_effort_think
 from .vision import Images, no_vision
 
-__all__ = ["error_body", "router"]
+__all__ = ["router"]
 
 log = logging.getLogger("localllm.daemon")
 
 router = APIRouter()
 """The routes without a prefix; the app mounts them under ``/v1`` and at the root."""
 
-_FINISH = {"stop": "stop", "length": "length", "cancel": "stop"}
 
-T = TypeVar("T")
-
-
-def _usage(outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """OpenAI's ``usage`` of one answer: the prompt counted once (its ``n`` choices share
-    it), the completion tokens of every choice added up."""
-    first = outcomes[0]
-    t = first.result.timings
-    completion = sum(o.result.timings.completion_tokens for o in outcomes)
+def _usage(dones: Sequence[Done], n: int) -> dict[str, Any]:
+    """OpenAI's ``usage`` of one answer (its choices in order, ``n`` per prompt): each
+    prompt counted once (its choices share it), the completion tokens of every choice
+    added up."""
+    first = dones[0]
+    t = first.timings
+    prompts = dones[::n]
+    prompt = sum(done.prompt_tokens for done in prompts)
+    cached = sum(done.cached_tokens for done in prompts)
+    completion = sum(done.output_tokens for done in dones)
+    reasoning = sum(done.reasoning_tokens for done in dones)
+    load_s = first.outcome.load_seconds if first.outcome is not None else 0.0
     return {
-        "prompt_tokens": t.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": t.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
+        # localllm: a reasoning budget closed some choice's reasoning (the answer followed)
+        **({"reasoning_budget_exhausted": True} if any(d.budget_exhausted for d in dones) else {}),
         # localllm's own timings (of the first choice), so clients can show TTFT and
         # prefill vs decode speed.
         "timings": {
@@ -92,9 +83,17 @@ def _usage(outcomes: Sequence[Outcome]) -> dict[str, Any]:
             "prompt_tokens_per_s": round(t.prompt_tokens_per_s, 2),
             "decode_ms": round(t.decode_ms, 3),
             "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
-            "load_ms": round(first.load_seconds * 1000, 3),
+            "load_ms": round(load_s * 1000, 3),
         },
     }
+
+
+def _finish_reason(done: Done) -> str:
+    """``tool_calls`` when the answer made calls and none was cut, else ``length`` for a
+    limit (a call cut by it included), else ``stop``."""
+    if done.calls and not done.cut:
+        return "tool_calls"
+    return "length" if done.limited else "stop"
 
 
 def _logit_bias(value: dict[str, float] | None) -> dict[str, float]:
@@ -117,9 +116,13 @@ def _logit_bias(value: dict[str, float] | None) -> dict[str, float]:
     return out
 
 
-def _sampling(
-    model: LocalModel, body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
-) -> dict[str, Any]:
+def _ask(
+    state: DaemonState, body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
+) -> Ask:
+    """What both routes share: the model, the sampling overrides, ``n``, ``logit_bias``."""
+    model = resolve_model(state, body.model)
+    if "completion" not in model.capabilities():
+        raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
     overrides: dict[str, Any] = {}
     if max_tokens is not None:
         overrides["num_predict"] = max_tokens
@@ -132,29 +135,26 @@ def _sampling(
         if len(stops) > 16:
             raise HTTPProblem(400, "stop may hold at most 16 strings", param="stop")
         overrides["stop"] = stops
-    return merge_options(model, overrides, prefix="")
+    return Ask(
+        model=model,
+        api="openai",
+        options=merge_options(model, overrides, prefix=""),
+        logit_bias=_logit_bias(body.logit_bias),
+        n=body.n or 1,
+    )
 
 
-def _runner_options(
-    body: ChatCompletionRequest | CompletionRequest, options: dict[str, Any]
-) -> SamplingOptions:
-    sampling = sampling_options(options)
-    sampling.logit_bias = _logit_bias(body.logit_bias)
-    return sampling
-
-
-def _apply_response_format(job: GenerationRequest, fmt: ResponseFormat | None) -> None:
+def _response_format(fmt: ResponseFormat | None) -> str | dict[str, Any] | None:
     if fmt is None or fmt.type == "text":
-        return
+        return None
     if fmt.type == "json_object":
-        job.options.json_mode = True
-        return
+        return "json"
     schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
     if not isinstance(schema, dict):
         raise HTTPProblem(
             400, "response_format.json_schema.schema is required", param="response_format"
         )
-    job.options.json_schema = schema
+    return schema
 
 
 _DETAILS = ("auto", "low", "high")
@@ -215,322 +215,101 @@ def _text_content(model: LocalModel, message: Message, index: int, images: Image
     return "".join(parts)
 
 
-def _messages(
-    model: LocalModel, body: ChatCompletionRequest, plan: ToolPlan | None, images: Images
-) -> list[dict[str, Any]]:
-    converted = []
-    for i, m in enumerate(body.messages):
-        message = ChatMessage(
+def _turns(model: LocalModel, body: ChatCompletionRequest, images: Images) -> list[Turn]:
+    return [
+        Turn(
             role="system" if m.role == "developer" else m.role,
             content=_text_content(model, m, i, images),
-            tool_calls=m.tool_calls,
-            tool_call_id=m.tool_call_id,
-            # a tool result's name is the tool's (OpenAI's deprecated function messages)
-            tool_name=m.name if m.role == "tool" else None,
             # reasoning in the history, under llama-server's or vLLM's name
             thinking=m.reasoning_content or m.reasoning,
+            tool_calls=m.tool_calls,
+            # a tool result's name is the tool's (OpenAI's deprecated function messages)
+            tool_name=m.name if m.role == "tool" else None,
+            tool_call_id=m.tool_call_id,
         )
-        converted.append(message)
-    return chat_messages(model, converted, plan=plan)
+        for i, m in enumerate(body.messages)
+    ]
 
 
 def _include_usage(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-def _check_model(model: LocalModel) -> None:
-    if "completion" not in model.capabilities():
-        raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
+def _sse_error(problem: HTTPProblem) -> bytes:
+    return sse_event({"error": openai_error(problem)["error"]})
 
 
-def _jobs(
-    state: DaemonState,
-    model: LocalModel,
-    options: dict[str, Any],
-    runner_request: GenerationRequest,
-    n: int,
-) -> list[Job]:
-    """``n`` jobs for one prompt. Sent together, the engine prefills the prompt once and
-    shares it into the other sequences. With a seed, choice i samples with seed + i: the
-    choices differ, and each is reproducible on its own."""
-    jobs = []
-    for index in range(n):
-        copy = dataclasses.replace(
-            runner_request, options=dataclasses.replace(runner_request.options)
-        )
-        if index and copy.options.seed >= 0:
-            copy.options.seed = (copy.options.seed + index) & 0xFFFFFFFF
-        jobs.append(Job.for_model(state, model, options, copy, None, "openai"))
-    return jobs
-
-
-@dataclass
-class _Choice:
-    """One of an answer's ``n`` choices while it is written."""
-
-    index: int
-    """The choice's ``index``."""
-    job: Job
-    """Its generation."""
-    answer: AnswerStream = field(default_factory=AnswerStream)
-    """Its output parser (made again once the prompt is rendered)."""
-    first: bool = True
-    """No chunk of it has been sent yet (the first carries the role, or the echo)."""
-    calls: int = 0
-    """Tool calls given a streamed ``index`` so far."""
-    pending: list[TokenLogprob] = field(default_factory=list)
-    """Log probabilities of tokens whose text a parser still holds back."""
-    legacy: LegacyLogprobs | None = None
-    """The legacy completions API's log probabilities, with their text offsets."""
-
-
-ChoiceFn = Callable[[_Choice, Parsed, str | None, list[TokenLogprob]], dict[str, Any]]
-DeltaFn = Callable[[_Choice, Parsed | None, str | None, list[TokenLogprob]], dict[str, Any]]
-
-
-async def _all(awaitables: Sequence[Awaitable[T]]) -> list[T]:
-    """Await all together; the first failure cancels the rest and is raised."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+ChoiceFn = Callable[[int, Whole], dict[str, Any]]
+DeltaFn = Callable[[int, Delta | None, Done | None], dict[str, Any]]
 
 
 async def _answer(
     state: DaemonState,
     request: Request,
-    jobs: list[Job],
-    *,
-    stream: bool,
-    include_usage: bool,
-    object_name: str,
-    id_prefix: str,
-    choice: ChoiceFn,
-    delta: DeltaFn,
-    tools: ToolPlan | None = None,
-    think: ThinkPlan | None = None,
-    legacy_logprobs: int | None = None,
+    planned: Plan,
+    body: ChatCompletionRequest | CompletionRequest,
+    shape: tuple[ChoiceFn, DeltaFn],
 ) -> Response:
-    """Run ``jobs`` (the ``n`` choices of one prompt, all at once) and answer in OpenAI's
-    shape. Each choice's text goes through its own :class:`AnswerStream` (reasoning split
-    out, calls parsed: streamed, text before a call streams as it comes, each call comes
-    whole); streamed chunks carry the choice's ``index``."""
-    name = jobs[0].model.name.short
-    choices = [_Choice(index, job) for index, job in enumerate(jobs)]
-    if legacy_logprobs is not None:
-        for c in choices:
-            c.legacy = LegacyLogprobs(legacy_logprobs)
+    """Run ``planned`` (its choices at once) and answer in OpenAI's shape (``shape``: how a
+    whole choice and a streamed delta look), whole or as chunks that carry each choice's
+    ``index``."""
+    choice, delta = shape
+    if isinstance(body, ChatCompletionRequest):
+        object_name, id_prefix = "chat.completion", "chatcmpl"
+    else:
+        object_name, id_prefix = "text_completion", "cmpl"
+    stream, include_usage = bool(body.stream), _include_usage(body)
+    reply = await Reply.open(state, request, planned)
+    name = planned.ask.model.name.short
     ident = f"{id_prefix}-{secrets.token_hex(12)}"
-    base = {
-        "id": ident,
-        "created": int(time.time()),
-        "model": name,
-        "system_fingerprint": "localllm",
-    }
+    base = {"id": ident, "created": int(time.time()), "model": name}
 
     if not stream:
-
-        async def run(c: _Choice) -> tuple[Parsed, str, Outcome]:
-            generation = await start(state, request, c.job)
-            try:
-                text, outcome = await generation.whole(request)
-            finally:
-                generation.close()
-            parsed = AnswerStream(tools, think, generation.stream.prompt_tail).whole(text)
-            reason = _FINISH.get(outcome.result.done_reason, "stop")
-            return parsed, "tool_calls" if parsed.calls else reason, outcome
-
-        results = await _all([run(c) for c in choices])
+        wholes = await reply.whole(request)
         return JSONResponse(
             {
                 **base,
                 "object": object_name,
-                "choices": [
-                    choice(c, parsed, finish, outcome.logprobs)
-                    for c, (parsed, finish, outcome) in zip(choices, results, strict=True)
-                ],
-                "usage": _usage([outcome for _, _, outcome in results]),
+                "system_fingerprint": "localllm",
+                "choices": [choice(index, whole) for index, whole in enumerate(wholes)],
+                "usage": _usage([whole.done for whole in wholes], planned.ask.n),
             }
         )
 
-    # All choices start at once (so the engine shares the prompt); the first one's start
-    # decides the status code: a bad request fails it before anything is sent.
-    starts = [asyncio.ensure_future(start(state, request, c.job)) for c in choices]
-    fanout = _Fanout(starts)
-    try:
-        await asyncio.shield(starts[0])
-    except BaseException:
-        fanout.close()
-        raise
     chunk_object = f"{object_name}.chunk" if object_name == "chat.completion" else object_name
-
     # Every chunk starts alike: encoded once, then only its choices (and extras) per chunk.
-    head = b"data: " + dumps({**base, "object": chunk_object})[:-1] + b',"choices":'
+    head = (
+        b"data: "
+        + dumps({**base, "object": chunk_object, "system_fingerprint": "localllm"})[:-1]
+        + b',"choices":'
+    )
 
     def chunk(parts: list[dict[str, Any]], **extra: Any) -> bytes:
         more = b"," + dumps(extra)[1:-1] if extra else b""
         return head + dumps(parts) + more + b"}\n\n"
 
+    usage_null = {"usage": None} if include_usage else {}
+
     async def body() -> AsyncIterator[bytes]:
-        outcomes: list[Outcome | None] = [None] * len(choices)
+        dones: dict[int, Done] = {}
         try:
-            async for index, item in fanout.items():
-                c = choices[index]
-                if isinstance(item, BaseException):
-                    yield _sse_error(problem_from(item, name))
-                    return
-                if isinstance(item, Generation):
-                    c.answer = AnswerStream(tools, think, item.stream.prompt_tail)
-                    continue
-                if isinstance(item, Outcome):
-                    if item.result.done_reason == "error":
-                        yield _sse_error(500, item.result.error or "generation failed")
-                        return
-                    rest = c.answer.finish()
-                    if rest:
-                        yield chunk([delta(c, rest, None, c.pending)])
-                        c.pending = []
-                    finish = _FINISH.get(item.result.done_reason, "stop")
-                    if c.answer.calls_made:
-                        finish = "tool_calls"
-                    yield chunk([delta(c, None, finish, c.pending)])
-                    c.pending = []
-                    outcomes[index] = item
-                    continue
-                c.pending += item.logprobs or []
-                parsed = c.answer.feed(item.text) if item.text else Parsed()
-                if parsed:
-                    yield chunk([delta(c, parsed, None, c.pending)])
-                    c.pending = []
+            async for index, event in reply.events():
+                if isinstance(event, Done):
+                    dones[index] = event
+                    yield chunk([delta(index, None, event)], **usage_null)
+                else:
+                    yield chunk([delta(index, event, None)], **usage_null)
             if include_usage:
-                yield chunk([], usage=_usage([o for o in outcomes if o is not None]))
+                yield chunk([], usage=_usage([dones[i] for i in sorted(dones)], planned.ask.n))
         except Exception as exc:
             yield _sse_error(problem_from(exc, name))
             return
         yield sse_event("[DONE]")
 
-    return ClosingStreamingResponse(body(), media_type="text/event-stream", on_close=fanout.close)
+    return ClosingStreamingResponse(body(), media_type="text/event-stream", on_close=reply.close)
 
 
-class _Fanout:
-    """The ``n`` generations of a streamed answer, read together.
-
-    :meth:`items` yields ``(index, item)`` as they come from any choice: the choice's
-    :class:`Generation` once it started, its chunks, its :class:`Outcome` (after which it is
-    over), or an exception. With several choices each generation is read by a task of its
-    own, so choices that wait for a slot get one as soon as earlier choices finish, whatever
-    the client reads; a single choice is read in place.
-    :meth:`close` stops them all (idempotent)."""
-
-    def __init__(self, starts: list[asyncio.Future[Generation]]) -> None:
-        self.starts = starts
-        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self._readers: list[asyncio.Task[None]] = []
-
-    async def _read(self, index: int) -> None:
-        try:
-            generation = await self.starts[index]
-        except BaseException as exc:
-            self._queue.put_nowait((index, exc))
-            return
-        try:
-            self._queue.put_nowait((index, generation))
-            async for item in generation.chunks():
-                self._queue.put_nowait((index, item))
-        except Exception as exc:
-            self._queue.put_nowait((index, exc))
-        finally:
-            generation.close()
-
-    async def items(self) -> AsyncIterator[tuple[int, Any]]:
-        """Every choice's items until each has its outcome (or one fails)."""
-        if len(self.starts) == 1:
-            # One choice (nearly every request): read it here. A reader task would only
-            # add a queue and a task wake-up per token; the generation's own pump already
-            # frees the slot whatever the client reads.
-            try:
-                generation = await self.starts[0]
-            except Exception as exc:
-                yield 0, exc
-                return
-            yield 0, generation
-            try:
-                async for item in generation.chunks():
-                    yield 0, item
-            except Exception as exc:
-                yield 0, exc
-            return
-        self._readers = [asyncio.create_task(self._read(i)) for i in range(len(self.starts))]
-        open_choices = len(self.starts)
-        while open_choices:
-            index, item = await self._queue.get()
-            if isinstance(item, Outcome | BaseException):
-                open_choices -= 1
-            yield index, item
-
-    def close(self) -> None:
-        """Stop every reader and every generation that started but is not read."""
-        for reader in self._readers:
-            reader.cancel()
-        for future in self.starts:
-            if not future.done():
-                future.cancel()
-            elif not future.cancelled() and future.exception() is None:
-                # close() is idempotent; a reader cancelled before it ran never closes it
-                future.result().close()
-
-
-def _sse_error(problem: HTTPProblem | int, message: str = "") -> bytes:
-    if isinstance(problem, int):
-        problem = HTTPProblem(problem, message)
-    return sse_event({"error": error_body(problem)["error"]})
-
-
-_OVERFLOW_PARAM = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}
-
-
-def error_body(problem: HTTPProblem, path: str = "") -> dict[str, Any]:
-    """OpenAI's error object for ``problem`` on the route at ``path``.
-
-    A prompt over the context is OpenAI's ``context_length_exceeded`` (what its clients and
-    agents that trim history look for), naming the request field that holds the prompt."""
-    code, param = problem.code, problem.param
-    if code in ("context_overflow", "context_length_exceeded"):
-        code = "context_length_exceeded"
-        route = path.removeprefix("/v1").strip("/")
-        param = param or _OVERFLOW_PARAM.get(route)
-    kinds = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        403: "permission_error",
-        404: "invalid_request_error",
-        429: "rate_limit_error",
-        501: "not_implemented",
-        503: "server_busy",
-    }
-    return {
-        "error": {
-            "message": problem.message,
-            "type": kinds.get(problem.status, "api_error"),
-            "param": param,
-            "code": code,
-        }
-    }
-
-
-def _chat_thinking(model: LocalModel, body: ChatCompletionRequest) -> ThinkPlan | None:
-    """``reasoning_effort`` as the model's reasoning switch (400 for a model that does not
-    reason, unless it is ``none``)."""
-    return plan_thinking(
-        model, reasoning_effort_think(body.reasoning_effort), field="reasoning_effort"
-    )
-
-
-def _template_kwargs(value: dict[str, Any] | None) -> dict[str, Any]:
+def _chat_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any]:
     """llama-server's ``chat_template_kwargs``: variables for the template (names only;
     the template decides what the values mean)."""
     if not value:
@@ -546,188 +325,227 @@ def _template_kwargs(value: dict[str, Any] | None) -> dict[str, Any]:
     return dict(value)
 
 
+def _openai_calls(
+    tools: ToolPlan | None, calls: list[ToolCall], first: int, streamed: bool
+) -> list[dict[str, Any]]:
+    assert tools is not None
+    out = []
+    for number, call in enumerate(calls):
+        item: dict[str, Any] = {
+            "id": tools.call_id(call),
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        }
+        out.append({"index": first + number, **item} if streamed else item)
+    return out
+
+
 @router.post("/chat/completions", summary="Chat completion (OpenAI)")
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, state: StateDep
 ) -> Response:
     """OpenAI's chat completions, streamed as SSE when ``stream`` is true: tools, reasoning
     (``reasoning_effort`` in, ``reasoning_content`` out), ``logprobs``, ``n`` choices."""
-    model = resolve_model(state, body.model)
-    _check_model(model)
-    formatted = body.response_format is not None and body.response_format.type != "text"
-    plan = plan_tools(
-        model,
-        body.tools,
-        tool_choice=body.tool_choice,
-        parallel=body.parallel_tool_calls,
-        constrained_output=formatted,
-    )
-    thinking = _chat_thinking(model, body)
+    ask = _ask(state, body, body.max_completion_tokens or body.max_tokens)
     top = check_top_logprobs(body.top_logprobs)
     if top and not body.logprobs:
         raise HTTPProblem(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    want_logprobs = bool(body.logprobs)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    options = _sampling(model, body, max_tokens)
-    images = Images(state.settings, model)
-    runner_request = GenerationRequest(
-        id="",
-        messages=_messages(model, body, plan, images),
-        template=model_template(model),
-        options=_runner_options(body, options),
-        images=images.encoded,
-    )
-    apply_logprobs(runner_request.options, want_logprobs, top)
-    _apply_response_format(runner_request, body.response_format)
-    if plan is not None:
-        plan.apply(runner_request)
-    if thinking is not None:
-        thinking.apply(runner_request)
-    # explicit template variables win over the ones reasoning_effort sets
-    runner_request.template_kwargs.update(_template_kwargs(body.chat_template_kwargs))
-    jobs = _jobs(state, model, options, runner_request, body.n or 1)
-
-    def openai_calls(c: _Choice, calls: list[ToolCall], streamed: bool) -> list[dict[str, Any]]:
-        assert plan is not None
-        out = []
-        for call in calls:
-            item: dict[str, Any] = {
-                "id": plan.call_id(call),
-                "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-            }
-            if streamed:
-                item = {"index": c.calls, **item}
-            c.calls += 1
-            out.append(item)
-        return out
+    ask.logprobs, ask.top_logprobs = bool(body.logprobs), top
+    ask.format = _response_format(body.response_format)
+    ask.tools, ask.tool_choice = body.tools, body.tool_choice
+    ask.parallel = body.parallel_tool_calls
+    # a model that does not reason takes only "none"
+    ask.think = reasoning_effort_think(body.reasoning_effort)
+    ask.think_field = "reasoning_effort"
+    ask.template_kwargs = _chat_template_kwargs(body.chat_template_kwargs)
+    ask.images = Images(state.settings, ask.model)
+    ask.turns = _turns(ask.model, body, ask.images)
+    planned = plan(state, ask)
+    tools = planned.tools
+    calls_sent = [0] * ask.n
+    first_chunk = [True] * ask.n
 
     def logprobs_of(items: list[TokenLogprob]) -> dict[str, Any] | None:
-        return chat_logprobs(items, top) if want_logprobs else None
+        return chat_logprobs(items, top) if ask.logprobs else None
 
-    def choice(
-        c: _Choice, parsed: Parsed, finish: str | None, items: list[TokenLogprob]
-    ) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.thinking:  # llama-server's and DeepSeek's field for reasoning
-            message["reasoning_content"] = parsed.thinking
-        if parsed.calls:
-            message["content"] = parsed.content or None
-            message["tool_calls"] = openai_calls(c, parsed.calls, streamed=False)
+    def choice(index: int, whole: Whole) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": whole.content,
+            "refusal": None,
+        }
+        if whole.thinking:  # llama-server's and DeepSeek's field for reasoning
+            message["reasoning_content"] = whole.thinking
+        if whole.calls:
+            message["content"] = whole.content or None
+            message["tool_calls"] = _openai_calls(tools, whole.calls, 0, False)
         return {
-            "index": c.index,
+            "index": index,
             "message": message,
-            "finish_reason": finish,
-            "logprobs": logprobs_of(items),
+            "finish_reason": _finish_reason(whole.done),
+            "logprobs": logprobs_of(whole.logprobs),
         }
 
-    def delta(
-        c: _Choice, parsed: Parsed | None, finish: str | None, items: list[TokenLogprob]
-    ) -> dict[str, Any]:
+    def delta(index: int, piece: Delta | None, done: Done | None) -> dict[str, Any]:
         content: dict[str, Any] = {}
-        if c.first:
+        if first_chunk[index]:
             content["role"] = "assistant"
-            c.first = False
-        if parsed is not None:
-            if parsed.thinking:
-                content["reasoning_content"] = parsed.thinking
-            if parsed.content or not (parsed.calls or parsed.thinking):
-                content["content"] = parsed.content
-            if parsed.calls:
-                content["tool_calls"] = openai_calls(c, parsed.calls, streamed=True)
+            first_chunk[index] = False
+        items: list[TokenLogprob] = []
+        if piece is not None:
+            items = piece.logprobs
+            if piece.thinking:
+                content["reasoning_content"] = piece.thinking
+            if piece.content or not (piece.calls or piece.thinking):
+                content["content"] = piece.content
+            if piece.calls:
+                content["tool_calls"] = _openai_calls(tools, piece.calls, calls_sent[index], True)
+                calls_sent[index] += len(piece.calls)
+        elif done is not None:
+            items = done.logprobs
         return {
-            "index": c.index,
+            "index": index,
             "delta": content,
-            "finish_reason": finish,
+            "finish_reason": _finish_reason(done) if done is not None else None,
             "logprobs": logprobs_of(items) if items else None,
         }
 
-    return await _answer(
-        state,
-        request,
-        jobs,
-        stream=bool(body.stream),
-        include_usage=_include_usage(body),
-        object_name="chat.completion",
-        id_prefix="chatcmpl",
-        choice=choice,
-        delta=delta,
-        tools=plan,
-        think=thinking,
-    )
+    return await _answer(state, request, planned, body, (choice, delta))
+
+
+def _prompts(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """OpenAI's ``prompt``: a string, a list of strings, one prompt as token ids, or a list
+    of them; each one is a prompt of its own."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        return [""]
+    if all(isinstance(item, int) for item in value):
+        return [list(value)]  # type: ignore[arg-type]
+    prompts: list[str | list[int]] = []
+    for index, item in enumerate(value):
+        if isinstance(item, list) and not item:
+            raise HTTPProblem(400, f"prompt[{index}] is an empty list of tokens", param="prompt")
+        prompts.append(item)  # type: ignore[arg-type]
+    return prompts
+
+
+def _prompt_ask(ask: Ask, prompt: str | list[int], body: CompletionRequest) -> Ask:
+    """``ask`` for one of the request's prompts."""
+    one = dataclasses.replace(ask)
+    if isinstance(prompt, list):
+        if body.suffix:
+            raise HTTPProblem(400, "suffix goes with a text prompt, not tokens", param="suffix")
+        one.prompt_tokens = prompt
+    else:
+        one.prompt, one.raw, one.suffix = prompt, True, body.suffix or None
+    # an echoed token prompt is shown as its tokens' text, which the prefill reports
+    one.prompt_logprobs = bool(body.echo) and (ask.logprobs or isinstance(prompt, list))
+    return one
 
 
 @router.post("/completions", summary="Text completion (OpenAI), with suffix for FIM")
 async def completions(body: CompletionRequest, request: Request, state: StateDep) -> Response:
-    """OpenAI's legacy completions: a raw prompt, or fill-in-the-middle with ``suffix``;
-    ``logprobs`` (an int: alternatives per token), ``n`` choices."""
-    model = resolve_model(state, body.model)
-    _check_model(model)
-    if isinstance(body.prompt, list):
-        if len(body.prompt) != 1:
-            raise HTTPProblem(400, "prompt must be a single string", param="prompt")
-        prompt = body.prompt[0]
-    else:
-        prompt = body.prompt
-    n = body.n or 1
-    if body.best_of is not None and body.best_of != n:
+    """OpenAI's legacy completions: a raw prompt (or several, or token ids), or
+    fill-in-the-middle with ``suffix``; ``logprobs`` (an int: alternatives per token), ``n``
+    choices per prompt; ``echo`` with ``logprobs`` scores the prompt itself (its tokens' log
+    probabilities, from the prefill), ``max_tokens: 0`` generates nothing: the
+    log-likelihood requests of evaluation harnesses."""
+    ask = _ask(state, body, body.max_tokens or None)
+    prompts = _prompts(body.prompt)
+    if body.best_of is not None and body.best_of != ask.n:
         raise HTTPProblem(
             400, "best_of is not supported (only best_of equal to n)", param="best_of"
         )
     top = check_top_logprobs(body.logprobs, "logprobs")
-    want_logprobs = body.logprobs is not None
-    if want_logprobs and body.echo:
-        # the prompt's own log probabilities would need a scoring pass the runner lacks
-        raise HTTPProblem(400, "echo cannot be combined with logprobs", param="echo")
-    options = _sampling(model, body, body.max_tokens)
-    runner_request = GenerationRequest(
-        id="",
-        prompt=prompt,
-        raw=True,
-        suffix=body.suffix or None,
-        options=_runner_options(body, options),
-    )
-    apply_logprobs(runner_request.options, want_logprobs, top)
-    jobs = _jobs(state, model, options, runner_request, n)
-    echo = prompt if body.echo else ""
+    ask.logprobs, ask.top_logprobs = body.logprobs is not None, top
+    ask.prefill_only = body.max_tokens == 0
+    planned = plan_batch(state, [_prompt_ask(ask, prompt, body) for prompt in prompts])
+    n = ask.n
+    count = len(prompts) * n
+    legacy = [LegacyLogprobs(top) for _ in range(count)]
+    echoes: list[str | None] = [p if isinstance(p, str) else None for p in prompts]
 
-    def logprobs_of(c: _Choice, items: list[TokenLogprob]) -> dict[str, Any] | None:
-        return c.legacy.shape(items) if c.legacy is not None else None
+    def echo(index: int, done: Done | None) -> tuple[str, dict[str, Any] | None]:
+        """The echoed prompt of a choice and its tokens' log probabilities."""
+        if not body.echo:
+            return "", None
+        scored = done.prompt_logprobs if done is not None else None
+        if scored is None and index % n:
+            # the prompt was scored once, for its first choice: the same tokens
+            scored = shared.get(index - index % n)
+        text = echoes[index // n]
+        if text is None:  # a token prompt: its tokens' text
+            text = "".join(entry.token for entry in scored or [])
+        shown = legacy[index].shape(scored, prompt=True) if ask.logprobs and scored else None
+        legacy[index].offset = len(text)
+        return text, shown
 
-    def choice(
-        c: _Choice, parsed: Parsed, finish: str | None, items: list[TokenLogprob]
-    ) -> dict[str, Any]:
+    shared: dict[int, list[TokenLogprob]] = {}
+
+    def joined(first: dict[str, Any] | None, then: dict[str, Any] | None) -> Any:
+        if first is None or then is None:
+            return first or then
+        return {key: first[key] + then[key] for key in first}
+
+    def choice(index: int, whole: Whole) -> dict[str, Any]:
+        if whole.done.prompt_logprobs is not None:
+            shared[index] = whole.done.prompt_logprobs
+        text, scored = echo(index, whole.done)
+        generated = legacy[index].shape(whole.logprobs) if ask.logprobs else None
         return {
-            "index": c.index,
-            "text": echo + parsed.content,
-            "finish_reason": finish,
-            "logprobs": logprobs_of(c, items),
+            "index": index,
+            "text": text + whole.content,
+            "finish_reason": "length" if whole.done.limited else "stop",
+            "logprobs": joined(scored, generated),
         }
 
-    def delta(
-        c: _Choice, parsed: Parsed | None, finish: str | None, items: list[TokenLogprob]
-    ) -> dict[str, Any]:
-        shown = (echo if c.first else "") + (parsed.content if parsed is not None else "")
-        c.first = False
+    first_chunk = [True] * count
+
+    def delta(index: int, piece: Delta | None, done: Done | None) -> dict[str, Any]:
+        shown, scored = echo(index, done) if first_chunk[index] else ("", None)
+        first_chunk[index] = False
+        items = piece.logprobs if piece is not None else done.logprobs if done else []
+        generated = legacy[index].shape(items) if ask.logprobs and items else None
         return {
-            "index": c.index,
-            "text": shown,
-            "finish_reason": finish,
-            "logprobs": logprobs_of(c, items) if items else None,
+            "index": index,
+            "text": shown + (piece.content if piece else ""),
+            "finish_reason": ("length" if done.limited else "stop") if done else None,
+            "logprobs": joined(scored, generated),
         }
 
-    return await _answer(
-        state,
-        request,
-        jobs,
-        stream=bool(body.stream),
-        include_usage=_include_usage(body),
-        object_name="text_completion",
-        id_prefix="cmpl",
-        choice=choice,
-        delta=delta,
-        legacy_logprobs=top if want_logprobs else None,
-    )
+    if body.echo and body.stream and any(p.options.prompt_logprobs for p in _requests(planned)):
+        # The scored prompt (its log probabilities, a token prompt's text) is known at the
+        # end of its generation: the answer is held until then and sent as one chunk per
+        # choice, so the prompt's text and offsets come first, as they must.
+        whole = await _answer(state, request, planned, _whole(body), (choice, delta))
+        return _as_stream(whole, _include_usage(body))
+    return await _answer(state, request, planned, body, (choice, delta))
+
+
+def _requests(planned: Plan) -> list[Any]:
+    return [job.request for job in planned.jobs]
+
+
+def _whole(body: CompletionRequest) -> CompletionRequest:
+    return body.model_copy(update={"stream": False})
+
+
+def _as_stream(whole: Response, include_usage: bool) -> Response:
+    """A whole completion (already run) sent as a stream: one chunk per choice, then the
+    usage when asked for, then ``[DONE]``."""
+    answer = json.loads(bytes(whole.body))
+    usage = answer.pop("usage")
+    events = [sse_event({**answer, "choices": [c]}) for c in answer["choices"]]
+    if include_usage:
+        events.append(sse_event({**answer, "choices": [], "usage": usage}))
+    events.append(sse_event("[DONE]"))
+
+    async def body() -> AsyncIterator[bytes]:
+        for event in events:
+            yield event
+
+    return ClosingStreamingResponse(body(), media_type="text/event-stream")
 
 
 def _encode(vector: list[float], encoding: str | None, dimensions: int | None) -> Any:

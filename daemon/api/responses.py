@@ -26,49 +26,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from localllm.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
-from ..generation import Job, resolve_model, start
-from ..options import merge_options, sampling_options
-from ..runner.protocol import GenerationRequest
+from ..generation import resolve_model
+from ..options import merge_options
 from ..state import StateDep
-from ..toolcalls import Parsed, ToolCall
-from .anthropic import (
-    ReplyEnd,
-    chat_history,
-    check_generates,
-    check_strict,
-    collect_reply,
-    error_route,
-    plan_renamed,
-    read_reply,
-    reply_parser,
-)
-from .openai import error_body
-from .schemas_ollama import ChatMessage
+from ..toolcalls import ToolCall
+from .core import Ask, Delta, Done, Reply, Turn, plan
+from .errorshapes import error_route, openai_error
 from .streaming import ClosingStreamingResponse, dumps
-from .tooling import (
-    ThinkPlan,
-    ToolPlan,
-    model_template,
-    plan_thinking,
-    reasoning_effort_think,
-)
+from .tooling import ToolPlan, flat_tool, reasoning_effort_think
 from .vision import Images, no_vision
 
 __all__ = ["ResponsesRequest", "router"]
 
 
 def _render(request: Request, problem: HTTPProblem) -> Response:
-    if problem.code in ("context_overflow", "context_length_exceeded") and problem.param is None:
-        # the prompt is the input (with the instructions and tools)
-        problem = HTTPProblem(
-            problem.status,
-            problem.message,
-            param="input",
-            code=problem.code,
-            headers=problem.headers,
-        )
     return JSONResponse(
-        error_body(problem, request.url.path), status_code=problem.status, headers=problem.headers
+        openai_error(problem, request.url.path), status_code=problem.status, headers=problem.headers
     )
 
 
@@ -261,23 +234,21 @@ def _reasoning_text(item: dict[str, Any]) -> str:
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
-def _conversation(
-    model: LocalModel, body: ResponsesRequest, plan: ToolPlan | None, images: Images
-) -> list[dict[str, Any]]:
-    """``instructions`` and ``input`` as the runner's chat messages."""
-    converted: list[ChatMessage] = []
+def _conversation(model: LocalModel, body: ResponsesRequest, images: Images) -> list[Turn]:
+    """``instructions`` and ``input`` as turns."""
+    converted: list[Turn] = []
     if body.instructions:
-        converted.append(ChatMessage(role="system", content=body.instructions))
+        converted.append(Turn(role="system", content=body.instructions))
     items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     names: dict[str, str] = {}  # call_id → function name, for the outputs' tool_name
     reasoning = ""  # a reasoning item belongs to the assistant turn after it
 
-    def assistant() -> ChatMessage:
+    def assistant() -> Turn:
         nonlocal reasoning
         last = converted[-1] if converted else None
         if last is not None and last.role == "assistant" and not reasoning:
             return last
-        message = ChatMessage(role="assistant", content="", thinking=reasoning or None)
+        message = Turn(role="assistant", content="", thinking=reasoning or None)
         reasoning = ""
         converted.append(message)
         return message
@@ -307,11 +278,11 @@ def _conversation(
             if role == "assistant":
                 message = assistant()
                 if message.tool_calls:  # text after calls starts a turn of its own
-                    message = ChatMessage(role="assistant", content="")
+                    message = Turn(role="assistant", content="")
                     converted.append(message)
                 message.content = (message.content or "") + text
             else:
-                converted.append(ChatMessage(role=role, content=text))
+                converted.append(Turn(role=role, content=text))
         elif kind == "function_call":
             call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):
@@ -345,7 +316,7 @@ def _conversation(
                 model, item.get("output", ""), f"{where}.output", {"input_text"}, images
             )
             converted.append(
-                ChatMessage(
+                Turn(
                     role="tool", content=output, tool_call_id=call_id, tool_name=names.get(call_id)
                 )
             )
@@ -366,7 +337,7 @@ def _conversation(
             )
     if len(converted) == (1 if body.instructions else 0):
         raise HTTPProblem(400, "input holds no messages", param="input")
-    return chat_history(model, converted, plan)
+    return converted
 
 
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
@@ -378,25 +349,31 @@ def _tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], bool]:
     strict = False
     for index, tool in enumerate(body.tools or []):
         where = f"tools[{index}]"
-        if not isinstance(tool, dict):
-            raise HTTPProblem(400, f"{where} must be an object", param=where)
-        kind = tool.get("type")
-        if kind != "function":
-            raise HTTPProblem(
-                400,
-                f"{where}.type {kind!r} is not supported: only function tools "
-                "(hosted tools such as web search run at OpenAI, not here)",
-                param=f"{where}.type",
-            )
-        extra = sorted(set(tool) - _TOOL_KEYS)
-        if extra:
-            raise HTTPProblem(
-                400, f"{where}.{extra[0]}: unknown field of a tool", param=f"{where}.{extra[0]}"
-            )
+        if isinstance(tool, dict) and "type" not in tool:
+            raise HTTPProblem(400, f"{where}.type is required", param=f"{where}.type")
+        tool = flat_tool(
+            tool,
+            where,
+            _TOOL_KEYS,
+            ("function",),
+            " is not supported: only function tools (hosted tools such as web search run at "
+            "OpenAI, not here)",
+        )
         function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
         strict = strict or bool(tool.get("strict"))
         out.append({"type": "function", "function": function})
     return out, strict
+
+
+def _tool_echo(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool as the response object lists it (every field it has, null unset)."""
+    return {
+        "type": "function",
+        "name": tool.get("name"),
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict"),
+    }
 
 
 def _choice(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -430,24 +407,15 @@ _RENAMES = (
 )
 
 
-def _thinking(model: LocalModel, body: ResponsesRequest) -> ThinkPlan | None:
-    """``reasoning.effort`` as Chat Completions' ``reasoning_effort`` maps it: absent, the
-    template's default; ``none``, off; a level, on at that level (for templates with levels)."""
-    effort = body.reasoning.effort if body.reasoning is not None else None
-    think = reasoning_effort_think(effort, field="reasoning.effort")
-    return plan_thinking(model, think, field="reasoning.effort")
-
-
-def _format(job: GenerationRequest, text: TextConfig | None) -> None:
+def _format(text: TextConfig | None) -> str | dict[str, Any] | None:
     fmt = text.format if text is not None else None
     if fmt is None or fmt.type == "text":
-        return
+        return None
     if fmt.type == "json_object":
-        job.options.json_mode = True
-        return
+        return "json"
     if fmt.schema_ is None:
         raise HTTPProblem(400, "text.format.schema is required", param="text.format.schema")
-    job.options.json_schema = fmt.schema_
+    return fmt.schema_
 
 
 # --- answer --------------------------------------------------------------------------------
@@ -553,7 +521,7 @@ class _Output:
         )
         return events
 
-    def add(self, parsed: Parsed) -> list[bytes]:
+    def add(self, parsed: Delta) -> list[bytes]:
         """Events for the next parsed piece."""
         events: list[bytes] = []
         if parsed.thinking:
@@ -628,18 +596,20 @@ class _Output:
         return events
 
 
-def _status(end: ReplyEnd) -> str:
-    """``incomplete`` when the answer ran into max_output_tokens, else ``completed``."""
-    return "incomplete" if end.reason == "length" else "completed"
+def _status(done: Done) -> str:
+    """``incomplete`` when the answer ran into max_output_tokens (or a call it cut off),
+    else ``completed``."""
+    return "incomplete" if done.limited else "completed"
 
 
-def _usage(end: ReplyEnd) -> dict[str, Any]:
+def _usage(done: Done) -> dict[str, Any]:
     return {
-        "input_tokens": end.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": end.cached_tokens},
-        "output_tokens": end.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": end.reasoning_tokens},
-        "total_tokens": end.prompt_tokens + end.output_tokens,
+        "input_tokens": done.prompt_tokens,
+        # the daemon writes every prefix to its cache on its own, none on request
+        "input_tokens_details": {"cached_tokens": done.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": done.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": done.reasoning_tokens},
+        "total_tokens": done.prompt_tokens + done.output_tokens,
     }
 
 
@@ -648,20 +618,6 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
     """OpenAI's Responses API without storage, streamed as its events when ``stream``."""
     _refuse_state(body)
     model = resolve_model(state, body.model)
-    check_generates(model)
-    text_format = body.text.format if body.text is not None else None
-    formatted = text_format is not None and text_format.type != "text"
-    tools, strict = _tools(body)
-    plan = plan_renamed(
-        model,
-        tools,
-        _RENAMES,
-        tool_choice=_choice(body.tool_choice),
-        parallel=body.parallel_tool_calls,
-        constrained_output=formatted,
-        field="tools",
-    )
-    check_strict(plan, strict)
     overrides: dict[str, Any] = {}
     if body.max_output_tokens is not None:
         overrides["num_predict"] = body.max_output_tokens
@@ -669,28 +625,33 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
         value = getattr(body, key)
         if value is not None:
             overrides[key] = value
-    options = merge_options(model, overrides, prefix="")
-    think = _thinking(model, body)
-    images = Images(state.settings, model)
-    runner_request = GenerationRequest(
-        id="",
-        messages=_conversation(model, body, plan, images),
-        template=model_template(model),
-        options=sampling_options(options),
+    tools, strict = _tools(body)
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    ask = Ask(
+        model=model,
+        api="openai",
+        options=merge_options(model, overrides, prefix=""),
+        format=_format(body.text),
+        tools=tools,
+        tool_choice=_choice(body.tool_choice),
+        parallel=body.parallel_tool_calls,
+        strict=strict,
+        tool_renames=_RENAMES,
+        # as Chat Completions' reasoning_effort: absent, the template's default; none, off;
+        # a level, on at that level (for templates with levels)
+        think=reasoning_effort_think(effort, field="reasoning.effort"),
+        think_field="reasoning.effort",
         truncate=body.truncation == "auto",
-        images=images.encoded,
+        images=Images(state.settings, model),
     )
-    _format(runner_request, body.text)
-    if plan is not None:
-        plan.apply(runner_request)
-    if think is not None:
-        think.apply(runner_request)
-    job = Job.for_model(state, model, options, runner_request, None, "openai")
-    generation = await start(state, request, job)
-    parser = reply_parser(plan, think, generation.stream.prompt_tail)
+    assert ask.images is not None
+    ask.turns = _conversation(model, body, ask.images)
+    planned = plan(state, ask)
+    sampling = planned.jobs[0].request.options
+    reply = await Reply.open(state, request, planned)
     reasoning = body.reasoning
     output = _Output(
-        plan,
+        planned.tools,
         summary=reasoning is not None and bool(reasoning.summary or reasoning.generate_summary),
         encrypted="reasoning.encrypted_content" in (body.include or []),
         max_calls=body.max_tool_calls,
@@ -699,7 +660,7 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
     created = int(time.time())
     ident = _new_id("resp")
 
-    def response(status: str, end: ReplyEnd | None, **extra: Any) -> dict[str, Any]:
+    def response(status: str, done: Done | None, **extra: Any) -> dict[str, Any]:
         fmt = body.text.format if body.text is not None else None
         return {
             "id": ident,
@@ -721,60 +682,59 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
                 "summary": (reasoning.summary or reasoning.generate_summary) if reasoning else None,
             },
             "store": False,  # nothing is stored, whatever the request said
-            "temperature": body.temperature,
-            "top_p": body.top_p,
+            # the values the answer was sampled with (the request's, else the model's)
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "top_logprobs": 0,
             "text": {
                 "format": fmt.model_dump(by_alias=True, exclude_none=True)
                 if fmt
                 else {"type": "text"}
             },
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": body.tools or [],
+            "tools": [_tool_echo(tool) for tool in body.tools or []],
             "truncation": body.truncation or "disabled",
-            "usage": _usage(end) if end is not None else None,
+            **({"usage": _usage(done)} if done is not None else {}),
             "metadata": body.metadata or {},
-            "user": body.user,
+            **({"user": body.user} if body.user is not None else {}),
             **extra,
         }
 
-    def finished(end: ReplyEnd) -> dict[str, Any]:
+    def finished(done: Done) -> dict[str, Any]:
         """The final response object, once the output items are closed."""
-        if end.reason == "length":
+        if done.limited:
             extra = {"incomplete_details": {"reason": "max_output_tokens"}}
-            return response("incomplete", end, **extra)
-        return response("completed", end, completed_at=int(time.time()))
+            return response("incomplete", done, **extra)
+        return response("completed", done, completed_at=int(time.time()))
 
-    pieces = read_reply(generation, parser)
     if not body.stream:
-        end = await collect_reply(request, pieces, output.add, name)
-        output.close(_status(end))
-        return JSONResponse(finished(end))
+        (whole,) = await reply.whole(request)
+        output.add(Delta(whole.content, whole.thinking, whole.calls))
+        output.close(_status(whole.done))
+        return JSONResponse(finished(whole.done))
 
     async def stream() -> AsyncIterator[bytes]:
         yield output.event("response.created", response=response("in_progress", None))
         yield output.event("response.in_progress", response=response("in_progress", None))
         try:
-            async for piece in pieces:
-                if isinstance(piece, ReplyEnd):
-                    status = _status(piece)
-                    for event in output.close(status):
-                        yield event
-                    yield output.event(f"response.{status}", response=finished(piece))
+            async for _, event in reply.events():
+                if isinstance(event, Done):
+                    status = _status(event)
+                    for out in output.close(status):
+                        yield out
+                    yield output.event(f"response.{status}", response=finished(event))
                     return
-                for event in output.add(piece):
-                    yield event
-            raise HTTPProblem(500, "the generation ended without a result")
+                for out in output.add(event):
+                    yield out
         except Exception as exc:
             problem = problem_from(exc, name)
-            error = error_body(problem)["error"]
+            error = openai_error(problem)["error"]
             yield output.event(
                 "error", code=error["code"], message=error["message"], param=error["param"]
             )
             failed = {"code": "server_error", "message": problem.message}
             yield output.event("response.failed", response=response("failed", None, error=failed))
-        finally:
-            await pieces.aclose()
 
-    return ClosingStreamingResponse(
-        stream(), media_type="text/event-stream", on_close=generation.close
-    )
+    return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)

@@ -60,6 +60,11 @@ class Options(BaseModel):
     mirostat_tau: float | None = Field(None, description="Mirostat's target surprise.")
     mirostat_eta: float | None = Field(None, description="Mirostat's learning rate.")
     num_thread: int | None = None
+    thinking_budget: int | None = Field(
+        None,
+        description="Most tokens of reasoning: then the reasoning block is closed (its close "
+        "tag inserted) and the answer follows; -1 no limit.",
+    )
 
 
 class _ModelBody(_Body):
@@ -71,22 +76,11 @@ class _ModelBody(_Body):
         return self.model or self.name or ""
 
 
-class GenerateRequest(_ModelBody):
-    """POST /api/generate."""
+class _Generating(_ModelBody):
+    """What /api/generate and /api/chat both take."""
 
-    prompt: str | None = None
-    suffix: str | None = None
-    system: str | None = None
-    template: str | None = None
-    context: list[int] | None = Field(
-        None,
-        description="Tokens of an earlier exchange (an answer's context) that this prompt "
-        "continues; refused with raw (Ollama's rule).",
-    )
     stream: bool | None = True
-    raw: bool | None = False
     format: Format = None
-    images: list[str] | None = None
     options: Options | None = None
     keep_alive: KeepAlive = None
     think: bool | str | None = Field(
@@ -99,6 +93,22 @@ class GenerateRequest(_ModelBody):
     shift: bool | None = Field(
         None, description="false: end with done_reason length at the end of the context."
     )
+
+
+class GenerateRequest(_Generating):
+    """POST /api/generate."""
+
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = Field(
+        None,
+        description="Tokens of an earlier exchange (an answer's context) that this prompt "
+        "continues; refused with raw (Ollama's rule).",
+    )
+    raw: bool | None = False
+    images: list[str] | None = None
     truncate: bool | None = Field(
         None, description="true: cut a prompt longer than the context instead of a 400."
     )
@@ -118,25 +128,11 @@ class ChatMessage(_Body):
     thinking: str | None = None
 
 
-class ChatRequest(_ModelBody):
+class ChatRequest(_Generating):
     """POST /api/chat."""
 
     messages: list[ChatMessage] | None = None
     tools: list[dict[str, Any]] | None = None
-    stream: bool | None = True
-    format: Format = None
-    options: Options | None = None
-    keep_alive: KeepAlive = None
-    think: bool | str | None = Field(
-        None, description='Reasoning: true, false, or a level ("low", "medium", "high", "max").'
-    )
-    logprobs: bool | None = Field(None, description="Report each token's log probability.")
-    top_logprobs: int | None = Field(
-        None, description="With logprobs: this many most likely tokens at each position (0-20)."
-    )
-    shift: bool | None = Field(
-        None, description="false: end with done_reason length at the end of the context."
-    )
     truncate: bool | None = Field(
         None,
         description="Unless false: drop the oldest turns (system messages kept) of a chat "

@@ -130,9 +130,21 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: str | list[str] = ""
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        "",
+        description="A prompt, a list of prompts, or prompts as the model's token ids (one "
+        "list of ids, or a list of them); each prompt gets n choices.",
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 24,
+        description="0: evaluate the prompt only (with echo and logprobs: score it).",
+    )
     suffix: str | None = None
-    echo: bool | None = False
+    echo: bool | None = Field(
+        False, description="Answer the prompt too (with logprobs: its tokens' log probabilities)."
+    )
     logprobs: int | None = Field(
         None, description="Log probabilities of each token and this many alternatives (0-20)."
     )

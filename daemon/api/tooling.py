@@ -1,4 +1,4 @@
-"""Tool calling at the API layer, shared by the Ollama and OpenAI routes.
+"""Tool calling and reasoning at the API layer, for the request core (:mod:`.core`).
 
 A request's ``tools`` are checked here (400 naming the field for anything malformed), the
 chat history's calls and results are put in the shape chat templates expect (Hugging Face's
@@ -49,6 +49,7 @@ __all__ = [
     "ToolPlan",
     "after_reasoning",
     "effective_template",
+    "flat_tool",
     "history_tool_calls",
     "jinja_override",
     "map_call_id",
@@ -153,6 +154,23 @@ class ToolPlan:
 
 def _problem(message: str, param: str, code: str = "invalid_field") -> HTTPProblem:
     return HTTPProblem(400, message, param=param, code=code)
+
+
+def flat_tool(
+    tool: Any, where: str, keys: set[str], kinds: Sequence[str | None], refusal: str
+) -> dict[str, Any]:
+    """A flat tool definition (Anthropic's and Responses' ``{name, ...}``) checked: an object
+    whose ``type`` is one of ``kinds`` (``refusal`` says why another is not taken) and whose
+    keys are all in ``keys`` (no field is silently ignored)."""
+    if not isinstance(tool, dict):
+        raise _problem(f"{where} must be an object", where)
+    kind = tool.get("type", kinds[0])
+    if kind not in kinds:
+        raise _problem(f"{where}.type {kind!r}{refusal}", f"{where}.type")
+    extra = sorted(set(tool) - keys)
+    if extra:
+        raise _problem(f"{where}.{extra[0]}: unknown field of a tool", f"{where}.{extra[0]}")
+    return tool
 
 
 def _normalize_tools(tools: list[Any], field: str) -> list[dict[str, Any]]:
@@ -466,26 +484,41 @@ class ThinkPlan:
                 kwargs["reasoning_effort"] = "low"  # harmony cannot reason less than this
         return kwargs
 
-    def apply(self, request: GenerationRequest) -> None:
-        """Set the template switches and the control-token output the splitter reads (call
-        it once the request's sampling options are final: format and tool grammar included).
+    def apply(self, request: GenerationRequest, budget: int | None = None) -> None:
+        """Set the template switches, the control-token output the splitter reads and the
+        reasoning budget (call it once the request's sampling options are final: format and
+        tool grammar included).
 
-        Output constrained from its first token cannot hold reasoning: the grammar forces
-        the answer (JSON, a call) at once. Then reasoning left to the template's default is
-        switched off, so templates like Qwen3's close the block in the prompt, and the
-        output is read as the answer even where the prompt opened a block."""
-        if output_constrained(request.options):
+        Output constrained by a grammar (a format, a forced call) keeps its reasoning: the
+        grammar waits for the reasoning block to close (a lazy grammar triggered by the close
+        tag) and constrains the answer after it, so a reasoning model can reason and answer
+        valid JSON. A lazy call grammar (``tool_choice: auto``) waits for the close tag too.
+        Where the template itself closes the block in the prompt (reasoning switched off),
+        the runner drops that wait (``closed_triggers``). Harmony's channels and reasoning
+        switched off leave the output constrained from its first token: it is the answer."""
+        options = request.options
+        constrained = output_constrained(options)
+        lazy = self.reasons_in_output and not self.style.harmony
+        if constrained and not lazy:
             self.constrained = True
             if self.think is None:
                 self.think = False
         request.template_kwargs.update(self.template_kwargs())
         request.render_special = True
-        if request.options.grammar_triggers and self.reasons_in_output:
-            assert self.style.tags is not None
-            request.options.grammar_triggers = [
-                after_reasoning(pattern, self.style.tags[1])
-                for pattern in request.options.grammar_triggers
+        if not self.reasons_in_output:
+            return
+        assert self.style.tags is not None
+        open_tag, close_tag = self.style.tags
+        options.reasoning_tags = [open_tag, close_tag]
+        if constrained:
+            options.grammar_after_reasoning = True
+        elif options.grammar_triggers:
+            options.closed_triggers = list(options.grammar_triggers)
+            options.grammar_triggers = [
+                after_reasoning(pattern, close_tag) for pattern in options.grammar_triggers
             ]
+        if budget is not None:
+            options.reasoning_budget = budget
 
     @property
     def reasons_in_output(self) -> bool:
@@ -578,11 +611,12 @@ class AnswerStream:
             return Parsed(content=text)
         return self._shape(self._parser.feed(text))
 
-    def finish(self) -> Parsed:
-        """The output ended: the rest."""
+    def finish(self, cut: bool = False) -> Parsed:
+        """The output ended (``cut``: by the token limit, so a call it was writing is cut
+        off): the rest."""
         if self._parser is None:
             return Parsed()
-        return self._shape(self._parser.finish())
+        return self._shape(self._parser.finish(cut))
 
     def whole(self, text: str) -> Parsed:
         """A whole answer at once (non-streamed responses)."""

@@ -51,7 +51,9 @@ from .protocol import (
     TokenEvent,
     TokenLogprob,
 )
+from .reasoning import ReasoningBudget
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
+from .scoring import PromptScore
 from .slots import (
     Slot,
     SlotState,
@@ -104,6 +106,10 @@ class GenerationJob:
     """Emit control tokens as their text (for tool-call and thinking parsers)."""
     images: dict[int, ImageEmbeddings] = field(default_factory=dict)
     """The prompt's images by the position where each starts (their pseudo-tokens follow)."""
+    score: PromptScore | None = None
+    """Collects the prompt's log probabilities (``options.prompt_logprobs``)."""
+    budget: ReasoningBudget | None = None
+    """Ends the reasoning when its budget is spent (``options.reasoning_budget``)."""
 
     def image_start(self, position: int) -> int:
         """``position``, or the start of the image it falls inside (cached prefixes are
@@ -133,6 +139,8 @@ class EmbeddingJob:
     arrived: float = field(default_factory=time.perf_counter)
     vectors: list[list[float]] = field(default_factory=list)
     """Embeddings of ``inputs[:len(vectors)]``, computed so far."""
+    rank: bool = False
+    """Score each input with the rank head (a reranker) instead of embedding it."""
 
 
 @dataclass
@@ -353,9 +361,12 @@ class Engine:
                 return
             job = self.waiting.popleft()
             slot, reuse = choose_slot(free, job.prompt)
+            if job.score is not None:
+                reuse = 0  # every position's logits are needed: the prompt is evaluated whole
             if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
                 self._save(slot)  # the cells about to be overwritten stay reachable
-            reuse = self._restore(slot, job.prompt, reuse)
+            if job.score is None:
+                reuse = self._restore(slot, job.prompt, reuse)
             try:
                 sampler = Sampler(
                     self.model.vocab,
@@ -403,6 +414,8 @@ class Engine:
         for slot in prefilling:
             job = slot.job
             assert job is not None
+            if job.score is not None:
+                continue  # a scored prompt is evaluated whole (copied cells have no logits)
             source = prefix_source(slot, self.slots, job.prompt)
             end = job.image_start(source.end) if source is not None else 0
             if source is not None and end > len(slot.cache):
@@ -503,6 +516,8 @@ class Engine:
         batch.clear()
         for slot in self.slots:
             slot.batch_index, slot.chunk, slot.draft_indices = -1, 0, []
+            if slot.job is not None and slot.job.score is not None:
+                slot.job.score.unmark()  # a batch refilled after a failed decode
         for slot in plan.decoding:
             position = len(slot.cache)
             slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
@@ -515,8 +530,12 @@ class Engine:
                 continue
             prompt = slot.job.prompt  # type: ignore[union-attr]
             start, last = len(slot.cache), len(prompt) - 1
+            score = slot.job.score  # type: ignore[union-attr]
             for position in range(start, start + count):
-                index = batch.add(prompt[position], position, slot.seq_id, position == last)
+                wanted = position == last or score is not None
+                index = batch.add(prompt[position], position, slot.seq_id, wanted)
+                if score is not None:
+                    score.mark(position, index)
             slot.chunk = count
             if start + count == len(prompt):
                 slot.batch_index = index
@@ -538,8 +557,14 @@ class Engine:
             while self._rates[0][0] < now - _RATE_WINDOW_S:
                 self._rates.popleft()
         for slot in self.slots:
-            if slot.job is not None and slot.batch_index >= 0:
-                self._sample(slot, now)
+            job = slot.job
+            if job is not None and job.score is not None and slot.chunk:
+                job.score.collect(lambda index, token, job=job: self._logprob(index, token, job))
+            if job is not None and slot.batch_index >= 0:
+                if job.options.prefill_only:
+                    self._finish(slot, "length")  # scored: nothing to generate
+                else:
+                    self._sample(slot, now)
             slot.batch_index, slot.chunk = -1, 0
 
     def _prefill_images(self) -> None:
@@ -812,8 +837,13 @@ class Engine:
         # more drafts accepted than verified.
         slot.drafted += len(draft)
         produced: list[int] = []
+        budget = slot.job.budget if slot.job is not None else None
         for i, index in enumerate([slot.batch_index, *slot.draft_indices]):
-            token = sampler.sample(self.model.ctx, index)
+            forced = budget.next_forced() if budget is not None else None
+            if forced is not None and not sampler.force(forced):
+                budget.abandon()  # type: ignore[union-attr]
+                forced = None
+            token = forced if forced is not None else sampler.sample(self.model.ctx, index)
             produced.append(token)
             matched = i < len(draft) and token == draft[i]
             if matched:
@@ -848,8 +878,10 @@ class Engine:
         if slot.drafter is not None:
             slot.drafter.append(token)
         piece_bytes = self.model.piece(token, special=job.render_special)
+        if job.budget is not None:
+            job.budget.take(piece_bytes)
         if job.options.logprobs:
-            slot.logprobs.append(self._logprob(index, token, piece_bytes, job))
+            slot.logprobs.append(self._logprob(index, token, job, piece_bytes))
         piece = text.push(piece_bytes)
         if piece:
             self._emit(job.emit, TokenEvent(job.id, piece, self._take_logprobs(slot)))
@@ -903,7 +935,7 @@ class Engine:
         return True
 
     def _logprob(
-        self, batch_index: int, token: int, piece: bytes, job: GenerationJob
+        self, batch_index: int, token: int, job: GenerationJob, piece: bytes | None = None
     ) -> TokenLogprob:
         logits = logits_at(self.model.ctx, batch_index, self.model.n_vocab)
         chosen, top = token_logprobs(logits, token, job.options.top_logprobs)
@@ -913,7 +945,7 @@ class Engine:
             text = data.decode("utf-8", errors="replace")
             return TokenLogprob(token=text, logprob=logprob, bytes=list(data))
 
-        result = entry(token, chosen, piece)
+        result = entry(token, chosen, piece if piece is not None else self.model.piece(token, True))
         result.top_logprobs = [entry(t, lp) for t, lp in top]
         return result
 
@@ -974,8 +1006,12 @@ class Engine:
         if tail:
             self._emit(job.emit, TokenEvent(id=job.id, text=tail, logprobs=logprobs))
         done = _done(job.id, full_text, reason, timings, error)
+        done.result.stop_sequence = text.stopped_by if text is not None else None
         if job.return_context:
             done.result.context = job.prompt + slot.output
+        if job.score is not None:
+            done.result.prompt_logprobs = job.score.entries
+        done.result.budget_exhausted = job.budget is not None and job.budget.exhausted
         self._emit(job.emit, done)
 
     def _fail(self, slot: Slot, message: str) -> None:
@@ -1011,7 +1047,7 @@ class Engine:
             tokens += len(job.inputs[end])
             end += 1
         try:
-            vectors = self.model.embed_many(job.inputs[start:end])
+            vectors = self.model.embed_many(job.inputs[start:end], rank=job.rank)
         except Exception as exc:
             log.exception("embedding failed")
             self.embeddings.popleft()

@@ -320,6 +320,15 @@ class LlamaModel:
         self._scratch = threading.local()
         self._embedding_ctx: llama_cpp.llama_context_p | None = None
         self._embedding_batch: Batch | None = None
+        self._rank_ctx: llama_cpp.llama_context_p | None = None
+        self.rank_pooling = (
+            llama_cpp.llama_pooling_type(self.ctx) == llama_cpp.LLAMA_POOLING_TYPE_RANK
+        )
+        """Whether the GGUF declares rank pooling (a reranker: a classifier head scores a
+        query and document joined in one sequence)."""
+        template = llama_cpp.llama_model_chat_template(self.model, b"rerank")
+        self.rerank_template = template.decode("utf-8", errors="replace") if template else None
+        """The GGUF's rerank prompt (``{query}`` and ``{document}`` in it), if it has one."""
         self._embd_batch: llama_cpp.llama_batch | None = None
 
     # -- metadata --------------------------------------------------------------------------
@@ -371,6 +380,26 @@ class LlamaModel:
                 self.vocab, token, buffer, len(buffer), 0, special
             )
         return buffer.raw[:count]
+
+    def rank_tokens(self, query: str, document: str) -> list[int]:
+        """A query and a document as one sequence for the rank head, as llama-server joins
+        them: in the GGUF's rerank prompt when it has one, else [BOS] query [EOS] [SEP]
+        document [EOS] (each marker where the vocabulary asks for it)."""
+        if self.rerank_template is not None:
+            prompt = self.rerank_template.replace("{query}", query)
+            prompt = prompt.replace("{document}", document)
+            return self.tokenize(prompt, add_special=False, parse_special=True)
+        vocab = self.vocab
+        sep = int(llama_cpp.llama_vocab_sep(vocab))
+        end = self.eos_id if self.eos_id >= 0 else sep
+        add_eos = bool(llama_cpp.llama_vocab_get_add_eos(vocab))
+        tokens = [self.bos_id] if self.add_bos else []
+        tokens += self.tokenize(query, add_special=False, parse_special=False)
+        tokens += [end] if add_eos else []
+        tokens += [sep] if llama_cpp.llama_vocab_get_add_sep(vocab) else []
+        tokens += self.tokenize(document, add_special=False, parse_special=False)
+        tokens += [end] if add_eos else []
+        return tokens
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of ``tokens`` (special tokens rendered); ids outside the vocabulary are an
@@ -478,32 +507,42 @@ class LlamaModel:
         """Mean-pooled embedding of one token sequence."""
         return self.embed_many([tokens])[0]
 
-    def embed_many(self, sequences: list[list[int]]) -> list[list[float]]:
+    def _pooled_context(self, pooling: int) -> llama_cpp.llama_context_p:
+        params = context_params(
+            self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.n_threads
+        )
+        # Non-causal (encoder) models need every token of a sequence in one ubatch.
+        set_fields(
+            params,
+            embeddings=True,
+            pooling_type=pooling,
+            n_batch=self.n_ctx_per_slot,
+            n_ubatch=self.n_ctx_per_slot,
+            type_k=llama_cpp.GGML_TYPE_F16,
+            type_v=llama_cpp.GGML_TYPE_F16,
+        )
+        ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise ModelLoadError("llama.cpp could not create the embedding context")
+        return ctx
+
+    def embed_many(self, sequences: list[list[int]], rank: bool = False) -> list[list[float]]:
         """Mean-pooled embeddings of several sequences in one decode (at most
-        :attr:`embed_batch_sequences`, their tokens together at most the context per slot).
-        The embedding context is created on first use."""
+        :attr:`embed_batch_sequences`, their tokens together at most the context per slot);
+        ``rank``: each sequence's relevance score instead (rank pooling: the classifier head,
+        one number per label, the first the score). The contexts are created on first use."""
         if len(sequences) > self.embed_batch_sequences:
             raise ValueError(f"at most {self.embed_batch_sequences} sequences per batch")
-        if self._embedding_ctx is None:
-            params = context_params(
-                self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.n_threads
-            )
-            # Non-causal (encoder) models need every token of a sequence in one ubatch.
-            set_fields(
-                params,
-                embeddings=True,
-                pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                n_batch=self.n_ctx_per_slot,
-                n_ubatch=self.n_ctx_per_slot,
-                type_k=llama_cpp.GGML_TYPE_F16,
-                type_v=llama_cpp.GGML_TYPE_F16,
-            )
-            ctx = llama_cpp.llama_init_from_model(self.model, params)
-            if not ctx:
-                raise ModelLoadError("llama.cpp could not create the embedding context")
-            self._embedding_ctx = ctx
+        if self._embedding_batch is None:
             self._embedding_batch = Batch(self.n_ctx_per_slot, 1)
-        ctx = self._embedding_ctx
+        if rank:
+            if self._rank_ctx is None:
+                self._rank_ctx = self._pooled_context(llama_cpp.LLAMA_POOLING_TYPE_RANK)
+            ctx = self._rank_ctx
+        else:
+            if self._embedding_ctx is None:
+                self._embedding_ctx = self._pooled_context(llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+            ctx = self._embedding_ctx
         batch = self._embedding_batch
         assert batch is not None
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
@@ -522,7 +561,7 @@ class LlamaModel:
             pointer = llama_cpp.llama_get_embeddings_seq(ctx, seq_id)
             if not pointer:
                 raise RuntimeError("llama.cpp returned no pooled embedding")
-            vectors.append(list(pointer[: self.n_embd]))
+            vectors.append(list(pointer[: 1 if rank else self.n_embd]))
         return vectors
 
     # -- teardown ------------------------------------------------------------------------
@@ -535,9 +574,10 @@ class LlamaModel:
         if self._embd_batch is not None:
             llama_cpp.llama_batch_free(self._embd_batch)
             self._embd_batch = None
-        if self._embedding_ctx is not None:
-            llama_cpp.llama_free(self._embedding_ctx)
-            self._embedding_ctx = None
+        for pooled in (self._embedding_ctx, self._rank_ctx):
+            if pooled is not None:
+                llama_cpp.llama_free(pooled)
+        self._embedding_ctx = self._rank_ctx = None
         if self.ctx:
             llama_cpp.llama_free(self.ctx)
             self.ctx = None

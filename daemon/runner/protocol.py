@@ -196,6 +196,27 @@ class SamplingOptions:
     logit_bias: dict[str, float] = field(default_factory=dict)
     """Added to the logits of token ids (keys are ids as strings, as OpenAI sends them);
     -100 or less bans a token."""
+    prompt_logprobs: bool = False
+    """Report every prompt token's log probability given the tokens before it (with
+    ``top_logprobs`` alternatives), from the prefill's own logits; the prompt is then
+    evaluated whole, without a cached prefix."""
+    prefill_only: bool = False
+    """Evaluate the prompt and generate nothing (a scoring request's ``max_tokens: 0``):
+    the generation ends with ``length`` and no token."""
+    reasoning_tags: list[str] = field(default_factory=list)
+    """``[open, close]``: the tags of the model's reasoning block, when the answer may hold
+    one (for ``reasoning_budget`` and ``closed_triggers``)."""
+    reasoning_budget: int = -1
+    """Most tokens of reasoning (-1: no limit). When they are spent, the close tag is
+    inserted in place of sampled tokens (llama-server's way) and the answer follows."""
+    closed_triggers: list[str] | None = None
+    """The grammar's triggers when the rendered prompt already closed the reasoning block
+    (the template switched reasoning off): they replace ``grammar_triggers``, which wait for
+    the close tag."""
+    grammar_after_reasoning: bool = False
+    """The grammar (a format, a forced call) constrains the answer after the reasoning
+    block: lazy, triggered by the close tag; from the first token where the rendered prompt
+    already closed the block."""
 
 
 @dataclass
@@ -301,6 +322,13 @@ class GenerationResult:
     """Set when done_reason is ``error``."""
     context: list[int] | None = None
     """Prompt and generated tokens, when the request asked (Ollama's ``context``)."""
+    stop_sequence: str | None = None
+    """The stop string that ended the generation (done_reason ``stop``), if one did."""
+    prompt_logprobs: list[TokenLogprob] | None = None
+    """With ``prompt_logprobs``: one entry per prompt token; the first has nothing before it
+    (its ``logprob`` is 0.0 and means nothing)."""
+    budget_exhausted: bool = False
+    """The reasoning budget ran out: the close tag was inserted there."""
 
 
 @dataclass
@@ -317,6 +345,9 @@ class EmbeddingRequest:
     """Cut inputs longer than the context instead of failing."""
     normalize: bool = True
     """L2-normalise each vector."""
+    rank_pairs: list[list[str]] | None = None
+    """``[query, document]`` pairs to score instead (a reranker: rank pooling): each one's
+    "embedding" is its relevance score alone (then ``inputs`` is empty)."""
 
 
 @dataclass

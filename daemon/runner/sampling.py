@@ -9,14 +9,14 @@ would advance it, so the two are accepted separately.
 from __future__ import annotations
 
 import ctypes
-import json
 import random
 from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF
 
+from .jsongrammar import schema_gbnf
 from .protocol import SamplingOptions
 
 __all__ = [
@@ -44,7 +44,7 @@ def grammar_for(options: SamplingOptions) -> str | None:
         return options.grammar
     if options.json_schema is not None:
         try:
-            return json_schema_to_gbnf(json.dumps(options.json_schema))
+            return schema_gbnf(options.json_schema)
         except Exception as exc:  # the converter raises assorted types on bad schemas
             raise GrammarError(f"unsupported JSON schema: {exc}") from None
     if options.json_mode:
@@ -191,6 +191,20 @@ class Sampler:
         llama_cpp.llama_sampler_accept(self.grammar, token)
         llama_cpp.llama_sampler_accept(self.chain, token)
         return token
+
+    def force(self, token: int) -> bool:
+        """Take ``token`` as if it had been sampled (a reasoning budget's close tag); False,
+        taking nothing, when the grammar refuses it (accepting a refused token would abort
+        llama.cpp)."""
+        if self.grammar is not None:
+            candidate = (llama_cpp.llama_token_data * 1)(llama_cpp.llama_token_data(token, 0.0, 0))
+            array = llama_cpp.llama_token_data_array(candidate, 1, -1, False)
+            llama_cpp.llama_sampler_apply(self.grammar, ctypes.byref(array))
+            if candidate[0].logit == float("-inf"):
+                return False
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return True
 
     def _candidates(self) -> tuple[np.ndarray, Any]:
         if self._token_data is None:

@@ -26,6 +26,7 @@ from .protocol import (
     DetokenizeOp,
     DoneEvent,
     EmbeddingEvent,
+    EmbeddingRequest,
     EmbedOp,
     ErrorEvent,
     Event,
@@ -42,11 +43,14 @@ from .protocol import (
     TextEvent,
     Timings,
     TokenizeOp,
+    TokenLogprob,
     TokensEvent,
     decode,
     encode,
 )
+from .reasoning import ReasoningBudget, grammar_after
 from .sampling import GrammarError, check_sampling, grammar_for
+from .scoring import PromptScore
 from .slots import common_prefix_length
 from .text import unicode_problem
 from .vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
@@ -326,6 +330,20 @@ def _chat_prompt(
     )
 
 
+def _fit_input(tokens: list[int], limit: int, truncate: bool, what: str) -> list[int]:
+    """An embedding (or ranking) input within the context: cut when ``truncate``, else a
+    context overflow naming ``what``."""
+    if len(tokens) <= limit:
+        return tokens
+    if not truncate:
+        raise PromptError(
+            f"{what} is {len(tokens)} tokens, more than the context of {limit}; shorten it "
+            "or allow truncation",
+            "context_overflow",
+        )
+    return tokens[:limit]
+
+
 def _overflow(model: LlamaModel, count: int) -> PromptError:
     return PromptError(
         f"the prompt is {count} tokens, more than fit in this model's context of "
@@ -518,6 +536,7 @@ class RunnerServer:
             "chat_template": self.default_template is not None,
             "vision": self.projector is not None,
             "memory_plan": self.memory_plan,
+            "rank": model.rank_pooling,
         }
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -622,6 +641,8 @@ class RunnerServer:
                 )
             )
             return
+        score = self._score(request, prompt) if request.options.prompt_logprobs else None
+        budget, grammar = self._reasoning(request, prompt, grammar)
         connection.send(
             PromptReadyEvent(
                 id=op.id,
@@ -642,8 +663,48 @@ class RunnerServer:
                 return_context=request.return_context,
                 render_special=request.render_special,
                 images=prompt.images,
+                score=score,
+                budget=budget,
             )
         )
+
+    def _reasoning(
+        self, request: GenerationRequest, prompt: Prompt, grammar: str | None
+    ) -> tuple[ReasoningBudget | None, str | None]:
+        """How the rendered prompt leaves the reasoning block: closed (the template switched
+        reasoning off), the grammar and its triggers stop waiting for the close tag; open or
+        not yet opened, a grammar for the answer waits for it, and the budget (when there is
+        one) counts the reasoning. Returns (budget, grammar)."""
+        options = request.options
+        if len(options.reasoning_tags) != 2:
+            return None, grammar
+        open_tag, close_tag = options.reasoning_tags
+        tail = prompt.tail.rstrip()
+        if tail.endswith(close_tag):
+            if options.closed_triggers is not None:
+                options.grammar_triggers = list(options.closed_triggers)
+            return None, grammar
+        if grammar is not None and options.grammar_after_reasoning:
+            grammar, trigger = grammar_after(grammar, close_tag)
+            options.grammar_triggers = [trigger]
+        if options.reasoning_budget < 0:
+            return None, grammar
+        tokens = self.model.tokenize(close_tag, add_special=False, parse_special=True)
+        inside = tail.endswith(open_tag)
+        budget = ReasoningBudget(open_tag, close_tag, options.reasoning_budget, tokens, inside)
+        return budget, grammar
+
+    def _score(self, request: GenerationRequest, prompt: Prompt) -> PromptScore:
+        """The collector of a prompt's log probabilities, holding its first token (which has
+        nothing before it). A BOS the tokenizer added shows as no text, so the tokens' texts
+        add up to the prompt as the client wrote it."""
+        if prompt.images:
+            raise PromptError("prompt log probabilities are for text prompts, not images")
+        first = prompt.tokens[0]
+        added_bos = not request.context and self.model.add_bos and first == self.model.bos_id
+        data = self.model.piece(first, special=not added_bos)
+        entry = TokenLogprob(data.decode("utf-8", errors="replace"), 0.0, list(data))
+        return PromptScore(prompt.tokens, entry)
 
     async def _embed(self, connection: _Connection, op: EmbedOp) -> None:
         request = op.request
@@ -654,6 +715,10 @@ class RunnerServer:
             if request.inputs:
                 raise PromptError("give inputs as texts or as token ids, not both")
             texts = list(request.token_inputs)
+        if request.rank_pairs is not None:
+            if texts:
+                raise PromptError("give texts to embed or pairs to rank, not both")
+            inputs = await asyncio.to_thread(self._rank_inputs, request)
         for index, text in enumerate(texts):
             if isinstance(text, list):
                 tokens = _checked_context(self.model, text, f"input[{index}]")
@@ -663,17 +728,29 @@ class RunnerServer:
                 )
             if not tokens:
                 raise PromptError(f"input[{index}] is empty: there is nothing to embed")
-            if len(tokens) > limit:
-                if not request.truncate:
-                    raise PromptError(
-                        f"input[{index}] is {len(tokens)} tokens, more than the context of "
-                        f"{limit}; shorten it or allow truncation",
-                        "context_overflow",
-                    )
-                tokens = tokens[:limit]
-            inputs.append(tokens)
+            inputs.append(_fit_input(tokens, limit, request.truncate, f"input[{index}]"))
+        rank = request.rank_pairs is not None
         self.engine.embed(
             EmbeddingJob(
-                id=op.id, inputs=inputs, normalize=request.normalize, emit=connection.emitter()
+                id=op.id,
+                inputs=inputs,
+                normalize=request.normalize and not rank,
+                emit=connection.emitter(),
+                rank=rank,
             )
         )
+
+    def _rank_inputs(self, request: EmbeddingRequest) -> list[list[int]]:
+        """The token sequences of a rank request's (query, document) pairs."""
+        if not self.model.rank_pooling:
+            raise PromptError(
+                "this model cannot rank: its GGUF declares no rank pooling", "unsupported"
+            )
+        limit = self.model.n_ctx_per_slot
+        inputs = []
+        for index, (query, document) in enumerate(request.rank_pairs or []):
+            _encodable(query, "query")
+            tokens = self.model.rank_tokens(query, _encodable(document, f"documents[{index}]"))
+            what = f"documents[{index}] with the query"
+            inputs.append(_fit_input(tokens, limit, request.truncate, what))
+        return inputs

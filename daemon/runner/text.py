@@ -36,6 +36,8 @@ class TextStream:
         """Everything emitted so far."""
         self.stopped = False
         """True once a stop string was found."""
+        self.stopped_by: str | None = None
+        """The stop string that was found (the earliest in the text)."""
 
     def push(self, piece: bytes) -> str:
         """Add a token's bytes; return the text that may be emitted now."""
@@ -44,8 +46,9 @@ class TextStream:
         self._held += self._decoder.decode(piece)
         if not self._stop:
             return self._emit(len(self._held))
-        cut = min((i for i in (self._held.find(s) for s in self._stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(at, stop) for stop in self._stop if (at := self._held.find(stop)) >= 0]
+        if found:
+            cut, self.stopped_by = min(found, key=lambda item: item[0])
             self.stopped = True
             text = self._held[:cut]
             self._held = ""
