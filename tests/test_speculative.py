@@ -111,7 +111,7 @@ class Run:
     def run(self, jobs: list[tuple[str, str, SamplingOptions]]) -> dict[str, str]:
         model = self.engine.model
         # Each run starts from an empty cache: the runs compare decoding, not caching.
-        for seq in range(model.n_slots + 1):
+        for seq in range(model.n_slots + (model.scratch_seq is not None)):
             model.seq_remove(seq, 0)
         self.engine.start()
         try:

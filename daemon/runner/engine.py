@@ -6,12 +6,19 @@ Each step is one ``llama_decode`` of one batch holding
 2. prompt chunks of slots still prefilling, oldest request first, until the batch is full
    (chunked prefill: a long prompt never stalls other streams).
 
-Prefix caching: a slot keeps its KV cells after its request ends. A new request takes the free
-slot whose cached tokens share the longest prefix with its prompt and prefills only the rest
-(at least one token is always evaluated, for fresh logits). Across slots, a prompt prefix that
-another sequence already holds is shared into the new sequence with ``llama_memory_seq_cp``
-(the cache is unified, so the cells are tagged, not copied). A request whose prefix an older
-request is prefilling right now waits for it instead of computing the same prefix twice.
+The KV cache is one stream per slot, as llama-server keeps it (a unified cache only when a
+pool smaller than slots x context is asked for): attention in a stream spans that slot's cells
+alone, so idle slots' prefixes and long neighbours cost a stream nothing. llama.cpp computes a
+batch's sequences in one pass only while their ids are consecutive, so a new request takes the
+free slot that keeps the busy ids in the fewest runs.
+
+Prefix caching: a slot keeps its KV cells after its request ends. A new request takes (among
+those) the free slot whose cached tokens share the longest prefix with its prompt and prefills
+only the rest (at least one token is always evaluated, for fresh logits). Across slots, a
+prompt prefix that another sequence already holds comes over with ``llama_memory_seq_cp``: a
+copy of that slot's stream, trimmed (in a unified cache the cells are tagged, not copied). A
+request whose prefix an older request is prefilling right now waits for it instead of
+computing the same prefix twice.
 
 Images (see :mod:`.vision`) are runs of pseudo-tokens in the prompt, so prefix caching treats
 them like text; when a slot's prefill reaches one, its embeddings are decoded into the slot's
@@ -53,6 +60,7 @@ from .protocol import (
 )
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
 from .slots import (
+    MIN_SHARED_WAIT,
     Slot,
     SlotState,
     choose_slot,
@@ -352,7 +360,8 @@ class Engine:
             if not free:
                 return
             job = self.waiting.popleft()
-            slot, reuse = choose_slot(free, job.prompt)
+            busy = None if self.model.unified_kv else [s.seq_id for s in self.slots if s.busy]
+            slot, reuse = choose_slot(free, job.prompt, busy)
             if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
                 self._save(slot)  # the cells about to be overwritten stay reachable
             reuse = self._restore(slot, job.prompt, reuse)
@@ -400,19 +409,26 @@ class Engine:
             (slot for slot in self.slots if slot.prefilling),
             key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
         )
+        unified = self.model.unified_kv
         for slot in prefilling:
             job = slot.job
             assert job is not None
+            # With a stream per slot, sharing copies a whole stream: once, when the wait is
+            # over, and not for a few tokens.
+            if not unified and should_wait_for(slot, prefilling):
+                slot.state = SlotState.WAITING
+                continue
             source = prefix_source(slot, self.slots, job.prompt)
             end = job.image_start(source.end) if source is not None else 0
-            if source is not None and end > len(slot.cache):
+            if source is not None and end >= len(slot.cache) + (1 if unified else MIN_SHARED_WAIT):
                 start = len(slot.cache)
                 self.model.seq_copy(source.slot.seq_id, slot.seq_id, start, end)
                 slot.cache.extend(job.prompt[start:end])
                 added = end - start
-                slot.shared = end if slot.shared == start else slot.shared + added
+                if unified:  # tagged cells, not copies: the KV-use gauge counts them once
+                    slot.shared = end if slot.shared == start else slot.shared + added
                 slot.reused += added
-            waits = should_wait_for(slot, prefilling)
+            waits = unified and should_wait_for(slot, prefilling)
             slot.state = SlotState.WAITING if waits else SlotState.PREFILLING
 
     def _step(self) -> None:
@@ -617,8 +633,13 @@ class Engine:
         slot.saved = len(slot.cache)
 
     def _evict_idle(self) -> None:
-        """Move long-idle slots' cells to the prefix cache while other slots generate."""
-        if self.prefix_cache is None or not any(slot.busy for slot in self.slots):
+        """Move long-idle slots' cells to the prefix cache while other slots generate (in a
+        unified cache only: with a stream per slot, idle cells cost the others nothing)."""
+        if (
+            self.prefix_cache is None
+            or not self.model.unified_kv
+            or not any(slot.busy for slot in self.slots)
+        ):
             return
         now = time.perf_counter()
         # A prompt being prefilled may be about to share an idle slot's cells: keep those.
@@ -774,11 +795,28 @@ class Engine:
             if isinstance(drafter, DraftModelDrafter):
                 drafter.drafted = drafted
 
+    def _scratch(self) -> int | None:
+        """A sequence to measure decodes on: the unified cache's scratch sequence, else a
+        free slot (emptied: its cells go to the prefix cache); None when every slot is busy."""
+        if self.model.scratch_seq is not None:
+            return self.model.scratch_seq
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            return None
+        slot = min(free, key=lambda s: (len(s.cache) > 0, s.last_used))
+        if slot.cache:
+            self._evict(slot)
+        return slot.seq_id
+
     def _batch_cost(self) -> BatchCost:
-        """Decode cost of n tokens relative to one, measured once on a scratch sequence."""
+        """Decode cost of n tokens relative to one, measured once on a scratch sequence
+        (until it can be measured, linear: drafting never pays)."""
         if self._cost is not None:
             return self._cost
-        model, batch, scratch = self.model, self.model.batch, self.model.n_slots
+        scratch = self._scratch()
+        if scratch is None:
+            return BatchCost()
+        model, batch = self.model, self.model.batch
         seconds: dict[int, float] = {}
         for n in _COST_POINTS:
             if n > batch.capacity:
@@ -872,9 +910,9 @@ class Engine:
         """Context shift: drop the older half of the slot's tokens after the kept prefix and
         move the rest down. False when it cannot be done (the caller ends the request).
 
-        Cells a sequence shares with another (``llama_memory_seq_cp`` tags a cell with several
-        sequences; its position is one for all) must not move, so the kept prefix grows to
-        cover every prefix shared with another slot.
+        In a unified cache, cells a sequence shares with another (``llama_memory_seq_cp`` tags
+        a cell with several sequences; its position is one for all) must not move, so the kept
+        prefix grows to cover every prefix shared with another slot. Streams share no cells.
         """
         job = slot.job
         assert job is not None
@@ -886,10 +924,12 @@ class Engine:
             log.info("request %s with images reached the context end; no shift", job.id)
             return False
         n_past = len(slot.cache)
-        keep = max(
-            [min(job.keep, n_past)]
-            + [common_prefix_length(o.cache, slot.cache) for o in self.slots if o is not slot]
-        )
+        keep = min(job.keep, n_past)
+        if self.model.unified_kv:
+            keep = max(
+                [keep]
+                + [common_prefix_length(o.cache, slot.cache) for o in self.slots if o is not slot]
+            )
         discard = (n_past - keep) // 2
         if discard < 1:
             return False

@@ -201,10 +201,21 @@ class LlamaModel:
         self.n_ctx_per_slot = config.n_ctx_per_slot
         """Tokens each slot may hold."""
 
-        # One sequence more than the slots: a scratch sequence, for measuring decode costs.
-        params = self._context_params(
-            config.kv_cells or config.n_ctx_per_slot * config.n_slots, config.n_slots + 1
-        )
+        full = config.n_ctx_per_slot * config.n_slots
+        self.unified_kv = 0 < config.kv_cells < full
+        """One KV cache for all sequences (a pool smaller than slots x context was asked for),
+        else one KV stream per slot, as llama-server keeps them: a sequence's attention then
+        spans only its own cells, never other slots' (idle ones included), and prefixes move
+        between slots by copying a stream (:meth:`seq_copy`)."""
+        # A unified cache has one sequence more than the slots: a scratch sequence, for
+        # measuring decode costs (with streams it would cost a whole stream; a free slot
+        # serves instead).
+        self.scratch_seq: int | None = config.n_slots if self.unified_kv else None
+        """The sequence for measurements, when there is one."""
+        if self.unified_kv:
+            params = self._context_params(config.kv_cells, config.n_slots + 1, unified=True)
+        else:
+            params = self._context_params(full, config.n_slots, unified=False)
         # Every generating slot puts one token in each step's batch, and llama.cpp wants a
         # batch at least as large as the sequences (the slots and the scratch one): smaller
         # would abort, so clamp as llama.cpp's own tools clamp out-of-range settings, and
@@ -246,7 +257,9 @@ class LlamaModel:
         self._embedding_batch: Batch | None = None
         self._embd_batch: llama_cpp.llama_batch | None = None
 
-    def _context_params(self, n_ctx: int, n_seq: int) -> llama_cpp.llama_context_params:
+    def _context_params(
+        self, n_ctx: int, n_seq: int, unified: bool = True
+    ) -> llama_cpp.llama_context_params:
         params = llama_cpp.llama_context_default_params()
         set_fields(
             params,
@@ -254,9 +267,9 @@ class LlamaModel:
             n_seq_max=n_seq,
             n_threads=self.n_threads,
             n_threads_batch=self.n_threads,
-            # One cache for all sequences: shared prefixes occupy their cells once
-            # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
-            kv_unified=True,
+            # Unified: one cache for all sequences (llama_memory_seq_cp tags cells with more
+            # sequence ids instead of copying them); else n_ctx / n_seq cells per sequence.
+            kv_unified=unified,
             type_k=_KV_TYPES[self.config.kv_cache_type],
             type_v=_KV_TYPES[self.config.kv_cache_type],
             flash_attn_type=_FLASH[self.config.flash_attention],
@@ -334,8 +347,19 @@ class LlamaModel:
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end))
 
     def seq_copy(self, source: int, destination: int, start: int, end: int) -> None:
-        """Make cells ``[start, end)`` of ``source`` belong to ``destination`` too (no copying)."""
-        llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
+        """Give ``destination`` the cells of ``source`` at positions ``[start, end)``, where
+        ``destination`` holds ``[0, start)`` of the same tokens already.
+
+        In a unified cache the cells are tagged with ``destination`` too (nothing is copied).
+        With a stream per slot llama.cpp copies only whole streams: ``destination``'s stream
+        becomes a copy of ``source``'s (at the next decode, on the device) and loses the cells
+        from ``end`` on.
+        """
+        if self.unified_kv:
+            llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
+            return
+        llama_cpp.llama_memory_seq_cp(self.memory, source, destination, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self.memory, destination, end, -1)
 
     def seq_state(self, seq_id: int) -> bytes:
         """The KV state of ``seq_id`` (its cells' keys and values), for saving elsewhere."""

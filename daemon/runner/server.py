@@ -490,6 +490,7 @@ class RunnerServer:
             "gpu_offload": model.gpu_offload,
             "gpu_layers": model.n_gpu_layers,
             "kv_cache_type": model.config.kv_cache_type,
+            "kv_unified": model.unified_kv,
             "flash_attention": model.config.flash_attention,
             "fill_in_the_middle": model.fim is not None,
             "chat_template": self.default_template is not None,
