@@ -232,9 +232,14 @@ class Server:
         run_load(self.driver, self.model, 1, 8)
 
     def run(self, clients: int, tokens: int) -> dict[str, Any]:
-        """One run of a level, kept in :attr:`rows`."""
+        """One run of a level, kept in :attr:`rows` (and printed, as the run goes on)."""
         row = run_load(self.driver, self.model, clients, tokens)
         self.rows[clients].append(row)
+        print(
+            f"{self.name}: {clients} clients, {row['aggregate_tps']:.1f} tok/s, "
+            f"{row['tokens']}/{row['asked']} tokens",
+            flush=True,
+        )
         return row
 
 

@@ -25,7 +25,7 @@ from localllm.daemon.runner.protocol import (
     TokenEvent,
 )
 from localllm.daemon.runner.sampling import grammar_for
-from localllm.daemon.runner.speculative import BatchCost, DraftPolicy, NgramDrafter
+from localllm.daemon.runner.speculative import BatchCost, DecodeCosts, DraftPolicy, NgramDrafter
 
 # -- drafting and deciding, no llama.cpp ------------------------------------------------------
 
@@ -51,6 +51,21 @@ def test_batch_cost_interpolates_and_extrapolates() -> None:
     assert cost(1) == 1.0
     assert cost(3) == pytest.approx(1.4)
     assert cost(6) == pytest.approx(2.0)
+
+
+def test_decode_costs_follow_the_decodes_without_jumping() -> None:
+    costs = DecodeCosts(weight=0.5)
+    assert costs.curve()(8) == 8  # nothing known: linear, drafting never pays
+    costs.observe(8, 0.02)
+    assert not costs.ready and costs.curve()(8) == 8
+    costs.observe(1, 0.01)
+    assert costs.curve()(8) == 2.0
+    costs.observe(1, 1.0)  # one stalled decode moves the estimate by at most twice
+    assert costs.seconds[1] == 0.015
+    costs.observe(4, 0.001)  # noise never makes more tokens cheaper than fewer
+    assert costs.curve()(4) >= 1.0
+    costs.observe(500, 1.0)  # prefill chunks are not tracked
+    assert 500 not in costs.seconds
 
 
 def test_policy_drafts_only_when_it_pays() -> None:
@@ -172,8 +187,8 @@ def test_measuring_the_cost_curve_mid_step_leaves_the_batch_intact(model: LlamaM
     plain = Run(model, num_draft=0).run(jobs)
     measuring = Run(model, num_draft=6, measure=True)
     assert measuring.run(jobs) == plain
-    assert measuring.engine._cost is not None
-    assert measuring.engine._cost.relative[1] == 1.0
+    assert measuring.engine._costs.ready
+    assert measuring.engine._costs.curve().relative[1] == 1.0
     assert not measuring.errors
 
 

@@ -68,7 +68,7 @@ from .slots import (
     prefix_source,
     should_wait_for,
 )
-from .speculative import BatchCost, Drafter, DraftPolicy, NgramDrafter
+from .speculative import BatchCost, DecodeCosts, Drafter, DraftPolicy, NgramDrafter
 from .text import TextStream
 from .vision import ImageEmbeddings, is_image_token
 
@@ -184,7 +184,9 @@ class Engine:
         """Drafting one token's cost relative to a one-token target decode, when fixed (for
         tests and benchmarks); None: measured from the draft model's decodes."""
         self._cost: BatchCost | None = None
-        self._decode_seconds: float | None = None
+        """A fixed decode-cost curve (for tests); None: the one learnt in ``_costs``."""
+        self._costs = DecodeCosts()
+        self._measured = False
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -443,8 +445,10 @@ class Engine:
             if plan.empty:
                 return
             self._fill(plan)
+            started = time.perf_counter()
             status = self.model.decode()
             if status == 0:
+                self._costs.observe(self.model.batch.size, time.perf_counter() - started)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
             if status == 1 and any(slot.draft for slot in plan.decoding):
@@ -751,9 +755,10 @@ class Engine:
         if self.draft_cost is not None:
             return self.draft_cost
         seconds = self.draft.seconds_per_token if self.draft is not None else None
-        if seconds is None or not self._decode_seconds:
+        one_token = self._costs.seconds.get(1)
+        if seconds is None or not one_token:
             return 0.0  # unknown until the first draft is measured: try it
-        return seconds / self._decode_seconds
+        return seconds / one_token
 
     def _draft_with_model(
         self, decoding: list[Slot], capacity: int, tokens: int, outputs: float
@@ -809,36 +814,39 @@ class Engine:
         return slot.seq_id
 
     def _batch_cost(self) -> BatchCost:
-        """Decode cost of n tokens relative to one, measured once on a scratch sequence
-        (until it can be measured, linear: drafting never pays)."""
+        """Decode cost of n tokens relative to one: learnt from the engine's decodes, seeded
+        by a measurement on a scratch sequence (until then linear: drafting never pays)."""
         if self._cost is not None:
             return self._cost
+        if not self._measured:
+            self._measure_costs()
+        return self._costs.curve()
+
+    def _measure_costs(self) -> None:
+        """Decode 1, 2, 4 and 8 tokens on a scratch sequence, twice each after a warm-up,
+        and seed the learnt costs with the fastest of each."""
         scratch = self._scratch()
         if scratch is None:
-            return BatchCost()
+            return
+        self._measured = True
         model, batch = self.model, self.model.batch
+        points = [n for n in _COST_POINTS if n <= batch.capacity]
         seconds: dict[int, float] = {}
-        for n in _COST_POINTS:
-            if n > batch.capacity:
+        for n in [1, *points, *points]:  # the first decode warms up
+            batch.clear()
+            for position in range(n):
+                batch.add(max(model.bos_id, 0), position, scratch, True)
+            started = time.perf_counter()
+            status = model.decode()
+            elapsed = time.perf_counter() - started
+            model.seq_remove(scratch, 0)
+            if status != 0:
                 break
-            runs = []
-            for _ in range(1 if n > 1 else 3):  # the first runs warm up
-                batch.clear()
-                for position in range(n):
-                    batch.add(max(model.bos_id, 0), position, scratch, True)
-                started = time.perf_counter()
-                status = model.decode()
-                runs.append(time.perf_counter() - started)
-                model.seq_remove(scratch, 0)
-                if status != 0:
-                    break
-            seconds[n] = min(runs)
+            seconds[n] = min(seconds.get(n, elapsed), elapsed)
         batch.clear()
-        base = seconds.get(1) or 1e-9
-        self._decode_seconds = base
-        self._cost = BatchCost({n: t / base for n, t in seconds.items()})
-        log.info("decode cost of n tokens relative to 1: %s", self._cost.relative)
-        return self._cost
+        for n, elapsed in seconds.items():
+            self._costs.observe(n, elapsed)
+        log.info("decode cost of n tokens relative to 1: %s", self._costs.curve().relative)
 
     def _sample(self, slot: Slot, now: float) -> None:
         """Sample the slot's next token, and go on through its draft while the samples agree

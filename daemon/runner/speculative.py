@@ -3,7 +3,8 @@
 * :class:`NgramDrafter` proposes the tokens that followed the most recent earlier occurrence
   of a slot's last few tokens, in its own prompt and output (prompt-lookup decoding). It costs
   no second model and shines where answers quote their input: edits, code, RAG, summaries.
-* :class:`BatchCost` is the measured cost of a decode of n tokens relative to one token.
+* :class:`BatchCost` is the cost of a decode of n tokens relative to one token, and
+  :class:`DecodeCosts` learns it from the engine's decodes.
 * :class:`DraftPolicy` keeps a slot's running estimate of how often a drafted token is
   accepted, and picks the draft length that maximises expected tokens per unit of step time
   (zero when drafting does not pay, which on a CPU is most free text).
@@ -19,7 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["BatchCost", "DraftPolicy", "Drafter", "NgramDrafter"]
+__all__ = ["BatchCost", "DecodeCosts", "DraftPolicy", "Drafter", "NgramDrafter"]
 
 
 class Drafter(Protocol):
@@ -100,6 +101,57 @@ class BatchCost:
             return points[0][1] * tokens
         (n0, c0), (n1, c1) = points[-2], points[-1]
         return c1 + (c1 - c0) / (n1 - n0) * (tokens - n1)
+
+
+class DecodeCosts:
+    """Seconds of a decode of n tokens, learnt from the engine's own decodes.
+
+    Seeded by a measurement when the runner starts and updated by every decode the engine
+    runs (keyed by the tokens in its batch), so the curve follows this machine as it is now:
+    a curve measured once, on a machine that was busy for a moment, could forbid drafting
+    (or allow it where it loses) for the runner's whole life. An observation moves the
+    estimate by ``weight``, and by at most a factor of two, so one stalled decode cannot
+    swing it.
+    """
+
+    def __init__(self, weight: float = 0.1, largest: int = 64) -> None:
+        self.weight = weight
+        self.largest = largest
+        """Batches above this many tokens (prefill chunks) are not tracked."""
+        self.seconds: dict[int, float] = {}
+        """Tokens in a batch → the estimate of its decode seconds."""
+        self._curve: BatchCost | None = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One decode of ``tokens`` tokens took ``seconds``."""
+        if not 1 <= tokens <= self.largest or seconds <= 0:
+            return
+        old = self.seconds.get(tokens)
+        if old is None:
+            self.seconds[tokens] = seconds
+        else:
+            seen = min(max(seconds, old / 2), old * 2)
+            self.seconds[tokens] = old + self.weight * (seen - old)
+        self._curve = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the one-token cost is known (the curve is relative to it)."""
+        return 1 in self.seconds
+
+    def curve(self) -> BatchCost:
+        """The cost of n tokens relative to one (never decreasing with n); linear until the
+        one-token cost is known, which never makes drafting look worthwhile."""
+        if self._curve is None:
+            base = self.seconds.get(1)
+            if not base:
+                return BatchCost()
+            relative, highest = {}, 0.0
+            for tokens in sorted(self.seconds):
+                highest = max(highest, self.seconds[tokens] / base)
+                relative[tokens] = highest
+            self._curve = BatchCost(relative)
+        return self._curve
 
 
 @dataclass
