@@ -413,8 +413,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--speculative",
-        default="ngram",
-        help="LOCALLLM_SPECULATIVE of the speculating daemon with --api (default ngram)",
+        default="auto",
+        help="LOCALLLM_SPECULATIVE of the speculating daemon with --api (default auto: the "
+        "draft model of --draft-pair's target, n-gram lookup for the others)",
     )
     parser.add_argument(
         "--draft-pair",

@@ -62,10 +62,28 @@ def test_decode_costs_follow_the_decodes_without_jumping() -> None:
     assert costs.curve()(8) == 2.0
     costs.observe(1, 1.0)  # one stalled decode moves the estimate by at most twice
     assert costs.seconds[1] == 0.015
-    costs.observe(4, 0.001)  # noise never makes more tokens cheaper than fewer
+    costs.observe(4, 0.001)  # noise never makes more tokens cheaper than one
     assert costs.curve()(4) >= 1.0
     costs.observe(500, 1.0)  # prefill chunks are not tracked
     assert 500 not in costs.seconds
+    # A cost measured too high is capped by what a larger batch was seen to cost: a curve
+    # that forbids drafting is corrected by the first probe that drafts more.
+    seeded = DecodeCosts()
+    seeded.observe(1, 0.01)
+    seeded.observe(2, 0.06)
+    assert seeded.curve()(2) == pytest.approx(6.0)
+    seeded.observe(5, 0.02)
+    assert seeded.curve()(2) == pytest.approx(2.0)
+
+
+def test_policy_probes_now_and_then_while_drafts_would_be_accepted() -> None:
+    policy = DraftPolicy(max_draft=8, acceptance=0.9)
+    probes = [policy.explore(8) for _ in range(2 * DraftPolicy.PROBE_EVERY)]
+    assert probes.count(DraftPolicy.PROBE_DRAFT) == 2
+    assert probes[DraftPolicy.PROBE_EVERY - 1] == DraftPolicy.PROBE_DRAFT
+    assert policy.explore(0) == 0  # nothing proposed: nothing to probe
+    doubtful = DraftPolicy(max_draft=8, acceptance=0.3)
+    assert not any(doubtful.explore(8) for _ in range(3 * DraftPolicy.PROBE_EVERY))
 
 
 def test_policy_drafts_only_when_it_pays() -> None:

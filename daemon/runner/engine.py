@@ -732,7 +732,12 @@ class Engine:
             slot.proposal = drafter.propose(policy.max_draft)
             if room <= 0 or not slot.proposal:
                 continue
-            k = policy.length(min(room, len(slot.proposal)), tokens, outputs, self._batch_cost())
+            proposal = min(room, len(slot.proposal))
+            k = policy.length(proposal, tokens, outputs, self._batch_cost())
+            if k == 0:
+                k = policy.explore(proposal)
+            else:
+                policy.unverified = 0
             if k == 0:
                 continue
             slot.draft = slot.proposal[:k]

@@ -140,17 +140,23 @@ class DecodeCosts:
         return 1 in self.seconds
 
     def curve(self) -> BatchCost:
-        """The cost of n tokens relative to one (never decreasing with n); linear until the
-        one-token cost is known, which never makes drafting look worthwhile."""
+        """The cost of n tokens relative to one; linear until the one-token cost is known,
+        which never makes drafting look worthwhile.
+
+        Noise must not make more tokens look cheaper than fewer: n tokens cost at most what
+        any larger batch was seen to cost (and at least one token's cost). Erring that way
+        is optimistic, which corrects itself (drafts get verified, their decodes observed);
+        a pessimistic estimate would stop the drafting that could correct it.
+        """
         if self._curve is None:
             base = self.seconds.get(1)
             if not base:
                 return BatchCost()
-            relative, highest = {}, 0.0
-            for tokens in sorted(self.seconds):
-                highest = max(highest, self.seconds[tokens] / base)
-                relative[tokens] = highest
-            self._curve = BatchCost(relative)
+            relative, lowest = {}, float("inf")
+            for tokens in sorted(self.seconds, reverse=True):
+                lowest = min(lowest, self.seconds[tokens])
+                relative[tokens] = max(lowest / base, 1.0)
+            self._curve = BatchCost(dict(sorted(relative.items())))
         return self._curve
 
 
@@ -166,9 +172,30 @@ class DraftPolicy:
     """Tokens drafted for verification so far."""
     accepted: int = 0
     """Drafted tokens the sampler accepted so far."""
+    unverified: int = 0
+    """Steps in a row with a proposal the cost curve said not to verify."""
 
     # How fast the estimate follows recent outcomes.
     _WEIGHT = 0.15
+    # Probes (see explore): after this many unverified proposals in a row, while the
+    # acceptance estimate is at least this, verify this many drafted tokens anyway.
+    PROBE_EVERY = 16
+    PROBE_ACCEPTANCE = 0.6
+    PROBE_DRAFT = 4
+
+    def explore(self, proposal: int) -> int:
+        """The draft length of a probe, or 0: decode costs are learnt only from decodes that
+        hold drafts, so a cost curve measured too high (on a machine busy for a moment)
+        would never be corrected if the policy never drafted. Every :attr:`PROBE_EVERY`
+        steps with a proposal left unverified, while the acceptance estimate says drafts
+        would mostly be accepted (so a probe costs little), a few tokens are verified."""
+        if proposal <= 0:
+            return 0
+        self.unverified += 1
+        if self.unverified < self.PROBE_EVERY or self.acceptance < self.PROBE_ACCEPTANCE:
+            return 0
+        self.unverified = 0
+        return min(proposal, self.PROBE_DRAFT)
 
     def learn(self, proposal: list[int], produced: list[int]) -> None:
         """Update the estimate from a proposal and the tokens really produced after it (also
