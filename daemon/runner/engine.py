@@ -295,6 +295,8 @@ class Engine:
                 # Measured now, while no request waits, rather than in the middle of the
                 # first request that would draft.
                 self._batch_cost()
+                if self.draft is not None:
+                    self.draft.measure()
             while True:
                 idle = (
                     not self.waiting
@@ -789,10 +791,15 @@ class Engine:
             )
             if room <= 0:
                 continue
-            k = policy.length(room, tokens, outputs, self._batch_cost(), draft_cost)
+            cost = self._batch_cost()
+            k = policy.length(room, tokens, outputs, cost, draft_cost)
             if k == 0:
                 drafter.skipped += 1
-                if drafter.skipped < _PROBE_EVERY:
+                # A probe lets the acceptance estimate recover; not where even drafts that
+                # are always accepted would lose (a draft model nearly as slow as the target).
+                if drafter.skipped < _PROBE_EVERY or not policy.could_pay(
+                    room, tokens, outputs, cost, draft_cost
+                ):
                     continue
                 k = 1
             drafter.skipped = 0

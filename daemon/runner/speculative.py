@@ -183,6 +183,18 @@ class DraftPolicy:
     PROBE_ACCEPTANCE = 0.6
     PROBE_DRAFT = 4
 
+    def could_pay(
+        self,
+        proposal: int,
+        batch_tokens: int,
+        batch_outputs: float,
+        cost: BatchCost,
+        draft_cost: float = 0.0,
+    ) -> bool:
+        """Whether drafting would pay if every drafted token were accepted."""
+        best = DraftPolicy(max_draft=self.max_draft, acceptance=1.0)
+        return best.length(proposal, batch_tokens, batch_outputs, cost, draft_cost) > 0
+
     def explore(self, proposal: int) -> int:
         """The draft length of a probe, or 0: decode costs are learnt only from decodes that
         hold drafts, so a cost curve measured too high (on a machine busy for a moment)
