@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tiny_gguf import write_tiny_gguf
@@ -120,12 +121,38 @@ def test_policy_learns_acceptance_from_outcomes() -> None:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
+    # A unified cache (a pool one cell short of 3 x 512): drafts share batches with other
+    # streams there. With a KV stream per slot they go only into batches of one sequence
+    # (see test_streams_draft_only_alone).
     path = write_tiny_gguf(tmp_path_factory.mktemp("spec") / "endless.gguf", never_ends=True)
     llama = LlamaModel(
-        RunnerConfig(model_path=str(path), n_slots=3, n_ctx_per_slot=512, n_threads=2)
+        RunnerConfig(
+            model_path=str(path), n_slots=3, n_ctx_per_slot=512, kv_cells=1535, n_threads=2
+        )
     )
+    assert llama.unified_kv
     yield llama
     llama.close()
+
+
+def test_streams_draft_only_alone(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "endless.gguf", never_ends=True)
+    streams = LlamaModel(
+        RunnerConfig(model_path=str(path), n_slots=3, n_ctx_per_slot=512, n_threads=2)
+    )
+    try:
+        assert not streams.unified_kv
+        alone = [JOBS[0]]
+        plain = Run(streams, num_draft=0).run(alone)
+        speculating = Run(streams, num_draft=6)
+        assert speculating.run(alone) == plain
+        assert speculating.results["plain"].timings.draft_tokens > 0
+        # Together, every step's batch holds several sequences: no drafts (each would cost
+        # llama.cpp a pass of its own), and the same text as without speculation.
+        together = Run(streams, num_draft=6)
+        assert together.run(JOBS[:2]) == Run(streams, num_draft=0).run(JOBS[:2])
+    finally:
+        streams.close()
 
 
 class Run:

@@ -450,7 +450,9 @@ class Engine:
             started = time.perf_counter()
             status = self.model.decode()
             if status == 0:
-                self._costs.observe(self.model.batch.size, time.perf_counter() - started)
+                sequences = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
+                if self.model.unified_kv or sequences == 1:  # the batches drafts go into
+                    self._costs.observe(self.model.batch.size, time.perf_counter() - started)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
             if status == 1 and any(slot.draft for slot in plan.decoding):
@@ -717,8 +719,18 @@ class Engine:
         capacity = self.model.batch.capacity - len(decoding) - prefill_tokens // 2
         tokens, outputs = len(decoding) + prefill_tokens, float(len(decoding))
         planned = 0
+        # With a KV stream per slot llama.cpp computes a batch in one pass per run of
+        # consecutive sequences holding equally many tokens: a draft in a batch of several
+        # sequences costs a pass of its own (eight drafting streams made a step nine passes).
+        # There drafts go only into batches of one sequence.
+        may_draft = self.model.unified_kv or (len(decoding) == 1 and prefill_tokens == 0)
         if self.draft is not None:
-            self._draft_with_model(decoding, capacity, tokens, outputs)
+            if may_draft:
+                self._draft_with_model(decoding, capacity, tokens, outputs)
+            else:
+                for slot in decoding:
+                    if isinstance(slot.drafter, DraftModelDrafter):
+                        slot.drafter.drafted = []
         for slot in decoding:
             job, drafter, policy = slot.job, slot.drafter, slot.policy
             slot.proposal = []
@@ -732,8 +744,8 @@ class Engine:
                 capacity - planned,
             )
             slot.proposal = drafter.propose(policy.max_draft)
-            if room <= 0 or not slot.proposal:
-                continue
+            if not may_draft or room <= 0 or not slot.proposal:
+                continue  # an unverified proposal still teaches the policy
             proposal = min(room, len(slot.proposal))
             k = policy.length(proposal, tokens, outputs, self._batch_cost())
             if k == 0:
