@@ -16,14 +16,14 @@ on both servers, the same threads, slots and context:
     its default cuts off a running stream when another request arrives;
   - ``--skip-peer``: none;
 
-Both sample the same way: the daemon serves ``smollm2-bench``, the starter with
-``repeat_penalty 1.0`` (llama-server's default; Ollama's 1.1, which the daemon applies to OpenAI
-requests too, ends some counting streams early with EOS and adds a sampler).
-
 * ``raw``: a plain low-level llama.cpp greedy decode loop in this process, no server at all,
   once with one sequence and once with ``--slots`` sequences decoded together in one batch per
   step, right before and right after the servers (``raw_drift`` is the batched loop's
   after/before ratio: the machine's own drift during the run).
+
+Both sample the same way: the daemon serves ``smollm2-bench``, the starter with
+``repeat_penalty 1.0`` (llama-server's default; Ollama's 1.1, which the daemon applies to OpenAI
+requests too, ends some counting streams early with EOS and adds a sampler).
 
 Both servers are up for the whole run and every level is run ``--repeat`` times on each,
 interleaved: level by level, one server then the other, the order alternating, so that the
