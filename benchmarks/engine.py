@@ -11,7 +11,8 @@ Measures on SmolLM2-135M (the bundled starter model by default):
 * TTFT of a cold ~1,000-token prompt, of the same prefix when it is already cached, and the
   worst TTFT of 4 simultaneous cold requests that share a ~1,000-token prefix;
 * decode and prefill of one stream after 20 distinct long chats went idle, relative to a
-  fresh runner (idle prefixes move to the RAM tier instead of slowing attention);
+  fresh runner up at the same time, measured in turns (with a KV stream per slot, idle
+  prefixes cost an active stream nothing);
 * TTFT of a ~1,500-token system prompt after a runner restart (restored from the disk tier),
   next to the cold TTFT of the same prompt.
 
@@ -320,26 +321,51 @@ async def decode_rates(
     return raw_rates, engine_rates, bench_rates
 
 
+async def engine_prefill_rate(raw: RawLlama, client: RunnerClient, seed: int) -> float:
+    """The runner's prefill tokens/s on a 512-token prompt (the same for the same seed)."""
+    tokens = raw.tokenize(words(700, seed=seed))[:512]
+    request = GenerationRequest(
+        id="", prompt=raw.detokenize(tokens), raw=True, options=SamplingOptions(num_predict=1)
+    )
+    rate = 0.0
+    async for event in client.generate(request):
+        if not isinstance(event, TokenChunk):
+            rate = event.timings.prompt_tokens_per_s
+    return rate
+
+
 async def idle_chats(
     raw: RawLlama, model: str, threads: int, kv_dir: Path, args: argparse.Namespace
 ) -> dict[str, float]:
-    """One stream's decode and prefill after 20 long chats went idle, over a fresh runner's."""
+    """One stream's decode and prefill after 20 long chats went idle, over a fresh runner's:
+    both runners are up at once and measured in turns, so the machine's drift hits both."""
     # Each runner gets its own cache folder: the idle runner must not find the fresh runner's
     # prompts saved on disk, or its "prefill" would be a restore.
-    async with fresh_runner(model, threads, kv_dir / "fresh") as client:
-        _, fresh_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
-        _, fresh_decode, _ = await decode_rates(raw, client, 1, args.repeat, args.tokens)
-    async with fresh_runner(model, threads, kv_dir / "idle") as client:
+    async with (
+        fresh_runner(model, threads, kv_dir / "fresh") as fresh,
+        fresh_runner(model, threads, kv_dir / "idle") as idle,
+    ):
         for batch in range(5):  # 20 chats of ~600 tokens, 4 at a time
-            await runner_ttft(client, [words(500, seed=1000 + batch * 4 + i) for i in range(4)])
-        # The engine moves cells of slots idle for a while to the RAM tier once others work.
+            await runner_ttft(idle, [words(500, seed=1000 + batch * 4 + i) for i in range(4)])
+        # In a unified cache the engine moves cells of slots idle for a while to the RAM tier
+        # once others work.
         await asyncio.sleep(2.5)
-        await runner_ttft(client, [words(50, seed=1999)])
-        _, idle_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
-        _, idle_decode, _ = await decode_rates(raw, client, 1, args.repeat, args.tokens)
+        await runner_ttft(idle, [words(50, seed=1999)])
+        rates: dict[str, dict[str, list[float]]] = {
+            "fresh": {"prefill": [], "decode": []},
+            "idle": {"prefill": [], "decode": []},
+        }
+        for attempt in range(args.repeat):
+            order = [("fresh", fresh), ("idle", idle)]
+            for name, client in order if attempt % 2 == 0 else order[::-1]:
+                rates[name]["prefill"].append(
+                    await engine_prefill_rate(raw, client, seed=900 + attempt)
+                )
+                count, seconds = await runner_decode(client, [STORY], args.tokens)
+                rates[name]["decode"].append(count / seconds)
     figures = {
-        "idle20_decode_ratio": best(idle_decode) / best(fresh_decode),
-        "idle20_prefill_ratio": best(idle_prefill) / best(fresh_prefill),
+        f"idle20_{what}_ratio": best(rates["idle"][what]) / best(rates["fresh"][what])
+        for what in ("decode", "prefill")
     }
     print(
         f"after 20 idle chats: decode {figures['idle20_decode_ratio']:.3f}, "
