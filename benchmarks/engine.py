@@ -1,6 +1,7 @@
 """Engine benchmark: the runner against a plain llama.cpp loop, in one run, same threads.
 
     python benchmarks/engine.py [--model PATH] [--threads N] [--tokens 128]
+                                [--batched-bench PATH]
 
 Measures on SmolLM2-135M (the bundled starter model by default):
 
@@ -10,9 +11,17 @@ Measures on SmolLM2-135M (the bundled starter model by default):
 * TTFT of a cold ~1,000-token prompt, of the same prefix when it is already cached, and the
   worst TTFT of 4 simultaneous cold requests that share a ~1,000-token prefix;
 * decode and prefill of one stream after 20 distinct long chats went idle, relative to a
-  fresh runner (idle prefixes move to the RAM tier instead of slowing attention);
+  fresh runner up at the same time, measured in turns (with a KV stream per slot, idle
+  prefixes cost an active stream nothing);
 * TTFT of a ~1,500-token system prompt after a runner restart (restored from the disk tier),
   next to the cold TTFT of the same prompt.
+
+With ``--batched-bench PATH`` (a ``llama-batched-bench`` binary, e.g. built from the llama.cpp
+vendored in llama-cpp-python: ``cmake -B build -DLLAMA_CURL=OFF && cmake --build build --target
+llama-batched-bench``), llama.cpp's own batched decode benchmark runs at the same stream counts,
+threads, context and generated tokens (32-token prompts, one KV stream per sequence, as
+llama-server keeps them), interleaved with the other two sides: the real limit of this build
+on this machine (``bench_*_tps`` and ``ratio_*_vs_bench``). It is never needed otherwise.
 
 The "raw" side is the least Python one can write on llama-cpp-python's low-level API: one
 batch, llama_decode, a greedy sampler, no detokenization, no IPC. The runner side goes through
@@ -28,7 +37,9 @@ import asyncio
 import contextlib
 import ctypes
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +56,7 @@ from localllm.daemon.runner import (
     SamplingOptions,
     TokenChunk,
 )
-from localllm.daemon.runner.model import default_threads
+from localllm.daemon.runner.model import default_threads, route_llama_log
 from localllm.starter import starter_gguf_path
 
 _WORD_TEXT = (
@@ -76,7 +87,7 @@ class RawLlama:
         params.n_batch = params.n_ubatch = 512
         params.n_seq_max = n_seq
         params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = True
+        params.kv_unified = False  # a KV stream per sequence, as the runner keeps them
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(512, 0, n_seq)
@@ -245,45 +256,116 @@ async def fresh_runner(
             await process.stop()
 
 
+def batched_bench(path: str, model: str, threads: int, streams: int, tokens: int) -> float:
+    """``llama-batched-bench``'s decode tokens/s (S_TG) for ``streams`` sequences of 32-token
+    prompts generating ``tokens`` each, with the runner's batch and context per sequence."""
+    command = [
+        path,
+        "-m",
+        model,
+        "-c",
+        str(2048 * streams),
+        "-b",
+        "512",
+        "-ub",
+        "512",
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-npp",
+        "32",
+        "-ntg",
+        str(tokens),
+        "-npl",
+        str(streams),
+        "--output-format",
+        "jsonl",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    for line in done.stdout.splitlines() + done.stderr.splitlines():
+        if line.startswith("{") and '"speed_tg"' in line:
+            return float(json.loads(line)["speed_tg"])
+    raise RuntimeError(f"llama-batched-bench printed no result: {done.stderr[-500:]}")
+
+
 async def decode_rates(
-    raw: RawLlama, client: RunnerClient, streams: int, repeat: int, tokens: int
-) -> tuple[list[float], list[float]]:
-    """Aggregate decode tokens/s of ``streams`` concurrent greedy stories: raw, runner."""
+    raw: RawLlama,
+    client: RunnerClient,
+    streams: int,
+    repeat: int,
+    tokens: int,
+    bench: tuple[str, str, int] | None = None,
+) -> tuple[list[float], list[float], list[float]]:
+    """Aggregate decode tokens/s of ``streams`` concurrent greedy stories: raw, runner and,
+    when ``bench`` (binary, model, threads) is given, llama-batched-bench."""
     texts = [f"{STORY} ({i})" for i in range(streams)]
-    raw_rates, engine_rates = [], []
+    raw_rates, engine_rates, bench_rates = [], [], []
+    sides = ["raw", "engine"] + (["bench"] if bench else [])
     for attempt in range(repeat):
-        # Alternate which side goes first, so neither always follows the other's lingering
-        # threads.
-        for side in ("raw", "engine") if attempt % 2 == 0 else ("engine", "raw"):
+        # Rotate which side goes first, so none always follows another's lingering threads.
+        shift = attempt % len(sides)
+        for side in sides[shift:] + sides[:shift]:
             if side == "raw":
                 count, seconds = raw.decode([raw.chat_tokens(t) for t in texts], tokens)
                 raw_rates.append(count / seconds)
-            else:
+            elif side == "engine":
                 count, seconds = await runner_decode(client, texts, tokens)
                 engine_rates.append(count / seconds)
-    return raw_rates, engine_rates
+            else:
+                assert bench is not None
+                path, model, threads = bench
+                bench_rates.append(
+                    await asyncio.to_thread(batched_bench, path, model, threads, streams, tokens)
+                )
+    return raw_rates, engine_rates, bench_rates
+
+
+async def engine_prefill_rate(raw: RawLlama, client: RunnerClient, seed: int) -> float:
+    """The runner's prefill tokens/s on a 512-token prompt (the same for the same seed)."""
+    tokens = raw.tokenize(words(700, seed=seed))[:512]
+    request = GenerationRequest(
+        id="", prompt=raw.detokenize(tokens), raw=True, options=SamplingOptions(num_predict=1)
+    )
+    rate = 0.0
+    async for event in client.generate(request):
+        if not isinstance(event, TokenChunk):
+            rate = event.timings.prompt_tokens_per_s
+    return rate
 
 
 async def idle_chats(
     raw: RawLlama, model: str, threads: int, kv_dir: Path, args: argparse.Namespace
 ) -> dict[str, float]:
-    """One stream's decode and prefill after 20 long chats went idle, over a fresh runner's."""
+    """One stream's decode and prefill after 20 long chats went idle, over a fresh runner's:
+    both runners are up at once and measured in turns, so the machine's drift hits both."""
     # Each runner gets its own cache folder: the idle runner must not find the fresh runner's
     # prompts saved on disk, or its "prefill" would be a restore.
-    async with fresh_runner(model, threads, kv_dir / "fresh") as client:
-        _, fresh_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
-        _, fresh_decode = await decode_rates(raw, client, 1, args.repeat, args.tokens)
-    async with fresh_runner(model, threads, kv_dir / "idle") as client:
+    async with (
+        fresh_runner(model, threads, kv_dir / "fresh") as fresh,
+        fresh_runner(model, threads, kv_dir / "idle") as idle,
+    ):
         for batch in range(5):  # 20 chats of ~600 tokens, 4 at a time
-            await runner_ttft(client, [words(500, seed=1000 + batch * 4 + i) for i in range(4)])
-        # The engine moves cells of slots idle for a while to the RAM tier once others work.
+            await runner_ttft(idle, [words(500, seed=1000 + batch * 4 + i) for i in range(4)])
+        # In a unified cache the engine moves cells of slots idle for a while to the RAM tier
+        # once others work.
         await asyncio.sleep(2.5)
-        await runner_ttft(client, [words(50, seed=1999)])
-        _, idle_prefill = await prefill_rates(raw, client, args.repeat, seed=900)
-        _, idle_decode = await decode_rates(raw, client, 1, args.repeat, args.tokens)
+        await runner_ttft(idle, [words(50, seed=1999)])
+        rates: dict[str, dict[str, list[float]]] = {
+            "fresh": {"prefill": [], "decode": []},
+            "idle": {"prefill": [], "decode": []},
+        }
+        for attempt in range(args.repeat):
+            order = [("fresh", fresh), ("idle", idle)]
+            for name, client in order if attempt % 2 == 0 else order[::-1]:
+                rates[name]["prefill"].append(
+                    await engine_prefill_rate(raw, client, seed=900 + attempt)
+                )
+                count, seconds = await runner_decode(client, [STORY], args.tokens)
+                rates[name]["decode"].append(count / seconds)
     figures = {
-        "idle20_decode_ratio": best(idle_decode) / best(fresh_decode),
-        "idle20_prefill_ratio": best(idle_prefill) / best(fresh_prefill),
+        f"idle20_{what}_ratio": best(rates["idle"][what]) / best(rates["fresh"][what])
+        for what in ("decode", "prefill")
     }
     print(
         f"after 20 idle chats: decode {figures['idle20_decode_ratio']:.3f}, "
@@ -308,45 +390,77 @@ async def restart_ttft(model: str, threads: int, kv_dir: Path) -> dict[str, floa
     }
 
 
+SECTIONS = ("prefill", "decode", "ttft", "idle", "restart")
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, float]:
     model = args.model or str(starter_gguf_path())
     threads = args.threads or default_threads()
     raw = RawLlama(model, threads, n_seq=8, n_ctx_per_seq=2048)
     results: dict[str, float] = {"threads": threads, "tokens": args.tokens}
+    sections = set(args.only.split(",")) if args.only else set(SECTIONS)
 
-    async with fresh_runner(model, threads) as client:
-        raw_rates, engine_rates = await prefill_rates(raw, client, args.repeat, seed=100)
-    results["raw_prefill_tps"] = best(raw_rates)
-    results["engine_prefill_tps"] = best(engine_rates)
-    report("prefill", results["raw_prefill_tps"], results["engine_prefill_tps"], "tok/s")
+    if sections & {"prefill", "decode"}:
+        async with fresh_runner(model, threads) as client:
+            raw_rates, engine_rates = await prefill_rates(raw, client, args.repeat, seed=100)
+        results["raw_prefill_tps"] = best(raw_rates)
+        results["engine_prefill_tps"] = best(engine_rates)
+        results["ratio_prefill"] = results["engine_prefill_tps"] / results["raw_prefill_tps"]
+        report("prefill", results["raw_prefill_tps"], results["engine_prefill_tps"], "tok/s")
+    if "decode" in sections:
+        results.update(await decode_section(raw, model, threads, args))
+        results["ratio_prefill_busy_cache"] = (
+            results["engine_prefill_busy_cache_tps"] / results["raw_prefill_tps"]
+        )
+    if "ttft" in sections:
+        results.update(await ttft_section(model, threads))
+    if "idle" in sections:
+        with tempfile.TemporaryDirectory(prefix="localllm-bench-kv-") as kv:
+            results.update(await idle_chats(raw, model, threads, Path(kv), args))
+    if "restart" in sections:
+        with tempfile.TemporaryDirectory(prefix="localllm-bench-kv-") as kv:
+            results.update(await restart_ttft(model, threads, Path(kv)))
+    return results
 
+
+async def decode_section(
+    raw: RawLlama, model: str, threads: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """Decode at 1, 4 and 8 streams (and llama-batched-bench's, when given), then prefill and
+    decode with the cache full of idle prefixes."""
+    results: dict[str, float] = {}
+    bench = (args.batched_bench, model, threads) if args.batched_bench else None
     for streams, key in ((1, "decode"), (4, "batched4"), (8, "batched8")):
         async with fresh_runner(model, threads) as client:
-            raw_rates, engine_rates = await decode_rates(
-                raw, client, streams, args.repeat, args.tokens
+            raw_rates, engine_rates, bench_rates = await decode_rates(
+                raw, client, streams, args.repeat, args.tokens, bench
             )
             if streams == 8:
-                # The price of prefix caching in a unified KV cache: with other sequences'
-                # idle prefixes in it (8 stories and 4 prompts here), attention scans and masks
-                # those cells too, for prefill and for every decoded token.
+                # With other sequences' idle prefixes in the cache (8 stories and 4 prompts
+                # here), does prefill or decode of one more stream slow down?
                 await prefill_rates(raw, client, 4, seed=300)
                 _, busy_prefill = await prefill_rates(raw, client, 2, seed=500)
-                _, busy_decode = await decode_rates(raw, client, 1, 2, args.tokens)
+                _, busy_decode, _ = await decode_rates(raw, client, 1, 2, args.tokens)
         results[f"raw_{key}_tps"] = best(raw_rates)
         results[f"engine_{key}_tps"] = best(engine_rates)
+        results[f"ratio_{key}"] = best(engine_rates) / best(raw_rates)
         report(key, results[f"raw_{key}_tps"], results[f"engine_{key}_tps"], "tok/s")
+        if bench_rates:
+            results[f"bench_{key}_tps"] = best(bench_rates)
+            results[f"ratio_{key}_vs_bench"] = best(engine_rates) / best(bench_rates)
+            report(f"{key} vs llama-batched-bench", best(bench_rates), best(engine_rates), "tok/s")
     results["engine_prefill_busy_cache_tps"] = best(busy_prefill)
     results["engine_decode_busy_cache_tps"] = best(busy_decode)
-    report(
-        "prefill, cache full of idle prefixes",
-        results["raw_prefill_tps"],
-        best(busy_prefill),
-        "tok/s",
-    )
+    results["ratio_decode_busy_cache"] = best(busy_decode) / results["raw_decode_tps"]
     report(
         "decode, cache full of idle prefixes", results["raw_decode_tps"], best(busy_decode), "tok/s"
     )
+    return results
 
+
+async def ttft_section(model: str, threads: int) -> dict[str, float]:
+    """TTFT of a cold ~1,000-token prompt, of the same prefix cached, and the worst of 4
+    simultaneous cold requests sharing a ~1,000-token prefix."""
     async with fresh_runner(model, threads) as client:
         prefix = words(820, seed=7)  # ~1,000 tokens
         cold = (await runner_ttft(client, [prefix + " first question: why?"]))[0]
@@ -355,29 +469,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
         shared = await runner_ttft(
             client, [f"{shared_prefix} question {i}: what?" for i in range(4)]
         )
-    results["cold_ttft_ms"] = cold
-    results["cached_prefix_ttft_ms"] = cached
-    results["shared4_max_ttft_ms"] = max(shared)
     print(f"ttft ms: cold {cold:.0f}, cached prefix {cached:.0f}, 4 sharing max {max(shared):.0f}")
-
-    with tempfile.TemporaryDirectory(prefix="localllm-bench-kv-") as kv:
-        results.update(await idle_chats(raw, model, threads, Path(kv), args))
-    with tempfile.TemporaryDirectory(prefix="localllm-bench-kv-") as kv:
-        results.update(await restart_ttft(model, threads, Path(kv)))
-
-    results["ratio_decode"] = results["engine_decode_tps"] / results["raw_decode_tps"]
-    results["ratio_batched4"] = results["engine_batched4_tps"] / results["raw_batched4_tps"]
-    results["ratio_batched8"] = results["engine_batched8_tps"] / results["raw_batched8_tps"]
-    results["ratio_prefill"] = results["engine_prefill_tps"] / results["raw_prefill_tps"]
-    results["ratio_prefill_busy_cache"] = (
-        results["engine_prefill_busy_cache_tps"] / results["raw_prefill_tps"]
-    )
-    results["ratio_decode_busy_cache"] = (
-        results["engine_decode_busy_cache_tps"] / results["raw_decode_tps"]
-    )
-    results["ratio_cached_ttft"] = results["cached_prefix_ttft_ms"] / results["cold_ttft_ms"]
-    results["ratio_shared4_ttft"] = results["shared4_max_ttft_ms"] / results["cold_ttft_ms"]
-    return results
+    return {
+        "cold_ttft_ms": cold,
+        "cached_prefix_ttft_ms": cached,
+        "shared4_max_ttft_ms": max(shared),
+        "ratio_cached_ttft": cached / cold,
+        "ratio_shared4_ttft": max(shared) / cold,
+    }
 
 
 def main() -> int:
@@ -390,8 +489,20 @@ def main() -> int:
     )
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per stream")
     parser.add_argument("--repeat", type=int, default=4, help="repetitions; the best is kept")
+    parser.add_argument(
+        "--batched-bench",
+        metavar="PATH",
+        help="a llama-batched-bench binary to measure llama.cpp's own batched decode with",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="SECTIONS",
+        help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})",
+    )
     args = parser.parse_args()
-    results = asyncio.run(main_async(args))
+    with open(os.devnull, "w") as quiet:
+        route_llama_log(quiet)  # the raw side's loading chatter would bury the figures
+        results = asyncio.run(main_async(args))
     print(json.dumps({k: round(v, 3) for k, v in results.items()}))
     return 0
 

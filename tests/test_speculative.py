@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from tiny_gguf import write_tiny_gguf
@@ -25,7 +26,7 @@ from localllm.daemon.runner.protocol import (
     TokenEvent,
 )
 from localllm.daemon.runner.sampling import grammar_for
-from localllm.daemon.runner.speculative import BatchCost, DraftPolicy, NgramDrafter
+from localllm.daemon.runner.speculative import BatchCost, DecodeCosts, DraftPolicy, NgramDrafter
 
 # -- drafting and deciding, no llama.cpp ------------------------------------------------------
 
@@ -53,6 +54,48 @@ def test_batch_cost_interpolates_and_extrapolates() -> None:
     assert cost(6) == pytest.approx(2.0)
 
 
+def test_decode_costs_follow_the_decodes_without_jumping() -> None:
+    costs = DecodeCosts(weight=0.5)
+    assert costs.curve()(8) == 8  # nothing known: linear, drafting never pays
+    costs.observe(8, 0.02)
+    assert not costs.ready and costs.curve()(8) == 8
+    costs.observe(1, 0.01)
+    assert costs.curve()(8) == 2.0
+    costs.observe(1, 1.0)  # one stalled decode moves the estimate by at most twice
+    assert costs.seconds[1] == 0.015
+    costs.observe(4, 0.001)  # noise never makes more tokens cheaper than one
+    assert costs.curve()(4) >= 1.0
+    costs.observe(500, 1.0)  # prefill chunks are not tracked
+    assert 500 not in costs.seconds
+    # A cost measured too high is capped by what a larger batch was seen to cost: a curve
+    # that forbids drafting is corrected by the first probe that drafts more.
+    seeded = DecodeCosts()
+    seeded.observe(1, 0.01)
+    seeded.observe(2, 0.06)
+    assert seeded.curve()(2) == pytest.approx(6.0)
+    seeded.observe(5, 0.02)
+    assert seeded.curve()(2) == pytest.approx(2.0)
+
+
+def test_policy_knows_when_even_perfect_drafts_cannot_pay() -> None:
+    policy = DraftPolicy(max_draft=8, acceptance=0.1)
+    cost = BatchCost({1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4})
+    assert policy.length(8, 1, 1.0, cost) == 0  # the acceptance is too low ...
+    assert policy.could_pay(8, 1, 1.0, cost)  # ... but a better one would pay
+    # A draft model costing nearly a target decode per token never pays on this curve.
+    assert not policy.could_pay(8, 1, 1.0, cost, draft_cost=0.9)
+
+
+def test_policy_probes_now_and_then_while_drafts_would_be_accepted() -> None:
+    policy = DraftPolicy(max_draft=8, acceptance=0.9)
+    probes = [policy.explore(8) for _ in range(2 * DraftPolicy.PROBE_EVERY)]
+    assert probes.count(DraftPolicy.PROBE_DRAFT) == 2
+    assert probes[DraftPolicy.PROBE_EVERY - 1] == DraftPolicy.PROBE_DRAFT
+    assert policy.explore(0) == 0  # nothing proposed: nothing to probe
+    doubtful = DraftPolicy(max_draft=8, acceptance=0.3)
+    assert not any(doubtful.explore(8) for _ in range(3 * DraftPolicy.PROBE_EVERY))
+
+
 def test_policy_drafts_only_when_it_pays() -> None:
     flat = BatchCost({1: 1.0, 64: 1.0})
     steep = BatchCost({1: 1.0, 2: 2.0})
@@ -78,12 +121,38 @@ def test_policy_learns_acceptance_from_outcomes() -> None:
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
+    # A unified cache (a pool one cell short of 3 x 512): drafts share batches with other
+    # streams there. With a KV stream per slot they go only into batches of one sequence
+    # (see test_streams_draft_only_alone).
     path = write_tiny_gguf(tmp_path_factory.mktemp("spec") / "endless.gguf", never_ends=True)
     llama = LlamaModel(
-        RunnerConfig(model_path=str(path), n_slots=3, n_ctx_per_slot=512, n_threads=2)
+        RunnerConfig(
+            model_path=str(path), n_slots=3, n_ctx_per_slot=512, kv_cells=1535, n_threads=2
+        )
     )
+    assert llama.unified_kv
     yield llama
     llama.close()
+
+
+def test_streams_draft_only_alone(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "endless.gguf", never_ends=True)
+    streams = LlamaModel(
+        RunnerConfig(model_path=str(path), n_slots=3, n_ctx_per_slot=512, n_threads=2)
+    )
+    try:
+        assert not streams.unified_kv
+        alone = [JOBS[0]]
+        plain = Run(streams, num_draft=0).run(alone)
+        speculating = Run(streams, num_draft=6)
+        assert speculating.run(alone) == plain
+        assert speculating.results["plain"].timings.draft_tokens > 0
+        # Together, every step's batch holds several sequences: no drafts (each would cost
+        # llama.cpp a pass of its own), and the same text as without speculation.
+        together = Run(streams, num_draft=6)
+        assert together.run(JOBS[:2]) == Run(streams, num_draft=0).run(JOBS[:2])
+    finally:
+        streams.close()
 
 
 class Run:
@@ -111,7 +180,7 @@ class Run:
     def run(self, jobs: list[tuple[str, str, SamplingOptions]]) -> dict[str, str]:
         model = self.engine.model
         # Each run starts from an empty cache: the runs compare decoding, not caching.
-        for seq in range(model.n_slots + 1):
+        for seq in range(model.n_slots + (model.scratch_seq is not None)):
             model.seq_remove(seq, 0)
         self.engine.start()
         try:
@@ -172,8 +241,8 @@ def test_measuring_the_cost_curve_mid_step_leaves_the_batch_intact(model: LlamaM
     plain = Run(model, num_draft=0).run(jobs)
     measuring = Run(model, num_draft=6, measure=True)
     assert measuring.run(jobs) == plain
-    assert measuring.engine._cost is not None
-    assert measuring.engine._cost.relative[1] == 1.0
+    assert measuring.engine._costs.ready
+    assert measuring.engine._costs.curve().relative[1] == 1.0
     assert not measuring.errors
 
 

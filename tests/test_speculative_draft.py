@@ -48,9 +48,18 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def model(files: dict[str, Path]) -> Iterator[LlamaModel]:
+    # A unified cache (one cell short of 3 x 512), where drafts share batches with other
+    # streams; with a stream per slot they go only into batches of one sequence.
     llama = LlamaModel(
-        RunnerConfig(model_path=str(files["target"]), n_slots=3, n_ctx_per_slot=512, n_threads=2)
+        RunnerConfig(
+            model_path=str(files["target"]),
+            n_slots=3,
+            n_ctx_per_slot=512,
+            kv_cells=1535,
+            n_threads=2,
+        )
     )
+    assert llama.unified_kv
     yield llama
     llama.close()
 

@@ -129,6 +129,27 @@ class DraftModel:
         """Free the draft's context and model."""
         self.model.close()
 
+    def measure(self) -> None:
+        """Seed :attr:`seconds_per_token` with a one-token decode (the fastest of a few), so
+        that a draft model too slow to ever pay is known before any request pays for its
+        catching up on a whole prompt."""
+        if self.seconds_per_token is not None or any(self.seen):
+            return
+        model, batch = self.model, self.model.batch
+        runs = []
+        for _ in range(3):
+            batch.clear()
+            batch.add(max(model.bos_id, 0), 0, 0, True)
+            started = time.perf_counter()
+            status = model.decode()
+            runs.append(time.perf_counter() - started)
+            model.seq_remove(0, 0)
+            if status != 0:
+                break
+        batch.clear()
+        if len(runs) == 3:
+            self.seconds_per_token = min(runs[1:])  # the first warms up
+
     def rollback(self, seq_id: int, tokens: list[int]) -> None:
         """The target sequence now holds ``tokens``: drop draft cells beyond their common
         prefix (rejected draft positions)."""

@@ -6,12 +6,19 @@ Each step is one ``llama_decode`` of one batch holding
 2. prompt chunks of slots still prefilling, oldest request first, until the batch is full
    (chunked prefill: a long prompt never stalls other streams).
 
-Prefix caching: a slot keeps its KV cells after its request ends. A new request takes the free
-slot whose cached tokens share the longest prefix with its prompt and prefills only the rest
-(at least one token is always evaluated, for fresh logits). Across slots, a prompt prefix that
-another sequence already holds is shared into the new sequence with ``llama_memory_seq_cp``
-(the cache is unified, so the cells are tagged, not copied). A request whose prefix an older
-request is prefilling right now waits for it instead of computing the same prefix twice.
+The KV cache is one stream per slot, as llama-server keeps it (a unified cache only when a
+pool smaller than slots x context is asked for): attention in a stream spans that slot's cells
+alone, so idle slots' prefixes and long neighbours cost a stream nothing. llama.cpp computes a
+batch's sequences in one pass only while their ids are consecutive, so a new request takes the
+free slot that keeps the busy ids in the fewest runs.
+
+Prefix caching: a slot keeps its KV cells after its request ends. A new request takes (among
+those) the free slot whose cached tokens share the longest prefix with its prompt and prefills
+only the rest (at least one token is always evaluated, for fresh logits). Across slots, a
+prompt prefix that another sequence already holds comes over with ``llama_memory_seq_cp``: a
+copy of that slot's stream, trimmed (in a unified cache the cells are tagged, not copied). A
+request whose prefix an older request is prefilling right now waits for it instead of
+computing the same prefix twice.
 
 Images (see :mod:`.vision`) are runs of pseudo-tokens in the prompt, so prefix caching treats
 them like text; when a slot's prefill reaches one, its embeddings are decoded into the slot's
@@ -55,6 +62,7 @@ from .reasoning import ReasoningBudget
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
 from .scoring import PromptScore
 from .slots import (
+    MIN_SHARED_WAIT,
     Slot,
     SlotState,
     choose_slot,
@@ -62,7 +70,7 @@ from .slots import (
     prefix_source,
     should_wait_for,
 )
-from .speculative import BatchCost, Drafter, DraftPolicy, NgramDrafter
+from .speculative import BatchCost, DecodeCosts, Drafter, DraftPolicy, NgramDrafter
 from .text import TextStream
 from .vision import ImageEmbeddings, is_image_token
 
@@ -184,7 +192,9 @@ class Engine:
         """Drafting one token's cost relative to a one-token target decode, when fixed (for
         tests and benchmarks); None: measured from the draft model's decodes."""
         self._cost: BatchCost | None = None
-        self._decode_seconds: float | None = None
+        """A fixed decode-cost curve (for tests); None: the one learnt in ``_costs``."""
+        self._costs = DecodeCosts()
+        self._measured = False
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -293,6 +303,8 @@ class Engine:
                 # Measured now, while no request waits, rather than in the middle of the
                 # first request that would draft.
                 self._batch_cost()
+                if self.draft is not None:
+                    self.draft.measure()
             while True:
                 idle = (
                     not self.waiting
@@ -360,7 +372,8 @@ class Engine:
             if not free:
                 return
             job = self.waiting.popleft()
-            slot, reuse = choose_slot(free, job.prompt)
+            busy = None if self.model.unified_kv else [s.seq_id for s in self.slots if s.busy]
+            slot, reuse = choose_slot(free, job.prompt, busy)
             if job.score is not None:
                 reuse = 0  # every position's logits are needed: the prompt is evaluated whole
             if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
@@ -411,21 +424,28 @@ class Engine:
             (slot for slot in self.slots if slot.prefilling),
             key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
         )
+        unified = self.model.unified_kv
         for slot in prefilling:
             job = slot.job
             assert job is not None
             if job.score is not None:
                 continue  # a scored prompt is evaluated whole (copied cells have no logits)
+            # With a stream per slot, sharing copies a whole stream: once, when the wait is
+            # over, and not for a few tokens.
+            if not unified and should_wait_for(slot, prefilling):
+                slot.state = SlotState.WAITING
+                continue
             source = prefix_source(slot, self.slots, job.prompt)
             end = job.image_start(source.end) if source is not None else 0
-            if source is not None and end > len(slot.cache):
+            if source is not None and end >= len(slot.cache) + (1 if unified else MIN_SHARED_WAIT):
                 start = len(slot.cache)
                 self.model.seq_copy(source.slot.seq_id, slot.seq_id, start, end)
                 slot.cache.extend(job.prompt[start:end])
                 added = end - start
-                slot.shared = end if slot.shared == start else slot.shared + added
+                if unified:  # tagged cells, not copies: the KV-use gauge counts them once
+                    slot.shared = end if slot.shared == start else slot.shared + added
                 slot.reused += added
-            waits = should_wait_for(slot, prefilling)
+            waits = unified and should_wait_for(slot, prefilling)
             slot.state = SlotState.WAITING if waits else SlotState.PREFILLING
 
     def _step(self) -> None:
@@ -440,8 +460,12 @@ class Engine:
             if plan.empty:
                 return
             self._fill(plan)
+            started = time.perf_counter()
             status = self.model.decode()
             if status == 0:
+                sequences = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
+                if self.model.unified_kv or sequences == 1:  # the batches drafts go into
+                    self._costs.observe(self.model.batch.size, time.perf_counter() - started)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
             if status == 1 and any(slot.draft for slot in plan.decoding):
@@ -642,8 +666,13 @@ class Engine:
         slot.saved = len(slot.cache)
 
     def _evict_idle(self) -> None:
-        """Move long-idle slots' cells to the prefix cache while other slots generate."""
-        if self.prefix_cache is None or not any(slot.busy for slot in self.slots):
+        """Move long-idle slots' cells to the prefix cache while other slots generate (in a
+        unified cache only: with a stream per slot, idle cells cost the others nothing)."""
+        if (
+            self.prefix_cache is None
+            or not self.model.unified_kv
+            or not any(slot.busy for slot in self.slots)
+        ):
             return
         now = time.perf_counter()
         # A prompt being prefilled may be about to share an idle slot's cells: keep those.
@@ -715,8 +744,18 @@ class Engine:
         capacity = self.model.batch.capacity - len(decoding) - prefill_tokens // 2
         tokens, outputs = len(decoding) + prefill_tokens, float(len(decoding))
         planned = 0
+        # With a KV stream per slot llama.cpp computes a batch in one pass per run of
+        # consecutive sequences holding equally many tokens: a draft in a batch of several
+        # sequences costs a pass of its own (eight drafting streams made a step nine passes).
+        # There drafts go only into batches of one sequence.
+        may_draft = self.model.unified_kv or (len(decoding) == 1 and prefill_tokens == 0)
         if self.draft is not None:
-            self._draft_with_model(decoding, capacity, tokens, outputs)
+            if may_draft:
+                self._draft_with_model(decoding, capacity, tokens, outputs)
+            else:
+                for slot in decoding:
+                    if isinstance(slot.drafter, DraftModelDrafter):
+                        slot.drafter.drafted = []
         for slot in decoding:
             job, drafter, policy = slot.job, slot.drafter, slot.policy
             slot.proposal = []
@@ -730,9 +769,14 @@ class Engine:
                 capacity - planned,
             )
             slot.proposal = drafter.propose(policy.max_draft)
-            if room <= 0 or not slot.proposal:
-                continue
-            k = policy.length(min(room, len(slot.proposal)), tokens, outputs, self._batch_cost())
+            if not may_draft or room <= 0 or not slot.proposal:
+                continue  # an unverified proposal still teaches the policy
+            proposal = min(room, len(slot.proposal))
+            k = policy.length(proposal, tokens, outputs, self._batch_cost())
+            if k == 0:
+                k = policy.explore(proposal)
+            else:
+                policy.unverified = 0
             if k == 0:
                 continue
             slot.draft = slot.proposal[:k]
@@ -755,9 +799,10 @@ class Engine:
         if self.draft_cost is not None:
             return self.draft_cost
         seconds = self.draft.seconds_per_token if self.draft is not None else None
-        if seconds is None or not self._decode_seconds:
+        one_token = self._costs.seconds.get(1)
+        if seconds is None or not one_token:
             return 0.0  # unknown until the first draft is measured: try it
-        return seconds / self._decode_seconds
+        return seconds / one_token
 
     def _draft_with_model(
         self, decoding: list[Slot], capacity: int, tokens: int, outputs: float
@@ -783,10 +828,15 @@ class Engine:
             )
             if room <= 0:
                 continue
-            k = policy.length(room, tokens, outputs, self._batch_cost(), draft_cost)
+            cost = self._batch_cost()
+            k = policy.length(room, tokens, outputs, cost, draft_cost)
             if k == 0:
                 drafter.skipped += 1
-                if drafter.skipped < _PROBE_EVERY:
+                # A probe lets the acceptance estimate recover; not where even drafts that
+                # are always accepted would lose (a draft model nearly as slow as the target).
+                if drafter.skipped < _PROBE_EVERY or not policy.could_pay(
+                    room, tokens, outputs, cost, draft_cost
+                ):
                     continue
                 k = 1
             drafter.skipped = 0
@@ -799,33 +849,53 @@ class Engine:
             if isinstance(drafter, DraftModelDrafter):
                 drafter.drafted = drafted
 
+    def _scratch(self) -> int | None:
+        """A sequence to measure decodes on: the unified cache's scratch sequence, else a
+        free slot (emptied: its cells go to the prefix cache); None when every slot is busy."""
+        if self.model.scratch_seq is not None:
+            return self.model.scratch_seq
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            return None
+        slot = min(free, key=lambda s: (len(s.cache) > 0, s.last_used))
+        if slot.cache:
+            self._evict(slot)
+        return slot.seq_id
+
     def _batch_cost(self) -> BatchCost:
-        """Decode cost of n tokens relative to one, measured once on a scratch sequence."""
+        """Decode cost of n tokens relative to one: learnt from the engine's decodes, seeded
+        by a measurement on a scratch sequence (until then linear: drafting never pays)."""
         if self._cost is not None:
             return self._cost
-        model, batch, scratch = self.model, self.model.batch, self.model.n_slots
+        if not self._measured:
+            self._measure_costs()
+        return self._costs.curve()
+
+    def _measure_costs(self) -> None:
+        """Decode 1, 2, 4 and 8 tokens on a scratch sequence, twice each after a warm-up,
+        and seed the learnt costs with the fastest of each."""
+        scratch = self._scratch()
+        if scratch is None:
+            return
+        self._measured = True
+        model, batch = self.model, self.model.batch
+        points = [n for n in _COST_POINTS if n <= batch.capacity]
         seconds: dict[int, float] = {}
-        for n in _COST_POINTS:
-            if n > batch.capacity:
+        for n in [1, *points, *points]:  # the first decode warms up
+            batch.clear()
+            for position in range(n):
+                batch.add(max(model.bos_id, 0), position, scratch, True)
+            started = time.perf_counter()
+            status = model.decode()
+            elapsed = time.perf_counter() - started
+            model.seq_remove(scratch, 0)
+            if status != 0:
                 break
-            runs = []
-            for _ in range(1 if n > 1 else 3):  # the first runs warm up
-                batch.clear()
-                for position in range(n):
-                    batch.add(max(model.bos_id, 0), position, scratch, True)
-                started = time.perf_counter()
-                status = model.decode()
-                runs.append(time.perf_counter() - started)
-                model.seq_remove(scratch, 0)
-                if status != 0:
-                    break
-            seconds[n] = min(runs)
+            seconds[n] = min(seconds.get(n, elapsed), elapsed)
         batch.clear()
-        base = seconds.get(1) or 1e-9
-        self._decode_seconds = base
-        self._cost = BatchCost({n: t / base for n, t in seconds.items()})
-        log.info("decode cost of n tokens relative to 1: %s", self._cost.relative)
-        return self._cost
+        for n, elapsed in seconds.items():
+            self._costs.observe(n, elapsed)
+        log.info("decode cost of n tokens relative to 1: %s", self._costs.curve().relative)
 
     def _sample(self, slot: Slot, now: float) -> None:
         """Sample the slot's next token, and go on through its draft while the samples agree
@@ -904,9 +974,9 @@ class Engine:
         """Context shift: drop the older half of the slot's tokens after the kept prefix and
         move the rest down. False when it cannot be done (the caller ends the request).
 
-        Cells a sequence shares with another (``llama_memory_seq_cp`` tags a cell with several
-        sequences; its position is one for all) must not move, so the kept prefix grows to
-        cover every prefix shared with another slot.
+        In a unified cache, cells a sequence shares with another (``llama_memory_seq_cp`` tags
+        a cell with several sequences; its position is one for all) must not move, so the kept
+        prefix grows to cover every prefix shared with another slot. Streams share no cells.
         """
         job = slot.job
         assert job is not None
@@ -918,10 +988,12 @@ class Engine:
             log.info("request %s with images reached the context end; no shift", job.id)
             return False
         n_past = len(slot.cache)
-        keep = max(
-            [min(job.keep, n_past)]
-            + [common_prefix_length(o.cache, slot.cache) for o in self.slots if o is not slot]
-        )
+        keep = min(job.keep, n_past)
+        if self.model.unified_kv:
+            keep = max(
+                [keep]
+                + [common_prefix_length(o.cache, slot.cache) for o in self.slots if o is not slot]
+            )
         discard = (n_past - keep) // 2
         if discard < 1:
             return False

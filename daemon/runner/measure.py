@@ -34,7 +34,15 @@ from ..memlayout import ModelLayout, estimate, layout_from_gguf, place
 from ..memplan import HOST, Device, DeviceUse, MemoryPlan, PlanRequest, Trial, plan
 from ..sysmem import host_memory
 from .backends import local_gpus
-from .model import batch_size, context_params, load_model, model_params, set_fields, tap_llama_log
+from .model import (
+    batch_size,
+    context_params,
+    kv_layout,
+    load_model,
+    model_params,
+    set_fields,
+    tap_llama_log,
+)
 from .protocol import RunnerConfig
 from .workers import probe_all
 
@@ -145,9 +153,16 @@ class LlamaMeasure:
 
     def __call__(self, trial: Trial) -> list[DeviceUse]:
         """What ``trial`` needs on each device."""
-        config = replace(self.config, n_slots=trial.n_slots, n_ctx_per_slot=trial.n_ctx_per_slot)
+        config = replace(
+            self.config,
+            n_slots=trial.n_slots,
+            n_ctx_per_slot=trial.n_ctx_per_slot,
+            kv_cells=trial.kv_cells,
+        )
         model = self._load(trial.n_gpu_layers)
-        params = context_params(config, trial.cells, trial.n_slots + 1, 1)
+        # Laid out as the load will lay it out: one pool, or a stream per slot.
+        unified, n_ctx, n_seq = kv_layout(config)
+        params = context_params(config, n_ctx, n_seq, 1, unified=unified)
         n_batch = batch_size(config)
         set_fields(params, n_batch=n_batch, n_ubatch=n_batch)
         with tap_llama_log() as lines:

@@ -160,11 +160,21 @@ def batch_size(config: RunnerConfig) -> int:
     return n_batch
 
 
+def kv_layout(config: RunnerConfig) -> tuple[bool, int, int]:
+    """How ``config``'s KV cache is laid out: (unified, cells, sequences). Unified (one pool
+    for all sequences, plus a scratch sequence) only when a pool smaller than slots x context
+    was asked for (``kv_cells``); else one stream of ``n_ctx_per_slot`` cells per slot."""
+    full = config.n_ctx_per_slot * config.n_slots
+    if 0 < config.kv_cells < full:
+        return True, config.kv_cells, config.n_slots + 1
+    return False, full, config.n_slots
+
+
 def context_params(
-    config: RunnerConfig, n_ctx: int, n_seq: int, n_threads: int
+    config: RunnerConfig, n_ctx: int, n_seq: int, n_threads: int, *, unified: bool = True
 ) -> llama_cpp.llama_context_params:
-    """Context parameters for ``config``: ``n_ctx`` cells for ``n_seq`` sequences (the batch
-    size is the caller's)."""
+    """Context parameters for ``config``: ``n_ctx`` cells for ``n_seq`` sequences, in one pool
+    (``unified``) or a stream each (the batch size is the caller's)."""
     params = llama_cpp.llama_context_default_params()
     set_fields(
         params,
@@ -172,9 +182,9 @@ def context_params(
         n_seq_max=n_seq,
         n_threads=n_threads,
         n_threads_batch=n_threads,
-        # One cache for all sequences: shared prefixes occupy their cells once
-        # (llama_memory_seq_cp tags cells with more sequence ids instead of copying them).
-        kv_unified=True,
+        # Unified: one cache for all sequences (llama_memory_seq_cp tags cells with more
+        # sequence ids instead of copying them); else n_ctx / n_seq cells per sequence.
+        kv_unified=unified,
         type_k=_KV_TYPES[config.kv_cache_type],
         type_v=_KV_TYPES[config.kv_cache_type],
         flash_attn_type=_FLASH[config.flash_attention],
@@ -289,9 +299,17 @@ class LlamaModel:
         self.n_ctx_per_slot = config.n_ctx_per_slot
         """Tokens each slot may hold."""
 
-        # One sequence more than the slots: a scratch sequence, for measuring decode costs.
-        cells = config.kv_cells or config.n_ctx_per_slot * config.n_slots
-        params = context_params(config, cells, config.n_slots + 1, self.n_threads)
+        self.unified_kv, n_ctx, n_seq = kv_layout(config)
+        """One KV cache for all sequences (a pool smaller than slots x context was asked for),
+        else one KV stream per slot, as llama-server keeps them: a sequence's attention then
+        spans only its own cells, never other slots' (idle ones included), and prefixes move
+        between slots by copying a stream (:meth:`seq_copy`)."""
+        # A unified cache has one sequence more than the slots: a scratch sequence, for
+        # measuring decode costs (with streams it would cost a whole stream; a free slot
+        # serves instead).
+        self.scratch_seq: int | None = config.n_slots if self.unified_kv else None
+        """The sequence for measurements, when there is one."""
+        params = context_params(config, n_ctx, n_seq, self.n_threads, unified=self.unified_kv)
         n_batch = batch_size(config)
         set_fields(params, n_batch=n_batch, n_ubatch=n_batch)
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
@@ -421,8 +439,19 @@ class LlamaModel:
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq_id, start, end))
 
     def seq_copy(self, source: int, destination: int, start: int, end: int) -> None:
-        """Make cells ``[start, end)`` of ``source`` belong to ``destination`` too (no copying)."""
-        llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
+        """Give ``destination`` the cells of ``source`` at positions ``[start, end)``, where
+        ``destination`` holds ``[0, start)`` of the same tokens already.
+
+        In a unified cache the cells are tagged with ``destination`` too (nothing is copied).
+        With a stream per slot llama.cpp copies only whole streams: ``destination``'s stream
+        becomes a copy of ``source``'s (at the next decode, on the device) and loses the cells
+        from ``end`` on.
+        """
+        if self.unified_kv:
+            llama_cpp.llama_memory_seq_cp(self.memory, source, destination, start, end)
+            return
+        llama_cpp.llama_memory_seq_cp(self.memory, source, destination, -1, -1)
+        llama_cpp.llama_memory_seq_rm(self.memory, destination, end, -1)
 
     def seq_state(self, seq_id: int) -> bytes:
         """The KV state of ``seq_id`` (its cells' keys and values), for saving elsewhere."""

@@ -531,6 +531,7 @@ class RunnerServer:
             "cpu_repack": model.cpu_repack,
             "rpc_dropped": [s.endpoint for s in model.remote.dropped] if model.remote else [],
             "kv_cache_type": model.config.kv_cache_type,
+            "kv_unified": model.unified_kv,
             "flash_attention": model.config.flash_attention,
             "fill_in_the_middle": model.fim is not None,
             "chat_template": self.default_template is not None,

@@ -25,6 +25,7 @@ __all__ = [
     "PrefixSource",
     "Slot",
     "SlotState",
+    "busy_runs",
     "choose_slot",
     "common_prefix_length",
     "prefix_source",
@@ -144,16 +145,34 @@ class Slot:
         return len(self.job.prompt) - len(self.cache) if self.job is not None else 0
 
 
-def choose_slot(free: Iterable[Slot], prompt: Sequence[int]) -> tuple[Slot, int]:
+def busy_runs(seq_ids: Iterable[int]) -> int:
+    """How many runs of consecutive ids ``seq_ids`` form (``{0, 1, 3}``: 2)."""
+    ordered = sorted(set(seq_ids))
+    return sum(1 for i, seq in enumerate(ordered) if i == 0 or ordered[i - 1] != seq - 1)
+
+
+def choose_slot(
+    free: Iterable[Slot], prompt: Sequence[int], busy: Iterable[int] | None = None
+) -> tuple[Slot, int]:
     """The free slot for ``prompt`` and how many of its cached tokens the prompt reuses.
 
     Longest common prefix first; among equals the least recently used slot, so that other
     slots' caches survive for the prompts that want them. At least one prompt token is always
     evaluated again, for fresh logits.
+
+    With ``busy`` (the ids of the slots serving requests, when each slot is a KV stream of
+    its own) the slots that keep the busy ids in the fewest runs come first: llama.cpp
+    computes a batch's sequences in one pass only while their ids are consecutive, and a
+    prefix held by another slot is copied over anyway.
     """
-    reuse, _, slot = max(
-        ((common_prefix_length(s.cache, prompt), -s.last_used, s) for s in free),
-        key=lambda item: (item[0], item[1]),
+    busy_ids = set(busy) if busy is not None else None
+
+    def runs(slot: Slot) -> int:
+        return busy_runs(busy_ids | {slot.seq_id}) if busy_ids is not None else 0
+
+    _, reuse, _, slot = max(
+        ((-runs(s), common_prefix_length(s.cache, prompt), -s.last_used, s) for s in free),
+        key=lambda item: item[:3],
     )
     return slot, min(reuse, len(prompt) - 1)
 

@@ -3,7 +3,8 @@
 * :class:`NgramDrafter` proposes the tokens that followed the most recent earlier occurrence
   of a slot's last few tokens, in its own prompt and output (prompt-lookup decoding). It costs
   no second model and shines where answers quote their input: edits, code, RAG, summaries.
-* :class:`BatchCost` is the measured cost of a decode of n tokens relative to one token.
+* :class:`BatchCost` is the cost of a decode of n tokens relative to one token, and
+  :class:`DecodeCosts` learns it from the engine's decodes.
 * :class:`DraftPolicy` keeps a slot's running estimate of how often a drafted token is
   accepted, and picks the draft length that maximises expected tokens per unit of step time
   (zero when drafting does not pay, which on a CPU is most free text).
@@ -19,7 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["BatchCost", "DraftPolicy", "Drafter", "NgramDrafter"]
+__all__ = ["BatchCost", "DecodeCosts", "DraftPolicy", "Drafter", "NgramDrafter"]
 
 
 class Drafter(Protocol):
@@ -102,6 +103,63 @@ class BatchCost:
         return c1 + (c1 - c0) / (n1 - n0) * (tokens - n1)
 
 
+class DecodeCosts:
+    """Seconds of a decode of n tokens, learnt from the engine's own decodes.
+
+    Seeded by a measurement when the runner starts and updated by every decode the engine
+    runs (keyed by the tokens in its batch), so the curve follows this machine as it is now:
+    a curve measured once, on a machine that was busy for a moment, could forbid drafting
+    (or allow it where it loses) for the runner's whole life. An observation moves the
+    estimate by ``weight``, and by at most a factor of two, so one stalled decode cannot
+    swing it.
+    """
+
+    def __init__(self, weight: float = 0.1, largest: int = 64) -> None:
+        self.weight = weight
+        self.largest = largest
+        """Batches above this many tokens (prefill chunks) are not tracked."""
+        self.seconds: dict[int, float] = {}
+        """Tokens in a batch → the estimate of its decode seconds."""
+        self._curve: BatchCost | None = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One decode of ``tokens`` tokens took ``seconds``."""
+        if not 1 <= tokens <= self.largest or seconds <= 0:
+            return
+        old = self.seconds.get(tokens)
+        if old is None:
+            self.seconds[tokens] = seconds
+        else:
+            seen = min(max(seconds, old / 2), old * 2)
+            self.seconds[tokens] = old + self.weight * (seen - old)
+        self._curve = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the one-token cost is known (the curve is relative to it)."""
+        return 1 in self.seconds
+
+    def curve(self) -> BatchCost:
+        """The cost of n tokens relative to one; linear until the one-token cost is known,
+        which never makes drafting look worthwhile.
+
+        Noise must not make more tokens look cheaper than fewer: n tokens cost at most what
+        any larger batch was seen to cost (and at least one token's cost). Erring that way
+        is optimistic, which corrects itself (drafts get verified, their decodes observed);
+        a pessimistic estimate would stop the drafting that could correct it.
+        """
+        if self._curve is None:
+            base = self.seconds.get(1)
+            if not base:
+                return BatchCost()
+            relative, lowest = {}, float("inf")
+            for tokens in sorted(self.seconds, reverse=True):
+                lowest = min(lowest, self.seconds[tokens])
+                relative[tokens] = max(lowest / base, 1.0)
+            self._curve = BatchCost(dict(sorted(relative.items())))
+        return self._curve
+
+
 @dataclass
 class DraftPolicy:
     """One slot's drafting statistics and decisions."""
@@ -114,9 +172,42 @@ class DraftPolicy:
     """Tokens drafted for verification so far."""
     accepted: int = 0
     """Drafted tokens the sampler accepted so far."""
+    unverified: int = 0
+    """Steps in a row with a proposal the cost curve said not to verify."""
 
     # How fast the estimate follows recent outcomes.
     _WEIGHT = 0.15
+    # Probes (see explore): after this many unverified proposals in a row, while the
+    # acceptance estimate is at least this, verify this many drafted tokens anyway.
+    PROBE_EVERY = 16
+    PROBE_ACCEPTANCE = 0.6
+    PROBE_DRAFT = 4
+
+    def could_pay(
+        self,
+        proposal: int,
+        batch_tokens: int,
+        batch_outputs: float,
+        cost: BatchCost,
+        draft_cost: float = 0.0,
+    ) -> bool:
+        """Whether drafting would pay if every drafted token were accepted."""
+        best = DraftPolicy(max_draft=self.max_draft, acceptance=1.0)
+        return best.length(proposal, batch_tokens, batch_outputs, cost, draft_cost) > 0
+
+    def explore(self, proposal: int) -> int:
+        """The draft length of a probe, or 0: decode costs are learnt only from decodes that
+        hold drafts, so a cost curve measured too high (on a machine busy for a moment)
+        would never be corrected if the policy never drafted. Every :attr:`PROBE_EVERY`
+        steps with a proposal left unverified, while the acceptance estimate says drafts
+        would mostly be accepted (so a probe costs little), a few tokens are verified."""
+        if proposal <= 0:
+            return 0
+        self.unverified += 1
+        if self.unverified < self.PROBE_EVERY or self.acceptance < self.PROBE_ACCEPTANCE:
+            return 0
+        self.unverified = 0
+        return min(proposal, self.PROBE_DRAFT)
 
     def learn(self, proposal: list[int], produced: list[int]) -> None:
         """Update the estimate from a proposal and the tokens really produced after it (also
