@@ -55,6 +55,7 @@ from localllm.daemon.runner import (
     RunnerProcess,
     SamplingOptions,
     TokenChunk,
+    cpu,
 )
 from localllm.daemon.runner.model import default_threads, route_llama_log
 from localllm.starter import starter_gguf_path
@@ -78,9 +79,7 @@ class RawLlama:
 
     def __init__(self, path: str, threads: int, n_seq: int, n_ctx_per_seq: int) -> None:
         llama_cpp.llama_backend_init()
-        self.model = llama_cpp.llama_model_load_from_file(
-            path.encode(), llama_cpp.llama_model_default_params()
-        )
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), cpu.model_params())
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_seq * n_ctx_per_seq

@@ -337,11 +337,11 @@ def _raw_loop(args: argparse.Namespace, model: Path, streams: int) -> tuple[Any,
     vocab and a greedy sampler for the raw loops; the caller frees them."""
     import llama_cpp as llama
 
+    from localllm.daemon.runner import cpu
+
     _quiet_llama()
     llama.llama_backend_init()
-    handle = llama.llama_model_load_from_file(
-        str(model).encode(), llama.llama_model_default_params()
-    )
+    handle = llama.llama_model_load_from_file(str(model).encode(), cpu.model_params())
     ctx_params = llama.llama_context_default_params()
     ctx_params.n_ctx = args.ctx * streams
     ctx_params.n_batch = 512

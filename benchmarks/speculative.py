@@ -47,6 +47,7 @@ from localllm.daemon.runner import (
     RunnerConfig,
     RunnerProcess,
     SamplingOptions,
+    cpu,
 )
 from localllm.daemon.runner.model import default_threads, route_llama_log
 from localllm.starter import STARTER_NAME as STARTER
@@ -161,7 +162,7 @@ async def pair(
 def batch_cost(model: str, threads: int) -> dict[int, float]:
     """Seconds to decode k tokens of one sequence, relative to one token (plain llama.cpp)."""
     llama_cpp.llama_backend_init()
-    params = llama_cpp.llama_model_default_params()
+    params = cpu.model_params()
     llama = llama_cpp.llama_model_load_from_file(model.encode(), params)
     context_params = llama_cpp.llama_context_default_params()
     context_params.n_ctx = 512

@@ -19,6 +19,7 @@ from test_daemon_support import Daemon, running_daemon
 from tiny_gguf import write_tiny_gguf
 
 from localllm.client import Client
+from localllm.daemon.runner import cpu
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,7 @@ def reference_scores(path: Path, query: str, documents: list[str]) -> list[float
     """A plain llama.cpp context with rank pooling scoring each document alone, the prompt
     filled as llama-server fills the GGUF's rerank template."""
     llama_cpp.llama_backend_init()
-    params = llama_cpp.llama_model_default_params()
+    params = cpu.model_params()  # weight repacking as this CPU allows
     params.n_gpu_layers = 0
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     vocab = llama_cpp.llama_model_get_vocab(model)
