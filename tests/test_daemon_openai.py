@@ -111,6 +111,30 @@ def test_stop_and_penalties(client: openai.OpenAI) -> None:
     assert penalised.usage is not None and penalised.usage.completion_tokens == 4
 
 
+def test_llama_server_sampling_fields_are_honoured_not_ignored(
+    client: openai.OpenAI, daemon: Daemon
+) -> None:
+    """``repeat_penalty`` and friends (llama-server's and vLLM's extensions) change the answer
+    exactly as the same Ollama options do: the reference is /api/generate in the same run."""
+    prompt = "red, red, red, red,"
+    fields = {"repeat_penalty": 1.0, "repeat_last_n": 16, "top_k": 1, "min_p": 0.0}
+    completion = client.completions.create(
+        model=SMOL, prompt=prompt, max_tokens=16, temperature=0, extra_body=fields
+    )
+    with Client(daemon.settings) as ollama:
+        reference = ollama.generate(
+            SMOL,
+            prompt,
+            raw=True,
+            options={"num_predict": 16, "temperature": 0, **fields},
+        )
+    assert completion.choices[0].text == reference["response"]
+    with pytest.raises(openai.BadRequestError, match="mirostat"):
+        client.completions.create(
+            model=SMOL, prompt=prompt, max_tokens=4, extra_body={"mirostat": 7}
+        )
+
+
 def test_response_format_json_schema(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",

@@ -116,6 +116,24 @@ def _logit_bias(value: dict[str, float] | None) -> dict[str, float]:
     return out
 
 
+# Body fields that are sampling options of the same name.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+)
+
+
 def _ask(
     state: DaemonState, body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
 ) -> Ask:
@@ -126,7 +144,7 @@ def _ask(
     overrides: dict[str, Any] = {}
     if max_tokens is not None:
         overrides["num_predict"] = max_tokens
-    for key in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+    for key in _SAMPLING_FIELDS:
         value = getattr(body, key)
         if value is not None:
             overrides[key] = value

@@ -92,6 +92,18 @@ class _Sampling(_Body):
     logit_bias: dict[str, float] | None = Field(
         None, description="Token id (as a string) → bias from -100 to 100 added to its logit."
     )
+    # llama-server's and vLLM's sampling extensions, under Ollama's option names: honoured
+    # (an ignored one would change the answer without a word), checked as options are.
+    top_k: int | None = Field(None, description="Sample from the k likeliest tokens (0: all).")
+    min_p: float | None = Field(None, description="Drop tokens below this share of the top one.")
+    typical_p: float | None = Field(None, description="Locally typical sampling (1: off).")
+    repeat_penalty: float | None = Field(
+        None, description="Penalty for tokens of the last repeat_last_n (1: off; default 1.1)."
+    )
+    repeat_last_n: int | None = Field(None, description="Tokens the repeat penalty looks at.")
+    mirostat: int | None = Field(None, description="Mirostat sampling: 0 off, 1 or 2.")
+    mirostat_tau: float | None = Field(None, description="Mirostat's target surprise.")
+    mirostat_eta: float | None = Field(None, description="Mirostat's learning rate.")
 
 
 class ChatCompletionRequest(_Sampling):
