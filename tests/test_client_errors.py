@@ -126,9 +126,12 @@ def _handle_one(handle: Callable[[socket.socket], None], conn: socket.socket) ->
 def _cut_after_one_line(conn: socket.socket) -> None:
     """Start an NDJSON stream, send one chunk, then close without ending the body."""
     _read_request(conn)
+    # ``Connection: close`` because this peer serves one request per connection: without it
+    # the client may reuse the connection for its next request just as it is closed here
+    # (a reset that has nothing to do with what the test asserts).
     conn.sendall(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     )
     line = b'{"model":"m","message":{"role":"assistant","content":"a"},"done":false}\n'
     conn.sendall(b"%x\r\n%s\r\n" % (len(line), line))
