@@ -24,7 +24,7 @@ from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.options import draft_for, drafter_label, runner_config
-from localllm.daemon.runner.draft import DraftModel, DraftVocabularyError
+from localllm.daemon.runner.draft import DraftModel, DraftModelDrafter, DraftVocabularyError
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.manifest import MEDIA_DRAFT
@@ -384,3 +384,16 @@ def test_verbose_block_names_the_drafter() -> None:
     final = {"total_duration": 1e9, "eval_count": 10, "eval_duration": 5e8, "draft_count": 8}
     block = format_timings({**final, "draft_accepted_count": 6, "drafter": "draft:tiny:small"})
     assert "6 of 8 accepted (75%, speculative, draft:tiny:small)" in block
+
+
+def test_probes_that_keep_failing_back_off_and_an_accepted_draft_resets_them() -> None:
+    """Each probe makes the draft model catch up on every token since the last one: on text
+    the draft cannot predict, probes must not keep costing that every 16 steps."""
+    drafter = DraftModelDrafter(model=None)  # type: ignore[arg-type]  # probing needs no model
+    drafter.probe(accepted=3)
+    assert drafter.misses == 0  # the first probe has nothing to judge
+    for expected in (1, 2, 3, 4, 4, 4):
+        drafter.probe(accepted=3)  # nothing accepted since the previous probe
+        assert drafter.misses == expected
+    drafter.probe(accepted=4)
+    assert drafter.misses == 0

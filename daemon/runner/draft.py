@@ -47,6 +47,8 @@ MAX_VOCAB_DIFFERENCE = 128
 _FIRST_COMPARED_TOKEN = 5
 # How fast the measured draft cost follows recent decodes.
 _COST_WEIGHT = 0.2
+# Probes that keep failing wait at most 2**this times the engine's probe interval (16 → 256).
+_MAX_PROBE_BACKOFF = 4
 
 
 class DraftVocabularyError(ModelLoadError):
@@ -288,6 +290,21 @@ class DraftModelDrafter:
         """This step's draft from the draft model (set by the engine)."""
         self.skipped = 0
         """Steps in a row the policy chose not to draft (see the engine's probing)."""
+        self.misses = 0
+        """Probes in a row after which no drafted token was accepted: the engine waits
+        ``2**misses`` times longer before the next probe."""
+        self._accepted_at_probe: int | None = None
+
+    def probe(self, accepted: int) -> None:
+        """A probe is about to be made; ``accepted`` is the slot's count of accepted drafted
+        tokens so far. No token accepted since the previous probe backs the next one off;
+        any accepted resets the wait."""
+        if self._accepted_at_probe is not None:
+            if accepted > self._accepted_at_probe:
+                self.misses = 0
+            else:
+                self.misses = min(self.misses + 1, _MAX_PROBE_BACKOFF)
+        self._accepted_at_probe = accepted
 
     def append(self, token: int) -> None:
         """Nothing to do: the draft model reads the slot's tokens when it drafts."""

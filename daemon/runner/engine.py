@@ -834,10 +834,13 @@ class Engine:
                 drafter.skipped += 1
                 # A probe lets the acceptance estimate recover; not where even drafts that
                 # are always accepted would lose (a draft model nearly as slow as the target).
-                if drafter.skipped < _PROBE_EVERY or not policy.could_pay(
+                # Each probe makes the draft model catch up on every token since the last
+                # one, so probes that keep failing come ever less often.
+                if drafter.skipped < _PROBE_EVERY << drafter.misses or not policy.could_pay(
                     room, tokens, outputs, cost, draft_cost
                 ):
                     continue
+                drafter.probe(slot.accepted)
                 k = 1
             drafter.skipped = 0
             wants.append((slot.seq_id, [*slot.cache, slot.pending], k))  # type: ignore[list-item]
