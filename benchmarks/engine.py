@@ -166,16 +166,26 @@ async def runner_decode(
     client: RunnerClient, texts: list[str], max_tokens: int
 ) -> tuple[int, float]:
     """Concurrent greedy chats; (tokens after each stream's first, seconds of the decode phase)."""
+    options = SamplingOptions(temperature=0, num_predict=max_tokens, repeat_penalty=1.0)
+    return await timed_decode(
+        client,
+        [
+            GenerationRequest(id="", messages=[{"role": "user", "content": text}], options=options)
+            for text in texts
+        ],
+    )
+
+
+async def timed_decode(
+    client: RunnerClient, requests: list[GenerationRequest]
+) -> tuple[int, float]:
+    """``requests`` all at once; (tokens after each stream's first, seconds from the last
+    stream's first token to the last stream's end: the phase where all of them decode)."""
     firsts: list[float] = []
     lasts: list[float] = []
     counts: list[int] = []
 
-    async def one(text: str) -> None:
-        request = GenerationRequest(
-            id="",
-            messages=[{"role": "user", "content": text}],
-            options=SamplingOptions(temperature=0, num_predict=max_tokens, repeat_penalty=1.0),
-        )
+    async def one(request: GenerationRequest) -> None:
         first = 0.0
         async for event in client.generate(request):
             if isinstance(event, TokenChunk):
@@ -185,7 +195,7 @@ async def runner_decode(
                 counts.append(event.timings.completion_tokens - 1)
         firsts.append(first)
 
-    await asyncio.gather(*(one(t) for t in texts))
+    await asyncio.gather(*(one(request) for request in requests))
     return sum(counts), max(lasts) - max(firsts)
 
 

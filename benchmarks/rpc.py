@@ -31,7 +31,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from engine import words  # benchmarks/ is the script's folder, on sys.path
+from engine import timed_decode, words  # benchmarks/ is the script's folder, on sys.path
 
 from localllm.daemon.runner import (
     GenerationRequest,
@@ -119,28 +119,18 @@ async def prefill_rate(client: RunnerClient, seed: int) -> float:
 
 async def decode_rate(client: RunnerClient, streams: int, tokens: int, seed: int) -> float:
     """Generated tokens/s of ``streams`` concurrent greedy stories, all together."""
-    firsts: list[float] = []
-    lasts: list[float] = []
-    counts: list[int] = []
-
-    async def one(index: int) -> None:
-        request = GenerationRequest(
+    options = SamplingOptions(temperature=0, num_predict=tokens, repeat_penalty=1.0)
+    requests = [
+        GenerationRequest(
             id="",
             prompt=f"Story {seed}-{index}: {words(8, seed * 100 + index)}",
             raw=True,
-            options=SamplingOptions(temperature=0, num_predict=tokens, repeat_penalty=1.0),
+            options=options,
         )
-        first = 0.0
-        async for event in client.generate(request):
-            if isinstance(event, TokenChunk):
-                first = first or time.perf_counter()
-            else:
-                lasts.append(time.perf_counter())
-                counts.append(event.timings.completion_tokens - 1)
-        firsts.append(first)
-
-    await asyncio.gather(*(one(i) for i in range(streams)))
-    return sum(counts) / (max(lasts) - max(firsts))
+        for index in range(streams)
+    ]
+    count, seconds = await timed_decode(client, requests)
+    return count / seconds
 
 
 async def measure(args: argparse.Namespace, model: str) -> dict[str, float]:
