@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from ._exceptions import APIError, DaemonUnavailableError, LocalLLMError
+from ._process import pid_alive
 from .settings import DEFAULT_PORT, Settings
 
 if TYPE_CHECKING:
@@ -357,16 +358,6 @@ def state_path(settings: Settings) -> Path:
     return settings.runtime_dir / "gateway.json"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read_gateway_state(settings: Settings) -> GatewayState | None:
     """The gateway started here, if one still runs (a stale file is ignored)."""
     try:
@@ -380,7 +371,7 @@ def read_gateway_state(settings: Settings) -> GatewayState | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return state if _pid_alive(state.pid) else None
+    return state if pid_alive(state.pid) else None
 
 
 def smg_installed() -> bool:

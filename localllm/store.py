@@ -40,6 +40,7 @@ from ._exceptions import (
     ModelNotFoundError,
     StoreError,
 )
+from ._process import pid_alive
 from .manifest import Layer, Manifest, normalize_digest
 from .names import ModelName, parse_name
 
@@ -80,16 +81,6 @@ class VerifyResult:
     """The digest the blob is stored under."""
     ok: bool
     """Whether its bytes still hash to that digest."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _raise_disk_full(exc: OSError, what: str) -> None:
@@ -424,7 +415,7 @@ class Store:
             return
         for path in self.partial_dir.glob("tmp-*"):
             pid_text = path.name.split("-")[1]
-            if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            if pid_text.isdigit() and not pid_alive(int(pid_text)):
                 path.unlink(missing_ok=True)
 
     def free_space(self) -> int:
