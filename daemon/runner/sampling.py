@@ -121,6 +121,16 @@ class Sampler:
                 raise GrammarError("the grammar could not be parsed (see the runner log)")
         add = self._add
         o = options
+        penalised = o.repeat_last_n != 0 and bool(
+            o.repeat_penalty != 1.0 or o.frequency_penalty or o.presence_penalty
+        )
+        self.argmax_only = (
+            grammar is None and o.temperature <= 0 and not o.logit_bias and not penalised
+        )
+        """Whether the chain is plain greedy (no state, nothing that changes logits): then
+        :meth:`sample` takes the largest logit itself instead of asking llama.cpp, which
+        copies the whole vocabulary into a candidate array per token (~80 µs at 49k tokens,
+        against ~8 µs here: 0.6 ms of every 8-stream step)."""
         if o.logit_bias:
             biases = [(int(k), float(v)) for k, v in o.logit_bias.items()]
             array = (llama_cpp.llama_logit_bias * len(biases))(
@@ -128,7 +138,7 @@ class Sampler:
             )
             add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), array))
         last_n = context_length if o.repeat_last_n < 0 else o.repeat_last_n
-        if last_n and (o.repeat_penalty != 1.0 or o.frequency_penalty or o.presence_penalty):
+        if penalised:
             add(
                 llama_cpp.llama_sampler_init_penalties(
                     n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty
@@ -173,6 +183,10 @@ class Sampler:
 
     def sample(self, ctx: Any, batch_index: int) -> int:
         """Pick the next token from the logits at ``batch_index`` and accept it."""
+        if self.argmax_only:
+            # The first largest logit, as llama.cpp's greedy sampler picks (it has no state
+            # to accept the token into).
+            return int(logits_at(ctx, batch_index, self.n_vocab).argmax())
         if self.grammar is None:
             # Fast path: the whole chain runs in C and accepts the token itself.
             return int(llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index))
