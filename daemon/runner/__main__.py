@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .kvcache import PrefixCache, layout_folder
 from .protocol import RunnerConfig
+from .threads import in_own_thread
 
 if TYPE_CHECKING:
     from ..memplan import MemoryPlan
@@ -197,7 +198,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
         runner_log = logging.getLogger("localllm.runner")
         try:
-            plan = await asyncio.to_thread(plan_load, config)
+            plan = await in_own_thread(lambda: plan_load(config), "localllm-plan")
         except DoesNotFit as exc:
             runner_log.error("the model does not fit: %s", exc)
             _report(args, "nofit", exc.report.to_dict())
@@ -221,7 +222,7 @@ async def _serve(args: argparse.Namespace) -> int:
                 return 0
             config = _planned(config, plan)
     try:
-        model = await asyncio.to_thread(LlamaModel, config)
+        model = await in_own_thread(lambda: LlamaModel(config), "localllm-load")
     except ModelLoadError as exc:
         logging.getLogger("localllm.runner").error("%s", exc)
         return 2
@@ -230,7 +231,9 @@ async def _serve(args: argparse.Namespace) -> int:
         from .draft import DraftModel
 
         try:
-            draft = await asyncio.to_thread(DraftModel, model, config.draft_model)
+            draft = await in_own_thread(
+                lambda: DraftModel(model, config.draft_model), "localllm-load"
+            )
         except ModelLoadError as exc:
             logging.getLogger("localllm.runner").error("%s", exc)
             model.close()
@@ -240,7 +243,9 @@ async def _serve(args: argparse.Namespace) -> int:
         from .vision import VisionProjector
 
         try:
-            projector = await asyncio.to_thread(VisionProjector, config.projector, model)
+            projector = await in_own_thread(
+                lambda: VisionProjector(config.projector, model), "localllm-load"
+            )
         except ModelLoadError as exc:
             logging.getLogger("localllm.runner").error("%s", exc)
             if draft is not None:

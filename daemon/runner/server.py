@@ -53,6 +53,7 @@ from .sampling import GrammarError, check_sampling, grammar_for
 from .scoring import PromptScore
 from .slots import common_prefix_length
 from .text import unicode_problem
+from .threads import in_own_thread
 from .vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
 
 __all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
@@ -619,10 +620,14 @@ class RunnerServer:
         request.id = op.id
         connection.preparing.add(op.id)
         try:
-            prompt = await asyncio.to_thread(
-                prepare, self.model, request, self.default_template, self.projector
+            # A thread of its own: encoding images computes graphs (see .threads).
+            prompt, grammar = await in_own_thread(
+                lambda: (
+                    prepare(self.model, request, self.default_template, self.projector),
+                    grammar_for(request.options),
+                ),
+                "localllm-prepare",
             )
-            grammar = await asyncio.to_thread(grammar_for, request.options)
             check_sampling(request.options, self.model.n_vocab)
         except (GrammarError, ValueError) as exc:
             if isinstance(exc, PromptError):
