@@ -130,6 +130,8 @@ class _Server(uvicorn.Server):
 def _config(app: object, settings: Settings) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
+        # httptools (a dependency) where it imports, else h11: the same server either way.
+        http="auto",
         lifespan="off",
         log_config=None,
         access_log=True,
