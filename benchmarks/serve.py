@@ -216,8 +216,10 @@ class Server:
         self.rows: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
         """Clients → the runs of that level, in order."""
 
-    def ready(self) -> None:
-        """Wait until it answers, then load the model and warm up with one short stream."""
+    def ready(self, slots: int) -> None:
+        """Wait until it answers, then load the model and warm up with short streams on
+        every slot (llama-server's first run on slots it had not used yet was 14-17 % slower
+        than its next ones, in every run: a one-time cost the levels must not measure)."""
         _wait_http(self.url, self.process)
         if self.name == "daemon":
             # The same sampling on both servers: Ollama's default repeat_penalty (1.1, which
@@ -234,6 +236,7 @@ class Server:
                 raise RuntimeError(f"could not create {BENCH_MODEL}: {response.text[:300]}")
             self.model = BENCH_MODEL
         run_load(self.driver, self.model, 1, 8)
+        run_load(self.driver, self.model, slots, 8)
 
     def run(self, clients: int, tokens: int) -> dict[str, Any]:
         """One run of a level, kept in :attr:`rows` (and printed, as the run goes on)."""
@@ -508,7 +511,7 @@ def main() -> int:
             if peer is not None:
                 servers.append(peer)
             for server in servers:
-                server.ready()
+                server.ready(args.slots)
             for repetition in range(args.repeat):
                 for index, clients in enumerate(levels):
                     order = servers if (repetition + index) % 2 == 0 else servers[::-1]
