@@ -13,9 +13,8 @@ its team with it, so work that may compute a graph runs in a thread of its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 __all__ = ["in_own_thread"]
@@ -26,27 +25,10 @@ T = TypeVar("T")
 async def in_own_thread(function: Callable[[], T], name: str = "localllm-work") -> T:
     """``function()`` in a new thread that ends when it returns (with any OpenMP team it
     made); its result or exception, awaited without blocking the loop."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if future.done():  # the awaiting task was cancelled meanwhile
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def run() -> None:
-        try:
-            result = function()
-        except BaseException as exc:  # handed to the awaiting task, like to_thread does
-            outcome: tuple[T | None, BaseException | None] = (None, exc)
-        else:
-            outcome = (result, None)
-        # The loop closed: the runner is exiting and nobody awaits this any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, *outcome)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return await future
+    # An executor of one thread, shut down at once: its thread exits after this one call,
+    # where the loop's default executor keeps its threads for the next.
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return await asyncio.get_running_loop().run_in_executor(executor, function)
+    finally:
+        executor.shutdown(wait=False)
