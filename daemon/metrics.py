@@ -70,6 +70,21 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.engine_time = Gauge(
+            "localllm_engine_seconds",
+            "Seconds of each runner's engine thread since it started, by part: decode "
+            "(llama_decode of generation batches), step (the rest of each step: batch building, "
+            "sampling, detokenizing, stop checks, handing tokens over), idle (no work), other "
+            "(admitting requests, the prefix cache's tiers, embeddings).",
+            ["model", "part"],
+            registry=r,
+        )
+        self.engine_decodes = Gauge(
+            "localllm_engine_decodes",
+            "Generation decodes (steps) each runner's engine ran since it started.",
+            ["model"],
+            registry=r,
+        )
         self.embedded_tokens = Counter(
             "localllm_embedding_tokens", "Tokens embedded, by model.", ["model"], registry=r
         )
@@ -177,6 +192,8 @@ class Metrics:
             self.prefill_rate,
             self.saved_prefix_bytes,
             self.prefix_restores,
+            self.engine_time,
+            self.engine_decodes,
         )
 
     def observe_load(self, loaded: LoadedModel) -> None:
@@ -199,6 +216,19 @@ class Metrics:
             self.draft_tokens.labels(model, "accepted").inc(accepted)
             self.draft_tokens.labels(model, "rejected").inc(t.draft_tokens - accepted)
         self.prefill.labels(model).observe(t.prompt_ms / 1000)
+
+    def _engine_time(self, name: str, stats: Stats) -> None:
+        decode, steps = stats.engine_decode_seconds, stats.engine_step_seconds
+        idle = stats.engine_idle_seconds
+        parts = {
+            "decode": decode,
+            "step": max(steps - decode, 0.0),
+            "idle": idle,
+            "other": max(stats.engine_seconds - steps - idle, 0.0),
+        }
+        for part, seconds in parts.items():
+            self.engine_time.labels(name, part).set(seconds)
+        self.engine_decodes.labels(name).set(stats.engine_decodes)
 
     def _memory(self, loaded: list[LoadedModel]) -> None:
         from .memplan import HOST
@@ -247,4 +277,5 @@ class Metrics:
             self.saved_prefix_bytes.labels(name, "ram").set(stats.saved_prefix_ram_bytes)
             self.saved_prefix_bytes.labels(name, "disk").set(stats.saved_prefix_disk_bytes)
             self.prefix_restores.labels(name).set(stats.prefix_restores)
+            self._engine_time(name, stats)
         return generate_latest(self.registry)

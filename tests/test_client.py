@@ -122,6 +122,13 @@ def test_metrics_and_stats(client: Client) -> None:
     assert 'localllm_generated_tokens_total{model="smollm2:135m"}' in text
     assert "localllm_time_to_first_token_seconds_bucket" in text
     assert "localllm_queue_depth" in text
+    engine = {
+        line.split('part="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('localllm_engine_seconds{model="smollm2:135m"')
+    }
+    assert set(engine) == {"decode", "step", "idle", "other"}
+    assert engine["decode"] > 0 and engine["step"] > 0
     snapshot = client.stats()
     assert snapshot["models"][0]["slots_total"] == 2
     first = next(client.stats_stream(interval=0.1))

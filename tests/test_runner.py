@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import os
 import signal
@@ -20,6 +21,7 @@ from localllm.daemon.runner import (
     RunnerConfig,
     RunnerDiedError,
     RunnerError,
+    Stats,
     TokenChunk,
 )
 
@@ -272,6 +274,40 @@ def test_stats_while_streaming(runner: RunnerHarness) -> None:
     decoding, rate = runner.run(scenario())
     assert decoding >= 1
     assert rate > 0
+
+
+def test_stats_say_where_the_engine_thread_spent_its_time(runner: RunnerHarness) -> None:
+    async def scenario() -> tuple[Stats, GenerationResult, list[Stats]]:
+        before = await runner.client.stats()
+        _, result = await runner.collect(raw("a stepped stream:", num_predict=24))
+        # Nothing more to do: within a few snapshots the engine is waiting for work (it may
+        # still be ending its last step when the first is taken).
+        return before, result, [await runner.client.stats() for _ in range(100)]
+
+    before, result, snapshots = runner.run(scenario())
+    # While it waits, every second of the engine thread is idle, up to the snapshot.
+    waiting = [
+        earlier
+        for earlier, later in itertools.pairwise(snapshots)
+        if later.engine_seconds > earlier.engine_seconds
+        and later.engine_idle_seconds - earlier.engine_idle_seconds
+        == pytest.approx(later.engine_seconds - earlier.engine_seconds, abs=1e-6)
+    ]
+    assert waiting, "idle time never kept pace with the engine's clock"
+    settled = waiting[0]
+    assert snapshots[-1].engine_step_seconds == settled.engine_step_seconds
+    assert snapshots[-1].engine_decodes == settled.engine_decodes
+
+    tokens = result.timings.completion_tokens
+    assert tokens == 24
+    # The first token comes from the prompt's decode, each later one from a decode of its own.
+    assert settled.engine_decodes - before.engine_decodes >= tokens
+    decode = settled.engine_decode_seconds - before.engine_decode_seconds
+    steps = settled.engine_step_seconds - before.engine_step_seconds
+    idle = settled.engine_idle_seconds - before.engine_idle_seconds
+    wall = settled.engine_seconds - before.engine_seconds
+    assert 0 < decode < steps
+    assert steps + idle <= wall + 1e-6
 
 
 def test_embeddings(runner: RunnerHarness) -> None:

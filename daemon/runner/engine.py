@@ -152,6 +152,31 @@ class EmbeddingJob:
 
 
 @dataclass
+class EngineTime:
+    """Where the engine thread's time went since it started, in seconds (written by the
+    engine thread only; a reader elsewhere sees a snapshot that may lag one step).
+
+    A step is one generation ``llama_decode`` with everything around it: prefix copies
+    between slots, the images a prefill reached, planning and filling the batch, sampling,
+    detokenizing, stop checks and handing the step's events over. What is neither a step nor
+    waiting for work is admitting requests, the prefix cache's tiers and embeddings.
+    """
+
+    started: float = 0.0
+    """``time.perf_counter()`` when the engine thread started (0: not yet)."""
+    idle: float = 0.0
+    """Blocked waiting for work, with no slot busy (the current wait not included)."""
+    waiting_since: float = 0.0
+    """When the current wait for work began (0: not waiting)."""
+    steps: float = 0.0
+    """In steps, their decodes included."""
+    decode: float = 0.0
+    """Inside the steps' ``llama_decode`` calls (failed attempts included)."""
+    decodes: int = 0
+    """Steps' ``llama_decode`` calls."""
+
+
+@dataclass
 class BatchPlan:
     """What one step's batch holds: every generating slot's pending token (followed by its
     draft, when it speculates), then prompt chunks of slots still prefilling."""
@@ -211,6 +236,8 @@ class Engine:
         self._accepting = True
         self._on_exit = on_exit
         self.requests_total = 0
+        self.time = EngineTime()
+        """Where the engine thread's time went (for stats: decode against the rest)."""
         self.crashed = False
         """Set when the engine thread ended with an exception."""
         self._held: dict[Emit, list[Event]] | None = None
@@ -281,6 +308,12 @@ class Engine:
             decoded = sum(r[1] for r in self._rates)
             prefilled = sum(r[2] for r in self._rates)
         used = sum(len(s.cache) - s.shared for s in self.slots)
+        clock = self.time
+        # The finished waits first: a wait that ends between the two reads is then counted
+        # once at most (the engine adds it to ``idle`` before clearing ``waiting_since``).
+        idle = clock.idle
+        if waiting := clock.waiting_since:
+            idle += max(now - waiting, 0.0)
         saved = self.prefix_cache.stats() if self.prefix_cache is not None else None
         return Stats(
             slots=slots,
@@ -293,11 +326,18 @@ class Engine:
             saved_prefix_ram_bytes=saved.ram_bytes if saved else 0,
             saved_prefix_disk_bytes=saved.disk_bytes if saved else 0,
             prefix_restores=saved.restored if saved else 0,
+            engine_seconds=now - clock.started if clock.started else 0.0,
+            engine_idle_seconds=idle,
+            engine_step_seconds=clock.steps,
+            engine_decode_seconds=clock.decode,
+            engine_decodes=clock.decodes,
         )
 
     # -- the engine thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        clock = self.time
+        clock.started = time.perf_counter()
         try:
             if self.num_draft > 0:
                 # Measured now, while no request waits, rather than in the middle of the
@@ -311,14 +351,20 @@ class Engine:
                     and not self.embeddings
                     and not any(slot.busy for slot in self.slots)
                 )
+                clock.waiting_since = time.perf_counter() if idle else 0.0
                 if not self._drain_inbox(block=idle):
                     break
+                if idle:
+                    waited, clock.waiting_since = clock.waiting_since, 0.0
+                    clock.idle += time.perf_counter() - waited
                 self._admit()
                 self._evict_idle()
                 if self.embeddings:
                     self._embed_step()
                 if any(slot.busy for slot in self.slots):
+                    stepped = time.perf_counter()
                     self._step()
+                    clock.steps += time.perf_counter() - stepped
         except BaseException:
             self.crashed = True
             log.exception("engine thread crashed; the runner exits")
@@ -462,10 +508,13 @@ class Engine:
             self._fill(plan)
             started = time.perf_counter()
             status = self.model.decode()
+            elapsed = time.perf_counter() - started
+            self.time.decode += elapsed
+            self.time.decodes += 1
             if status == 0:
                 sequences = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
                 if self.model.unified_kv or sequences == 1:  # the batches drafts go into
-                    self._costs.observe(self.model.batch.size, time.perf_counter() - started)
+                    self._costs.observe(self.model.batch.size, elapsed)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
             if status == 1 and any(slot.draft for slot in plan.decoding):

@@ -408,6 +408,18 @@ class Stats:
     """Idle prefixes' KV state kept on disk for this model."""
     prefix_restores: int = 0
     """Saved prefixes restored into a slot since the runner started."""
+    engine_seconds: float = 0.0
+    """Seconds since the engine thread started; the next four say where they went."""
+    engine_idle_seconds: float = 0.0
+    """Of those, waiting for work with no slot busy."""
+    engine_step_seconds: float = 0.0
+    """Of those, in steps (one generation decode each, with the prefix copies, image decodes,
+    planning, sampling, detokenizing and event hand-over around it); the rest is admitting
+    requests, the prefix cache's tiers and embeddings."""
+    engine_decode_seconds: float = 0.0
+    """Of the steps' time, inside ``llama_decode``."""
+    engine_decodes: int = 0
+    """Generation decodes (steps) run."""
 
 
 @dataclass
