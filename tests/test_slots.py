@@ -1,7 +1,23 @@
-"""Slot choice: longest cached prefix, and, with a KV stream per slot, consecutive busy ids."""
+"""Slot choice: longest cached prefix, and, with a KV stream per slot, consecutive busy ids;
+slots other waiting requests came back for are left to them."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+
+import pytest
+from tiny_gguf import write_tiny_gguf
+
+from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.runner.protocol import (
+    DoneEvent,
+    Event,
+    GenerationResult,
+    RunnerConfig,
+    SamplingOptions,
+)
 from localllm.daemon.runner.slots import Slot, busy_runs, choose_slot
 
 
@@ -54,3 +70,90 @@ def test_stream_choice_keeps_busy_slots_consecutive() -> None:
 def test_at_least_one_prompt_token_is_evaluated() -> None:
     free = slots_with({0: [1, 2, 3]})
     assert choose_slot(free, [1, 2, 3], busy=[])[1] == 2
+
+
+def test_a_slot_another_waiting_request_came_back_for_is_left_to_it() -> None:
+    mine, theirs = [1, 2, 3, 4, 5], [1, 2, 7, 8, 5]
+    # Slot 2 is busy: slot 1 keeps the busy ids in one run, but it holds what a waiting
+    # request wants back (4 tokens against this prompt's 2), so slot 0 is taken instead.
+    free = slots_with({0: [1, 2, 3], 1: [1, 2, 7, 8, 9]})
+    slot, reuse = choose_slot(free, mine, busy=[2], wanted=[theirs])
+    assert (slot.seq_id, reuse) == (0, 3)
+    # Nobody else wants it: the run wins, as before.
+    slot, _ = choose_slot(free, mine, busy=[2])
+    assert slot.seq_id == 1
+    # The only free slot is taken even so.
+    slot, reuse = choose_slot(free[1:], mine, busy=[2], wanted=[theirs])
+    assert (slot.seq_id, reuse) == (1, 2)
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
+    path = write_tiny_gguf(tmp_path_factory.mktemp("slots") / "endless.gguf", never_ends=True)
+    model = LlamaModel(
+        RunnerConfig(model_path=str(path), n_slots=3, n_ctx_per_slot=256, n_threads=2)
+    )
+    assert not model.unified_kv
+    yield model
+    model.close()
+
+
+class Burst:
+    """An engine given every request before its thread starts, so that one admission round
+    places them all (as when a burst of clients arrives together)."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.engine = Engine(model)
+        self.results: dict[str, GenerationResult] = {}
+        self._done = threading.Condition()
+
+    def emit(self, event: Event) -> None:
+        with self._done:
+            if isinstance(event, DoneEvent):
+                self.results[event.id] = event.result
+                self._done.notify_all()
+
+    def run(self, prompts: dict[str, list[int]]) -> dict[str, GenerationResult]:
+        options = SamplingOptions(temperature=0.0, num_predict=2, repeat_penalty=1.0)
+        for name, prompt in prompts.items():
+            self.engine.submit(
+                GenerationJob(id=name, prompt=prompt, options=options, grammar=None, emit=self.emit)
+            )
+        self.engine.start()
+        try:
+            with self._done:
+                assert self._done.wait_for(lambda: len(self.results) == len(prompts), 120)
+        finally:
+            self.engine._put("stop", None)
+            self.engine._thread.join(30)
+        return self.results
+
+
+def test_a_burst_of_returning_requests_finds_each_its_own_cached_slot(
+    streams: LlamaModel,
+) -> None:
+    for seq in range(streams.n_slots):
+        streams.seq_remove(seq, 0)
+    prompts = {
+        name: streams.tokenize(f"burst check, the conversation of {name} goes on", True)
+        for name in ("alpha", "bravo", "charlie")
+    }
+    first = Burst(streams)
+    first.run(prompts)
+    owner = {
+        slot.seq_id: name
+        for slot in first.engine.slots
+        for name, prompt in prompts.items()
+        if slot.cache[: len(prompt)] == prompt
+    }
+    assert len(owner) == 3
+    # The same requests again, on an engine that knows what each sequence holds: the one that
+    # owns an end slot first, then the one owning the other end (with the first busy, the
+    # middle slot would keep the busy ids in one run, but it holds the third one's prompt).
+    again = Burst(streams)
+    for old, new in zip(first.engine.slots, again.engine.slots, strict=True):
+        new.cache = list(old.cache)
+    order = [owner[0], owner[2], owner[1]]
+    results = again.run({name: prompts[name] for name in order})
+    for name in order:
+        assert results[name].timings.cached_tokens == len(prompts[name]) - 1, name

@@ -418,8 +418,14 @@ class Engine:
             if not free:
                 return
             job = self.waiting.popleft()
-            busy = None if self.model.unified_kv else [s.seq_id for s in self.slots if s.busy]
-            slot, reuse = choose_slot(free, job.prompt, busy)
+            # When the requests waiting now take every free slot, no gap in the busy ids can
+            # last, so where each goes is decided by its cached prefix alone.
+            fills = len(self.waiting) + 1 >= len(free)
+            busy = (
+                None if self.model.unified_kv or fills else [s.seq_id for s in self.slots if s.busy]
+            )
+            wanted = [waiting.prompt for waiting in self.waiting]
+            slot, reuse = choose_slot(free, job.prompt, busy, wanted)
             if job.score is not None:
                 reuse = 0  # every position's logits are needed: the prompt is evaluated whole
             if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:

@@ -152,7 +152,10 @@ def busy_runs(seq_ids: Iterable[int]) -> int:
 
 
 def choose_slot(
-    free: Iterable[Slot], prompt: Sequence[int], busy: Iterable[int] | None = None
+    free: Iterable[Slot],
+    prompt: Sequence[int],
+    busy: Iterable[int] | None = None,
+    wanted: Sequence[Sequence[int]] = (),
 ) -> tuple[Slot, int]:
     """The free slot for ``prompt`` and how many of its cached tokens the prompt reuses.
 
@@ -160,18 +163,31 @@ def choose_slot(
     slots' caches survive for the prompts that want them. At least one prompt token is always
     evaluated again, for fresh logits.
 
+    ``wanted`` are the prompts of other requests waiting for a slot: a free slot whose cache
+    one of them shares more of than ``prompt`` does is left to it while any other slot is
+    free (taking it would overwrite the cells that request came back for, as when a burst of
+    clients sends their conversations again).
+
     With ``busy`` (the ids of the slots serving requests, when each slot is a KV stream of
     its own) the slots that keep the busy ids in the fewest runs come first: llama.cpp
     computes a batch's sequences in one pass only while their ids are consecutive, and a
     prefix held by another slot is copied over anyway.
     """
+    candidates = list(free)
+    if wanted:
+
+        def claimed(slot: Slot) -> bool:
+            mine = common_prefix_length(slot.cache, prompt)
+            return any(common_prefix_length(slot.cache, other) > mine for other in wanted)
+
+        candidates = [slot for slot in candidates if not claimed(slot)] or candidates
     busy_ids = set(busy) if busy is not None else None
 
     def runs(slot: Slot) -> int:
         return busy_runs(busy_ids | {slot.seq_id}) if busy_ids is not None else 0
 
     _, reuse, _, slot = max(
-        ((-runs(s), common_prefix_length(s.cache, prompt), -s.last_used, s) for s in free),
+        ((-runs(s), common_prefix_length(s.cache, prompt), -s.last_used, s) for s in candidates),
         key=lambda item: item[:3],
     )
     return slot, min(reuse, len(prompt) - 1)
