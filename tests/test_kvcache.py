@@ -209,3 +209,25 @@ def test_a_corrupt_saved_prefix_is_removed_and_the_answer_is_unchanged(
     assert result.timings.cached_tokens == 0
     assert text == cold_text
     assert not path.exists() or path.read_bytes() != bytes(data)
+
+
+def test_a_saved_prompt_comes_back_from_ram_for_its_last_few_tokens(
+    endless: Path, kv_dir: Path, tmp_path: Path
+) -> None:
+    # Two prompts that differ only after a long shared start: taking the only slot, the
+    # second keeps the shared start in context, and the first prompt's own ending lives on
+    # in the RAM tier alone. Copying those saved cells back costs far less than evaluating
+    # even the few prompt tokens they spare.
+    runner = runner_for(endless, kv_dir, tmp_path / "r1")
+    first = GenerationRequest(id="", prompt=SYSTEM + "question five", raw=True, options=greedy(48))
+    other = GenerationRequest(id="", prompt=SYSTEM + "question six", raw=True, options=greedy(48))
+    try:
+        cold_text, cold = runner.generate(first)
+        runner.generate(other)
+        warm_text, warm = runner.generate(first)
+        stats = runner.run(runner.client.stats())
+    finally:
+        runner.close()
+    assert stats.prefix_restores == 1
+    assert warm.timings.cached_tokens == cold.timings.prompt_tokens - 1
+    assert warm_text == cold_text

@@ -84,6 +84,13 @@ _RATE_WINDOW_S = 3.0
 # Saving a sequence's state, or restoring one, costs a copy of its cells: worth it only for
 # prefixes of some length (a system prompt, a conversation), not for a few tokens.
 _MIN_SAVED_TOKENS = 32
+# Restoring a prefix from RAM copies its cells; evaluating a prompt token computes the whole
+# model for it. On the CPU that is far dearer: on SmolLM2-135M (2 cores, AVX2) restoring 173
+# cells took 0.2 ms and each prompt token 4.2 ms, about 3,500 cells' worth (larger models
+# grow their compute faster than their cells). With layers on a GPU the cells cross the bus
+# while a few more prompt tokens in a batch cost little, so a restore must spare more.
+_CELLS_PER_TOKEN_CPU = 256
+_CELLS_PER_TOKEN_GPU = 16
 # Idle cells are not free: attention in a unified cache spans them, slowing every active
 # stream. With a prefix cache to keep them in, a slot idle this long while others generate
 # gives its cells up (a later hit restores them at the cost of a copy).
@@ -758,7 +765,17 @@ class Engine:
         length = min(length, len(prompt) - 1)
         # A prefix another slot holds is shared into this one by _share_prefixes for free.
         in_context = max(common_prefix_length(s.cache, prompt) for s in self.slots)
-        if length < max(reuse, in_context) + _MIN_SAVED_TOKENS:
+        gain = length - max(reuse, in_context)
+        saved_cells = len(cache.tokens(key) or ())
+        # From RAM, a restore copies the saved cells in: it pays once it spares a prompt token
+        # per so many cells copied (see _CELLS_PER_TOKEN_CPU). A file is read first, so a
+        # restore from disk must spare a prefix of some length.
+        if cache.in_ram(key):
+            on_gpu = self.model.n_gpu_layers > 0
+            per_token = _CELLS_PER_TOKEN_GPU if on_gpu else _CELLS_PER_TOKEN_CPU
+            if gain < max(1, saved_cells // per_token):
+                return reuse
+        elif gain < _MIN_SAVED_TOKENS:
             return reuse
         data = cache.load(key)
         tokens = cache.tokens(key)

@@ -132,6 +132,11 @@ class PrefixCache:
         self.restored += 1
         return data
 
+    def in_ram(self, key: str) -> bool:
+        """Whether the state saved under ``key`` is held in RAM (restoring it reads no file)."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.data is not None
+
     def tokens(self, key: str) -> tuple[int, ...] | None:
         """The tokens whose state is saved under ``key``."""
         entry = self._entries.get(key)
