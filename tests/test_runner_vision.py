@@ -417,8 +417,9 @@ def test_a_projector_for_another_model_fails_the_load_in_one_line(
     assert "mismatch between text model (n_embd = 256) and mmproj (n_embd = 128)" in message
 
 
-def _threads(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))
+def _threads(pid: int) -> set[str]:
+    """The ids of the process's threads."""
+    return set(os.listdir(f"/proc/{pid}/task"))
 
 
 def test_encoding_images_leaves_no_idle_openmp_team_behind(
@@ -435,13 +436,15 @@ def test_encoding_images_leaves_no_idle_openmp_team_behind(
         assert pid is not None
         harness.generate(raw("only text here", []))
         harness.generate(raw("more text", []))
+        # Thread ids, not a count: a text request's preparation thread may still be ending
+        # now (it computes no graph, so it leaves no team); it must not raise the baseline.
         settled = _threads(pid)
         for image in (RED, BLUE, GREEN_JPEG):
             harness.generate(raw(f"look {IMAGE_MARKER} here", [image]))
         # A thread's team ends as it exits, just after the request's answer: bounded poll.
         deadline = time.monotonic() + 10
-        while _threads(pid) > settled and time.monotonic() < deadline:
+        while not _threads(pid) <= settled and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _threads(pid) == settled
+        assert _threads(pid) <= settled
     finally:
         harness.close()
