@@ -351,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # A fault in llama.cpp's native code (SIGILL, SIGSEGV) then leaves "Fatal Python error:
-    # Illegal instruction" and the threads' stacks in the log: the cause line the daemon reports.
-    faulthandler.enable(file=stream)
+    # Illegal instruction" and the faulting thread's stack in the log: the cause line the
+    # daemon reports. Only that thread's: walking the others' frames while they run can itself
+    # crash the handler (seen: a SIGILL reported as SIGSEGV, its dump cut off mid-frame).
+    faulthandler.enable(file=stream, all_threads=False)
     from .model import route_llama_log
 
     route_llama_log(stream, debug=args.debug)
