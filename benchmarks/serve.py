@@ -70,6 +70,7 @@ from typing import Any
 
 import httpx
 from _daemon import start_daemon, stop
+from prometheus_client.parser import text_string_to_metric_families
 
 from localllm.bench import OpenAIDriver, Sample, _Final, _openai_final, percentile, run_level
 from localllm.starter import starter_gguf_path
@@ -271,27 +272,32 @@ def engine_seconds(url: str) -> dict[str, float]:
     ``decodes``, summed over its loaded models (the benchmark loads one)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     seconds: dict[str, float] = collections.defaultdict(float)
-    for line in text.splitlines():
-        if line.startswith("localllm_engine_seconds{"):
-            part = line.split('part="', 1)[1].split('"', 1)[0]
-            seconds[part] += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("localllm_engine_decodes{"):
-            seconds["decodes"] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "localllm_engine_seconds":
+                seconds[sample.labels["part"]] += sample.value
+            elif sample.name == "localllm_engine_decodes":
+                seconds["decodes"] += sample.value
     return dict(seconds)
+
+
+def _engine_fractions(engine: dict[str, float]) -> dict[str, float]:
+    """Each part's share of the engine thread's time (``ENGINE_PARTS``)."""
+    total = sum(engine.get(part, 0.0) for part in ENGINE_PARTS) or 1.0
+    return {part: engine.get(part, 0.0) / total for part in ENGINE_PARTS}
 
 
 def _engine_shares(engine: dict[str, float]) -> str:
     """``decode 96.1 %, step 2.0 %, idle 0.4 %, other 1.5 %, 0.35 ms per step outside
     decode``: shares of the engine thread's time, and its busy time per step not in
     ``llama_decode``."""
-    total = sum(engine.get(part, 0.0) for part in ENGINE_PARTS) or 1.0
     shares = ", ".join(
-        f"{part} {100 * engine.get(part, 0.0) / total:.1f} %" for part in ENGINE_PARTS
+        f"{part} {100 * share:.1f} %" for part, share in _engine_fractions(engine).items()
     )
     decodes = engine.get("decodes", 0.0)
     if not decodes:
         return shares
-    rest = (total - engine.get("decode", 0.0) - engine.get("idle", 0.0)) / decodes
+    rest = (engine.get("step", 0.0) + engine.get("other", 0.0)) / decodes
     return f"{shares}, {1000 * rest:.2f} ms per step outside decode"
 
 
@@ -614,9 +620,8 @@ def main() -> int:
             summary[f"{name}_short_streams{clients}"] = sum(sum(r["short"].values()) for r in rows)
             engine = _engine_total(rows)
             if engine:
-                total = sum(engine.get(part, 0.0) for part in ENGINE_PARTS) or 1.0
                 summary[f"{name}_engine{clients}"] = {
-                    part: round(engine.get(part, 0.0) / total, 4) for part in ENGINE_PARTS
+                    part: round(share, 4) for part, share in _engine_fractions(engine).items()
                 }
             if clients == 1:
                 summary[f"{name}_single_tps"] = round(

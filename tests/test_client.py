@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_support import Daemon, free_port, running_daemon, wait_for_stats
 
 from localllm._exceptions import APIError, DaemonUnavailableError
@@ -123,9 +124,10 @@ def test_metrics_and_stats(client: Client) -> None:
     assert "localllm_time_to_first_token_seconds_bucket" in text
     assert "localllm_queue_depth" in text
     engine = {
-        line.split('part="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith('localllm_engine_seconds{model="smollm2:135m"')
+        sample.labels["part"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "localllm_engine_seconds" and sample.labels["model"] == SMOL
     }
     assert set(engine) == {"decode", "step", "idle", "other"}
     assert engine["decode"] > 0 and engine["step"] > 0

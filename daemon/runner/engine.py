@@ -766,20 +766,21 @@ class Engine:
         # A prefix another slot holds is shared into this one by _share_prefixes for free.
         in_context = max(common_prefix_length(s.cache, prompt) for s in self.slots)
         gain = length - max(reuse, in_context)
-        saved_cells = len(cache.tokens(key) or ())
+        tokens = cache.tokens(key)
+        if tokens is None:
+            return reuse
         # From RAM, a restore copies the saved cells in: it pays once it spares a prompt token
         # per so many cells copied (see _CELLS_PER_TOKEN_CPU). A file is read first, so a
         # restore from disk must spare a prefix of some length.
         if cache.in_ram(key):
             on_gpu = self.model.n_gpu_layers > 0
             per_token = _CELLS_PER_TOKEN_GPU if on_gpu else _CELLS_PER_TOKEN_CPU
-            if gain < max(1, saved_cells // per_token):
+            if gain < max(1, len(tokens) // per_token):
                 return reuse
         elif gain < _MIN_SAVED_TOKENS:
             return reuse
         data = cache.load(key)
-        tokens = cache.tokens(key)
-        if data is None or tokens is None:
+        if data is None:
             return reuse
         restored = self.model.restore_seq_state(slot.seq_id, data)
         if not restored:

@@ -173,21 +173,21 @@ def choose_slot(
     computes a batch's sequences in one pass only while their ids are consecutive, and a
     prefix held by another slot is copied over anyway.
     """
-    candidates = list(free)
+    shared = [(slot, common_prefix_length(slot.cache, prompt)) for slot in free]
     if wanted:
-
-        def claimed(slot: Slot) -> bool:
-            mine = common_prefix_length(slot.cache, prompt)
-            return any(common_prefix_length(slot.cache, other) > mine for other in wanted)
-
-        candidates = [slot for slot in candidates if not claimed(slot)] or candidates
+        unclaimed = [
+            (slot, mine)
+            for slot, mine in shared
+            if not any(common_prefix_length(slot.cache, other) > mine for other in wanted)
+        ]
+        shared = unclaimed or shared
     busy_ids = set(busy) if busy is not None else None
 
     def runs(slot: Slot) -> int:
         return busy_runs(busy_ids | {slot.seq_id}) if busy_ids is not None else 0
 
     _, reuse, _, slot = max(
-        ((-runs(s), common_prefix_length(s.cache, prompt), -s.last_used, s) for s in candidates),
+        ((-runs(s), mine, -s.last_used, s) for s, mine in shared),
         key=lambda item: item[:3],
     )
     return slot, min(reuse, len(prompt) - 1)
