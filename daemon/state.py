@@ -44,8 +44,9 @@ class DaemonState:
         )
 
 
-def get_state(request: Request) -> DaemonState:
-    """FastAPI dependency: the daemon's state."""
+async def get_state(request: Request) -> DaemonState:
+    """FastAPI dependency: the daemon's state (async: FastAPI runs a plain function
+    dependency in its thread pool, a thread hop for every request)."""
     state: DaemonState = request.app.state.daemon
     return state
 

@@ -13,12 +13,17 @@ kept-alive connection's first took 40 ms more (``GET /api/version``: 44 ms, 1.3 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 from typing import Any
 
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from localllm.daemon.app import create_app
 from localllm.daemon.server import _config, _Server, _tcp_socket
+from localllm.daemon.state import DaemonState
 from localllm.settings import Settings
 
 
@@ -67,3 +72,34 @@ def test_the_daemons_tcp_connections_send_without_waiting_for_acks(settings: Set
     options = asyncio.run(main())
     assert options, "the server held no connection"
     assert all(options), f"Nagle's algorithm is on for the daemon's TCP connections: {options}"
+
+
+def _routes(routes: list[Any]) -> list[APIRoute]:
+    """Every API route, those of included routers too."""
+    found: list[APIRoute] = []
+    for route in routes:
+        if isinstance(route, APIRoute):
+            found.append(route)
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            found += _routes(included.routes)
+    return found
+
+
+def _calls(dependant: Dependant) -> list[Any]:
+    return [call for sub in dependant.dependencies for call in (sub.call, *_calls(sub))]
+
+
+def test_no_route_hops_to_a_thread_before_it_starts(settings: Settings) -> None:
+    # FastAPI runs a plain function (a route or a dependency) in its thread pool: a thread
+    # wake-up and its GIL hand-offs on every request's way in, before any work starts.
+    app = create_app(settings, DaemonState.create(settings))
+    routes = _routes(app.routes)
+    assert len(routes) > 40
+    threaded = {
+        f"{route.path}: {getattr(call, '__qualname__', call)}"
+        for route in routes
+        for call in (route.endpoint, *_calls(route.dependant))
+        if not inspect.iscoroutinefunction(call)
+    }
+    assert not threaded
