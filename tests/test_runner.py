@@ -128,6 +128,38 @@ def test_prefix_copied_between_kv_streams_while_another_stream_runs(
     assert text == reference
 
 
+def test_a_few_tokens_held_by_another_stream_are_copied_when_the_copy_pays(
+    runner: RunnerHarness,
+) -> None:
+    # A stream copy (every cell of a 2,048-cell context) costs about 2.6 prompt tokens on a
+    # CPU: a prefix another slot holds comes over once it adds 6 tokens (2048 / 400), not
+    # only 16 (a burst of returning requests whose prompts differ in their last few tokens
+    # evaluated them all again).
+    base = "short copy check: " + "the red roof of the old barn " * 6
+    tail = " by the gate"
+    n_base = len(runner.run(runner.client.tokenize(base)))
+    n_shared = len(runner.run(runner.client.tokenize(base + tail)))
+    assert 6 <= n_shared - n_base < 16
+    question = raw(base + tail + " ends where?")
+    reference, _ = runner.generate(question)
+
+    async def scenario() -> tuple[str, GenerationResult]:
+        # The stream holds base + tail; the next request leaves a free slot holding base
+        # (and its own tail); the question goes there, the rest of its prefix in the stream.
+        stream = runner.client.generate(raw(base + tail, num_predict=1500))
+        async for event in stream:
+            if isinstance(event, TokenChunk):
+                break
+        await runner.collect(raw(base + " with a door", num_predict=2))
+        text, result = await runner.collect(question)
+        await stream.aclose()
+        return "".join(text), result
+
+    text, warm = runner.run(scenario())
+    assert warm.timings.cached_tokens >= n_shared - 1
+    assert text == reference
+
+
 def test_chunked_prefill_keeps_other_streams_flowing(runner: RunnerHarness) -> None:
     long_prompt = "chunked prefill check: " + "the sky is blue " * 200  # ~1,400 tokens, 32 per step
     events: list[str] = []

@@ -91,6 +91,12 @@ _MIN_SAVED_TOKENS = 32
 # while a few more prompt tokens in a batch cost little, so a restore must spare more.
 _CELLS_PER_TOKEN_CPU = 256
 _CELLS_PER_TOKEN_GPU = 16
+# With a KV stream per slot, sharing a prefix another slot holds copies that slot's whole
+# stream (every cell of its context, used or not). Same model and CPU: copying a 2,048-cell
+# stream made the next decode 10 ms longer, while 7 more prompt tokens in it cost 27 ms, so
+# a stream copy pays once it spares about one token per 800 of its cells; taken at half that
+# rate here. Not measured with layers on a GPU: there sharing keeps needing MIN_SHARED_WAIT.
+_STREAM_CELLS_PER_TOKEN_CPU = 400
 # Idle cells are not free: attention in a unified cache spans them, slowing every active
 # stream. With a prefix cache to keep them in, a slot idle this long while others generate
 # gives its cells up (a later hit restores them at the cost of a copy).
@@ -250,6 +256,15 @@ class Engine:
         self._held: dict[Emit, list[Event]] | None = None
         """While a step's samples are applied: its events by destination, handed over
         together when the step ends (see :meth:`_emit`)."""
+        if model.unified_kv:
+            least_shared = 1  # sequences share cells by tagging them: nothing is copied
+        elif model.n_gpu_layers > 0:
+            least_shared = MIN_SHARED_WAIT
+        else:
+            least_shared = max(1, -(-model.n_ctx_per_slot // _STREAM_CELLS_PER_TOKEN_CPU))
+        self._least_shared = least_shared
+        """Fewest prompt tokens a prefix shared from another slot must add (see
+        _STREAM_CELLS_PER_TOKEN_CPU)."""
 
     # -- the outside world's interface (any thread) ---------------------------------------
 
@@ -490,13 +505,13 @@ class Engine:
             if job.score is not None:
                 continue  # a scored prompt is evaluated whole (copied cells have no logits)
             # With a stream per slot, sharing copies a whole stream: once, when the wait is
-            # over, and not for a few tokens.
+            # over, and only for enough tokens to pay for the copy (_least_shared).
             if not unified and should_wait_for(slot, prefilling):
                 slot.state = SlotState.WAITING
                 continue
             source = prefix_source(slot, self.slots, job.prompt)
             end = job.image_start(source.end) if source is not None else 0
-            if source is not None and end >= len(slot.cache) + (1 if unified else MIN_SHARED_WAIT):
+            if source is not None and end >= len(slot.cache) + self._least_shared:
                 start = len(slot.cache)
                 self.model.seq_copy(source.slot.seq_id, slot.seq_id, start, end)
                 slot.cache.extend(job.prompt[start:end])
