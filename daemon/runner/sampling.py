@@ -4,10 +4,17 @@ The chain follows llama.cpp's usual order: penalties → top-k → typical → t
 temperature → distribution (or penalties → greedy at temperature 0). A grammar is kept as a
 separate sampler: the penalties must learn the prompt's tokens, and feeding those to a grammar
 would advance it, so the two are accepted separately.
+
+The repetition penalties are applied here (:class:`Penalties`), to the few tokens of their
+window, rather than by llama.cpp's penalties sampler, which looks every token of the
+vocabulary up in its window per sample: 190 µs of the 240 a token took with Ollama's default
+options at 49k tokens. The arithmetic is llama.cpp's, in the same float32 operations, so the
+same tokens come out.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import random
 from typing import Any
@@ -22,6 +29,7 @@ from .protocol import SamplingOptions
 __all__ = [
     "MAX_TOP_LOGPROBS",
     "GrammarError",
+    "Penalties",
     "Sampler",
     "check_sampling",
     "grammar_for",
@@ -89,6 +97,47 @@ def token_logprobs(
     return chosen, [(int(i), float(logits[i]) - log_total) for i in best]
 
 
+class Penalties:
+    """llama.cpp's repetition penalties (``llama_sampler_init_penalties``) over the window of
+    the last ``last_n`` accepted tokens, applied only to the tokens in that window.
+
+    A token seen ``count`` times in the window has its logit multiplied by ``repeat`` when
+    it is at most 0, else divided by it, then lowered by ``count * frequency + present``.
+    """
+
+    def __init__(self, last_n: int, repeat: float, frequency: float, present: float) -> None:
+        self.last_n = last_n
+        self.repeat = np.float32(repeat)
+        self.frequency = np.float32(frequency)
+        self.present = np.float32(present)
+        self.window: collections.deque[int] = collections.deque()
+        self.counts: dict[int, int] = {}
+        """Token → its occurrences in the window (only tokens that occur)."""
+
+    def accept(self, token: int) -> None:
+        """``token`` was sampled (or is part of the prompt): it enters the window, and the
+        oldest token leaves a full one."""
+        counts = self.counts
+        counts[token] = counts.get(token, 0) + 1
+        if len(self.window) >= self.last_n:
+            old = self.window.popleft()
+            if counts[old] == 1:
+                del counts[old]
+            else:
+                counts[old] -= 1
+        self.window.append(token)
+
+    def penalised(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The window's token ids and their penalised logits (``logits`` is not changed)."""
+        ids = np.fromiter(self.counts.keys(), dtype=np.intp, count=len(self.counts))
+        counts = np.fromiter(self.counts.values(), dtype=np.float32, count=len(self.counts))
+        values = logits[ids]
+        values = np.where(values <= 0, values * self.repeat, values / self.repeat)
+        # float32 throughout, in llama.cpp's order: the same roundings.
+        values -= counts * self.frequency + self.present  # every count here is > 0
+        return ids, values
+
+
 class Sampler:
     """A request's sampler chain (and optional grammar)."""
 
@@ -138,12 +187,22 @@ class Sampler:
             )
             add(llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), array))
         last_n = context_length if o.repeat_last_n < 0 else o.repeat_last_n
-        if penalised:
+        self.penalties: Penalties | None = None
+        """The repetition penalties, when applied here (see :class:`Penalties`)."""
+        if penalised and o.logit_bias:
+            # The bias comes first and the penalty depends on the biased logit's sign: this
+            # rare combination keeps llama.cpp's own order.
             add(
                 llama_cpp.llama_sampler_init_penalties(
                     n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty
                 )
             )
+        elif penalised:
+            self.penalties = Penalties(
+                last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty
+            )
+        self._greedy = grammar is None and o.temperature <= 0 and not o.logit_bias
+        """Greedy with nothing but the penalties (if any) changing the logits."""
         seed = (o.seed if o.seed >= 0 else random.getrandbits(32)) & 0xFFFFFFFF
         if o.temperature <= 0:
             add(llama_cpp.llama_sampler_init_greedy())
@@ -178,8 +237,12 @@ class Sampler:
 
     def learn_prompt(self, tokens: list[int]) -> None:
         """Let the penalties see the prompt (the grammar must not)."""
-        for token in tokens:
-            llama_cpp.llama_sampler_accept(self.chain, token)
+        if self.penalties is not None:
+            for token in tokens:
+                self.penalties.accept(token)
+        else:
+            for token in tokens:
+                llama_cpp.llama_sampler_accept(self.chain, token)
 
     def sample(self, ctx: Any, batch_index: int) -> int:
         """Pick the next token from the logits at ``batch_index`` and accept it."""
@@ -187,6 +250,31 @@ class Sampler:
             # The first largest logit, as llama.cpp's greedy sampler picks (it has no state
             # to accept the token into).
             return int(logits_at(ctx, batch_index, self.n_vocab).argmax())
+        penalties = self.penalties
+        if penalties is None:
+            token = self._sample(ctx, batch_index)
+        elif self._greedy:
+            logits = logits_at(ctx, batch_index, self.n_vocab).copy()
+            ids, values = penalties.penalised(logits)
+            logits[ids] = values
+            token = int(logits.argmax())
+        else:
+            # The chain reads llama.cpp's logits: penalised there for this one sample, then
+            # put back (logprobs are of the model's own logits).
+            logits = logits_at(ctx, batch_index, self.n_vocab)
+            ids, values = penalties.penalised(logits)
+            original = logits[ids]
+            logits[ids] = values
+            try:
+                token = self._sample(ctx, batch_index)
+            finally:
+                logits[ids] = original
+        if penalties is not None:
+            penalties.accept(token)
+        return token
+
+    def _sample(self, ctx: Any, batch_index: int) -> int:
+        """The chain's (and grammar's) pick from the logits at ``batch_index``, accepted."""
         if self.grammar is None:
             # Fast path: the whole chain runs in C and accepts the token itself.
             return int(llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index))
@@ -218,6 +306,8 @@ class Sampler:
                 return False
             llama_cpp.llama_sampler_accept(self.grammar, token)
         llama_cpp.llama_sampler_accept(self.chain, token)
+        if self.penalties is not None:
+            self.penalties.accept(token)
         return True
 
     def _candidates(self) -> tuple[np.ndarray, Any]:
