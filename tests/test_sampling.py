@@ -34,20 +34,22 @@ def model(smollm2_gguf: Path) -> Iterator[LlamaModel]:
     llama.close()
 
 
-def test_the_greedy_shortcut_picks_llama_cpps_greedy_token_at_every_position(
-    model: LlamaModel,
-) -> None:
-    prompt = model.tokenize("The quick brown fox jumps over the lazy dog. " * 4, add_special=True)
+def _decode_every_position(model: LlamaModel, text: str) -> tuple[list[int], list[int]]:
+    """``text``'s tokens decoded alone in sequence 0 with logits at every position: the
+    tokens and their batch indices."""
+    prompt = model.tokenize(text, add_special=True)
     model.seq_remove(0, 0)
     model.batch.clear()
     indices = [model.batch.add(token, i, 0, True) for i, token in enumerate(prompt)]
     assert model.decode() == 0
-    sampler = Sampler(
-        model.vocab, model.n_vocab, SamplingOptions(temperature=0, repeat_penalty=1.0), None, 512
-    )
-    assert sampler.argmax_only
-    reference = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    llama_cpp.llama_sampler_chain_add(reference, llama_cpp.llama_sampler_init_greedy())
+    return prompt, indices
+
+
+def _both_pick(
+    model: LlamaModel, sampler: Sampler, reference: Any, indices: list[int]
+) -> tuple[list[int], list[int]]:
+    """The tokens ``sampler`` and llama.cpp's ``reference`` chain pick at every batch index,
+    in order; both are freed."""
     try:
         picked = [sampler.sample(model.ctx, index) for index in indices]
         expected = [
@@ -56,6 +58,20 @@ def test_the_greedy_shortcut_picks_llama_cpps_greedy_token_at_every_position(
     finally:
         llama_cpp.llama_sampler_free(reference)
         sampler.close()
+    return picked, expected
+
+
+def test_the_greedy_shortcut_picks_llama_cpps_greedy_token_at_every_position(
+    model: LlamaModel,
+) -> None:
+    _, indices = _decode_every_position(model, "The quick brown fox jumps over the lazy dog. " * 4)
+    sampler = Sampler(
+        model.vocab, model.n_vocab, SamplingOptions(temperature=0, repeat_penalty=1.0), None, 512
+    )
+    assert sampler.argmax_only
+    reference = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(reference, llama_cpp.llama_sampler_init_greedy())
+    picked, expected = _both_pick(model, sampler, reference, indices)
     assert picked == expected
     assert len(set(picked)) > 1  # the positions differ, so the comparison means something
 
@@ -139,11 +155,9 @@ def _reference_chain(model: LlamaModel, options: SamplingOptions, grammar: str |
 def test_penalties_applied_here_pick_what_llama_cpps_penalties_sampler_picks(
     model: LlamaModel, options: SamplingOptions, grammar: str | None
 ) -> None:
-    prompt = model.tokenize("the cat sat on the mat and the cat sat on the hat " * 3, True)
-    model.seq_remove(0, 0)
-    model.batch.clear()
-    indices = [model.batch.add(token, i, 0, True) for i, token in enumerate(prompt)]
-    assert model.decode() == 0
+    prompt, indices = _decode_every_position(
+        model, "the cat sat on the mat and the cat sat on the hat " * 3
+    )
     sampler = Sampler(model.vocab, model.n_vocab, options, grammar, 512)
     assert sampler.penalties is not None
     reference = _reference_chain(model, options, grammar)
@@ -154,14 +168,7 @@ def test_penalties_applied_here_pick_what_llama_cpps_penalties_sampler_picks(
         llama_cpp.llama_sampler_accept(penalties, token)
     plain = [int(logits_at(model.ctx, index, model.n_vocab).argmax()) for index in indices]
     before = [logits_at(model.ctx, index, model.n_vocab).copy() for index in indices]
-    try:
-        picked = [sampler.sample(model.ctx, index) for index in indices]
-        expected = [
-            int(llama_cpp.llama_sampler_sample(reference, model.ctx, index)) for index in indices
-        ]
-    finally:
-        llama_cpp.llama_sampler_free(reference)
-        sampler.close()
+    picked, expected = _both_pick(model, sampler, reference, indices)
     assert picked == expected
     assert picked != plain  # the penalties (or the sampling) changed some picks
     after = [logits_at(model.ctx, index, model.n_vocab) for index in indices]

@@ -256,9 +256,12 @@ class Engine:
         self._held: dict[Emit, list[Event]] | None = None
         """While a step's samples are applied: its events by destination, handed over
         together when the step ends (see :meth:`_emit`)."""
+        on_gpu = model.n_gpu_layers > 0
+        self._restore_cells_per_token = _CELLS_PER_TOKEN_GPU if on_gpu else _CELLS_PER_TOKEN_CPU
+        """Saved cells a restore from RAM may copy per prompt token it spares."""
         if model.unified_kv:
             least_shared = 1  # sequences share cells by tagging them: nothing is copied
-        elif model.n_gpu_layers > 0:
+        elif on_gpu:
             least_shared = MIN_SHARED_WAIT
         else:
             least_shared = max(1, -(-model.n_ctx_per_slot // _STREAM_CELLS_PER_TOKEN_CPU))
@@ -778,7 +781,8 @@ class Engine:
             return reuse
         length, key = found
         length = min(length, len(prompt) - 1)
-        # A prefix another slot holds is shared into this one by _share_prefixes for free.
+        # A prefix another slot holds is shared into this one by _share_prefixes (with KV
+        # streams only once it adds _least_shared tokens; it is counted here either way).
         in_context = max(common_prefix_length(s.cache, prompt) for s in self.slots)
         gain = length - max(reuse, in_context)
         tokens = cache.tokens(key)
@@ -788,9 +792,7 @@ class Engine:
         # per so many cells copied (see _CELLS_PER_TOKEN_CPU). A file is read first, so a
         # restore from disk must spare a prefix of some length.
         if cache.in_ram(key):
-            on_gpu = self.model.n_gpu_layers > 0
-            per_token = _CELLS_PER_TOKEN_GPU if on_gpu else _CELLS_PER_TOKEN_CPU
-            if gain < max(1, len(tokens) // per_token):
+            if gain < max(1, len(tokens) // self._restore_cells_per_token):
                 return reuse
         elif gain < _MIN_SAVED_TOKENS:
             return reuse

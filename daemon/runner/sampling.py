@@ -173,9 +173,9 @@ class Sampler:
         penalised = o.repeat_last_n != 0 and bool(
             o.repeat_penalty != 1.0 or o.frequency_penalty or o.presence_penalty
         )
-        self.argmax_only = (
-            grammar is None and o.temperature <= 0 and not o.logit_bias and not penalised
-        )
+        self._greedy = grammar is None and o.temperature <= 0 and not o.logit_bias
+        """Greedy with nothing but the penalties (if any) changing the logits."""
+        self.argmax_only = self._greedy and not penalised
         """Whether the chain is plain greedy (no state, nothing that changes logits): then
         :meth:`sample` takes the largest logit itself instead of asking llama.cpp, which
         copies the whole vocabulary into a candidate array per token (~80 µs at 49k tokens,
@@ -201,8 +201,6 @@ class Sampler:
             self.penalties = Penalties(
                 last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty
             )
-        self._greedy = grammar is None and o.temperature <= 0 and not o.logit_bias
-        """Greedy with nothing but the penalties (if any) changing the logits."""
         seed = (o.seed if o.seed >= 0 else random.getrandbits(32)) & 0xFFFFFFFF
         if o.temperature <= 0:
             add(llama_cpp.llama_sampler_init_greedy())
@@ -252,8 +250,8 @@ class Sampler:
             return int(logits_at(ctx, batch_index, self.n_vocab).argmax())
         penalties = self.penalties
         if penalties is None:
-            token = self._sample(ctx, batch_index)
-        elif self._greedy:
+            return self._sample(ctx, batch_index)
+        if self._greedy:
             logits = logits_at(ctx, batch_index, self.n_vocab).copy()
             ids, values = penalties.penalised(logits)
             logits[ids] = values
@@ -269,8 +267,7 @@ class Sampler:
                 token = self._sample(ctx, batch_index)
             finally:
                 logits[ids] = original
-        if penalties is not None:
-            penalties.accept(token)
+        penalties.accept(token)
         return token
 
     def _sample(self, ctx: Any, batch_index: int) -> int:
