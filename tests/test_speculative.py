@@ -24,6 +24,7 @@ from localllm.daemon.runner.protocol import (
     RunnerConfig,
     SamplingOptions,
     TokenEvent,
+    TokenLogprob,
 )
 from localllm.daemon.runner.sampling import grammar_for
 from localllm.daemon.runner.speculative import BatchCost, DecodeCosts, DraftPolicy, NgramDrafter
@@ -163,6 +164,9 @@ class Run:
         if num_draft and not measure:
             self.engine._cost = BatchCost({1: 1.0, 64: 1.0})  # drafting always pays
         self.texts: dict[str, str] = {}
+        self.events: dict[str, int] = {}
+        """Token events per request."""
+        self.logprobs: dict[str, list[TokenLogprob]] = {}
         self.results: dict[str, GenerationResult] = {}
         self.errors: dict[str, str] = {}
         self._done = threading.Condition()
@@ -171,6 +175,8 @@ class Run:
         with self._done:
             if isinstance(event, TokenEvent):
                 self.texts[event.id] = self.texts.get(event.id, "") + event.text
+                self.events[event.id] = self.events.get(event.id, 0) + 1
+                self.logprobs.setdefault(event.id, []).extend(event.logprobs or [])
             elif isinstance(event, DoneEvent):
                 self.results[event.id] = event.result
             elif isinstance(event, ErrorEvent):
@@ -232,6 +238,27 @@ def test_greedy_output_is_identical_with_speculation(model: LlamaModel) -> None:
     assert sum(t.draft_tokens for t in timings) > 0, "the engine must have verified drafts"
     assert sum(t.draft_accepted for t in timings) > 0
     assert all(t.draft_accepted <= t.draft_tokens for t in timings)
+
+
+def test_a_steps_accepted_drafts_reach_the_client_as_one_event(model: LlamaModel) -> None:
+    # Each event costs the daemon a relay and the client an HTTP chunk, whatever it holds:
+    # the tokens a step accepts go out together, their log probabilities one entry each.
+    jobs = [(name, prompt, options(logprobs=True)) for name, prompt, _ in JOBS[:1]]
+    reference = Run(model, num_draft=0)
+    plain = reference.run(jobs)
+    speculating = Run(model, num_draft=6)
+    assert speculating.run(jobs) == plain
+    timings = speculating.results["plain"].timings
+    assert timings.draft_accepted > 0
+    entries, expected = speculating.logprobs["plain"], reference.logprobs["plain"]
+    assert len(entries) == len(expected) == timings.completion_tokens
+    assert [e.token for e in entries] == [e.token for e in expected]
+    # Verified in a batch of several positions, the logits differ in their last bits.
+    assert all(abs(e.logprob - x.logprob) < 1e-3 for e, x in zip(entries, expected, strict=True))
+    # Without drafts a step makes one token and at most one event (none while a piece is
+    # held back); with them, a step that accepted drafts made one event for its tokens.
+    assert reference.events["plain"] <= timings.completion_tokens
+    assert speculating.events["plain"] < reference.events["plain"]
 
 
 def test_measuring_the_cost_curve_mid_step_leaves_the_batch_intact(model: LlamaModel) -> None:
