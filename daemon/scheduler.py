@@ -2,8 +2,11 @@
 
 * A model loads on first use (its runner process starts); concurrent first requests for the
   same model share one load (a per-model lock).
-* Each loaded model has one slot permit per runner slot. A request that finds no free slot
-  waits, counted in the daemon's wait queue; when ``max_queue`` requests already wait, it gets
+* Each loaded model takes one request per runner slot, and one more per slot that waits in
+  the runner's own queue, prompt already prepared: a slot that frees is refilled at the
+  runner's next step, not after a round trip through the daemon (a burst of 32 requests on 8
+  slots ran 1-4 % faster so). A request that finds every slot taken waits, in the runner or
+  in the daemon's queue; when ``max_queue`` requests already wait in both, it gets
   :class:`~.errors.QueueFullError` (503 + Retry-After) at once.
 * ``keep_alive`` (per request, else the setting) decides when an idle model unloads: 0 at once
   after the request, negative never, otherwise that many seconds after its last request.
@@ -123,6 +126,8 @@ CpuDecider = Callable[[Settings, int], cpu.CpuPaths]
 log = logging.getLogger("localllm.daemon")
 
 _RECENT = 64
+RUNNER_QUEUE_PER_SLOT = 1
+"""Requests per runner slot that wait in the runner's queue rather than in the daemon's."""
 
 
 @dataclass
@@ -168,10 +173,11 @@ class LoadedModel:
     keep_alive: float
     """Seconds to stay loaded once idle (the most recent request's choice)."""
     slots: asyncio.Semaphore = field(init=False)
-    active: int = 0
-    """Requests holding a slot."""
+    """Permits to hand a request to the runner: its slots and its queue."""
+    handed: int = 0
+    """Requests handed to the runner: in its slots or its queue."""
     pending: int = 0
-    """Requests waiting for a slot."""
+    """Requests waiting in the daemon for a permit (or reserved during a load)."""
     last_used: float = field(default_factory=time.time)
     """When the last request ended (or the model loaded)."""
     loaded_at: float = field(default_factory=time.time)
@@ -184,8 +190,24 @@ class LoadedModel:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
-        self.slots = asyncio.Semaphore(self.config.n_slots)
+        self.slots = asyncio.Semaphore(self.config.n_slots * (1 + RUNNER_QUEUE_PER_SLOT))
         self.idle.set()
+
+    @property
+    def active(self) -> int:
+        """Requests in a slot, as far as the daemon can tell (the runner admits from its
+        queue as soon as a slot frees)."""
+        return min(self.handed, self.config.n_slots)
+
+    @property
+    def queued_in_runner(self) -> int:
+        """Requests handed to the runner that wait in its queue for a slot."""
+        return max(0, self.handed - self.config.n_slots)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a slot: in the daemon and in the runner's queue."""
+        return self.pending + self.queued_in_runner
 
     @property
     def name(self) -> str:
@@ -203,7 +225,7 @@ class LoadedModel:
 
     def busy(self) -> bool:
         """True while requests use or wait for it."""
-        return self.active + self.pending > 0
+        return self.handed + self.pending > 0
 
     def update_idle(self) -> None:
         """Keep the ``idle`` event in step with the counters."""
@@ -364,11 +386,17 @@ class Scheduler:
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
         self._lost_workers: dict[str, list[str]] = {}
-        self.queued = 0
-        """Requests waiting for a slot, over all models."""
+        self._waiting_here = 0
+        """Requests waiting in the daemon for a permit, over all models."""
         self.closed = False
 
     # -- queries ------------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot, over all models: in the daemon and in the runners'
+        queues (what ``max_queue`` bounds)."""
+        return self._waiting_here + sum(m.queued_in_runner for m in self._models.values())
 
     def loaded(self) -> list[LoadedModel]:
         """Models loaded now (dead runners left out), most recently used first."""
@@ -413,14 +441,16 @@ class Scheduler:
             self._cancel_expiry(loaded)
             loaded.update_idle()
             try:
+                # With every slot taken it waits, in the runner's queue or here.
+                full = loaded.handed >= loaded.config.n_slots
+                if full and self.queued >= self.settings.max_queue:
+                    raise QueueFullError()
                 if loaded.slots.locked():
-                    if self.queued >= self.settings.max_queue:
-                        raise QueueFullError()
-                    self.queued += 1
+                    self._waiting_here += 1
                     try:
                         await loaded.slots.acquire()
                     finally:
-                        self.queued -= 1
+                        self._waiting_here -= 1
                 else:
                     await loaded.slots.acquire()
             except BaseException:
@@ -430,7 +460,7 @@ class Scheduler:
                 raise
             loaded.pending -= 1
             if loaded.alive() and self._models.get(key) is loaded:
-                loaded.active += 1
+                loaded.handed += 1
                 loaded.update_idle()
                 return Lease(self, loaded, load_seconds)
             # The runner died or was replaced while this request waited: try again.
@@ -438,7 +468,7 @@ class Scheduler:
             loaded.update_idle()
 
     def _release(self, loaded: LoadedModel, keep_alive: float | None) -> None:
-        loaded.active -= 1
+        loaded.handed -= 1
         loaded.slots.release()
         loaded.last_used = time.time()
         if keep_alive is not None:

@@ -89,7 +89,18 @@ def test_queue_full_503_and_disconnect_frees_the_slot(daemon: Daemon, client: Cl
         assert first["done"] is False  # the only slot is busy now
         waiter = threading.Thread(target=second)
         waiter.start()
-        wait_for_stats(daemon, lambda s: s["queue_depth"] == 1)
+        # It waits in the runner's queue, its prompt prepared, to take the slot the step it
+        # frees; the daemon and /api/ps count it as waiting all the same.
+        snapshot = wait_for_stats(
+            daemon,
+            lambda s: (
+                s["queue_depth"] == 1 and any(m.get("runner_waiting") == 1 for m in s["models"])
+            ),
+        )
+        (model,) = [m for m in snapshot["models"] if m["name"] == SMOL]
+        assert (model["active_requests"], model["queued_requests"]) == (1, 1)
+        (ps,) = [m for m in http.get("/api/ps").json()["models"] if m["name"] == SMOL]
+        assert (ps["active_requests"], ps["queued_requests"]) == (1, 1)
         # The queue (size 1) is full: the next request is refused at once, in both shapes.
         busy = http.post("/api/generate", json={"model": SMOL, "prompt": "x", "stream": False})
         assert busy.status_code == 503

@@ -211,6 +211,34 @@ def test_full_queue_answers_503_at_once() -> None:
     run(scenario, max_queue=1)
 
 
+def test_a_busy_runner_holds_one_more_request_per_slot_and_the_daemon_the_rest() -> None:
+    # The runner's queue refills a freed slot at its next step; beyond one request per slot
+    # the rest wait here. Both count as waiting, and max_queue bounds them together.
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        running = await scheduler.acquire(model("a"), config(n_slots=2))
+        second = await scheduler.acquire(model("a"), config(n_slots=2))
+        (loaded,) = scheduler.loaded()
+        assert (loaded.active, loaded.waiting, scheduler.queued) == (2, 0, 0)
+        in_runner = [await scheduler.acquire(model("a"), config(n_slots=2)) for _ in range(2)]
+        assert (loaded.active, loaded.queued_in_runner, loaded.waiting) == (2, 2, 2)
+        assert scheduler.queued == 2
+        here = asyncio.ensure_future(scheduler.acquire(model("a"), config(n_slots=2)))
+        while scheduler.queued < 3:
+            await asyncio.sleep(0)
+        assert not here.done() and loaded.waiting == 3
+        with pytest.raises(QueueFullError):
+            await scheduler.acquire(model("a"), config(n_slots=2))
+        running.release()
+        last = await here  # a slot freed: the runner's queue moved up, the daemon's too
+        assert (loaded.active, loaded.queued_in_runner, scheduler.queued) == (2, 2, 2)
+        for lease in (second, *in_runner, last):
+            lease.release()
+        assert (loaded.handed, loaded.waiting, scheduler.queued) == (0, 0, 0)
+        assert not loaded.busy()
+
+    run(scenario, max_queue=3)
+
+
 def test_a_dead_runner_is_replaced_on_the_next_request() -> None:
     async def scenario(scheduler: Scheduler, factory: Factory) -> None:
         (await scheduler.acquire(model("a"), config())).release()

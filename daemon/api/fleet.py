@@ -79,7 +79,7 @@ async def loads(state: StateDep, include: str = "core") -> dict[str, Any]:
         if s is not None
     ]
     running = sum(m.active for m in models)
-    waiting = sum(m.pending for m in models)
+    waiting = sum(m.waiting for m in models)
     if models:
         slots = sum(m.config.n_slots for m in models)
         total = sum(s.kv_cells_total for s in stats)

@@ -147,7 +147,7 @@ class LoadedModelCard(Vertical, can_focus=True):
         self._slots.update(slot_text(slots) if slots else Text(f"{total_slots} slots", style="dim"))
         self._requests.update(
             f"{entry.get('active_requests', 0)} running · "
-            f"{entry.get('queued_requests', 0) + entry.get('runner_waiting', 0)} waiting · "
+            f"{entry.get('queued_requests', 0)} waiting · "
             f"{entry.get('requests_total', 0)} done · "
             f"context {entry.get('context_length', 0):,} per slot"
         )
