@@ -124,7 +124,9 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "localllm_queue_depth", "Requests waiting for a slot in the daemon.", registry=r
+            "localllm_queue_depth",
+            "Requests waiting for a slot, in the daemon and in the runners' queues.",
+            registry=r,
         )
         self.loaded_models = Gauge("localllm_loaded_models", "Models loaded now.", registry=r)
         self.busy_slots = Gauge(
