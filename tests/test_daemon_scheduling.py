@@ -89,8 +89,8 @@ def test_queue_full_503_and_disconnect_frees_the_slot(daemon: Daemon, client: Cl
         assert first["done"] is False  # the only slot is busy now
         waiter = threading.Thread(target=second)
         waiter.start()
-        # It waits in the runner's queue, its prompt prepared, to take the slot the step it
-        # frees; the daemon and /api/ps count it as waiting all the same.
+        # It waits in the runner's queue, its prompt prepared, to take the slot at the step
+        # that frees it; the daemon and /api/ps count it as waiting all the same.
         snapshot = wait_for_stats(
             daemon,
             lambda s: (
