@@ -436,10 +436,9 @@ async def api_main(args: argparse.Namespace) -> dict[str, object]:
                     # The daemons run with the default LOCALLLM_NUM_DRAFT (their environment
                     # has no LOCALLLM_ variables but their homes).
                     cost = batch_cost(str(starter_gguf_path()), threads, len(prompt_ids))
+                    num_draft = Settings.from_env({}).num_draft
                     bounds = [
-                        ngram_bound(
-                            r["prompt_ids"], r["answer_ids"], cost, Settings.from_env({}).num_draft
-                        )
+                        ngram_bound(r["prompt_ids"], r["answer_ids"], cost, num_draft)
                         for r in runs["on"]
                     ]
                     results[f"{key}_batch_cost"] = cost

@@ -189,7 +189,10 @@ class Sampler:
         last_n = context_length if o.repeat_last_n < 0 else o.repeat_last_n
         self.penalties: Penalties | None = None
         """The repetition penalties, when applied here (see :class:`Penalties`)."""
-        if penalised and o.logit_bias:
+        self._chain_penalises = penalised and bool(o.logit_bias)
+        """Whether llama.cpp's penalties sampler is in the chain (its only sampler that
+        learns from accepted tokens)."""
+        if self._chain_penalises:
             # The bias comes first and the penalty depends on the biased logit's sign: this
             # rare combination keeps llama.cpp's own order.
             add(
@@ -238,7 +241,7 @@ class Sampler:
         if self.penalties is not None:
             for token in tokens:
                 self.penalties.accept(token)
-        else:
+        elif self._chain_penalises:
             for token in tokens:
                 llama_cpp.llama_sampler_accept(self.chain, token)
 
