@@ -4,9 +4,11 @@ copy, quantize, delete) and the live dashboard."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -462,6 +464,41 @@ async def test_dashboard_shows_a_decoding_slot_while_another_client_streams(
         await wait_for(pilot, lambda: SMOL not in screen.cards, "the model to unload")
         assert SMOL not in [m["name"] for m in await client.ps()]
         assert screen.query_one("#empty").display
+
+
+async def test_the_dashboard_follows_the_stats_when_the_daemon_answers_as_it_opens(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    # Textual runs a watcher's first call on the watched object's queue (the app's) and later
+    # changes on the watching screen's: an app still busy opening the dashboard ran a stale
+    # "connecting" after "connected" and stopped the stats stream for good (seen in CI).
+    app = make_app(daemon, tmp_path, stats_interval=0.1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await connected(pilot, app)
+        app.connection = "lost"
+        gate = asyncio.Event()
+        app.call_next(gate.wait)  # the app's queue stalls here, as when it is busy
+        try:
+            await asyncio.wait_for(app.switch_mode("dashboard"), 30)
+            screen = app.screen
+            assert isinstance(screen, DashboardScreen)
+            app.connection = "connected"
+            # Not the pilot's pause: it waits for the app's queue, stalled on purpose.
+            deadline = time.monotonic() + 60
+            while not screen.updates:
+                assert time.monotonic() < deadline, "no snapshot while the app was busy"
+                await asyncio.sleep(0.05)
+        finally:
+            gate.set()
+        drained = asyncio.Event()
+        app.call_next(drained.set)
+        await asyncio.wait_for(drained.wait(), 30)
+
+        seen = screen.updates
+        await wait_for(
+            pilot, lambda: screen.updates >= seen + 2, "snapshots after the app caught up"
+        )
+        assert [w for w in app.workers if w.node is screen and w.group == "stats" and w.is_running]
 
 
 async def test_a_snapshot_arriving_while_the_dashboard_closes_is_harmless(

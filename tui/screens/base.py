@@ -32,6 +32,7 @@ class MainScreen(Screen[None]):
         # an older answer never replaces a newer one.
         self._issued = 0
         self._shown = 0
+        self._connected: bool | None = None
 
     @property
     def llm(self) -> LocalLLMApp:
@@ -40,7 +41,12 @@ class MainScreen(Screen[None]):
 
     def on_mount(self) -> None:
         """Start watching the daemon connection."""
-        self.watch(self.app, "connection", self._connection_changed, init=True)
+        # Not ``init=True``: Textual queues that first call on the watched object (the app)
+        # and later changes on this screen, so an app busy switching to this screen could run
+        # a stale "connecting" after "connected" and stop what the connection started (the
+        # dashboard's stats stream). Both go through this screen's queue instead.
+        self.watch(self.app, "connection", self._connection_changed, init=False)
+        self.call_next(self._connection_changed)
 
     def on_prune(self, event: Prune) -> None:
         """Cancel the screen's workers as it starts to close (the app quits, a mode goes).
@@ -51,8 +57,14 @@ class MainScreen(Screen[None]):
         """
         self.workers.cancel_node(self)
 
-    async def _connection_changed(self, state: str) -> None:
-        if state == "connected":
+    async def _connection_changed(self) -> None:
+        # The state when this runs, not when it was queued; and one call per transition, as
+        # "starting", "lost" and "offline" all mean the daemon does not answer.
+        connected = self.llm.connection == "connected"
+        if connected == self._connected:
+            return
+        self._connected = connected
+        if connected:
             await self.on_daemon_connected()
         else:
             await self.on_daemon_lost()
