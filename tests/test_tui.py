@@ -8,7 +8,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -483,11 +482,9 @@ async def test_the_dashboard_follows_the_stats_when_the_daemon_answers_as_it_ope
             screen = app.screen
             assert isinstance(screen, DashboardScreen)
             app.connection = "connected"
-            # Not the pilot's pause: it waits for the app's queue, stalled on purpose.
-            deadline = time.monotonic() + 60
-            while not screen.updates:
-                assert time.monotonic() < deadline, "no snapshot while the app was busy"
-                await asyncio.sleep(0.05)
+            await wait_for(
+                pilot, lambda: screen.updates, "a snapshot while the app is busy", settle=False
+            )
         finally:
             gate.set()
         drained = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,9 +30,18 @@ def make_app(daemon: Daemon, data: Path, **kwargs: Any) -> LocalLLMApp:
 
 
 async def wait_for(
-    pilot: Pilot[Any], condition: Callable[[], T], what: str, timeout: float = 60.0
+    pilot: Pilot[Any],
+    condition: Callable[[], T],
+    what: str,
+    timeout: float = 60.0,
+    *,
+    settle: bool = True,
 ) -> T:
-    """Let the app run (pilot pauses) until ``condition()`` is truthy; returns its value."""
+    """Let the app run (pilot pauses) until ``condition()`` is truthy; returns its value.
+
+    ``settle=False`` polls without the pilot's pause, which waits for the app's message queue:
+    for a test that stalls that queue on purpose.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -42,7 +52,10 @@ async def wait_for(
                 f"timed out after {timeout:.0f}s waiting for {what}; the screen:\n"
                 + screen_text(pilot.app)
             )
-        await pilot.pause(0.05)
+        if settle:
+            await pilot.pause(0.05)
+        else:
+            await asyncio.sleep(0.05)
 
 
 def screen_text(app: App[Any]) -> str:

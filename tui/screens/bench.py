@@ -111,8 +111,8 @@ class BenchScreen(MainScreen):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        """Draw the empty chart and start watching the daemon."""
-        super().on_mount()
+        """Draw the empty chart (Textual then runs :class:`MainScreen`'s own ``on_mount``,
+        which watches the daemon)."""
         self.show_points([], self.sweep)
 
     # -- the daemon -----------------------------------------------------------------------
