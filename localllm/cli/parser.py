@@ -217,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
         add("gateway", "gateway:cmd_gateway", "Route to many daemons by prompt prefix (smg)")
     )
 
+    from .launch import add_arguments as add_launch_arguments
+
+    add_launch_arguments(
+        add(
+            "launch",
+            "launch:cmd_launch",
+            "Set up a coding agent or editor for a local model and start it",
+        )
+    )
+
     from .bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(add("bench", "bench:cmd_bench", "Measure throughput and latency"))
