@@ -2,7 +2,8 @@
 that fits, on a model tag that carries it.
 
 Coding agents send long prompts (their instructions, tools and the files they read): Ollama's
-``launch`` tells its users they need 64k tokens. The daemon's memory plan
+``launch`` tells its users they need 64k tokens. A model trained for fewer
+tokens gets the length it was trained for. The daemon's memory plan
 (``POST /api/plan``) says whether that fits on this machine with the model's slots, with one
 slot, or which shorter context does. A tool's own requests carry no ``num_ctx``, so the
 context goes where every request reads it: a model tag whose Modelfile says
@@ -63,47 +64,67 @@ def context_tag(model: str, context: int) -> str:
     return name.with_tag(f"{name.tag}-{size}").short
 
 
+def _trained(shown: dict[str, Any]) -> int:
+    """The context the model was trained for (``<arch>.context_length``; 0: unknown)."""
+    for key, value in (shown.get("model_info") or {}).items():
+        if key.endswith(".context_length") and isinstance(value, int):
+            return value
+    return 0
+
+
 def choose_context(
     client: Client, model: str, say: Callable[[str], None] = lambda _: None
 ) -> Choice:
-    """Plan ``model`` at :data:`WANTED` tokens, else one slot, else the largest context that
-    fits; the tag that carries it is created (or reused) and named in the answer."""
-    say(f"Planning {model} with a {WANTED // 1024}k context...")
-    options: dict[str, Any] = {"num_ctx": WANTED}
-    answer = client.plan(model, options)
+    """Plan ``model`` at :data:`WANTED` tokens (or the length it was trained for, when
+    shorter), else with one slot, else at the largest context that fits; the tag that
+    carries it is created (or reused) and named in the answer."""
+    shown = dict(client.show(model))
     notes: list[str] = []
+    wanted = WANTED
+    trained = _trained(shown)
+    if 0 < trained < WANTED:
+        wanted = trained
+        notes.append(
+            f"{model} was trained for {trained} tokens, less than the {WANTED // 1024}k coding "
+            f"tools want: its context is {trained}"
+        )
+    say(f"Planning {model} with a context of {wanted} tokens...")
+    options: dict[str, Any] = {"num_ctx": wanted}
+    answer = client.plan(model, options)
     if "plan" not in answer:
         nofit = answer.get("nofit") or {}
         refusal = answer.get("refusal", "it does not fit")
         if nofit.get("one_slot"):
-            options = {"num_ctx": WANTED, "num_parallel": 1}
+            options = {"num_ctx": wanted, "num_parallel": 1}
             answer = client.plan(model, options)
             notes.append(
-                f"{WANTED // 1024}k fits only with one slot: requests from the tool wait "
-                "for each other"
+                f"{wanted} tokens fit only with one slot: requests from the tool wait for "
+                "each other"
             )
-        elif nofit.get("num_ctx") and int(nofit["num_ctx"]) >= SMALLEST:
+        elif nofit.get("num_ctx") and int(nofit["num_ctx"]) >= min(SMALLEST, wanted):
             options = {"num_ctx": int(nofit["num_ctx"])}
             answer = client.plan(model, options)
             notes.append(
-                f"{WANTED // 1024}k tokens do not fit in this machine's memory ({refusal}); "
+                f"{wanted} tokens do not fit in this machine's memory ({refusal}); "
                 f"{options['num_ctx']} tokens is the largest context that does"
             )
         if "plan" not in answer:
             raise LaunchError(
                 f"{model} cannot be loaded with a context a coding tool can use "
-                f"({SMALLEST} tokens or more): {answer.get('refusal', refusal)}"
+                f"({min(SMALLEST, wanted)} tokens or more): {answer.get('refusal', refusal)}"
             )
     plan = answer["plan"]
     notes += [str(w) for w in plan.get("warnings", [])]
     context = int(plan.get("n_ctx_per_slot") or options["num_ctx"])
     parameters = dict(options)
-    return Choice(_tag(client, model, context, parameters), context, parameters, notes)
+    return Choice(_tag(client, model, shown, context, parameters), context, parameters, notes)
 
 
-def _tag(client: Client, model: str, context: int, parameters: dict[str, Any]) -> str:
+def _tag(
+    client: Client, model: str, shown: dict[str, Any], context: int, parameters: dict[str, Any]
+) -> str:
     """``model`` itself when its parameters already say so, else the tag carrying them."""
-    own = _parameters(client.show(model).get("parameters", ""))
+    own = _parameters(shown.get("parameters", ""))
     if all(own.get(k) == str(v) for k, v in parameters.items()):
         return model
     tag = context_tag(model, context)
