@@ -212,6 +212,7 @@ def test_codex(launch: Launch, daemon: Daemon) -> None:
     overrides = _overrides(argv)
     assert overrides["model_provider"] == "localllm"
     assert overrides["model_context_window"] == WANTED
+    assert overrides["web_search"] == "disabled"  # a hosted tool the daemon cannot run
     assert overrides["model_providers.localllm.wire_api"] == "responses"
     base_url = overrides["model_providers.localllm.base_url"]
     assert base_url == f"{daemon.url}/v1"

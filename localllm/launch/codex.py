@@ -7,7 +7,9 @@ is a ``[model_providers.<id>]`` table with ``name``, ``base_url`` (Codex appends
 ``/responses``), ``wire_api = "responses"`` (the only value current releases accept) and
 ``env_key`` (the variable holding the key, when one is needed); ``model_provider`` and
 ``model`` pick the provider and model; ``model_context_window`` gives a model's context
-(Codex assumes one for models it does not know). Any key can be given for one run with
+(Codex assumes one for models it does not know); ``web_search`` (``disabled``, ``cached``,
+``live``) says whether Codex offers the model OpenAI's hosted web search, which a local
+daemon cannot run (it answers a 400 naming the tool). Any key can be given for one run with
 ``-c key=value`` (the value in TOML) and the model with ``-m``: a launch passes everything
 that way and writes no file. ``--config`` writes the provider table and selects it at the
 top level of ``config.toml``. The ids ``openai``, ``ollama`` and ``lmstudio`` are reserved;
@@ -52,6 +54,8 @@ class Codex(Tool):
             "model_provider": PROVIDER,
             "model": target.model,
             "model_context_window": target.context,
+            # web search is a hosted tool (it runs at OpenAI): the daemon refuses it
+            "web_search": "disabled",
         }
 
     def environment(self, target: Target) -> dict[str, str]:

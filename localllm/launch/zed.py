@@ -85,3 +85,9 @@ class Zed(Tool):
     def arguments(self, target: Target, extra: Sequence[str]) -> list[str]:
         """The user's own arguments (paths to open)."""
         return list(extra)
+
+    def after_configure(self, target: Target) -> str:
+        """Zed with the provider's key in its environment."""
+        if target.api_key:
+            return "zed, with LOCALLLM_API_KEY set to the daemon's key"
+        return f"LOCALLLM_API_KEY={target.token} zed"
