@@ -1,6 +1,6 @@
-"""The official OpenAPI documents of OpenAI, Anthropic and Open Responses (``tests/openapi/``,
-whose README says where and when each was taken), and JSON-schema validators for their
-component schemas, so tests can check real replies against them.
+"""The official OpenAPI documents of OpenAI, Anthropic, Open Responses and Ollama
+(``tests/openapi/``, whose README says where and when each was taken), and JSON-schema
+validators for their component schemas, so tests can check real replies against them.
 
 The newest whole Anthropic document that could be had is older than Anthropic's current spec;
 what the current one changes in the schemas the daemon's replies use is kept apart, in
@@ -28,13 +28,15 @@ import yaml
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["ANTHROPIC", "OPENAI", "OPENRESPONSES", "check", "check_event", "problems"]
+__all__ = ["ANTHROPIC", "OLLAMA", "OPENAI", "OPENRESPONSES", "check", "check_event", "problems"]
 
 HERE = Path(__file__).parent / "openapi"
 OPENAI = "openai"
 ANTHROPIC = "anthropic"
 OPENRESPONSES = "openresponses"
+OLLAMA = "ollama"
 _URIS = {
+    OLLAMA: "urn:openapi:ollama",
     OPENAI: "urn:openapi:openai",
     ANTHROPIC: "urn:openapi:anthropic",
     OPENRESPONSES: "urn:openapi:openresponses",
@@ -68,8 +70,8 @@ def _overlay(document: dict[str, Any], path: Path) -> dict[str, Any]:
 
 @functools.cache
 def _document(name: str) -> dict[str, Any]:
-    if name == OPENAI:
-        with gzip.open(HERE / "openai-openapi.yaml.gz", "rt", encoding="utf-8") as handle:
+    if name in (OPENAI, OLLAMA):
+        with gzip.open(HERE / f"{name}-openapi.yaml.gz", "rt", encoding="utf-8") as handle:
             return yaml.load(handle, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # type: ignore[no-any-return]
     with gzip.open(HERE / _FILES[name], "rt", encoding="utf-8") as handle:
         document = json.load(handle)
