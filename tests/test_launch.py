@@ -241,6 +241,23 @@ def test_codex(launch: Launch, daemon: Daemon) -> None:
     ) as stream:
         kinds = [event.type for event in stream]
     # the tiny model is cut at 4 tokens (Codex reads response.incomplete as such)
+    history: list[Any] = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "x"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
+        {"type": "reasoning", "summary": [], "encrypted_content": "thought"},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd":"ls"}'},
+        # newer Codex sends a tool's output as content items
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": [{"type": "input_text", "text": "a"}],
+        },
+    ]
+    again = client.responses.create(
+        model=TAG, input=history, tools=[shell], tool_choice="required", max_output_tokens=64
+    )  # type: ignore[call-overload]
+    (call,) = [item for item in again.output if item.type == "function_call"]
+    assert call.name == "shell" and isinstance(json.loads(call.arguments), dict)
     assert kinds[0] == "response.created" and kinds[-1] in (
         "response.completed",
         "response.incomplete",

@@ -742,7 +742,8 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
             # OpenAI's document puts the fields at the top of the event, Open Responses in an
             # "error" object: both are sent, so a client of either reads them
             yield output.event("error", **fields, error={"type": error["type"], **fields})
-            failed = {"code": "server_error", "message": problem.message}
+            # the error's own code where it has one (Codex reads context_length_exceeded)
+            failed = {"code": error["code"] or "server_error", "message": problem.message}
             yield output.event("response.failed", response=response("failed", None, error=failed))
 
     return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)
