@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .draft import DraftModel, DraftModelDrafter
+from .governor import Governor, Kind, ThreadChange
 from .kvcache import PrefixCache
 from .model import LlamaModel
 from .protocol import (
@@ -220,8 +221,16 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
         num_draft: int = 0,
         draft: DraftModel | None = None,
+        governor: Governor | None = None,
     ) -> None:
         self.model = model
+        self.governor = governor or Governor(
+            model.n_threads,
+            fixed=model.config.fixed_threads,
+            fixed_reason=f"fixed at {model.n_threads} (num_thread, or LOCALLLM_GOVERNOR=off)",
+        )
+        """Decides each step's CPU thread count (see :mod:`.governor`)."""
+        self.governor.on_change = self._threads_changed
         self.num_draft = num_draft
         """Default most draft tokens per step for speculation (0: off)."""
         self.draft = draft
@@ -356,7 +365,12 @@ class Engine:
             engine_step_seconds=clock.steps,
             engine_decode_seconds=clock.decode,
             engine_decodes=clock.decodes,
+            threads=self.governor.state(),
         )
+
+    def set_budget(self, threads: int, reason: str) -> None:
+        """The daemon's share of the cores (any thread; it applies from the next step)."""
+        self.governor.set_budget(threads, reason)
 
     # -- the engine thread ----------------------------------------------------------------
 
@@ -493,6 +507,9 @@ class Engine:
             slot.generated = 0
             slot.admitted = time.perf_counter()
             slot.first_token_at = 0.0
+            threads = self.model.threads_now
+            slot.threads_min = slot.threads_max = threads
+            slot.threads_why = self.governor.explain("decode", threads)
 
     def _share_prefixes(self) -> None:
         """Copy prompt prefixes other sequences hold into prefilling slots; a slot whose
@@ -537,15 +554,19 @@ class Engine:
             if plan.empty:
                 return
             self._fill(plan)
+            kind: Kind = "batch" if any(count for _, count in plan.prefill) else "decode"
+            threads = self._use_threads(kind)
             started = time.perf_counter()
             status = self.model.decode()
             elapsed = time.perf_counter() - started
             self.time.decode += elapsed
             self.time.decodes += 1
             if status == 0:
+                tokens = self.model.batch.size
+                self.governor.observe(kind, threads, tokens, elapsed)
                 sequences = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
                 if self.model.unified_kv or sequences == 1:  # the batches drafts go into
-                    self._costs.observe(self.model.batch.size, elapsed)
+                    self._costs.observe(tokens, elapsed)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
             if status == 1 and any(slot.draft for slot in plan.decoding):
@@ -1153,7 +1174,31 @@ class Engine:
             draft_tokens=slot.drafted,
             draft_accepted=slot.accepted,
             drafter=self._drafter_name(slot) if slot.drafted else "",
+            threads_min=slot.threads_min,
+            threads_max=slot.threads_max,
+            threads_of=self.model.n_threads,
+            threads_why=slot.threads_why if slot.threads_min < self.model.n_threads else "",
         )
+
+    def _use_threads(self, kind: Kind) -> int:
+        """Set the thread count the governor chooses for the next decode of ``kind``; the
+        requests in the slots remember the fewest and most their steps ran with."""
+        threads = self.governor.threads(kind)
+        if threads != self.model.threads_now:
+            self.model.set_threads(threads)
+            if self.draft is not None:
+                self.draft.model.set_threads(threads)
+            why = self.governor.explain(kind, threads)
+            for slot in self.slots:
+                if slot.job is None:
+                    continue
+                if threads < slot.threads_min:
+                    slot.threads_min, slot.threads_why = threads, why
+                slot.threads_max = max(slot.threads_max, threads)
+        return threads
+
+    def _threads_changed(self, change: ThreadChange) -> None:
+        log.info("%s threads %s", change.kind, change.describe())
 
     def _drafter_name(self, slot: Slot) -> str:
         if self.draft is not None and isinstance(slot.drafter, DraftModelDrafter):
@@ -1221,7 +1266,10 @@ class Engine:
             tokens += len(job.inputs[end])
             end += 1
         try:
+            threads = self._use_threads("batch")
+            started = time.perf_counter()
             vectors = self.model.embed_many(job.inputs[start:end], rank=job.rank)
+            self.governor.observe("batch", threads, tokens, time.perf_counter() - started)
         except Exception as exc:
             log.exception("embedding failed")
             self.embeddings.popleft()

@@ -265,7 +265,9 @@ class LlamaModel:
         self.config = config
         """How it was loaded."""
         self.n_threads = config.n_threads or default_threads()
-        """CPU threads used for decoding and prefill."""
+        """The most CPU threads decoding and prefill use (the governor may use fewer)."""
+        self.threads_now = self.n_threads
+        """The CPU threads the contexts use now (:meth:`set_threads`)."""
         # Not llama_supports_gpu_offload(): it is true in every build with the RPC backend,
         # GPU or none.
         self.gpu_offload = has_local_gpu()
@@ -480,6 +482,16 @@ class LlamaModel:
         """Add ``delta`` to the positions of ``seq_id``'s cells in ``[start, end)``."""
         llama_cpp.llama_memory_seq_add(self.memory, seq_id, start, end, delta)
 
+    def set_threads(self, threads: int) -> None:
+        """CPU threads for every later decode, of any batch size, in each of the model's
+        contexts (the CPU governor changes them between steps)."""
+        if threads == self.threads_now:
+            return
+        self.threads_now = threads
+        for ctx in (self.ctx, self._embedding_ctx, self._rank_ctx):
+            if ctx:
+                llama_cpp.llama_set_n_threads(ctx, threads, threads)
+
     def decode(self) -> int:
         """Run the batch through the model; 0 ok, 1 no KV room, other values errors."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.raw))
@@ -538,7 +550,7 @@ class LlamaModel:
 
     def _pooled_context(self, pooling: int) -> llama_cpp.llama_context_p:
         params = context_params(
-            self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.n_threads
+            self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.threads_now
         )
         # Non-causal (encoder) models need every token of a sequence in one ubatch.
         set_fields(
