@@ -57,6 +57,8 @@ __all__ = [
     "ThreadChange",
     "allowed_cpus",
     "demand",
+    "openmp_build",
+    "others_now",
     "pin_process",
     "read_cpu",
 ]
@@ -210,6 +212,29 @@ def demand(used: float, ours: float, cpus: int) -> float:
     if ours + used <= cpus - 0.05 or used >= cpus - 0.1:
         return min(used, float(cpus))
     return min(used * ours / (cpus - used), float(cpus))
+
+
+def openmp_build(system_info: str) -> bool | None:
+    """Whether llama.cpp was built with OpenMP, from its system info (``OPENMP = 1``); None
+    when the info does not say."""
+    for part in system_info.split("|"):
+        name, _, value = part.partition("=")
+        if name.strip().upper() == "OPENMP":
+            return value.strip() == "1"
+    return None
+
+
+def others_now(cpus: frozenset[int] | None = None, seconds: float = 0.25) -> float | None:
+    """Cores other processes use over ``seconds`` (this one sleeps meanwhile); None where it
+    cannot be read."""
+    cpu_set = cpus if cpus is not None else allowed_cpus()
+    first = read_cpu(cpu_set)
+    time.sleep(seconds)
+    last = read_cpu(cpu_set)
+    if first is None or last is None or last.at <= first.at:
+        return None
+    used = (last.busy - first.busy) - (last.own - first.own)
+    return max(0.0, used / (last.at - first.at))
 
 
 # -- the tuner --------------------------------------------------------------------------------
