@@ -248,7 +248,24 @@ class Settings:
         "Flash attention: auto, on (1/true) or off (0/false). Quantized KV needs it on or auto.",
     )
     num_threads: int = _setting(
-        "LOCALLLM_NUM_THREADS", 0, "CPU threads for generation; 0 picks the physical core count."
+        "LOCALLLM_NUM_THREADS",
+        0,
+        "The most CPU threads a runner uses; 0 picks the physical core count. The CPU governor "
+        "uses fewer while other programs or other models need cores (a request's num_thread "
+        "fixes the count instead).",
+    )
+    governor: bool = _setting(
+        "LOCALLLM_GOVERNOR",
+        True,
+        "The CPU governor: runners change their thread count between steps to what the machine "
+        "gives them now, and models working at the same time share the cores (on, or off for "
+        "a fixed count).",
+    )
+    cpu_affinity: bool = _setting(
+        "LOCALLLM_CPU_AFFINITY",
+        True,
+        "While several models work at once, each runner's threads run on CPUs of their own "
+        "(on or off).",
     )
     origins: tuple[str, ...] = _setting(
         "LOCALLLM_ORIGINS",
@@ -354,6 +371,13 @@ class Settings:
         (),
         "Models loaded when the daemon starts, in order (comma separated), each as its first "
         "request would load it; one that does not fit is logged and skipped.",
+    )
+    omp_wait_policy: str | None = _setting(
+        "OMP_WAIT_POLICY",
+        None,
+        "OpenMP's own variable, which llama.cpp's CPU threads follow: active (spin while "
+        "waiting) or passive (sleep). localllm only reports it (`localllm doctor`); the CPU "
+        "governor keeps spinning threads off busy cores instead.",
     )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
@@ -486,8 +510,20 @@ class Settings:
             if mode not in ("auto", "on", "off"):
                 raise SettingsError(f"LOCALLLM_CPU_REPACK must be auto, on or off, got {raw!r}")
             values["cpu_repack"] = mode
+        for name, attr in (
+            ("LOCALLLM_GOVERNOR", "governor"),
+            ("LOCALLLM_CPU_AFFINITY", "cpu_affinity"),
+        ):
+            if (raw := get(name)) is not None:
+                switch = {"1": True, "true": True, "on": True, "0": False, "false": False}
+                switch["off"] = False
+                if raw.lower() not in switch:
+                    raise SettingsError(f"{name} must be on or off, got {raw!r}")
+                values[attr] = switch[raw.lower()]
         if (raw := get("LOCALLLM_RPC_WORKERS")) is not None:
             values["rpc_workers"] = parse_rpc_workers(raw)
+        if (raw := get("OMP_WAIT_POLICY")) is not None:
+            values["omp_wait_policy"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)

@@ -50,6 +50,9 @@ from .protocol import (
     StatsEvent,
     StatsOp,
     TextEvent,
+    ThreadsEvent,
+    ThreadsOp,
+    ThreadStats,
     TokenEvent,
     TokenizeOp,
     TokenLogprob,
@@ -443,6 +446,16 @@ class RunnerClient:
         assert isinstance(event, StatsEvent)
         return event.stats
 
+    async def set_threads(
+        self, threads: int, reason: str, cpus: list[int] | None = None
+    ) -> ThreadStats:
+        """Give the runner its share of the cores (see :class:`ThreadsOp`); its governor's
+        state as it stands."""
+        op = ThreadsOp(id=self._next_id("threads"), threads=threads, reason=reason, cpus=cpus)
+        event = await self._single(op)
+        assert isinstance(event, ThreadsEvent)
+        return event.threads
+
     async def health(self) -> dict[str, Any]:
         """Model facts and readiness: ``{status, n_slots, n_ctx_per_slot, gpu_layers, ...}``."""
         event = await self._single(HealthOp(id=self._next_id("health")))
@@ -570,6 +583,8 @@ class RunnerProcess:
         ]  # fmt: skip
         for part in c.extra_model_paths:
             args += ["--model-part", part]
+        if c.fixed_threads:
+            args.append("--fixed-threads")
         if not c.use_mmap:
             args.append("--no-mmap")
         if c.use_mlock:
@@ -842,6 +857,12 @@ class ProcessRunner:
     async def stats(self) -> Stats:
         """See :meth:`RunnerClient.stats`."""
         return await self.client.stats()
+
+    async def set_threads(
+        self, threads: int, reason: str, cpus: list[int] | None = None
+    ) -> ThreadStats:
+        """See :meth:`RunnerClient.set_threads`."""
+        return await self.client.set_threads(threads, reason, cpus)
 
     async def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = False

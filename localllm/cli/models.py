@@ -7,6 +7,7 @@ Ollama's CLI does. Tables and sizes are for people; ``--json`` prints what scrip
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -270,11 +271,43 @@ def merged_ps(client: Client) -> list[dict[str, Any]]:
             entry["busy_slots"] = sum(1 for s in slots if s.get("state") != "idle")
         entry["decode_tokens_per_s"] = live.get("decode_tokens_per_s")
         entry["prefill_tokens_per_s"] = live.get("prefill_tokens_per_s")
+        if isinstance(live.get("threads"), dict):
+            entry["threads"] = live["threads"]
     return loaded
 
 
+# A change of thread count this recent still gets its line in ``ps`` after it was undone.
+_RECENT_CHANGE_S = 60.0
+
+
+def _threads(entry: Mapping[str, Any]) -> str:
+    """``2/2``: the CPU threads decode steps use now, of the runner's own count."""
+    threads = entry.get("threads")
+    if not isinstance(threads, dict):
+        return "-"
+    return f"{threads.get('decode', '?')}/{threads.get('max', '?')}"
+
+
+def threads_line(entry: Mapping[str, Any]) -> str | None:
+    """``NAME threads 1/2: CPU busy (...); last 2 → 1 ...`` when the governor holds threads
+    back or has changed them; None when it runs with all of them and never changed."""
+    threads = entry.get("threads")
+    if not isinstance(threads, dict):
+        return None
+    decode, most = threads.get("decode"), threads.get("max")
+    last, last_at = threads.get("last_change"), threads.get("last_change_at")
+    recent = isinstance(last_at, int | float) and time.time() - last_at < _RECENT_CHANGE_S
+    if decode == most and not (last and recent):
+        return None
+    line = f"{entry.get('name', '')} threads {decode}/{most}: {threads.get('reason', '')}"
+    if last:
+        line += f" (last change {last})"
+    return line
+
+
 def ps_row(entry: Mapping[str, Any]) -> list[str]:
-    """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
+    """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S
+    UNTIL."""
     busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
     total = entry.get("slots")
     rate = entry.get("decode_tokens_per_s")
@@ -286,15 +319,20 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
         or _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
         str(entry.get("context_length", "")),
         f"{busy}/{total}" if total else "",
+        _threads(entry),
         f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
         _until(entry.get("expires_at"), bool(entry.get("pinned"))),
     ]
 
 
 def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
-    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
-    headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
-    spans = [line for entry in loaded if (line := device_line(entry)) is not None]
+    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S UNTIL, then a
+    line per model split across RPC workers and per model whose governor holds threads back."""
+    headers = [
+        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "UNTIL"
+    ]  # fmt: skip
+    spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
+    spans += [line for entry in loaded if (line := device_line(entry)) is not None]
     return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
         f"\n{line}" for line in spans
     )
