@@ -465,6 +465,9 @@ def test_errors(launch: Launch) -> None:
     assert done.returncode == 1 and "unknown tool" in done.stderr
     done = launch.run("claude", "--model", PLAIN, check=False)
     assert done.returncode == 0 and "no tool calls" in done.stderr
+    launch.standin("aider", [])  # Aider edits through text: no warning for it
+    done = launch.run("aider", "--model", PLAIN, check=False)
+    assert done.returncode == 0 and "no tool calls" not in done.stderr
     bad = launch.home / ".factory" / "settings.json"
     bad.parent.mkdir()
     bad.write_text("{not json")

@@ -85,7 +85,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                     f"model {model!r} not found, try `localllm pull {model}`"
                 ) from None
             raise
-    if "tools" not in capabilities:
+    if "tools" not in capabilities and tool.needs_tools:
         _say(
             f"Warning: {model}'s template has no tool calls; {tool.title} may not be able to "
             "act with it (pick a model whose capabilities list tools)"

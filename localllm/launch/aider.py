@@ -32,6 +32,7 @@ class Aider(Tool):
     title = "Aider"
     commands = ("aider",)
     api = "OpenAI chat completions (/v1/chat/completions)"
+    needs_tools = False
 
     def _model(self, target: Target) -> str:
         return f"openai/{target.model}"

@@ -91,6 +91,8 @@ class Tool(ABC):
     """Executables that start it, the usual first."""
     api: ClassVar[str]
     """Which of the daemon's APIs it speaks."""
+    needs_tools: ClassVar[bool] = True
+    """Whether it works by calling tools (agents do; Aider edits through plain text)."""
 
     def config_files(self, target: Target) -> list[Path]:
         """The files :meth:`configure` writes."""
