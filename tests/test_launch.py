@@ -515,3 +515,36 @@ def test_config_files_edits(tmp_path: Path) -> None:
 def test_every_tool_has_a_test() -> None:
     tested = {"claude", "codex", "opencode", "continue", "aider", "zed", "droid"}
     assert set(TOOLS) == tested
+
+
+def test_the_context_in_a_small_memory_cgroup(tmp_path: Path) -> None:
+    """Where 64k tokens do not fit with the model's slots: one slot when that fits, else the
+    largest context that fits, and the launcher says which (a daemon held to 900 MiB)."""
+    from test_memory_cgroup import memory_limited
+
+    # 64k-trained tiny models whose KV cache is 4 KiB and 16 KiB a token (f16)
+    one_slot, shorter = (
+        write_tiny_gguf(tmp_path / f"kv{n}.gguf", n_layers=n, n_head_kv=4, context_length=WANTED)
+        for n in (4, 16)
+    )
+    with (
+        memory_limited(900 << 20) as group,
+        running_daemon(tmp_path / "home", group.enter, num_threads=1, num_parallel=4) as d,
+    ):
+        client = d.client()
+        list(client.create("tiny:kv4", from_=str(one_slot)))
+        list(client.create("tiny:kv16", from_=str(shorter)))
+        # 4 slots × 64k × 4 KiB is 1 GiB; one slot, 256 MiB
+        chosen = choose_context(client, "tiny:kv4")
+        assert (chosen.context, chosen.parameters) == (
+            WANTED,
+            {"num_ctx": WANTED, "num_parallel": 1},
+        )
+        assert "only with one slot" in chosen.notes[0]
+        # one slot × 64k × 16 KiB is 1 GiB: a shorter context, as the plan suggests
+        chosen = choose_context(client, "tiny:kv16")
+        assert 4096 <= chosen.context < WANTED and chosen.parameters == {"num_ctx": chosen.context}
+        assert "largest context that does" in chosen.notes[0]
+        assert chosen.model == context_tag("tiny:kv16", chosen.context)
+        client.load(chosen.model)  # and it loads
+        assert group.oom_kills() == 0
