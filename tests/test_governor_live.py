@@ -85,6 +85,13 @@ def endless_generation(daemon: Daemon) -> Iterator[None]:
         reader.join(60)
 
 
+def answer(http: httpx.Client, **options: Any) -> dict[str, Any]:
+    """The final chunk of a short answer asked with ``options``."""
+    body = {"model": SMOL, "prompt": "Hi", "stream": False, "options": options}
+    final: dict[str, Any] = http.post("/api/generate", json=body).json()
+    return final
+
+
 def threads_of(snapshot: dict[str, Any]) -> dict[str, Any] | None:
     """The generating model's governor state in a stats snapshot."""
     for model in snapshot.get("models", []):
@@ -115,19 +122,13 @@ def test_busy_processes_take_threads_from_a_generating_runner_and_give_them_back
                 (entry,) = http.get("/api/ps").json()["models"]
                 assert entry["threads"]["decode"] == 1
                 assert entry["threads"]["reason"].startswith("CPU busy")
-                final = http.post(
-                    "/api/generate",
-                    json={
-                        "model": SMOL,
-                        "prompt": "Hi",
-                        "stream": False,
-                        "options": {"num_predict": 8},
-                    },
-                ).json()
+                final = answer(http, num_predict=8)
             assert final["threads_of"] == THREADS
             assert final["threads_min"] == 1
             assert final["threads_why"].startswith("CPU busy")
-        back = wait_for_stats(daemon, lambda s: (threads_of(s) or {}).get("decode") == THREADS)
+        back = wait_for_stats(
+            daemon, lambda s: (threads_of(s) or {}).get("decode") == THREADS, timeout=120
+        )
         state = threads_of(back)
         assert state is not None
         assert state["limit"] == "max"
@@ -140,15 +141,7 @@ def test_busy_processes_take_threads_from_a_generating_runner_and_give_them_back
 
 def test_a_fixed_count_is_kept_and_says_why(daemon: Daemon) -> None:
     with daemon.http() as http:
-        final = http.post(
-            "/api/generate",
-            json={
-                "model": SMOL,
-                "prompt": "Hi",
-                "stream": False,
-                "options": {"num_predict": 4, "num_thread": 1},
-            },
-        ).json()
+        final = answer(http, num_predict=4, num_thread=1)
         assert (final["threads_min"], final["threads_max"], final["threads_of"]) == (1, 1, 1)
         (entry,) = http.get("/api/ps").json()["models"]
         assert entry["threads"]["mode"] == "fixed"

@@ -46,7 +46,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .protocol import ThreadStats
 
@@ -98,16 +98,14 @@ _BEST_DRIFT = 1.002
 """The best time seen rises this much per step, so that it follows a context that grows."""
 
 
-@dataclass(frozen=True)
-class CpuReading:
-    """CPU time counters at one moment (seconds)."""
+class CpuReading(NamedTuple):
+    """CPU time counters at one moment, in seconds: ``at`` on the monotonic clock, ``busy``
+    spent busy on the CPUs this process may use by everything (steal included), ``own`` used
+    by this process."""
 
     at: float
-    """Monotonic clock."""
     busy: float
-    """CPU time spent busy on the CPUs this process may use, by everything (steal included)."""
     own: float
-    """CPU time this process has used."""
 
 
 @dataclass(frozen=True)
