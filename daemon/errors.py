@@ -13,6 +13,7 @@ from typing import Any
 from localllm._exceptions import (
     AuthRequiredError,
     BlobNotFoundError,
+    DamagedModelError,
     DigestMismatchError,
     DiskFullError,
     GGUFError,
@@ -25,7 +26,9 @@ from localllm._exceptions import (
     PullError,
     QuantizeError,
     RemoteNotFoundError,
+    StoreBusyError,
     StoreError,
+    StoreUnwritableError,
 )
 
 from .runner.client import RunnerDiedError, RunnerError, RunnerStartError
@@ -100,6 +103,12 @@ def problem_from(exc: BaseException, model: str | None = None) -> HTTPProblem:
         return HTTPProblem(404, str(exc), code="not_found")
     if isinstance(exc, DiskFullError):
         return HTTPProblem(507, str(exc), code="disk_full")
+    if isinstance(exc, StoreUnwritableError):
+        return HTTPProblem(507, str(exc), code="store_unwritable")
+    if isinstance(exc, StoreBusyError):
+        return HTTPProblem(409, str(exc), code="busy")
+    if isinstance(exc, DamagedModelError):
+        return HTTPProblem(500, str(exc), param="model", code="model_damaged")
     if isinstance(exc, GGUFError):
         return HTTPProblem(400, f"not a usable GGUF model: {exc}", code="invalid_model")
     if isinstance(exc, RunnerStartError):

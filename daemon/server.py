@@ -28,6 +28,7 @@ from localllm import __version__
 from localllm._exceptions import LocalLLMError, SettingsError
 from localllm.settings import Settings
 from localllm.starter import ensure_starter
+from localllm.store_check import check_store
 
 from .app import create_app
 from .preload import preload
@@ -172,6 +173,7 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
         # failure (a full disk, say) must not keep the daemon from serving what exists.
         # The CPU probe runs (or its cached decision is read) before any request needs it.
         state.scheduler.probe_cpu()
+        await asyncio.to_thread(_check_store, state)
         try:
             await asyncio.to_thread(ensure_starter, state.store)
         except (LocalLLMError, OSError) as exc:
@@ -185,6 +187,20 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
             loop.remove_signal_handler(signum)
         await state.scheduler.close()
         log.info("daemon stopped")
+
+
+def _check_store(state: DaemonState) -> None:
+    """The start-up check (see :mod:`localllm.store_check`): temporary files of killed writes
+    are removed; damaged models, unused blobs and a store that cannot be written are reported,
+    in the log and, what needs the user, as one line each on stderr. The daemon serves on."""
+    report = check_store(state.store)
+    log.info("%s", report.summary())
+    for line in report.lines():
+        log.warning("store: %s", line)
+    damaged = [line for line in report.lines() if line.startswith("model ")]
+    for line in [report.error, report.warning, *damaged]:
+        if line:
+            print(f"localllm: {line}", file=sys.stderr, flush=True)
 
 
 def serve(settings: Settings, *, announce: bool = True) -> int:

@@ -38,7 +38,7 @@ class DaemonState:
         metrics = Metrics()
         return cls(
             settings=settings,
-            store=Store(settings.data_dir),
+            store=Store(settings.data_dir, pause=settings.store_pause()),
             scheduler=Scheduler(settings, on_load=metrics.observe_load),
             metrics=metrics,
         )

@@ -13,6 +13,7 @@ from ._exceptions import (
     DaemonError,
     DaemonTimeoutError,
     DaemonUnavailableError,
+    DamagedModelError,
     DigestMismatchError,
     DiskFullError,
     GGUFError,
@@ -27,7 +28,9 @@ from ._exceptions import (
     QuantizeError,
     RemoteNotFoundError,
     SettingsError,
+    StoreBusyError,
     StoreError,
+    StoreUnwritableError,
 )
 
 __version__ = "0.1.0"
@@ -39,6 +42,7 @@ __all__ = [
     "DaemonError",
     "DaemonTimeoutError",
     "DaemonUnavailableError",
+    "DamagedModelError",
     "DigestMismatchError",
     "DiskFullError",
     "GGUFError",
@@ -53,6 +57,8 @@ __all__ = [
     "QuantizeError",
     "RemoteNotFoundError",
     "SettingsError",
+    "StoreBusyError",
     "StoreError",
+    "StoreUnwritableError",
     "__version__",
 ]

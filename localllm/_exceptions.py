@@ -10,7 +10,10 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   ├── DigestMismatchError    bytes whose sha256 is not the digest they were promised under
     │   ├── InvalidDigestError     a string that is not ``sha256:<64 hex>`` / ``sha256-<64 hex>``
     │   ├── BlobNotFoundError      a digest with no blob behind it
-    │   └── DiskFullError          the disk filled up while writing; nothing complete was removed
+    │   ├── DiskFullError          the disk filled up while writing; what the change wrote is gone
+    │   ├── StoreUnwritableError   the store's folder is read-only, missing or not ours to write
+    │   ├── StoreBusyError         another change of the same model name is in progress
+    │   └── DamagedModelError      a model whose blob is missing or does not match its digest
     ├── GGUFError                  a file that is not a usable GGUF (not GGUF, truncated, absurd)
     ├── QuantizeError              llama.cpp could not quantize a model
     ├── PullError                  a model could not be downloaded
@@ -36,6 +39,7 @@ __all__ = [
     "DaemonError",
     "DaemonTimeoutError",
     "DaemonUnavailableError",
+    "DamagedModelError",
     "DigestMismatchError",
     "DiskFullError",
     "GGUFError",
@@ -50,7 +54,9 @@ __all__ = [
     "QuantizeError",
     "RemoteNotFoundError",
     "SettingsError",
+    "StoreBusyError",
     "StoreError",
+    "StoreUnwritableError",
 ]
 
 
@@ -96,7 +102,29 @@ class BlobNotFoundError(StoreError, LookupError):
 
 
 class DiskFullError(StoreError, OSError):
-    """The disk filled up during a write; partial output was removed, complete files kept."""
+    """The disk filled up during a write; what the change wrote was removed (a pull keeps its
+    resumable download and says so)."""
+
+
+class StoreUnwritableError(StoreError):
+    """The store's folder cannot be written (read-only, missing, permission denied)."""
+
+
+class StoreBusyError(StoreError):
+    """Another create, copy, pull or delete of the same model name is in progress."""
+
+
+class DamagedModelError(StoreError):
+    """A model whose blob is missing, has the wrong size or does not match its digest: it is
+    never served; the message names it and the fix."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name = name
+        self.problem = problem
+        super().__init__(
+            f"model {name} is damaged: {problem}; remove it with `localllm rm {name}` and pull "
+            "or create it again"
+        )
 
 
 class GGUFError(LocalLLMError):

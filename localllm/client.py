@@ -641,11 +641,18 @@ class Client:
         """Remove a model (unloading it first)."""
         self._request("DELETE", "/api/delete", {"model": model})
 
-    def pull(self, model: str, *, insecure: bool = False) -> Iterator[ProgressLine]:
-        """Download a model; yields Ollama's progress lines up to ``{"status": "success"}``."""
-        yield from self._stream(
-            "POST", "/api/pull", _payload({"model": model, "insecure": insecure}), _parse_ndjson
-        )
+    def prune(self) -> dict[str, Any]:
+        """Remove what no model uses from the daemon's store (``/api/prune``, a localllm
+        extension); the report says what went and ``freed`` bytes."""
+        return dict(self._json("POST", "/api/prune", {}))
+
+    def pull(
+        self, model: str, *, insecure: bool = False, quantize: str | None = None
+    ) -> Iterator[ProgressLine]:
+        """Download a model; yields Ollama's progress lines up to ``{"status": "success"}``.
+        ``quantize`` (a localllm extension) stores it quantized, never as downloaded."""
+        body = _payload({"model": model, "insecure": insecure, "quantize": quantize})
+        yield from self._stream("POST", "/api/pull", body, _parse_ndjson)
 
     def create(
         self,
@@ -1068,9 +1075,17 @@ class AsyncClient:
         """Remove a model (unloading it first)."""
         await self._request("DELETE", "/api/delete", {"model": model})
 
-    async def pull(self, model: str, *, insecure: bool = False) -> AsyncIterator[ProgressLine]:
-        """Download a model; yields progress lines. Leaving the iteration cancels the pull."""
-        body = _payload({"model": model, "insecure": insecure})
+    async def prune(self) -> dict[str, Any]:
+        """Remove what no model uses from the daemon's store (``/api/prune``, a localllm
+        extension); the report says what went and ``freed`` bytes."""
+        return dict(await self._json("POST", "/api/prune", {}))
+
+    async def pull(
+        self, model: str, *, insecure: bool = False, quantize: str | None = None
+    ) -> AsyncIterator[ProgressLine]:
+        """Download a model; yields progress lines. Leaving the iteration cancels the pull.
+        ``quantize`` (a localllm extension) stores it quantized, never as downloaded."""
+        body = _payload({"model": model, "insecure": insecure, "quantize": quantize})
         async for item in self._stream("POST", "/api/pull", body, _parse_ndjson):
             yield item
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import platform
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._exceptions import GGUFError, LocalLLMError, StoreError
 from .gguf_info import GGUFInfo, inspect_gguf
@@ -34,12 +35,17 @@ from .names import ModelName, parse_name
 from .settings import parse_rpc_workers
 from .store import ModelEntry, Store
 
+if TYPE_CHECKING:
+    from .sources.progress import ProgressCallback
+
 __all__ = [
     "FIXED_OPTIONS",
     "LOAD_OPTIONS",
     "OPTION_TYPES",
     "LocalModel",
     "ModelOptions",
+    "Quantize",
+    "build_manifest",
     "create_model",
     "fixed_option_problem",
     "load_model",
@@ -402,6 +408,7 @@ def create_model(
     draft_digest: str | None = None,
     projector_file: Path | None = None,
     projector_digest: str | None = None,
+    quantize: Quantize | None = None,
 ) -> ModelEntry:
     """Create (or replace) ``name`` from exactly one of a GGUF file, a blob digest or a model.
 
@@ -409,83 +416,158 @@ def create_model(
     GGUF's own chat template is used). A vision projector (a ``clip`` GGUF, Ollama's second
     ``FROM``) comes from ``projector_file`` or ``projector_digest``, else from ``base``.
     ``draft_file`` or ``draft_digest`` (a GGUF blob) becomes the draft layer (Modelfile
-    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon). The
-    GGUFs are validated before anything is written.
+    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon).
+    With ``quantize``, the model's weights are quantized first.
+
+    One transaction: the GGUFs are validated before anything is written, every blob is
+    written next, and the manifest that gives the model its name last, once all the work is
+    done. A failure (a full disk, a refused quantization, a kill) leaves ``name`` as it was.
     """
     target = parse_name(name) if isinstance(name, str) else name
+    source = parse_name(base) if isinstance(base, str) else base
+    with store.transaction(
+        f"creating {target.short}", change=[target], read=[source] if source else []
+    ) as tx:
+        manifest = build_manifest(
+            store,
+            gguf_file=gguf_file,
+            gguf_digest=gguf_digest,
+            base=source,
+            template=template,
+            system=system,
+            parameters=parameters,
+            license=license,
+            messages=messages,
+            draft_file=draft_file,
+            draft_digest=draft_digest,
+            projector_file=projector_file,
+            projector_digest=projector_digest,
+            quantize=quantize,
+        )
+        return tx.commit(target, manifest)
+
+
+@dataclass(frozen=True)
+class Quantize:
+    """How to quantize the weights of a model being created (see :mod:`localllm.quantize`)."""
+
+    target: str
+    """The quantization type (``q8_0``, ``Q4_K_M``...)."""
+    allow_requantize: bool = False
+    """Quantize a source that is already quantized (at a loss of quality)."""
+    threads: int = 0
+    """llama.cpp's threads; 0 for every core."""
+    on_progress: ProgressCallback | None = None
+    """Receives the quantizer's progress events."""
+    cancel: threading.Event | None = None
+    """Set to stop the quantizer."""
+
+
+def build_manifest(
+    store: Store,
+    *,
+    gguf_file: Path | None = None,
+    gguf_digest: str | None = None,
+    base: ModelName | ModelEntry | None = None,
+    template: str | None = None,
+    system: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    license: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    draft_file: Path | None = None,
+    draft_digest: str | None = None,
+    projector_file: Path | None = None,
+    projector_digest: str | None = None,
+    quantize: Quantize | None = None,
+) -> Manifest:
+    """Write the blobs of a model (see :func:`create_model`) and return its manifest, unwritten.
+
+    ``base`` may be a model not yet named in the store (an entry whose manifest was not
+    written, as a pull builds it). Call inside a :meth:`Store.transaction`.
+    """
     sources = [s for s in (gguf_file, gguf_digest, base) if s is not None]
     if len(sources) != 1:
         raise LocalLLMError(
             "create needs exactly one source: a GGUF file, a blob digest or a model"
         )
     options = parse_parameters(parameters)
-
-    with store.writing():
-        inherited: dict[str, Layer] = {}
-        merged_options: ModelOptions = {}
-        if base is not None:
-            parent = load_model(store, base)
-            model_layer = parent.model_layer
-            inherited = {layer.media_type: layer for layer in parent.entry.manifest.layers}
-            info = parent.info
-            merged_options = dict(parent.parameters)
-        elif gguf_file is not None:
-            info = inspect_gguf(gguf_file)  # refuse non-GGUF before copying gigabytes
-            info.require_model()
-            model_layer = store.import_file(Path(gguf_file), MEDIA_MODEL)
-        else:
-            assert gguf_digest is not None
-            if not store.has_blob(gguf_digest):
-                raise StoreError(f"blob {gguf_digest} not found; upload it first (POST /api/blobs)")
-            path = store.blob_path(gguf_digest)
-            try:
-                info = inspect_gguf(path)
-                info.require_model()
-            except GGUFError as exc:
-                raise GGUFError(f"blob {gguf_digest} is not a usable GGUF: {exc}") from None
-            model_layer = Layer(MEDIA_MODEL, normalize_digest(gguf_digest), path.stat().st_size)
-
-        layers = [model_layer]
-        projector = _projector_layer(store, projector_file, projector_digest)
-        if projector is None:
-            projector = inherited.get(MEDIA_PROJECTOR)
-        if projector is not None:
-            layers.append(projector)
-        text_layers = (
-            (MEDIA_TEMPLATE, template),
-            (MEDIA_SYSTEM, system),
-            (MEDIA_LICENSE, license),
+    inherited: dict[str, Layer] = {}
+    merged_options: ModelOptions = {}
+    model_layers: list[Layer] = []
+    if base is not None:
+        parent = LocalModel(
+            entry=base if isinstance(base, ModelEntry) else store.get(base), store=store
         )
-        for media_type, text in text_layers:
-            if text is not None:
-                layers.append(store.write_blob_bytes(text.encode(), media_type))
-            elif media_type in inherited:
-                layers.append(inherited[media_type])
-        merged_options.update(options)
-        if merged_options:
-            layers.append(store.write_blob_bytes(json.dumps(merged_options).encode(), MEDIA_PARAMS))
-        if messages is not None:
-            layers.append(store.write_blob_bytes(json.dumps(messages).encode(), MEDIA_MESSAGES))
-        elif MEDIA_MESSAGES in inherited:
-            layers.append(inherited[MEDIA_MESSAGES])
-        if draft_file is not None:
-            draft_info = inspect_gguf(draft_file)
-            draft_info.require_model()
-            layers.append(store.import_file(Path(draft_file), MEDIA_DRAFT))
-        elif draft_digest is not None:
-            if not store.has_blob(draft_digest):
-                raise StoreError(f"draft blob {draft_digest} not found; upload it first")
-            draft_path = store.blob_path(draft_digest)
-            inspect_gguf(draft_path).require_model()
-            layers.append(
-                Layer(MEDIA_DRAFT, normalize_digest(draft_digest), draft_path.stat().st_size)
-            )
-        elif MEDIA_DRAFT in inherited:
-            layers.append(inherited[MEDIA_DRAFT])
+        model_layers = [x for x in parent.entry.manifest.layers if x.media_type == MEDIA_MODEL]
+        inherited = {x.media_type: x for x in parent.entry.manifest.layers}
+        info = parent.info
+        paths = parent.gguf_paths
+        what = parent.name.short
+        merged_options = dict(parent.parameters)
+    elif gguf_file is not None:
+        info = inspect_gguf(gguf_file)  # refuse non-GGUF before copying gigabytes
+        info.require_model()
+        paths, what = [Path(gguf_file)], Path(gguf_file).name
+    else:
+        assert gguf_digest is not None
+        if not store.has_blob(gguf_digest):
+            raise StoreError(f"blob {gguf_digest} not found; upload it first (POST /api/blobs)")
+        path = store.blob_path(gguf_digest)
+        try:
+            info = inspect_gguf(path)
+            info.require_model()
+        except GGUFError as exc:
+            raise GGUFError(f"blob {gguf_digest} is not a usable GGUF: {exc}") from None
+        model_layers = [Layer(MEDIA_MODEL, normalize_digest(gguf_digest), path.stat().st_size)]
+        paths, what = [path], gguf_digest
+    if quantize is not None:
+        from .quantize import quantize_into_store
 
-        config = _config_blob(store, info, layers)
-        store.write_manifest(target, Manifest(config=config, layers=tuple(layers)))
-    return store.get(target)
+        layer = quantize_into_store(store, paths, quantize, what)
+        model_layers = [layer]
+        info = _inspect_blob(layer.digest, store.blob_path(layer.digest))
+    elif not model_layers:
+        assert gguf_file is not None
+        model_layers = [store.import_file(Path(gguf_file), MEDIA_MODEL)]
+
+    layers = list(model_layers)
+    projector = _projector_layer(store, projector_file, projector_digest)
+    if projector is None:
+        projector = inherited.get(MEDIA_PROJECTOR)
+    if projector is not None:
+        layers.append(projector)
+    text_layers = (
+        (MEDIA_TEMPLATE, template),
+        (MEDIA_SYSTEM, system),
+        (MEDIA_LICENSE, license),
+    )
+    for media_type, text in text_layers:
+        if text is not None:
+            layers.append(store.write_blob_bytes(text.encode(), media_type))
+        elif media_type in inherited:
+            layers.append(inherited[media_type])
+    merged_options.update(options)
+    if merged_options:
+        layers.append(store.write_blob_bytes(json.dumps(merged_options).encode(), MEDIA_PARAMS))
+    if messages is not None:
+        layers.append(store.write_blob_bytes(json.dumps(messages).encode(), MEDIA_MESSAGES))
+    elif MEDIA_MESSAGES in inherited:
+        layers.append(inherited[MEDIA_MESSAGES])
+    if draft_file is not None:
+        draft_info = inspect_gguf(draft_file)
+        draft_info.require_model()
+        layers.append(store.import_file(Path(draft_file), MEDIA_DRAFT))
+    elif draft_digest is not None:
+        if not store.has_blob(draft_digest):
+            raise StoreError(f"draft blob {draft_digest} not found; upload it first")
+        draft_path = store.blob_path(draft_digest)
+        inspect_gguf(draft_path).require_model()
+        layers.append(Layer(MEDIA_DRAFT, normalize_digest(draft_digest), draft_path.stat().st_size))
+    elif MEDIA_DRAFT in inherited:
+        layers.append(inherited[MEDIA_DRAFT])
+
+    config = _config_blob(store, info, layers)
+    return Manifest(config=config, layers=tuple(layers))
 
 
 def render_modelfile(model: LocalModel) -> str:

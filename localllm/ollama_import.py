@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from ._exceptions import (
-    DiskFullError,
     GGUFError,
     InvalidNameError,
     LocalLLMError,
@@ -373,7 +372,7 @@ class OllamaImporter:
         # Under the shared lock from the first check to the manifest: a concurrent garbage
         # collection (a daemon deleting a model) can neither remove a blob counted as present
         # nor one published here before the manifest references it.
-        with self.store.writing():
+        with self.store.transaction(f"importing {label}", change=[name]) as tx:
             if self.store.exists(name) and self._already_imported(label, name, manifest):
                 return ModelOutcome(label, "present", size=manifest.size)
             self._emit(PullProgress(f"importing {label}"))
@@ -389,7 +388,7 @@ class OllamaImporter:
                 self._check_gguf(manifest, {layer.digest: temp for temp, layer, _ in verified})
                 for temp, layer, _ in verified:
                     self.store.publish(temp, layer.digest)
-                self.store.write_manifest(name, manifest)
+                tx.commit(name, manifest)
             finally:
                 for temp, _, _ in verified:
                     temp.unlink(missing_ok=True)  # gone already once published
@@ -403,7 +402,7 @@ class OllamaImporter:
         """True when localllm has this very model; False when it has its manifest but lost a
         blob (the import then repairs it); skips when the name holds another model."""
         try:
-            existing = self.store.get(name).manifest
+            existing = self.store.entry(name).manifest
         except StoreError:
             existing = None
         if existing != manifest:
@@ -464,10 +463,9 @@ class OllamaImporter:
             return method
         except OSError as exc:
             temp.unlink(missing_ok=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DiskFullError(
-                    errno.ENOSPC, "disk full while importing; free some space and try again"
-                ) from exc
+            error = self.store.write_error(exc, f"blob {layer.digest[7:19]}")
+            if isinstance(error, StoreError):
+                raise error from exc
             raise _Skip(f"cannot import blob {layer.digest[7:19]}: {exc}") from None
         except BaseException:
             temp.unlink(missing_ok=True)
@@ -476,7 +474,7 @@ class OllamaImporter:
     def _link_or_clone(self, source: Path, temp: Path) -> LinkMethod | None:
         """A hard link, else a reflink, at ``temp``; None when neither is possible here."""
         try:
-            os.link(source, temp)
+            self.store.ops.link(source, temp)
             return LinkMethod.LINKED
         except OSError as exc:
             if exc.errno not in _NO_LINK:
@@ -495,12 +493,16 @@ class OllamaImporter:
     def _copy(self, source: Path, temp: Path, layer: Layer) -> str:
         """Copy while hashing (one read of the source); fsynced before it may be published."""
         hasher = hashlib.sha256()
-        with open(source, "rb") as src, open(temp, "xb") as dst:
-            for chunk in self._chunks(src, layer):
-                dst.write(chunk)
-                hasher.update(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
+        ops = self.store.ops
+        with open(source, "rb") as src:
+            fd = ops.create(temp)
+            try:
+                for chunk in self._chunks(src, layer):
+                    ops.write_all(fd, chunk)
+                    hasher.update(chunk)
+                ops.fsync(fd)
+            finally:
+                os.close(fd)
         return f"sha256:{hasher.hexdigest()}"
 
     def _chunks(self, handle: BinaryIO, layer: Layer) -> Iterator[bytes]:

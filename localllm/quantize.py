@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import select
 import subprocess
 import sys
@@ -34,7 +33,10 @@ from ._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
 # needs (numpy, gguf, httpx through localllm.sources) is imported inside the parent's functions,
 # so every quantization does not pay for it twice.
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .manifest import Layer
+    from .models import Quantize
     from .names import ModelName
     from .sources.progress import ProgressCallback
     from .store import ModelEntry, Store
@@ -46,6 +48,7 @@ __all__ = [
     "check_quantizable",
     "normalize_quant",
     "quantize_file",
+    "quantize_into_store",
     "quantize_model",
 ]
 
@@ -119,6 +122,8 @@ def quantize_file(
     threads: int = 0,
     on_progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    disk_full: Callable[[Path], bool] | None = None,
+    checkpoint: Callable[[str], None] | None = None,
 ) -> None:
     """Quantize the GGUF ``source`` (one file, or a split model's first part with the others
     beside it) into the new file ``output``, in a child process.
@@ -126,7 +131,9 @@ def quantize_file(
     Progress events (``quantizing F16 model to Q4_K_M``, total/completed in bytes of source
     tensors) go to ``on_progress`` on the calling thread. ``threads`` <= 0 lets llama.cpp use
     every core. Raises :class:`QuantizeError` (with llama.cpp's message, or the signal that
-    killed the child) or :class:`OperationCancelledError`; ``output`` is removed on failure.
+    killed the child), :class:`DiskFullError` when ``disk_full(output)`` says the disk filled
+    up (llama.cpp's message does not say), or :class:`OperationCancelledError`; ``output`` is
+    removed on failure. ``checkpoint`` is told ``quantize-started`` after the first tensor.
     """
     from .gguf_info import inspect_gguf
     from .sources.progress import PullProgress
@@ -166,6 +173,8 @@ def quantize_file(
         try:
             for event in _events(read_fd, cancel):
                 if "tensor" in event:
+                    if checkpoint is not None and not done:
+                        checkpoint("quantize-started")
                     done += sizes.get(str(event.get("name")), 0)
                     emit(PullProgress(status, total=total, completed=min(done, total)))
                 elif "error" in event:
@@ -181,7 +190,14 @@ def quantize_file(
         finally:
             os.close(read_fd)
         if returncode != 0 or result != 0:
+            full = disk_full is not None and returncode > 0 and disk_full(output)
             output.unlink(missing_ok=True)
+            if full:
+                error = DiskFullError(
+                    f"the disk filled up while llama.cpp wrote the {target} model"
+                )
+                error.low_level = True  # type: ignore[attr-defined]  # the transaction says more
+                raise error
             child_output.seek(0)
             tail = child_output.read()[-2000:].decode("utf-8", "replace").strip()
             raise QuantizeError(_failure_message(returncode, errors, tail, target))
@@ -239,24 +255,63 @@ def _failure_message(returncode: int, errors: list[str], tail: str, target: str)
     return f"quantizing to {target} failed: {reason or f'exit status {returncode}'}"
 
 
-def _resolve_source(
-    store: Store, source: ModelName | str | Path
-) -> tuple[list[Path], list[Layer], str]:
-    """(GGUF paths, layers to keep, description) for a model name or a GGUF file."""
-    from .manifest import MEDIA_MODEL
-    from .sources.splits import model_paths
+def quantize_into_store(store: Store, paths: list[Path], quantize: Quantize, what: str) -> Layer:
+    """Quantize the GGUF at ``paths`` (a split model's parts in order) into a new blob of
+    ``store`` and return its model layer; call inside a :meth:`Store.transaction`.
 
-    if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise QuantizeError(f"{path}: no such file")
-        return [path], [], path.name
-    try:
-        entry = store.get(source)
-    except InvalidNameError:
-        raise QuantizeError(f"{source}: no such GGUF file or model") from None
-    keep = [layer for layer in entry.manifest.layers if layer.media_type != MEDIA_MODEL]
-    return model_paths(store, entry.manifest), keep, entry.name.short
+    Refuses before starting when the disk cannot hold the result (an estimate from the
+    weight count); a disk that fills up meanwhile is a :class:`DiskFullError` too. llama.cpp
+    writes into ``partial/``; the file becomes a blob only once complete and of the right type.
+    """
+    from .gguf_info import inspect_gguf
+    from .manifest import MEDIA_MODEL, Layer
+    from .sources.blobfile import hash_file
+    from .sources.splits import linked_splits
+
+    target = normalize_quant(quantize.target)
+    info = inspect_gguf(paths[0])
+    check_quantizable(info.file_type, what, allow_requantize=quantize.allow_requantize)
+    weights = sum(inspect_gguf(path).parameter_count for path in paths)
+    estimate = int(weights * _BITS_PER_WEIGHT[target] / 8)
+    free = store.free_space()
+    if estimate > free:
+        raise DiskFullError(
+            f"not enough disk space to quantize {what} to {target}: about "
+            f"{human_size(estimate)} needed, {human_size(free)} free"
+        )
+
+    def filled_up(output: Path) -> bool:
+        try:
+            written = output.stat().st_size
+        except OSError:
+            written = 0
+        return written + store.free_space() < estimate
+
+    with store.writing():
+        output = store.temp_path().with_suffix(".gguf")
+        try:
+            with linked_splits(paths) as first:
+                quantize_file(
+                    first,
+                    output,
+                    target,
+                    allow_requantize=quantize.allow_requantize,
+                    threads=quantize.threads,
+                    on_progress=quantize.on_progress,
+                    cancel=quantize.cancel,
+                    disk_full=filled_up,
+                    checkpoint=store.checkpoint,
+                )
+            store.checkpoint("quantize-written")
+            produced = inspect_gguf(output).file_type
+            if produced != target:
+                raise QuantizeError(f"llama.cpp wrote a {produced} model, not {target}")
+            digest = hash_file(output)
+            size = output.stat().st_size
+            store.publish(output, digest)
+        finally:
+            output.unlink(missing_ok=True)
+    return Layer(MEDIA_MODEL, digest, size)
 
 
 def quantize_model(
@@ -272,57 +327,31 @@ def quantize_model(
 ) -> ModelEntry:
     """Quantize a model (a name in ``store``) or a GGUF file into the new model ``target_name``.
 
-    The result keeps the source model's template, system, params, license and messages layers.
-    ``target_name`` may equal the source's name (the model is replaced). Emits the progress of
-    :func:`quantize_file`, then ``writing manifest``; raises :class:`QuantizeError`,
-    :class:`DiskFullError`, :class:`ModelNotFoundError` or :class:`OperationCancelledError`.
+    The result keeps the source model's template, system, params, license, messages, projector
+    and draft layers. ``target_name`` may equal the source's name (the model is replaced, once
+    the quantized weights are complete). Emits the progress of :func:`quantize_file`; raises
+    :class:`QuantizeError`, :class:`DiskFullError`, :class:`ModelNotFoundError` or
+    :class:`OperationCancelledError`, leaving ``target_name`` as it was.
     """
-    from .gguf_info import inspect_gguf
-    from .manifest import MEDIA_MODEL, Layer
+    from .models import Quantize, create_model
     from .names import parse_name
-    from .sources.assemble import assemble_model
-    from .sources.blobfile import hash_file, publish_file
     from .sources.progress import PullProgress
-    from .sources.splits import linked_splits
 
-    target = normalize_quant(quant)
-    name = parse_name(target_name) if isinstance(target_name, str) else target_name
-    with store.writing():
-        paths, keep, what = _resolve_source(store, source)
-        info = inspect_gguf(paths[0])
-        check_quantizable(info.file_type, what, allow_requantize=allow_requantize)
-        weights = sum(inspect_gguf(path).parameter_count for path in paths)
-        estimate = int(weights * _BITS_PER_WEIGHT[target] / 8)
-        free = store.free_space()
-        if estimate > free:
-            raise DiskFullError(
-                f"not enough disk space to quantize {what} to {target}: about "
-                f"{human_size(estimate)} needed, {human_size(free)} free"
-            )
-        store.partial_dir.mkdir(parents=True, exist_ok=True)
-        output = store.partial_dir / f"tmp-{os.getpid()}-{secrets.token_hex(8)}.gguf"
+    how = Quantize(quant, allow_requantize, threads, on_progress, cancel)
+    if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise QuantizeError(f"{path}: no such file")
+        entry = create_model(store, target_name, gguf_file=path, quantize=how)
+    else:
         try:
-            with linked_splits(paths) as first:
-                quantize_file(
-                    first,
-                    output,
-                    target,
-                    allow_requantize=allow_requantize,
-                    threads=threads,
-                    on_progress=on_progress,
-                    cancel=cancel,
-                )
-            produced = inspect_gguf(output).file_type
-            if produced != target:
-                raise QuantizeError(f"llama.cpp wrote a {produced} model, not {target}")
-            if on_progress is not None:
-                on_progress(PullProgress("writing manifest"))
-            digest = hash_file(output)
-            size = output.stat().st_size
-            publish_file(store, output, digest)
-        finally:
-            output.unlink(missing_ok=True)
-        return assemble_model(store, name, [Layer(MEDIA_MODEL, digest, size)], keep)
+            name = parse_name(source) if isinstance(source, str) else source
+        except InvalidNameError:
+            raise QuantizeError(f"{source}: no such GGUF file or model") from None
+        entry = create_model(store, target_name, base=name, quantize=how)
+    if on_progress is not None:
+        on_progress(PullProgress("writing manifest"))
+    return entry
 
 
 # -- the child process -------------------------------------------------------------------------

@@ -17,9 +17,12 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._exceptions import SettingsError
+
+if TYPE_CHECKING:
+    from .storage import PauseHook
 
 __all__ = [
     "DEFAULT_PORT",
@@ -379,6 +382,14 @@ class Settings:
         "waiting) or passive (sleep). localllm only reports it (`localllm doctor`); the CPU "
         "governor keeps spinning threads off busy cores instead.",
     )
+    test_pause: str | None = _setting(
+        "LOCALLLM_TEST_PAUSE",
+        None,
+        "For tests only: <step>[#<n>] stops the n-th store write that reaches the step "
+        "(blob-written, blob-published, manifest-written, manifest-published, quantize-started, "
+        "quantize-written, download-started) until the file test-pause in the data root, "
+        "written then, is removed; a test SIGKILLs the daemon there.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -524,6 +535,14 @@ class Settings:
             values["rpc_workers"] = parse_rpc_workers(raw)
         if (raw := get("OMP_WAIT_POLICY")) is not None:
             values["omp_wait_policy"] = raw
+        if (raw := get("LOCALLLM_TEST_PAUSE")) is not None:
+            from .storage import parse_pause
+
+            try:
+                parse_pause(raw)
+            except ValueError as exc:
+                raise SettingsError(f"LOCALLLM_TEST_PAUSE: {exc}") from None
+            values["test_pause"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
@@ -538,6 +557,15 @@ class Settings:
     def data_dir(self) -> Path:
         """Root of the model store: ``blobs/``, ``manifests/``, ``partial/`` (Ollama's layout)."""
         return self.home if self.home is not None else _default_data_dir()
+
+    def store_pause(self) -> PauseHook | None:
+        """The test hook :attr:`test_pause` asks for (None, the default, costs nothing)."""
+        if self.test_pause is None:
+            return None
+        from .storage import PauseHook, parse_pause
+
+        step, count = parse_pause(self.test_pause)
+        return PauseHook(step, count, self.data_dir / "test-pause")
 
     @property
     def kv_cache_dir(self) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .models import create_model
 from .names import ModelName, parse_name
+from .storage import atomic_write
 from .store import ModelEntry, Store
 
 __all__ = ["STARTER_NAME", "ensure_starter", "import_starter", "is_starter", "starter_gguf_path"]
@@ -51,8 +52,11 @@ def import_starter(store: Store) -> ModelEntry | None:
     entry = create_model(
         store, STARTER_NAME, gguf_file=path, parameters=_STARTER_PARAMETERS, system=_STARTER_SYSTEM
     )
-    store.root.mkdir(parents=True, exist_ok=True)
-    (store.root / _MARKER).write_text(json.dumps({"digest": entry.digest, "source": str(path)}))
+    marker = json.dumps({"digest": entry.digest, "source": str(path)}).encode()
+    try:
+        atomic_write(store.ops, store.root / _MARKER, marker)
+    except OSError as exc:
+        raise store.write_error(exc, "the starter's marker") from exc
     return entry
 
 

@@ -5,17 +5,27 @@
     <root>/blobs/sha256-<hex>                              immutable, verified
     <root>/manifests/<host>/<namespace>/<model>/<tag>      JSON manifest
     <root>/partial/                                        work in progress, never a blob
+    <root>/locks/                                          one lock file per model name
 
-Guarantees:
+What the store promises (the README's reliability section says it for users):
 
-* A blob appears only after its sha256 was verified, by an atomic rename of a fully written
-  and fsynced temporary file. A killed writer leaves at most a temporary file in ``partial/``
-  (swept later), never a half-written blob.
-* Writers of the same blob may run concurrently: each writes its own temporary file and the
-  renames publish identical bytes.
-* A manifest is written (atomically) only after every blob it names exists.
-* Garbage collection takes an exclusive lock; writers hold a shared one while their blobs are
-  not yet referenced by a manifest, so collection never deletes a blob about to be used.
+* **Every change is a transaction** (:meth:`Store.transaction`): its blobs are written to a
+  temporary name in ``partial/``, fsynced and renamed by digest; its manifest is written last,
+  atomically (temporary file, fsync, rename, fsync of the directory). A failure or a kill at any
+  point leaves the old state or the whole new one, never a name pointing at other weights. The
+  blobs a failed change published are removed again (if nothing else references them).
+* **Every write goes through one seam**, :class:`~localllm.storage.FileOps`, so tests can make
+  any of them fail (``ENOSPC`` after N bytes, at the K-th call); a full disk is a
+  :class:`DiskFullError`, a read-only folder a :class:`StoreUnwritableError`.
+* **Names are claimed**: a change holds a lock file per name it writes (exclusively) or reads
+  (shared), without waiting: a second create of a name being created is refused at once
+  (:class:`StoreBusyError`); pulls of one name may share it (one download, several waiters).
+* **Writers exclude collection**: writers hold the store's lock shared while temporary files and
+  not yet referenced blobs exist; collecting unreferenced blobs and sweeping orphaned temporary
+  files takes it exclusively (never waiting) and so never removes work in progress.
+* **A damaged model is never served**: :meth:`Store.get` checks that every blob of a model is
+  there with the size its manifest says (a few ``stat`` calls); ``localllm doctor`` re-hashes
+  every blob and sets aside those whose bytes do not match their digest.
 """
 
 from __future__ import annotations
@@ -26,27 +36,33 @@ import fcntl
 import hashlib
 import os
 import secrets
-import shutil
+import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from ._exceptions import (
     BlobNotFoundError,
+    DamagedModelError,
     DigestMismatchError,
     DiskFullError,
     ModelNotFoundError,
+    StoreBusyError,
     StoreError,
+    StoreUnwritableError,
 )
-from ._process import pid_alive
+from ._format import human_size
 from .manifest import Layer, Manifest, normalize_digest
 from .names import ModelName, parse_name
+from .storage import FileOps, PauseHook, atomic_write, disk_full
 
-__all__ = ["BlobWriter", "ModelEntry", "Store", "VerifyResult"]
+__all__ = ["BlobWriter", "ModelEntry", "Store", "Transaction", "VerifyResult"]
 
 _CHUNK = 1 << 20
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR)
+CORRUPT_PREFIX = "corrupt-"
+"""Blobs ``localllm doctor`` found corrupted are set aside in ``partial/`` under this prefix."""
 
 
 @dataclass(frozen=True)
@@ -81,19 +97,41 @@ class VerifyResult:
     """The digest the blob is stored under."""
     ok: bool
     """Whether its bytes still hash to that digest."""
+    size: int = 0
+    """The blob's size in bytes."""
 
 
-def _raise_disk_full(exc: OSError, what: str) -> None:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        raise DiskFullError(
-            errno.ENOSPC, f"disk full while writing {what}; free some space and try again"
-        ) from exc
+@dataclass
+class Transaction:
+    """One change of the store in progress (see :meth:`Store.transaction`)."""
+
+    store: Store = field(repr=False)
+    what: str
+    """What the change does, for messages (``creating big:q8``)."""
+    published: set[str] = field(default_factory=set)
+    """Blobs this change created: removed again if it fails (and nothing references them)."""
+    discarded: set[str] = field(default_factory=set)
+    """Blobs this change stopped needing (a replaced manifest's): collected once it is done."""
+
+    def commit(self, name: ModelName, manifest: Manifest) -> ModelEntry:
+        """Write ``name``'s manifest, the last step of a change; every blob must exist."""
+        self.store.write_manifest(name, manifest)
+        return self.store.get(name)
+
+    def discard(self, digests: Iterable[str]) -> None:
+        """Blobs the change no longer needs: collected after it, unless something uses them."""
+        self.discarded |= set(digests)
+
+
+def _temp_name() -> str:
+    return f"tmp-{os.getpid()}-{secrets.token_hex(8)}"
 
 
 class BlobWriter:
     """Streams bytes into a temporary file while hashing them; :meth:`commit` publishes the blob.
 
-    Use as a context manager: leaving it without a commit removes the temporary file.
+    Use as a context manager: leaving it without a commit removes the temporary file. The
+    store's lock is held shared from creation to commit or abort.
     """
 
     def __init__(self, store: Store, expected_digest: str | None = None) -> None:
@@ -102,79 +140,73 @@ class BlobWriter:
         self._hash = hashlib.sha256()
         self.size = 0
         """Bytes written so far."""
-        store.partial_dir.mkdir(parents=True, exist_ok=True)
-        self.temp_path = store.partial_dir / f"tmp-{os.getpid()}-{secrets.token_hex(8)}"
-        """Where the bytes go until they are verified."""
-        self._file: BinaryIO | None = open(self.temp_path, "xb")  # noqa: SIM115 - closed in commit/abort
-
-    def write(self, data: bytes) -> None:
-        """Append ``data`` to the blob being written."""
-        assert self._file is not None, "writer already closed"
+        self._held = contextlib.ExitStack()
+        self._held.enter_context(store.writing())
         try:
-            self._file.write(data)
+            self.temp_path = store.temp_path()
+            """Where the bytes go until they are verified."""
+            self._fd: int | None = store.ops.create(self.temp_path)
+        except OSError as exc:
+            self._held.close()
+            raise store.write_error(exc, "a blob") from exc
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data`` to the blob being written."""
+        assert self._fd is not None, "writer already closed"
+        try:
+            self._store.ops.write_all(self._fd, data)
         except OSError as exc:
             self.abort()
-            _raise_disk_full(exc, "a blob")
-            raise
+            raise self._store.write_error(exc, "a blob") from exc
         self._hash.update(data)
         self.size += len(data)
 
     def commit(self) -> str:
         """Verify the digest and atomically move the file into ``blobs/``. Returns the digest."""
-        assert self._file is not None, "writer already closed"
+        assert self._fd is not None, "writer already closed"
         try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            try:
+                self._store.ops.fsync(self._fd)
+                os.fchmod(self._fd, 0o644)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+            digest = f"sha256:{self._hash.hexdigest()}"
+            if self._expected is not None and digest != self._expected:
+                raise DigestMismatchError(self._expected, digest)
+            self._store.publish(self.temp_path, digest, synced=True)
+            return digest
         except OSError as exc:
+            raise self._store.write_error(exc, "a blob") from exc
+        finally:
             self.abort()
-            _raise_disk_full(exc, "a blob")
-            raise
-        self._file.close()
-        self._file = None
-        digest = f"sha256:{self._hash.hexdigest()}"
-        if self._expected is not None and digest != self._expected:
-            self.temp_path.unlink(missing_ok=True)
-            raise DigestMismatchError(self._expected, digest)
-        target = self._store.blob_path(digest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists() and target.stat().st_size == self.size:
-            # Someone else published the same bytes first; theirs are as good as ours.
-            self.temp_path.unlink(missing_ok=True)
-        else:
-            os.chmod(self.temp_path, 0o644)
-            os.replace(self.temp_path, target)
-            _fsync_dir(target.parent)
-        return digest
 
     def abort(self) -> None:
-        """Drop everything written so far."""
-        if self._file is not None:
+        """Drop everything written so far (nothing once committed)."""
+        if self._fd is not None:
             with contextlib.suppress(OSError):
-                self._file.close()
-            self._file = None
+                os.close(self._fd)
+            self._fd = None
         self.temp_path.unlink(missing_ok=True)
+        self._held.close()
 
     def __enter__(self) -> BlobWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._file is not None:
-            self.abort()
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self.abort()
 
 
 class Store:
-    """Blobs and manifests under one root directory."""
+    """Blobs and manifests under one root directory.
 
-    def __init__(self, root: Path) -> None:
+    ``ops`` is the file-operation seam (tests pass a failing one); ``pause`` the test hook that
+    stops a write at a named step (``LOCALLLM_TEST_PAUSE``; see :mod:`localllm.storage`).
+    """
+
+    def __init__(
+        self, root: Path, *, ops: FileOps | None = None, pause: PauseHook | None = None
+    ) -> None:
         self.root = Path(root)
         """The store's root directory."""
         self.blobs_dir = self.root / "blobs"
@@ -183,13 +215,47 @@ class Store:
         """Manifests by host/namespace/model/tag."""
         self.partial_dir = self.root / "partial"
         """Temporary files and resumable downloads."""
+        self.locks_dir = self.root / "locks"
+        """One lock file per model name being changed."""
+        self.ops = ops or FileOps()
+        """The file operations every write goes through."""
+        self._pause = pause
+        self._local = threading.local()
+        self._state = threading.Lock()
+        self._writers = 0
+        self._deferred: set[str] = set()
+
+    # -- errors and test hooks ------------------------------------------------------------
+
+    def checkpoint(self, step: str) -> None:
+        """A write reached ``step`` (one of :data:`~localllm.storage.PAUSE_STEPS`)."""
+        if self._pause is not None:
+            self._pause(step)
+
+    def write_error(self, exc: BaseException, what: str) -> BaseException:
+        """The store's error for an ``OSError`` met while writing ``what`` (others as they are)."""
+        if isinstance(exc, StoreError) or not isinstance(exc, OSError):
+            return exc
+        if disk_full(exc):
+            error = DiskFullError(f"disk full while writing {what} in {self.root}")
+            error.low_level = True  # type: ignore[attr-defined]  # the transaction says more
+            return error
+        if exc.errno in _UNWRITABLE:
+            return StoreUnwritableError(
+                f"cannot write to the model store at {self.root}: {exc.strerror or exc}"
+            )
+        return exc
 
     # -- locking --------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _lock(self, mode: int) -> Iterator[bool]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        path = self.root / ".lock"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self.write_error(exc, "the store's lock file") from exc
         try:
             try:
                 fcntl.flock(fd, mode)
@@ -202,9 +268,150 @@ class Store:
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[None]:
-        """Hold while writing blobs that a manifest will reference, so GC leaves them alone."""
-        with self._lock(fcntl.LOCK_SH):
+        """Hold while temporary files or not yet referenced blobs exist: collection waits.
+
+        When the last writer of this process leaves, blobs that failed or finished changes
+        no longer need are collected (if no other process is writing then).
+        """
+        with self._state:
+            self._writers += 1
+        try:
+            with self._lock(fcntl.LOCK_SH):
+                yield
+        finally:
+            with self._state:
+                self._writers -= 1
+                collect = self._writers == 0 and bool(self._deferred)
+            if collect:
+                self._collect_deferred()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[bool]:
+        """Try to hold the store's lock alone, without waiting: True when no change is in
+        progress in any process (then, and only then, collecting and sweeping are safe)."""
+        with self._lock(fcntl.LOCK_EX | fcntl.LOCK_NB) as acquired:
+            yield acquired
+
+    def _collect_deferred(self) -> None:
+        with self.exclusive() as acquired:
+            if not acquired:
+                return  # another process writes: the next writer to finish here tries again
+            with self._state:
+                candidates = set(self._deferred)
+            referenced = self.referenced_digests()
+            for digest in candidates - referenced:
+                with contextlib.suppress(OSError):  # left for `localllm prune` to report
+                    self.blob_path(digest).unlink(missing_ok=True)
+            with self._state:
+                self._deferred -= candidates
+
+    def _defer(self, digests: Iterable[str]) -> None:
+        with self._state:
+            self._deferred |= set(digests)
+
+    @contextlib.contextmanager
+    def _claims(self, names: dict[str, bool], what: str) -> Iterator[None]:
+        """Lock files for model names (True: exclusively), without waiting; re-entrant in a
+        thread. Raises :class:`StoreBusyError` naming who holds one."""
+        held: dict[str, list[int]] = self._local.__dict__.setdefault("claims", {})
+        taken: list[str] = []
+        try:
+            for key, exclusive in sorted(names.items()):
+                if key in held:
+                    if exclusive and not held[key][1]:
+                        raise StoreBusyError(f"{key} is already in use by this change")
+                    held[key][2] += 1
+                    taken.append(key)
+                    continue
+                fd = self._claim_file(key, exclusive, what)
+                held[key] = [fd, int(exclusive), 1]
+                taken.append(key)
             yield
+        finally:
+            for key in reversed(taken):
+                held[key][2] -= 1
+                if held[key][2] == 0:
+                    os.close(held.pop(key)[0])
+
+    def _claim_file(self, key: str, exclusive: bool, what: str) -> int:
+        path = self.locks_dir / hashlib.sha256(key.encode()).hexdigest()[:32]
+        try:
+            self.locks_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise self.write_error(exc, f"the lock of {key}") from exc
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another change"
+            os.close(fd)
+            short = parse_name(key).short
+            raise StoreBusyError(
+                f"{short} is being changed by another request ({holder}); "
+                "try again when it finishes"
+            ) from None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, what.encode(), 0)
+        return fd
+
+    @contextlib.contextmanager
+    def transaction(
+        self,
+        what: str,
+        *,
+        change: Iterable[ModelName] = (),
+        read: Iterable[ModelName] = (),
+        joinable: bool = False,
+        kept_on_failure: str = "",
+    ) -> Iterator[Transaction]:
+        """One change of the store: claims names, holds the writers' lock, cleans up.
+
+        ``change`` names are claimed exclusively (shared with other ``joinable`` changes when
+        ``joinable``: pulls of one name), ``read`` names shared (a source must not be removed
+        meanwhile). Inside, blobs are written and :meth:`Transaction.commit` writes the
+        manifest last. On failure, the blobs the change published are removed again (unless
+        something references them); a full disk becomes one :class:`DiskFullError` saying
+        what was being done and what was kept (``kept_on_failure``, else "nothing"). Nested
+        transactions in one thread join the outer one.
+        """
+        names = {n.full: not joinable for n in change}
+        for name in read:
+            names.setdefault(name.full, False)
+        outer: Transaction | None = getattr(self._local, "transaction", None)
+        with self._claims(names, what):
+            if outer is not None:
+                yield outer
+                return
+            with self.writing():
+                tx = Transaction(self, what)
+                self._local.transaction = tx
+                try:
+                    yield tx
+                except BaseException as exc:
+                    self._defer(tx.published)
+                    if isinstance(exc, DiskFullError) and getattr(exc, "low_level", False):
+                        raise self._disk_full(what, kept_on_failure) from exc
+                    raise
+                else:
+                    self._defer(tx.discarded)
+                finally:
+                    self._local.transaction = None
+
+    def _disk_full(self, what: str, kept: str) -> DiskFullError:
+        try:
+            free = f"{human_size(self.free_space())} free"
+        except OSError:
+            free = "no space left"
+        kept = kept or "what it wrote is removed and the store is as it was"
+        return DiskFullError(
+            f"disk full while {what} ({free} in {self.root}): {kept}; free some space and try again"
+        )
+
+    def _note_published(self, digest: str) -> None:
+        tx: Transaction | None = getattr(self._local, "transaction", None)
+        if tx is not None:
+            tx.published.add(digest)
 
     # -- blobs ----------------------------------------------------------------------------
 
@@ -222,22 +429,50 @@ class Store:
 
     def temp_path(self) -> Path:
         """A fresh name in ``partial/`` for a blob being assembled by other means than a
-        :class:`BlobWriter` (a hard link, a reflink); swept like the writers' own files when
-        its process is gone."""
-        self.partial_dir.mkdir(parents=True, exist_ok=True)
-        return self.partial_dir / f"tmp-{os.getpid()}-{secrets.token_hex(8)}"
+        :class:`BlobWriter` (a hard link, a reflink, llama.cpp's output). Create it only while
+        holding :meth:`writing`: collection sweeps every such file nobody is writing."""
+        try:
+            self._makedirs(self.partial_dir)
+        except OSError as exc:
+            raise self.write_error(exc, "a temporary file") from exc
+        return self.partial_dir / _temp_name()
 
-    def publish(self, temp: Path, digest: str) -> bool:
-        """Move ``temp`` (from :meth:`temp_path`, its bytes already verified to hash to
-        ``digest``) into ``blobs/`` atomically. False when the blob was already there (``temp``
-        is then removed: the bytes are the same)."""
+    def _makedirs(self, path: Path) -> None:
+        """``mkdir -p``, making each new directory's entry durable in its parent."""
+        if path.is_dir():
+            return
+        self._makedirs(path.parent)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return
+        self.ops.fsync_dir(path.parent)
+
+    def publish(self, temp: Path, digest: str, *, synced: bool = False) -> bool:
+        """Move ``temp`` (in ``partial/``, its bytes already verified to hash to ``digest``)
+        into ``blobs/`` atomically, fsyncing it first unless ``synced``. False when the blob was
+        already there (``temp`` is then removed: the bytes are the same)."""
         target = self.blob_path(digest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.is_file():
-            temp.unlink(missing_ok=True)
-            return False
-        os.replace(temp, target)
-        _fsync_dir(target.parent)
+        try:
+            self._makedirs(target.parent)
+            with contextlib.suppress(FileNotFoundError):
+                if target.stat().st_size == temp.stat().st_size:
+                    temp.unlink(missing_ok=True)
+                    return False
+                # A blob of another size under this digest cannot be right: replace it.
+            if not synced:
+                fd = os.open(temp, os.O_RDONLY)
+                try:
+                    self.ops.fsync(fd)
+                finally:
+                    os.close(fd)
+            self.checkpoint("blob-written")
+            self.ops.replace(temp, target)
+        except OSError as exc:
+            raise self.write_error(exc, f"blob {digest[7:19]}") from exc
+        self.ops.fsync_dir(target.parent)
+        self._note_published(normalize_digest(digest))
+        self.checkpoint("blob-published")
         return True
 
     def write_blob(self, chunks: Iterable[bytes], expected_digest: str | None = None) -> Layer:
@@ -285,19 +520,25 @@ class Store:
             with contextlib.suppress(StoreError):
                 yield normalize_digest(entry.name)
 
-    def verify(self, remove_bad: bool = False) -> list[VerifyResult]:
-        """Re-hash every blob; optionally delete those whose bytes no longer match."""
+    def verify(self, set_aside_bad: bool = False) -> list[VerifyResult]:
+        """Re-hash every blob; optionally set aside (in ``partial/``) those whose bytes no
+        longer match their digest, so no model is served with them."""
         results = []
         for digest in self.iter_blobs():
             path = self.blob_path(digest)
             hasher = hashlib.sha256()
-            with open(path, "rb") as blob:
-                for chunk in iter(lambda: blob.read(_CHUNK), b""):
-                    hasher.update(chunk)
+            try:
+                with open(path, "rb") as blob:
+                    for chunk in iter(lambda: blob.read(_CHUNK), b""):
+                        hasher.update(chunk)
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue  # removed meanwhile
             ok = f"sha256:{hasher.hexdigest()}" == digest
-            if not ok and remove_bad:
-                path.unlink(missing_ok=True)
-            results.append(VerifyResult(digest=digest, ok=ok))
+            if not ok and set_aside_bad:
+                self._makedirs(self.partial_dir)
+                os.replace(path, self.partial_dir / f"{CORRUPT_PREFIX}{path.name}")
+            results.append(VerifyResult(digest=digest, ok=ok, size=size))
         return results
 
     # -- manifests ------------------------------------------------------------------------
@@ -307,121 +548,177 @@ class Store:
         return self.manifests_dir.joinpath(*name.path_parts)
 
     def write_manifest(self, name: ModelName, manifest: Manifest) -> str:
-        """Atomically write ``manifest`` for ``name``; every blob must exist. Returns its digest."""
-        missing = [d for d in sorted(manifest.digests) if not self.has_blob(d)]
-        if missing:
-            raise BlobNotFoundError(f"cannot write manifest for {name}: missing blob {missing[0]}")
-        raw = manifest.to_bytes()
-        path = self.manifest_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            with open(temp, "xb") as handle:
-                handle.write(raw)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, path)
-        except OSError as exc:
-            temp.unlink(missing_ok=True)
-            _raise_disk_full(exc, "a manifest")
-            raise
-        _fsync_dir(path.parent)
+        """Atomically write ``manifest`` for ``name``; every blob must exist. Returns its digest.
+
+        The blobs of a manifest it replaces that it no longer names are collected afterwards
+        (when nothing else references them).
+        """
+        with self.writing():
+            missing = [d for d in sorted(manifest.digests) if not self.has_blob(d)]
+            if missing:
+                raise BlobNotFoundError(
+                    f"cannot write manifest for {name.short}: missing blob {missing[0]}"
+                )
+            raw = manifest.to_bytes()
+            path = self.manifest_path(name)
+            replaced = self._manifest_digests(path)
+            try:
+                self._makedirs(path.parent)
+                atomic_write(
+                    self.ops, path, raw, before_rename=lambda: self.checkpoint("manifest-written")
+                )
+            except OSError as exc:
+                raise self.write_error(exc, f"the manifest of {name.short}") from exc
+            tx: Transaction | None = getattr(self._local, "transaction", None)
+            (tx.discard if tx is not None else self._defer)(replaced - manifest.digests)
+            self.checkpoint("manifest-published")
         return f"sha256:{hashlib.sha256(raw).hexdigest()}"
 
-    def get(self, name: ModelName | str) -> ModelEntry:
-        """The model called ``name``; raises :class:`ModelNotFoundError` if absent."""
-        parsed = parse_name(name) if isinstance(name, str) else name
-        path = self.manifest_path(parsed)
+    def _manifest_digests(self, path: Path) -> set[str]:
+        try:
+            return Manifest.from_bytes(path.read_bytes()).digests
+        except (OSError, StoreError):
+            return set()
+
+    def entry(self, name: ModelName) -> ModelEntry:
+        """``name``'s manifest as written, whether its blobs are whole or not (:meth:`get`
+        checks them); raises :class:`ModelNotFoundError`, or :class:`StoreError` when the
+        manifest cannot be read."""
+        path = self.manifest_path(name)
         try:
             raw = path.read_bytes()
             modified = path.stat().st_mtime
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ModelNotFoundError(parsed.short) from None
+            raise ModelNotFoundError(name.short) from None
         manifest = Manifest.from_bytes(raw)
         return ModelEntry(
-            name=parsed,
+            name=name,
             manifest=manifest,
             digest=f"sha256:{hashlib.sha256(raw).hexdigest()}",
             modified=modified,
         )
 
+    def damage(self, manifest: Manifest) -> str | None:
+        """What is wrong with the blobs of ``manifest`` (missing, wrong size, set aside as
+        corrupted), or None when each is there with the size the manifest says."""
+        for layer in (manifest.config, *manifest.layers):
+            path = self.blob_path(layer.digest)
+            short = layer.digest.removeprefix("sha256:")[:12]
+            kind = layer.media_type.rsplit(".", 1)[-1] or "config"
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                corrupt = self.partial_dir / f"{CORRUPT_PREFIX}{path.name}"
+                if corrupt.exists():
+                    return (
+                        f"its {kind} blob {short} does not match its sha256 digest "
+                        "(set aside by `localllm doctor`)"
+                    )
+                return f"its {kind} blob {short} is missing"
+            if size != layer.size:
+                return (
+                    f"its {kind} blob {short} is {human_size(size)}, "
+                    f"the manifest says {human_size(layer.size)}"
+                )
+        return None
+
+    def get(self, name: ModelName | str) -> ModelEntry:
+        """The model called ``name``; raises :class:`ModelNotFoundError` if absent and
+        :class:`DamagedModelError` if a blob of it is missing or damaged."""
+        parsed = parse_name(name) if isinstance(name, str) else name
+        entry = self.entry(parsed)
+        problem = self.damage(entry.manifest)
+        if problem is not None:
+            raise DamagedModelError(parsed.short, problem)
+        return entry
+
     def exists(self, name: ModelName | str) -> bool:
-        """True if the store holds ``name``."""
+        """True if the store holds a manifest for ``name`` (whole or not)."""
         parsed = parse_name(name) if isinstance(name, str) else name
         return self.manifest_path(parsed).is_file()
 
-    def list(self) -> list[ModelEntry]:
-        """Every readable model, newest first. Unreadable manifests are skipped."""
-        entries = []
+    def manifests(self) -> Iterator[tuple[ModelName | Path, ModelEntry | StoreError]]:
+        """Every manifest on disk: its name (its path when the path is no valid name) and its
+        entry, or the error that keeps it from being read. Damaged models included."""
         if not self.manifests_dir.is_dir():
-            return entries
-        for path in self.manifests_dir.glob("*/*/*/*"):
+            return
+        for path in sorted(self.manifests_dir.glob("*/*/*/*")):
             if not path.is_file() or path.name.startswith("."):
                 continue
             host, namespace, model, tag = path.relative_to(self.manifests_dir).parts
             try:
                 name = parse_name(f"{host}/{namespace}/{model}:{tag}")
-                entries.append(self.get(name))
-            except (StoreError, ModelNotFoundError, ValueError):
+            except ValueError:
+                yield path, StoreError(f"{path} is not named like a model")
                 continue
+            try:
+                yield name, self.entry(name)
+            except ModelNotFoundError:
+                continue  # removed meanwhile
+            except StoreError as exc:
+                yield name, exc
+
+    def list(self) -> list[ModelEntry]:
+        """Every whole model, newest first. Unreadable and damaged ones are left out (the
+        start-up check and ``localllm doctor`` report them by name)."""
+        entries = [
+            entry
+            for _, entry in self.manifests()
+            if isinstance(entry, ModelEntry) and self.damage(entry.manifest) is None
+        ]
         entries.sort(key=lambda e: e.modified, reverse=True)
         return entries
 
     def copy(self, source: ModelName | str, destination: ModelName | str) -> ModelEntry:
         """Give the model ``source`` a second name (blobs are shared)."""
-        entry = self.get(source)
+        origin = parse_name(source) if isinstance(source, str) else source
         target = parse_name(destination) if isinstance(destination, str) else destination
-        self.write_manifest(target, entry.manifest)
-        return self.get(target)
+        with self.transaction(
+            f"copying {origin.short} to {target.short}", change=[target], read=[origin]
+        ) as tx:
+            return tx.commit(target, self.get(origin).manifest)
 
-    def delete(self, name: ModelName | str) -> ModelEntry:
-        """Remove a name, then collect blobs that nothing references any more."""
-        entry = self.get(name)
-        path = self.manifest_path(entry.name)
-        path.unlink()
-        # Prune the now-empty model/namespace/host directories, never above manifests/.
-        for parent in list(path.parents)[:3]:
-            with contextlib.suppress(OSError):
-                parent.rmdir()
-        self.gc()
-        return entry
+    def delete(self, name: ModelName | str) -> ModelEntry | None:
+        """Remove a name (whole, damaged or unreadable: then None is returned), then the blobs
+        nothing else references."""
+        parsed = parse_name(name) if isinstance(name, str) else name
+        with self.transaction(f"removing {parsed.short}", change=[parsed]) as tx:
+            path = self.manifest_path(parsed)
+            try:
+                entry: ModelEntry | None = self.entry(parsed)
+            except StoreError:
+                entry = None  # unreadable: removing it is the fix
+            if entry is None and not path.is_file():
+                raise ModelNotFoundError(parsed.short)
+            try:
+                self.ops.unlink(path)
+            except FileNotFoundError:
+                raise ModelNotFoundError(parsed.short) from None
+            except OSError as exc:
+                raise self.write_error(exc, f"the manifest of {parsed.short}") from exc
+            self.ops.fsync_dir(path.parent)
+            # Prune the now-empty model/namespace/host directories, never above manifests/.
+            for parent in list(path.parents)[:3]:
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+            if entry is not None:
+                tx.discard(entry.manifest.digests)
+            return entry
 
     def referenced_digests(self) -> set[str]:
-        """Digests referenced by any manifest."""
+        """Digests referenced by any readable manifest, damaged ones included."""
         referenced: set[str] = set()
-        for entry in self.list():
-            referenced |= entry.manifest.digests
+        for _, entry in self.manifests():
+            if isinstance(entry, ModelEntry):
+                referenced |= entry.manifest.digests
         return referenced
-
-    def gc(self) -> list[str]:
-        """Delete unreferenced blobs and stale temporary files. Returns the deleted digests.
-
-        Skipped (returns ``[]``) while another process holds :meth:`writing`.
-        """
-        removed: list[str] = []
-        with self._lock(fcntl.LOCK_EX | fcntl.LOCK_NB) as acquired:
-            if not acquired:
-                return removed
-            referenced = self.referenced_digests()
-            for digest in self.iter_blobs():
-                if digest not in referenced:
-                    self.blob_path(digest).unlink(missing_ok=True)
-                    removed.append(digest)
-            self._sweep_temporaries()
-        return removed
-
-    def _sweep_temporaries(self) -> None:
-        if not self.partial_dir.is_dir():
-            return
-        for path in self.partial_dir.glob("tmp-*"):
-            pid_text = path.name.split("-")[1]
-            if pid_text.isdigit() and not pid_alive(int(pid_text)):
-                path.unlink(missing_ok=True)
 
     def free_space(self) -> int:
         """Bytes free on the store's filesystem."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        return shutil.disk_usage(self.root).free
+        existing = self.root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        return self.ops.free_space(existing)
 
     def touch(self, name: ModelName) -> None:
         """Mark a model as just modified (used after re-creating an identical manifest)."""

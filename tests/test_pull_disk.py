@@ -9,9 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import hashlib
-import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,32 +27,6 @@ from localllm.store import Store
 pytest_plugins = ["fakes.fixtures"]
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
-    """Mount a tmpfs of the given size (bytes); unmounted after the test."""
-    mounted: list[Path] = []
-
-    def mount(size: int) -> Path:
-        if os.geteuid() != 0:
-            pytest.skip("a real full disk needs root to mount a small tmpfs")
-        target = tmp_path / f"disk{len(mounted)}"
-        target.mkdir()
-        result = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-        mounted.append(target)
-        return target
-
-    yield mount
-    for target in mounted:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def _digest(data: bytes) -> str:

@@ -19,7 +19,7 @@ from localllm.manifest import MEDIA_MODEL
 from localllm.models import create_model, load_model
 from localllm.names import parse_name
 from localllm.quantize import quantize_model
-from localllm.sources.assemble import assemble_model
+from localllm.sources.assemble import assemble_manifest
 from localllm.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
@@ -213,8 +213,9 @@ def test_a_split_model_is_quantized_into_one_file(
     store: Store, tiny_gguf: Path, tmp_path: Path, f32_tokens: list[int]
 ) -> None:
     parts = split_gguf(tiny_gguf, tmp_path / "split", 3)
-    layers = [store.import_file(part, MEDIA_MODEL) for part in parts]
-    assemble_model(store, parse_name("split:f32"), layers)
+    with store.transaction("assembling split:f32") as tx:
+        layers = [store.import_file(part, MEDIA_MODEL) for part in parts]
+        tx.commit(parse_name("split:f32"), assemble_manifest(store, layers))
     entry = quantize_model(store, "split:f32", "split:q8_0", "q8_0")
     model_layers = [layer for layer in entry.manifest.layers if layer.media_type == MEDIA_MODEL]
     assert len(model_layers) == 1

@@ -1,4 +1,4 @@
-"""The model store: atomic blobs, manifests, copy/delete, garbage collection."""
+"""The model store: atomic blobs, manifests, copy/delete, pruning."""
 
 from __future__ import annotations
 
@@ -12,11 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from localllm import BlobNotFoundError, DigestMismatchError, InvalidDigestError, ModelNotFoundError
+from localllm import (
+    BlobNotFoundError,
+    DigestMismatchError,
+    InvalidDigestError,
+    ModelNotFoundError,
+    StoreBusyError,
+)
 from localllm.manifest import MEDIA_MODEL, Manifest
 from localllm.models import create_model, load_model
 from localllm.names import parse_name
 from localllm.store import Store
+from localllm.store_check import check_store, prune
 
 
 def digest_of(data: bytes) -> str:
@@ -81,27 +88,32 @@ def test_create_list_copy_delete_and_gc(store: Store, tiny_gguf: Path) -> None:
     assert not any(store.manifests_dir.rglob("*"))  # empty dirs pruned
 
 
-def test_gc_keeps_blobs_while_a_writer_holds_the_store(store: Store) -> None:
+def test_prune_waits_for_no_writer_and_frees_unreferenced_blobs(store: Store) -> None:
     orphan = store.write_blob_bytes(b"orphan", MEDIA_MODEL)
-    with store.writing():
-        assert store.gc() == []
-        assert store.has_blob(orphan.digest)
-    assert store.gc() == [orphan.digest]
+    with store.writing(), pytest.raises(StoreBusyError, match="prune again when it finishes"):
+        prune(store)
+    assert store.has_blob(orphan.digest)
+    report = prune(store)
+    assert report.blobs == [(orphan.digest, 6)]
+    assert report.summary() == "removed 1 unused blob(s) and 0 other file(s), freed 6 B"
+    assert not store.has_blob(orphan.digest)
 
 
-def test_verify_finds_corrupted_blobs(store: Store) -> None:
+def test_verify_sets_corrupted_blobs_aside(store: Store) -> None:
     good = store.write_blob_bytes(b"good", MEDIA_MODEL)
     bad = store.write_blob_bytes(b"will rot", MEDIA_MODEL)
     store.blob_path(bad.digest).write_bytes(b"rotten!!")
-    results = {r.digest: r.ok for r in store.verify(remove_bad=True)}
+    results = {r.digest: r.ok for r in store.verify(set_aside_bad=True)}
     assert results == {good.digest: True, bad.digest: False}
     assert not store.has_blob(bad.digest)
+    assert (store.partial_dir / f"corrupt-{bad.digest.replace(':', '-')}").is_file()
 
 
 _SLOW_WRITER = """
 import sys, time
 from pathlib import Path
 from localllm.store import Store
+from localllm.store_check import check_store, prune
 store = Store(Path(sys.argv[1]))
 with store.blob_writer() as writer:
     writer.write(b"x" * 4096)
@@ -123,7 +135,8 @@ def test_a_killed_writer_leaves_no_blob(store: Store) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert list(store.iter_blobs()) == []
-    store.gc()  # sweeps temporaries of dead writers
+    report = check_store(store)  # sweeps temporaries nobody is writing
+    assert report.removed_temporaries == [(temp_path.name, 4096)]
     assert not temp_path.exists()
 
 

@@ -24,6 +24,7 @@ from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspe
 from localllm.manifest import normalize_digest
 from localllm.models import (
     LocalModel,
+    Quantize,
     create_model,
     load_model,
     parse_parameters,
@@ -416,7 +417,7 @@ async def _require_llama_cpp(state: DaemonState) -> None:
 async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
     """Create a model from a blob digest (``files``), a GGUF path or a model (``from``),
     optionally quantizing it (``quantize``: q8_0, q4_K_M, ...)."""
-    from localllm.quantize import check_quantizable, normalize_quant, quantize_model
+    from localllm.quantize import check_quantizable, normalize_quant
 
     target = _new_name(body.model_name(), "model")
     # In a thread: telling a projector from a model reads GGUF headers.
@@ -451,6 +452,12 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
 
     def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
         emit({"status": "gathering model components"})
+        quantize = None
+        if quant is not None:
+            threads = state.settings.num_threads
+            quantize = Quantize(quant, allow_requantize, threads, on_progress=emit, cancel=cancel)
+        # One transaction: the name is written last, once every blob (the quantized weights
+        # included) is complete; a failure or a kill leaves the name as it was.
         entry = create_model(
             state.store,
             target,
@@ -459,29 +466,27 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
             parameters=parameters or None,
             license=license_text,
             messages=messages,
+            quantize=quantize,
             **sources,
             **drafts,
         )
         for layer in entry.manifest.layers:
             emit({"status": f"using layer {layer.digest}"})
-        if quant is not None:
-            quantize_model(
-                state.store,
-                target,
-                target,
-                quant,
-                allow_requantize=allow_requantize,
-                threads=state.settings.num_threads,
-                on_progress=emit,
-                cancel=cancel,
-            )
-            with contextlib.suppress(OSError):
-                state.store.gc()
-        else:
-            emit({"status": "writing manifest"})
+        emit({"status": "writing manifest"})
         emit({"status": "success"})
 
     return await _background_job(work, body.stream is not False)
+
+
+@router.post("/api/prune", summary="Remove what no model uses (localllm)")
+async def prune_store(state: StateDep) -> JSONResponse:
+    """Remove blobs no model references, partial downloads, corrupted blobs set aside and
+    leftovers of killed writes; the answer says what went and how many bytes it freed. 409
+    while a create, pull, copy or import is writing."""
+    from localllm.store_check import prune
+
+    report = await run_in_threadpool(prune, state.store)
+    return JSONResponse(report.to_json())
 
 
 @router.post("/api/pull", summary="Pull a model")

@@ -3,7 +3,9 @@
 localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
 its backends and devices, GPU offload and RPC support, how llama.cpp's threads wait (OpenMP)
 and what the CPU governor does about it, the CPU probe's decision about weight repacking and
-why, the data root with its free disk, and both daemon endpoints with whether a localllm
+why, the data root with its free disk, the model store's check (every blob re-hashed unless
+``--no-verify``: damaged models by name with the fix, unused blobs, partial downloads), and both
+daemon endpoints with whether a localllm
 daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
 runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
 daemon that does not run is reported as such.
@@ -101,7 +103,18 @@ def _describe_threads(threads: dict[str, Any]) -> list[str]:
     return lines
 
 
-def diagnose() -> dict[str, Any]:
+def _store(settings: Any, verify: bool) -> dict[str, Any]:
+    """The model store's check (see :mod:`localllm.store_check`); with ``verify``, every blob
+    is re-hashed and one whose bytes do not match its digest is set aside, so the daemon
+    reports its model as damaged instead of serving it."""
+    from ..store import Store
+    from ..store_check import check_store
+
+    report = check_store(Store(settings.data_dir), digests=verify)
+    return report.to_json() | {"summary": report.summary(), "lines": report.lines()}
+
+
+def diagnose(verify: bool = True) -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
     from ..daemon.runner import cpu
@@ -121,6 +134,7 @@ def diagnose() -> dict[str, Any]:
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
         "rpc": {"ok": rpc_ok, "line": rpc_line},
         "data_root": _free_disk(settings.data_dir),
+        "store": _store(settings, verify),
         "endpoints": {
             "socket": _endpoint(settings, socket_path=settings.socket_path),
             "tcp": _endpoint(settings, base_url=settings.base_url),
@@ -182,6 +196,9 @@ def _render(report: dict[str, Any]) -> list[str]:
         else disk.get("error", "")
     )
     lines.append(f"data root: {disk['path']} ({free})")
+    store = report["store"]
+    lines.append(store["summary"])
+    lines += [f"  {line}" for line in store["lines"]]
     lines.append("daemon:")
     for name, endpoint in report["endpoints"].items():
         lines.append(_describe_endpoint(name, endpoint))
@@ -190,7 +207,7 @@ def _render(report: dict[str, Any]) -> list[str]:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``doctor [--json]``: print what a bug report needs."""
-    report = diagnose()
+    report = diagnose(verify=not args.no_verify)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -440,6 +440,15 @@ def cmd_cp(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prune(args: argparse.Namespace) -> int:
+    """``prune``: remove blobs no model uses, partial downloads and leftovers; say what it
+    freed."""
+    with connect() as client:
+        report = client.prune()
+    print(report["summary"])
+    return 0
+
+
 # -- create, pull, quantize ------------------------------------------------------------------
 
 
@@ -517,19 +526,19 @@ def cmd_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def pull_model(client: Client, name: str, *, insecure: bool = False) -> None:
+def pull_model(
+    client: Client, name: str, *, insecure: bool = False, quantize: str | None = None
+) -> None:
     """Pull ``name`` through the daemon with progress bars on stderr."""
-    show_progress(client.pull(name, insecure=insecure))
+    show_progress(client.pull(name, insecure=insecure, quantize=quantize))
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    """``pull MODEL``: download through the daemon; ``--quantize`` then converts it."""
+    """``pull MODEL``: download through the daemon; ``--quantize`` stores it quantized (the
+    name never holds the download: the daemon quantizes before writing it)."""
     quant = _check_quant(args.quantize)
     with connect() as client:
-        pull_model(client, args.model, insecure=args.insecure)
-        if quant is not None:
-            # /api/pull has no quantize field: quantize the pulled model in place.
-            show_progress(client.create(args.model, from_=args.model, quantize=quant))
+        pull_model(client, args.model, insecure=args.insecure, quantize=quant)
     return 0
 
 

@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("source", metavar="SOURCE")
     sub.add_argument("destination", metavar="DESTINATION")
 
+    add("prune", "models:cmd_prune", "Remove blobs and partial downloads no model uses")
+
     sub = add("create", "models:cmd_create", "Create a model from a Modelfile or a GGUF file")
     sub.add_argument("model", metavar="MODEL", help="name of the new model")
     source = sub.add_mutually_exclusive_group()
@@ -235,9 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         "doctor:cmd_doctor",
         "Show what a bug report needs: versions, llama.cpp's view of this machine, the CPU "
-        "probe's decision, the data root and the daemon's endpoints",
+        "probe's decision, the model store (every blob re-hashed) and the daemon's endpoints",
     )
     sub.add_argument("--json", action="store_true", help="machine-readable output")
+    sub.add_argument(
+        "--no-verify", action="store_true", help="check blob sizes only, not their sha256"
+    )
     add("tui", "tui:cmd_tui", "Open the terminal UI")
     return parser
 

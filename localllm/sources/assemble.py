@@ -1,9 +1,10 @@
-"""Writing a model from blobs that are already in the store.
+"""The manifest of a model whose blobs are already in the store.
 
-``create_model`` builds a model from one GGUF blob. A split GGUF has several (one layer per
-part, in order), and a quantized model keeps its source's template, system, params, license and
-messages layers as they are. Both are written here by letting ``create_model`` validate the
-first GGUF and write the config blob, then rewriting the manifest with every layer.
+``build_manifest`` builds a model from one GGUF blob. A split GGUF has several (one layer per
+part, in order), and a model pulled with extra layers keeps them as they are. Both are built
+here by letting ``build_manifest`` validate the first GGUF (and the projector) and write the
+config blob, then listing every layer. Nothing is named here: the caller's transaction writes
+the manifest, last.
 """
 
 from __future__ import annotations
@@ -12,38 +13,31 @@ from collections.abc import Sequence
 
 from .._exceptions import StoreError
 from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest
-from ..models import create_model
-from ..names import ModelName
-from ..store import ModelEntry, Store
+from ..models import build_manifest
+from ..store import Store
 
-__all__ = ["assemble_model"]
+__all__ = ["assemble_manifest"]
 
 
-def assemble_model(
+def assemble_manifest(
     store: Store,
-    name: ModelName,
     model_layers: Sequence[Layer],
     other_layers: Sequence[Layer] = (),
-) -> ModelEntry:
-    """Write ``name`` with ``model_layers`` (a GGUF, or a split GGUF's parts) and ``other_layers``.
+) -> Manifest:
+    """The manifest of ``model_layers`` (a GGUF, or a split GGUF's parts) and ``other_layers``.
 
     Every blob must already be in the store; the first model layer must be a valid GGUF.
     """
     if not model_layers or any(layer.media_type != MEDIA_MODEL for layer in model_layers):
-        raise StoreError(f"cannot write {name}: it needs at least one GGUF model layer")
+        raise StoreError("a model needs at least one GGUF model layer")
     projectors = [layer for layer in other_layers if layer.media_type == MEDIA_PROJECTOR]
-    with store.writing():
-        # The projector goes through create_model, which checks it is one (a clip GGUF).
-        entry = create_model(
-            store,
-            name,
-            gguf_digest=model_layers[0].digest,
-            projector_digest=projectors[0].digest if projectors else None,
-        )
-        if len(model_layers) == 1 and len(other_layers) == len(projectors) <= 1:
-            return entry
-        extra = [layer for layer in other_layers if layer.media_type != MEDIA_MODEL]
-        manifest = Manifest(config=entry.manifest.config, layers=(*model_layers, *extra))
-        store.write_manifest(name, manifest)
-        # Read back under the lock: a concurrent pull of the same name rewrites it meanwhile.
-        return store.get(name)
+    # The projector goes through build_manifest, which checks it is one (a clip GGUF).
+    manifest = build_manifest(
+        store,
+        gguf_digest=model_layers[0].digest,
+        projector_digest=projectors[0].digest if projectors else None,
+    )
+    if len(model_layers) == 1 and len(other_layers) == len(projectors) <= 1:
+        return manifest
+    extra = [layer for layer in other_layers if layer.media_type != MEDIA_MODEL]
+    return Manifest(config=manifest.config, layers=(*model_layers, *extra))

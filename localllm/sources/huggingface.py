@@ -35,11 +35,11 @@ from .._exceptions import (
     RemoteNotFoundError,
 )
 from ..gguf_info import inspect_gguf
-from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, normalize_digest
+from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest, normalize_digest
 from ..names import ModelName
 from ..settings import Settings
-from ..store import ModelEntry, Store
-from .assemble import assemble_model
+from ..store import Store
+from .assemble import assemble_manifest
 from .gguf_files import HubFile, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status
 from .plan import PlannedBlob, PullPlan
@@ -211,7 +211,7 @@ def plan_huggingface(
     layers = [Layer(MEDIA_MODEL, blob.digest, blob.size) for blob in parts]
     extra = [Layer(MEDIA_PROJECTOR, blob.digest, blob.size) for blob in blobs[len(parts) :]]
 
-    def finish() -> ModelEntry:
+    def build() -> Manifest:
         for layer in extra:
             try:
                 inspect_gguf(store.blob_path(layer.digest)).require_projector()
@@ -219,6 +219,6 @@ def plan_huggingface(
                 raise PullError(
                     f"hf.co/{name.repo_id}: its mmproj file is unusable: {exc}"
                 ) from None
-        return assemble_model(store, name, layers, extra)
+        return assemble_manifest(store, layers, extra)
 
-    return PullPlan(blobs=tuple(blobs), finish=finish, file_type=choice.quant)
+    return PullPlan(blobs=tuple(blobs), build=build, file_type=choice.quant)

@@ -1,11 +1,11 @@
-"""What a source resolved a name to: the blobs to fetch and how to record the model after."""
+"""What a source resolved a name to: the blobs to fetch and the manifest to write after."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..store import ModelEntry
+from ..manifest import Manifest
 from .transfer import BlobSource
 
 __all__ = ["PlannedBlob", "PullPlan"]
@@ -25,12 +25,12 @@ class PlannedBlob:
 
 @dataclass(frozen=True)
 class PullPlan:
-    """A resolved pull: fetch :attr:`blobs`, then call :attr:`finish` to write the manifest."""
+    """A resolved pull: fetch :attr:`blobs`, then :attr:`build` the manifest the pull writes."""
 
     blobs: tuple[PlannedBlob, ...]
     """Every blob of the model, in download order."""
-    finish: Callable[[], ModelEntry]
-    """Writes the model's manifest (all blobs exist by then) and returns its entry."""
+    build: Callable[[], Manifest]
+    """The model's manifest, once all blobs exist (it may write small blobs: a config)."""
     file_type: str | None
     """Quantization of the model (``Q4_K_M``, ``F16``...) when the source says, else ``None``."""
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import time
 
 from .._exceptions import DiskFullError, OperationCancelledError
 from .._format import human_size
+from ..models import Quantize, build_manifest, create_model
 from ..names import ModelName, parse_name
 from ..settings import Settings
 from ..starter import import_starter, is_starter, starter_gguf_path
@@ -64,8 +65,13 @@ def pull(
     store are not fetched again, so pulling an existing model only refreshes its manifest.
 
     ``quantize`` (``q4_K_M``...): once pulled, the model is quantized and stored under ``name``
-    in place of the download, whose blobs are then garbage-collected. The source must be F32,
-    F16 or BF16; when the source says its type up front this fails before downloading.
+    in place of the download, whose blobs are then garbage-collected; the name is written only
+    once the quantized weights are complete. The source must be F32, F16 or BF16; when the
+    source says its type up front this fails before downloading.
+
+    One transaction: the manifest is written last, once every blob is verified (and quantized).
+    Concurrent pulls of one name share the work; a create, copy or removal of a name being
+    pulled is refused (:class:`StoreBusyError`) until the pull ends.
 
     Raises: :class:`InvalidNameError`; :class:`RemoteNotFoundError` (no such repo, model, tag,
     quant or file: the message lists the quants that exist); :class:`AuthRequiredError`;
@@ -85,49 +91,54 @@ def pull(
         if on_progress is not None:
             on_progress(event)
 
+    def _quantize(target: str) -> Quantize:
+        return Quantize(
+            target, threads=settings.num_threads, on_progress=on_progress, cancel=cancel
+        )
+
     if is_starter(model) and starter_gguf_path() is not None:
         emit(PullProgress(STATUS_MANIFEST))
         emit(PullProgress("importing the bundled starter model (no download needed)"))
         entry = import_starter(store)
         assert entry is not None
-    else:
-        with store.writing():
-            plan = _plan(store, model, settings, emit, insecure=insecure, cancel=cancel)
-            if target_quant is not None:
-                from ..quantize import check_quantizable
+        if target_quant is not None:
+            entry = create_model(store, model, base=model, quantize=_quantize(target_quant))
+        emit(PullProgress(STATUS_SUCCESS))
+        return entry
+    with store.transaction(
+        f"pulling {model.short}",
+        change=[model],
+        joinable=target_quant is None,  # pulls of one name share the download
+        kept_on_failure="the blobs downloaded so far are kept, so pulling again resumes",
+    ) as tx:
+        plan = _plan(store, model, settings, emit, insecure=insecure, cancel=cancel)
+        if target_quant is not None:
+            from ..quantize import check_quantizable
 
-                check_quantizable(plan.file_type, model.short)
-            _check_space(store, model, plan)
-            for blob in plan.blobs:
-                if cancel is not None and cancel.is_set():
-                    raise OperationCancelledError("pull cancelled")
-                fetch_blob(
-                    store,
-                    blob.digest,
-                    blob.size,
-                    blob.source,
-                    settings=settings,
-                    on_progress=on_progress,
-                    cancel=cancel,
-                )
-            # Each blob was verified as it was published; the status keeps Ollama's sequence.
-            emit(PullProgress(STATUS_VERIFYING))
-            emit(PullProgress(STATUS_WRITING_MANIFEST))
-            entry = plan.finish()
-    if target_quant is not None:
-        from ..quantize import quantize_model
-
-        entry = quantize_model(
-            store,
-            model,
-            model,
-            target_quant,
-            threads=settings.num_threads,
-            on_progress=on_progress,
-            cancel=cancel,
-        )
-        with contextlib.suppress(OSError):
-            store.gc()
+            check_quantizable(plan.file_type, model.short)
+        _check_space(store, model, plan)
+        for blob in plan.blobs:
+            if cancel is not None and cancel.is_set():
+                raise OperationCancelledError("pull cancelled")
+            fetch_blob(
+                store,
+                blob.digest,
+                blob.size,
+                blob.source,
+                settings=settings,
+                on_progress=on_progress,
+                cancel=cancel,
+            )
+        # Each blob was verified as it was published; the status keeps Ollama's sequence.
+        emit(PullProgress(STATUS_VERIFYING))
+        manifest = plan.build()
+        if target_quant is not None:
+            # Quantized before the name is written: the name never holds the download.
+            downloaded = ModelEntry(model, manifest, "", time.time())
+            manifest = build_manifest(store, base=downloaded, quantize=_quantize(target_quant))
+            tx.discard(downloaded.manifest.digests)
+        emit(PullProgress(STATUS_WRITING_MANIFEST))
+        entry = tx.commit(model, manifest)
     emit(PullProgress(STATUS_SUCCESS))
     return entry
 

@@ -36,7 +36,7 @@ from .._exceptions import (
 from ..manifest import MAX_MANIFEST_BYTES, MEDIA_MANIFEST, MEDIA_MODEL, Manifest
 from ..names import DEFAULT_HOST, ModelName
 from ..settings import Settings
-from ..store import ModelEntry, Store
+from ..store import Store
 from .http import MAX_REDIRECTS, TransientError, same_host, shared_client, transient_status
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
@@ -278,8 +278,4 @@ def plan_registry(
         for layer in manifest.layers
     )
 
-    def finish() -> ModelEntry:
-        store.write_manifest(name, manifest)
-        return store.get(name)
-
-    return PullPlan(blobs=blobs, finish=finish, file_type=file_type)
+    return PullPlan(blobs=blobs, build=lambda: manifest, file_type=file_type)

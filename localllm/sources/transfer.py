@@ -23,7 +23,6 @@ resumes once space is freed; nothing complete is touched.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -46,8 +45,8 @@ from .._exceptions import (
 from .._format import human_size
 from ..manifest import normalize_digest
 from ..settings import Settings
+from ..storage import FileOps, disk_full
 from ..store import Store
-from .blobfile import publish_file
 from .http import TransientError, content_range, response_total, shared_client
 from .progress import ProgressCallback, PullProgress, RateMeter, pulling_status
 
@@ -263,7 +262,7 @@ class _Transfer:
             if actual != self.digest:
                 _unlink_if_same(fd, path)
                 raise DigestMismatchError(self.digest, actual)
-            publish_file(self.store, path, self.digest)
+            self.store.publish(path, self.digest)
         finally:
             os.close(fd)
 
@@ -372,8 +371,11 @@ class _Transfer:
     def _write(self, part: _PartialFile, batch: list[bytes]) -> None:
         pieces = list(batch)
         batch.clear()
-        part.append(pieces, self.digest)
+        first = part.offset == 0
+        part.append(self.store.ops, pieces, self.digest)
         self._set_completed(part.offset)
+        if first:
+            self.store.checkpoint("download-started")
 
 
 class _BackgroundHash:
@@ -446,14 +448,14 @@ class _PartialFile:
         self._hash = _BackgroundHash()
         self.offset = 0
 
-    def append(self, pieces: list[bytes], digest: str) -> None:
+    def append(self, ops: FileOps, pieces: list[bytes], digest: str) -> None:
         """Write ``pieces`` at the end, unbuffered (a killed process keeps what it reported)."""
         views = [memoryview(piece) for piece in pieces if piece]
         while views:
             try:
-                written = os.writev(self.fd, views)
+                written = ops.writev(self.fd, views)
             except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                if disk_full(exc):
                     raise DiskFullError(
                         f"disk full while downloading {digest.removeprefix('sha256:')[:12]}: "
                         f"{human_size(self.offset)} of {human_size(self.size)} are kept in "

@@ -5,7 +5,9 @@ GGUF files are written once per session; servers and homes are fresh for every t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,29 @@ def registry_settings(
     """Settings whose default registry is the fake."""
     monkeypatch.setenv("LOCALLLM_REGISTRY", registry.url)
     return Settings.from_env()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """Mount a tmpfs of the given size (bytes); unmounted after the test."""
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("a real full disk needs root to mount a small tmpfs")
+        target = tmp_path / f"disk{len(mounted)}"
+        target.mkdir()
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)
