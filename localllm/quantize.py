@@ -149,6 +149,7 @@ def quantize_file(
     emit(PullProgress(status, total=total, completed=0))
 
     arguments = {
+        "parent": os.getpid(),
         "source": str(source),
         "output": str(output),
         "ftype": QUANT_TYPES[target],
@@ -289,6 +290,7 @@ def quantize_into_store(store: Store, paths: list[Path], quantize: Quantize, wha
 
     with store.writing():
         output = store.temp_path().with_suffix(".gguf")
+        store.checkpoint("quantize-ready")
         try:
             with linked_splits(paths) as first:
                 quantize_file(
@@ -357,11 +359,27 @@ def quantize_model(
 # -- the child process -------------------------------------------------------------------------
 
 
+def _die_with_parent(parent: int) -> None:
+    """End this child when the process that started it dies (a killed daemon must not leave
+    a quantizer writing into its store behind it). Linux's PR_SET_PDEATHSIG; elsewhere the
+    child ends when it finds its event pipe closed."""
+    import ctypes
+    import ctypes.util
+    import signal
+
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if parent and os.getppid() != parent:
+        os._exit(1)  # the parent died before the line above took effect
+
+
 def _child_main(argv: list[str]) -> int:
     """Run one quantization; report tensors and errors as JSON lines on the given fd."""
     import ctypes
 
     arguments = json.loads(argv[0])
+    _die_with_parent(int(arguments.get("parent", 0)))
     events = os.fdopen(int(argv[1]), "w", buffering=1)
 
     def send(event: dict[str, Any]) -> None:

@@ -386,9 +386,9 @@ class Settings:
         "LOCALLLM_TEST_PAUSE",
         None,
         "For tests only: <step>[#<n>] stops the n-th store write that reaches the step "
-        "(blob-written, blob-published, manifest-written, manifest-published, quantize-started, "
-        "quantize-written, download-started) until the file test-pause in the data root, "
-        "written then, is removed; a test SIGKILLs the daemon there.",
+        "(blob-written, blob-published, manifest-written, manifest-published, "
+        "quantize-ready, quantize-started, quantize-written, download-started) until the "
+        "file test-pause it writes in the data root is removed; tests SIGKILL the daemon there.",
     )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",

@@ -39,6 +39,7 @@ PAUSE_STEPS: dict[str, str] = {
     "blob-published": "a blob was renamed into blobs/ (no manifest names it yet)",
     "manifest-written": "a manifest's temporary file is complete and fsynced, not yet renamed",
     "manifest-published": "a manifest was renamed into place (the request has not answered)",
+    "quantize-ready": "the disk space for the quantized weights was checked; llama.cpp waits",
     "quantize-started": "llama.cpp is quantizing (its first tensor is done)",
     "quantize-written": "llama.cpp's output is complete in partial/, not yet hashed",
     "download-started": "a download wrote its first bytes to its partial file",
