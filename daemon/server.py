@@ -55,6 +55,8 @@ def setup_logging(settings: Settings) -> Path:
     handler = logging.handlers.RotatingFileHandler(path, maxBytes=20 << 20, backupCount=3)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     level = logging.DEBUG if settings.debug else logging.INFO
+    # A log that cannot be written (a full disk) is no reason to print tracebacks.
+    logging.raiseExceptions = False
     for name in ("localllm", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers = [handler]
@@ -63,12 +65,23 @@ def setup_logging(settings: Settings) -> Path:
     return path
 
 
+def _unusable(settings: Settings, path: Path, exc: OSError) -> SettingsError:
+    """One line naming the folder the daemon cannot write (a missing or read-only data root)."""
+    return SettingsError(
+        f"cannot write to {path} ({exc.strerror}); the data root is {settings.data_dir} "
+        "(LOCALLLM_HOME): mount it, make it writable or choose another"
+    )
+
+
 @contextlib.contextmanager
 def _daemon_lock(settings: Settings) -> Iterator[None]:
     runtime = settings.runtime_dir
-    runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = runtime / "daemon.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise _unusable(settings, runtime, exc) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -78,8 +91,11 @@ def _daemon_lock(settings: Settings) -> Iterator[None]:
                 f"another localllm daemon (pid {holder}) is already running for "
                 f"{settings.data_dir}; stop it first, or set LOCALLLM_HOME for a separate one"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        # The pid is for the message above only: a full disk must not keep the daemon from
+        # serving what it holds.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -210,7 +226,10 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
     non-loopback address without an API key, another daemon for this home, a busy port.
     """
     check_bind_allowed(settings)
-    log_path = setup_logging(settings)
+    try:
+        log_path = setup_logging(settings)
+    except OSError as exc:
+        raise _unusable(settings, settings.log_dir, exc) from None
     socket_path = settings.socket_path
     # From the announcement on, a SIGTERM must mean a clean shutdown, not death by the default
     # action: hold the signals until the event loop's handlers are in place.

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from localllm._exceptions import LocalLLMError
+from localllm._exceptions import LocalLLMError, ModelNotFoundError
 from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspect_gguf
 from localllm.manifest import normalize_digest
 from localllm.models import (
@@ -165,10 +165,13 @@ async def copy(body: CopyRequest, state: StateDep) -> Response:
 
 @router.delete("/api/delete", summary="Delete a model")
 async def delete(body: DeleteRequest, state: StateDep) -> Response:
-    """Remove a model (unloading it first); 404 if it does not exist."""
-    model = resolve_model(state, body.model_name())
-    await state.scheduler.unload(model.name.full)
-    await run_in_threadpool(state.store.delete, model.name)
+    """Remove a model (unloading it first, or once its answers end); 404 if it does not exist.
+    A damaged model, or one whose manifest cannot be read, is removed too: that is its fix."""
+    name = _new_name(body.model_name(), "model")
+    if not await run_in_threadpool(state.store.exists, name):
+        raise ModelNotFoundError(name.short)
+    await state.scheduler.unload(name.full)
+    await run_in_threadpool(state.store.delete, name)
     return Response(status_code=200)
 
 
