@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from ._exceptions import GGUFError, LocalLLMError, StoreError
 from .gguf_info import GGUFInfo, inspect_gguf
@@ -44,6 +44,7 @@ __all__ = [
     "OPTION_TYPES",
     "LocalModel",
     "ModelOptions",
+    "ModelParts",
     "Quantize",
     "build_manifest",
     "create_model",
@@ -392,61 +393,6 @@ def _config_blob(store: Store, info: GGUFInfo, layers: list[Layer]) -> Layer:
     return store.write_blob_bytes(json.dumps(config).encode(), MEDIA_CONFIG)
 
 
-def create_model(
-    store: Store,
-    name: ModelName | str,
-    *,
-    gguf_file: Path | None = None,
-    gguf_digest: str | None = None,
-    base: ModelName | str | None = None,
-    template: str | None = None,
-    system: str | None = None,
-    parameters: dict[str, Any] | None = None,
-    license: str | None = None,
-    messages: list[dict[str, Any]] | None = None,
-    draft_file: Path | None = None,
-    draft_digest: str | None = None,
-    projector_file: Path | None = None,
-    projector_digest: str | None = None,
-    quantize: Quantize | None = None,
-) -> ModelEntry:
-    """Create (or replace) ``name`` from exactly one of a GGUF file, a blob digest or a model.
-
-    Layers not given are inherited from ``base``; with a file or digest they are absent (the
-    GGUF's own chat template is used). A vision projector (a ``clip`` GGUF, Ollama's second
-    ``FROM``) comes from ``projector_file`` or ``projector_digest``, else from ``base``.
-    ``draft_file`` or ``draft_digest`` (a GGUF blob) becomes the draft layer (Modelfile
-    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon).
-    With ``quantize``, the model's weights are quantized first.
-
-    One transaction: the GGUFs are validated before anything is written, every blob is
-    written next, and the manifest that gives the model its name last, once all the work is
-    done. A failure (a full disk, a refused quantization, a kill) leaves ``name`` as it was.
-    """
-    target = parse_name(name) if isinstance(name, str) else name
-    source = parse_name(base) if isinstance(base, str) else base
-    with store.transaction(
-        f"creating {target.short}", change=[target], read=[source] if source else []
-    ) as tx:
-        manifest = build_manifest(
-            store,
-            gguf_file=gguf_file,
-            gguf_digest=gguf_digest,
-            base=source,
-            template=template,
-            system=system,
-            parameters=parameters,
-            license=license,
-            messages=messages,
-            draft_file=draft_file,
-            draft_digest=draft_digest,
-            projector_file=projector_file,
-            projector_digest=projector_digest,
-            quantize=quantize,
-        )
-        return tx.commit(target, manifest)
-
-
 @dataclass(frozen=True)
 class Quantize:
     """How to quantize the weights of a model being created (see :mod:`localllm.quantize`)."""
@@ -463,41 +409,68 @@ class Quantize:
     """Set to stop the quantizer."""
 
 
-def build_manifest(
-    store: Store,
-    *,
-    gguf_file: Path | None = None,
-    gguf_digest: str | None = None,
-    base: ModelName | ModelEntry | None = None,
-    template: str | None = None,
-    system: str | None = None,
-    parameters: dict[str, Any] | None = None,
-    license: str | None = None,
-    messages: list[dict[str, Any]] | None = None,
-    draft_file: Path | None = None,
-    draft_digest: str | None = None,
-    projector_file: Path | None = None,
-    projector_digest: str | None = None,
-    quantize: Quantize | None = None,
-) -> Manifest:
+class ModelParts(TypedDict, total=False):
+    """What a model is made of: the arguments of :func:`create_model` (all optional)."""
+
+    gguf_file: Path | None
+    gguf_digest: str | None
+    base: ModelName | str | ModelEntry | None
+    template: str | None
+    system: str | None
+    parameters: dict[str, Any] | None
+    license: str | None
+    messages: list[dict[str, Any]] | None
+    draft_file: Path | None
+    draft_digest: str | None
+    projector_file: Path | None
+    projector_digest: str | None
+    quantize: Quantize | None
+
+
+def create_model(store: Store, name: ModelName | str, **parts: Unpack[ModelParts]) -> ModelEntry:
+    """Create (or replace) ``name`` from exactly one of a GGUF file (``gguf_file``), a blob
+    digest (``gguf_digest``) or a model (``base``).
+
+    Layers not given are inherited from ``base``; with a file or digest they are absent (the
+    GGUF's own chat template is used). A vision projector (a ``clip`` GGUF, Ollama's second
+    ``FROM``) comes from ``projector_file`` or ``projector_digest``, else from ``base``.
+    ``draft_file`` or ``draft_digest`` (a GGUF blob) becomes the draft layer (Modelfile
+    ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon).
+    ``template``, ``system``, ``license``, ``parameters`` and ``messages`` become layers. With
+    ``quantize``, the model's weights are quantized first.
+
+    One transaction: the GGUFs are validated before anything is written, every blob is
+    written next, and the manifest that gives the model its name last, once all the work is
+    done. A failure (a full disk, a refused quantization, a kill) leaves ``name`` as it was.
+    """
+    target = parse_name(name) if isinstance(name, str) else name
+    base = parts.get("base")
+    source = parse_name(base) if isinstance(base, str) else base
+    read = [source] if isinstance(source, ModelName) else []
+    with store.transaction(f"creating {target.short}", change=[target], read=read) as tx:
+        return tx.commit(target, build_manifest(store, **(parts | {"base": source})))
+
+
+def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
     """Write the blobs of a model (see :func:`create_model`) and return its manifest, unwritten.
 
     ``base`` may be a model not yet named in the store (an entry whose manifest was not
     written, as a pull builds it). Call inside a :meth:`Store.transaction`.
     """
+    gguf_file, gguf_digest = parts.get("gguf_file"), parts.get("gguf_digest")
+    base, quantize = parts.get("base"), parts.get("quantize")
     sources = [s for s in (gguf_file, gguf_digest, base) if s is not None]
     if len(sources) != 1:
         raise LocalLLMError(
             "create needs exactly one source: a GGUF file, a blob digest or a model"
         )
-    options = parse_parameters(parameters)
+    options = parse_parameters(parts.get("parameters"))
     inherited: dict[str, Layer] = {}
     merged_options: ModelOptions = {}
     model_layers: list[Layer] = []
     if base is not None:
-        parent = LocalModel(
-            entry=base if isinstance(base, ModelEntry) else store.get(base), store=store
-        )
+        entry = base if isinstance(base, ModelEntry) else store.get(base)
+        parent = LocalModel(entry=entry, store=store)
         model_layers = [x for x in parent.entry.manifest.layers if x.media_type == MEDIA_MODEL]
         inherited = {x.media_type: x for x in parent.entry.manifest.layers}
         info = parent.info
@@ -531,15 +504,15 @@ def build_manifest(
         model_layers = [store.import_file(Path(gguf_file), MEDIA_MODEL)]
 
     layers = list(model_layers)
-    projector = _projector_layer(store, projector_file, projector_digest)
+    projector = _projector_layer(store, parts.get("projector_file"), parts.get("projector_digest"))
     if projector is None:
         projector = inherited.get(MEDIA_PROJECTOR)
     if projector is not None:
         layers.append(projector)
     text_layers = (
-        (MEDIA_TEMPLATE, template),
-        (MEDIA_SYSTEM, system),
-        (MEDIA_LICENSE, license),
+        (MEDIA_TEMPLATE, parts.get("template")),
+        (MEDIA_SYSTEM, parts.get("system")),
+        (MEDIA_LICENSE, parts.get("license")),
     )
     for media_type, text in text_layers:
         if text is not None:
@@ -549,6 +522,11 @@ def build_manifest(
     merged_options.update(options)
     if merged_options:
         layers.append(store.write_blob_bytes(json.dumps(merged_options).encode(), MEDIA_PARAMS))
+    messages, draft_file, draft_digest = (
+        parts.get("messages"),
+        parts.get("draft_file"),
+        parts.get("draft_digest"),
+    )
     if messages is not None:
         layers.append(store.write_blob_bytes(json.dumps(messages).encode(), MEDIA_MESSAGES))
     elif MEDIA_MESSAGES in inherited:

@@ -4,23 +4,31 @@
   call or once N bytes were written (the seam is :class:`localllm.storage.FileOps`);
 * :func:`store_state`: what a store holds (names → manifest digests, blobs);
 * :func:`assert_consistent`: the store lists only whole models whose blobs hash to their
-  digests, and no temporary file of a write is left.
+  digests, and no temporary file of a write is left;
+* :func:`fill_disk`: another program taking the free space of a (small, real) disk.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from localllm.names import ModelName
+from localllm.sources.blobfile import hash_file
 from localllm.storage import FileOps
 from localllm.store import ModelEntry, Store
 
-__all__ = ["FaultyOps", "StoreState", "assert_consistent", "store_state", "temporaries"]
+__all__ = [
+    "FaultyOps",
+    "StoreState",
+    "assert_consistent",
+    "fill_disk",
+    "store_state",
+    "temporaries",
+]
 
 
 class FaultyOps(FileOps):
@@ -129,12 +137,18 @@ def temporaries(root: Path) -> list[Path]:
     return found + list((root / "manifests").glob("**/.*.tmp-*"))
 
 
-def _sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            hasher.update(chunk)
-    return f"sha256:{hasher.hexdigest()}"
+def fill_disk(folder: Path) -> Path:
+    """Take every free byte of ``folder``'s file system (as another program would) with one
+    file; returns it (remove it to give the space back)."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        block = b"\0" * (256 * 1024)
+        while True:
+            try:
+                handle.write(block)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                return filler
 
 
 def assert_consistent(root: Path) -> list[str]:
@@ -149,5 +163,5 @@ def assert_consistent(root: Path) -> list[str]:
             path = store.blob_path(layer.digest)
             assert path.is_file(), f"{name}: blob {layer.digest} missing"
             assert path.stat().st_size == layer.size, f"{name}: blob {layer.digest} size"
-            assert _sha256(path) == layer.digest, f"{name}: blob {layer.digest} corrupted"
+            assert hash_file(path) == layer.digest, f"{name}: blob {layer.digest} corrupted"
     return listed

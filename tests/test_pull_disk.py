@@ -7,7 +7,6 @@ here fakes ENOSPC.
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from fakes.helpers import EventLog, TinyModels
 from fakes.hf_hub import FakeHub
 from fakes.ollama_registry import FakeRegistry
+from store_support import fill_disk
 from test_cli_support import cli_home
 
 from localllm import DiskFullError
@@ -53,19 +53,6 @@ def test_a_model_that_cannot_fit_fails_before_downloading(
     assert store.exists("hf.co/tester/tiny-GGUF:F16")
 
 
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        block = b"\0" * (64 * 1024)
-        while True:
-            try:
-                handle.write(block)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                break
-    return filler
-
-
 def test_the_disk_filling_up_midway_stops_cleanly_and_resumes_later(
     small_disk: Callable[[int], Path],
     registry_settings: Settings,
@@ -81,7 +68,7 @@ def test_the_disk_filling_up_midway_stops_cleanly_and_resumes_later(
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(pull, store, "tiny", settings, on_progress=log)
         log.wait_for(lambda e: e.digest == gguf and (e.completed or 0) >= 2 * MiB)
-        filler = _fill(disk)  # someone else fills the disk meanwhile
+        filler = fill_disk(disk)  # someone else fills the disk meanwhile
         pause.resume.set()
         with pytest.raises(DiskFullError, match="disk full while downloading") as info:
             future.result(timeout=60)

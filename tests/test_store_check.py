@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from store_support import assert_consistent, temporaries
+from store_support import assert_consistent, fill_disk, temporaries
 from test_cli_support import cli_home
 from test_daemon_support import Daemon, run_daemon_expecting_failure, running_daemon
 
@@ -210,13 +210,7 @@ def test_a_full_disk_at_start_is_one_line_and_the_daemon_serves(
 ) -> None:
     home = small_disk(100 * MiB)
     shutil.copytree(starter_store, home, dirs_exist_ok=True)
-    filler = home / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        try:
-            while True:
-                handle.write(b"\0" * (64 * 1024))
-        except OSError:
-            pass
+    fill_disk(home)
     with running_daemon(home, num_threads=1) as daemon, daemon.http() as http:
         answer = http.post(
             "/api/generate",

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from fakes.helpers import TinyModels
 from fakes.ollama_registry import FakeRegistry
-from store_support import FaultyOps, assert_consistent, store_state, temporaries
+from store_support import FaultyOps, StoreState, assert_consistent, store_state, temporaries
 
 from localllm import DiskFullError, ModelNotFoundError
 from localllm.models import create_model, load_model
@@ -140,18 +140,26 @@ def test_a_full_disk_at_any_step_leaves_the_store_as_it_was(
     assert counting.calls > 0
     before = store_state(fresh())
     for step in range(1, counting.calls + 1):
-        root = fresh()
-        ops = FaultyOps(at_call=step)
-        with pytest.raises(DiskFullError) as info:
-            run(Store(root, ops=ops))
-        message = str(info.value)
-        assert message.startswith("disk full while "), message
-        assert "the store is as it was; free some space" in message, message
-        assert store_state(root) == before, f"step {step} ({ops.failed}) changed the store"
-        assert assert_consistent(root) == sorted(before.names)
-        if "quantize" not in operation or step == counting.calls:  # llama.cpp takes a second
-            run(Store(root))  # the same operation, on the disk with room again, completes
-            assert_consistent(root)
+        # llama.cpp takes a second: a quantize is completed again only after the last step.
+        again = "quantize" not in operation or step == counting.calls
+        _fails_cleanly(run, fresh(), FaultyOps(at_call=step), before, complete=again)
+
+
+def _fails_cleanly(
+    run: Operation, root: Path, ops: FaultyOps, before: StoreState, complete: bool = True
+) -> None:
+    """``run`` on ``root`` with ``ops`` fails with the clear message and changes nothing;
+    then (``complete``) it completes without the fault."""
+    with pytest.raises(DiskFullError) as info:
+        run(Store(root, ops=ops))
+    message = str(info.value)
+    assert message.startswith("disk full while "), message
+    assert "the store is as it was; free some space" in message, message
+    assert store_state(root) == before, f"the failed {ops.failed} changed the store"
+    assert assert_consistent(root) == sorted(before.names)
+    if complete:
+        run(Store(root))  # the same operation, on the disk with room again, completes
+        assert_consistent(root)
 
 
 @pytest.mark.parametrize("operation", ["create from a file", "import"])
@@ -166,15 +174,11 @@ def test_a_disk_filling_up_midway_through_a_copy_leaves_nothing(
     size = files["tiny"].stat().st_size
     # Hard links would write nothing: the import must copy (another file system).
     for budget in (0, 1, 4096, size // 2, size - 1):
-        root = fresh()
         ops = FaultyOps(after_bytes=budget)
         if operation == "import":
             ops.link = _cross_device  # type: ignore[method-assign]
-        with pytest.raises(DiskFullError, match="the store is as it was"):
-            run(Store(root, ops=ops))
+        _fails_cleanly(run, fresh(), ops, before, complete=False)
         assert ops.written == budget
-        assert store_state(root) == before
-        assert_consistent(root)
 
 
 def _cross_device(source: Path, target: Path) -> None:

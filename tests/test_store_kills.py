@@ -13,7 +13,6 @@ quantizes: the create ends with a 507 and the store is as it was.
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import json
 import os
 import shutil
@@ -26,7 +25,7 @@ import httpx
 import pytest
 from fakes.helpers import TinyModels
 from fakes.ollama_registry import FakeRegistry
-from store_support import assert_consistent, temporaries
+from store_support import assert_consistent, fill_disk, temporaries
 from test_daemon_support import Daemon, running_daemon, start_daemon
 
 from localllm.models import load_model
@@ -169,18 +168,6 @@ def test_a_kill_at_each_step_of_a_pull(
     assert "tiny:latest" in assert_consistent(home)
 
 
-def _fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        block = b"\0" * (256 * 1024)
-        while True:
-            try:
-                handle.write(block)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                return filler
-
-
 def test_the_disk_filling_up_while_quantizing_is_a_507_and_leaves_nothing(
     small_disk: Callable[[int], Path], tiny_gguf: Path
 ) -> None:
@@ -193,7 +180,7 @@ def test_the_disk_filling_up_while_quantizing_is_a_507_and_leaves_nothing(
         with concurrent.futures.ThreadPoolExecutor(1) as pool, daemon.http() as http:
             request = pool.submit(http.post, "/api/create", json=body)
             _wait_paused(home, request)
-            filler = _fill(home)  # another program takes the space meanwhile
+            filler = fill_disk(home)  # another program takes the space meanwhile
             (home / "test-pause").unlink()
             answer = request.result(timeout=WAIT)
         assert answer.status_code == 507, answer.text
