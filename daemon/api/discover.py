@@ -1,0 +1,241 @@
+"""Finding a model on the Hugging Face Hub and knowing how it will run here (localllm's own):
+
+* ``GET /api/search?q=&sort=&limit=&cursor=`` — GGUF repositories on the Hub, one Hub request
+  per page (:func:`localllm.sources.hub.search_hub`);
+* ``POST /api/hub/show`` (``{"model": "hf.co/<user>/<repo>[:<quant>]"}``) — a repository's
+  quantizations before any download: size, fit on this machine's memory plan, the context each
+  would get, predicted decode and prefill speed (:mod:`..discover`).
+
+Also what other routes take from here: :func:`choose_pull` (the quantization ``/api/pull``
+takes for ``hf.co/<user>/<repo>`` without a tag), :func:`local_speed` (predicted and measured
+speed of a model in the store, for ``/api/plan`` and ``/api/ps``) and :func:`install` (the
+daemon's discovery, speed book and the scheduler's hook that feeds it).
+
+Hub errors keep their meaning: 404 (no such repository, no GGUF in it), 403 (gated or private:
+how to log in), 429 with ``Retry-After`` (rate limited), 502 (unreachable, down, timed out).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from localllm.names import ModelName, parse_name
+from localllm.sources.hub import SORTS, search_hub
+
+from ..discover import DeviceCache, Discovery, pick_quant
+from ..errors import HTTPProblem
+from ..speed import Calibration, model_cost, predict
+from ..speedbook import SpeedBook
+from ..state import DaemonState, StateDep
+
+if TYPE_CHECKING:
+    from ..scheduler import LoadedModel
+
+__all__ = ["HubShowRequest", "choose_pull", "install", "local_speed", "router"]
+
+log = logging.getLogger("localllm.discover")
+
+router = APIRouter()
+
+_MAX_LIMIT = 100
+
+
+class HubShowRequest(BaseModel):
+    """POST /api/hub/show."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., description="hf.co/<user>/<repo>, optionally :<quant> for one.")
+
+
+def _hf_name(text: str, field: str = "model") -> ModelName:
+    name = parse_name(text)
+    if not name.is_huggingface:
+        raise HTTPProblem(
+            400,
+            f"{text} is not a Hugging Face name: use hf.co/<user>/<repo>[:<quant>]",
+            param=field,
+        )
+    return name
+
+
+# -- the daemon's objects -------------------------------------------------------------------
+
+
+@functools.cache
+def _probe_key(threads: int) -> str:
+    from ..runner.speedprobe import probe_key
+
+    return probe_key(threads)
+
+
+def _threads(state: DaemonState) -> int:
+    from ..runner.cpu import default_threads
+
+    return state.settings.num_threads or default_threads()
+
+
+def install(state: DaemonState) -> None:
+    """Give ``state`` its discovery and speed book, and let the scheduler report every
+    finished request to the book."""
+    settings = state.settings
+    book = SpeedBook(settings.cache_dir / "speed-observed", lambda: _probe_key(_threads(state)))
+
+    def calibration(types: Sequence[str]) -> Calibration:
+        from ..runner.speedprobe import calibrate
+
+        return calibrate(settings, threads=_threads(state), types=types)
+
+    def correction() -> tuple[float, float]:
+        cached = _cached_calibration(state)
+        return book.correction(cached) if cached is not None else (1.0, 1.0)
+
+    state.speedbook = book
+    state.discovery = Discovery(
+        settings,
+        DeviceCache(lambda: state.scheduler.reservations("")),
+        calibration=calibration,
+        correction=correction,
+    )
+    state.scheduler.on_request_done = lambda loaded, result: _observe(book, loaded, result)
+
+
+def _observe(book: SpeedBook, loaded: LoadedModel, result: Any) -> None:
+    """One finished request's rates for the book (only plain decoding at full threads: the
+    CPU governor's fewer threads and speculative drafts are not what the model predicts)."""
+    t = result.timings
+    plan = loaded.plan
+    alone = (
+        loaded.handed <= 1
+        and loaded.pending == 0
+        and t.draft_tokens == 0
+        and (not t.threads_of or t.threads_min >= t.threads_of)
+    )
+    try:
+        book.observe(
+            loaded.model.entry.digest,
+            loaded.name,
+            [str(p) for p in loaded.model.gguf_paths],
+            alone=alone,
+            decoded=t.completion_tokens,
+            decode_rate=t.decode_tokens_per_s,
+            prefilled=t.prompt_tokens - t.cached_tokens,
+            prefill_rate=t.prompt_tokens_per_s,
+            context=t.prompt_tokens + t.completion_tokens // 2,
+            kv_cache_type=loaded.config.kv_cache_type,
+            gpu_layers=plan.n_gpu_layers if plan is not None else 0,
+        )
+    except Exception:  # the book only learns; it never fails a request
+        log.exception("could not record the speed of a request")
+
+
+def _cached_calibration(state: DaemonState) -> Calibration | None:
+    from ..runner.speedprobe import cached_calibration
+
+    return cached_calibration(state.settings, _threads(state))
+
+
+# -- routes -----------------------------------------------------------------------------------
+
+
+@router.get("/api/search", summary="Search the Hugging Face Hub for GGUF models (localllm)")
+async def search(
+    state: StateDep,
+    q: str = Query("", description="Words the repository's name contains."),
+    sort: str = Query("downloads", description=f"One of: {', '.join(SORTS)} (descending)."),
+    limit: int = Query(20, ge=1, le=_MAX_LIMIT, description="Results per page."),
+    cursor: str | None = Query(None, description="next_cursor of the previous page."),
+) -> dict[str, Any]:
+    """``{"models": [...], "next_cursor"}``: each with ``name`` (to pull), downloads, likes,
+    last update, parameters, architecture and context length where the Hub reports them."""
+    if sort not in SORTS:
+        raise HTTPProblem(400, f"sort must be one of {', '.join(SORTS)}", param="sort")
+    page = await run_in_threadpool(
+        search_hub, state.settings, q.strip(), sort=sort, limit=limit, cursor=cursor
+    )
+    return {"models": [m.to_dict() for m in page.models], "next_cursor": page.next_cursor}
+
+
+@router.post("/api/hub/show", summary="A Hub repository's quantizations on this machine (localllm)")
+async def hub_show(body: HubShowRequest, state: StateDep) -> dict[str, Any]:
+    """Every GGUF quantization of the repository (only the tag's, with a tag): files and size,
+    fit verdict and context from this machine's memory plan, predicted speed. Nothing is
+    downloaded but the start of one GGUF file (its header)."""
+    name = _hf_name(body.model)
+    tag = None if name.tag == "latest" else name.tag
+    report = await run_in_threadpool(state.discovery.report, name.repo_id, tag)
+    return report.to_dict()
+
+
+# -- for the other routes -----------------------------------------------------------------------
+
+
+def choose_pull(state: DaemonState, name: ModelName) -> tuple[str, str] | None:
+    """For ``hf.co/<user>/<repo>`` without a tag: ``(tag, why)`` of the quantization that fits
+    this machine best (see :func:`..discover.pick_quant`); None for any other name. Blocking."""
+    if not name.is_huggingface or name.tag != "latest":
+        return None
+    report = state.discovery.report(name.repo_id)
+    has_gpu = any(not d.is_host for d in report.devices)
+    best, why = pick_quant(report.quants, has_gpu)
+    size = best.quant.size
+    speed = ""
+    if best.prediction is not None and best.prediction.decode:
+        speed = f", predicted {best.prediction.decode:.0f} tokens/s"
+    note = f"picked {best.quant.label} ({size / 1e9:.2f} GB, {best.verdict}{speed}): {why}"
+    return best.quant.tag, note
+
+
+def local_speed(
+    state: DaemonState, loaded: LoadedModel | None, model: Any, plan: Any, *, probe: bool = True
+) -> dict[str, Any]:
+    """Predicted and measured speed of a model in the store (``model``: its LocalModel) under
+    ``plan`` (a MemoryPlan or None). Uses the probe's cached figures; with ``probe``, measures
+    weight types they lack (a second or so each), never the whole machine. Blocking (reads
+    the GGUF header)."""
+    from localllm.gguf_info import inspect_gguf
+
+    from ..memlayout import layout_from_gguf
+
+    answer: dict[str, Any] = {}
+    book: SpeedBook = state.speedbook
+    digest = model.entry.digest
+    observed = book.measured(digest)
+    if observed is not None:
+        answer["measured"] = {
+            "decode": observed.measured_decode,
+            "prefill": observed.measured_prefill,
+            "requests": max(len(observed.decode), len(observed.prefill)),
+        }
+    calibration = _cached_calibration(state)
+    if calibration is None:
+        answer["predicted"] = None
+        answer["why"] = "this machine's speed is not measured yet: run `localllm doctor`"
+        return answer
+    parts = [inspect_gguf(p) for p in model.gguf_paths]
+    kv_type = loaded.config.kv_cache_type if loaded is not None else state.settings.kv_cache_type
+    layout = layout_from_gguf(parts, kv_type)
+    cost = model_cost(parts, layout.kv_per_cell)
+    missing = sorted(t for t in cost.types if t not in calibration.types)
+    if missing and probe:
+        from ..runner.speedprobe import calibrate
+
+        calibration = calibrate(state.settings, threads=_threads(state), types=missing)
+    context = plan.n_ctx_per_slot if plan is not None else state.settings.context_length or 4096
+    prediction = predict(
+        cost,
+        calibration,
+        context=context,
+        gpu_layers=plan.n_gpu_layers if plan is not None else 0,
+        kv_cache_type=kv_type,
+        correction=book.correction(calibration, exclude=digest),
+    )
+    answer["predicted"] = prediction.to_dict()
+    return answer
