@@ -49,6 +49,7 @@ from .speed import Calibration, ModelCost, Prediction, model_cost, predict
 
 __all__ = [
     "Discovery",
+    "NothingFits",
     "QuantReport",
     "RepoReport",
     "fit_verdict",
@@ -234,6 +235,10 @@ class RepoReport:
 # -- choosing ------------------------------------------------------------------------------------
 
 
+class NothingFits(PullError):
+    """No quantization of a repository fits this machine's memory."""
+
+
 def _is_unquantized(report: QuantReport) -> bool:
     return main_type(report.quant.label) in _UNQUANTIZED
 
@@ -241,11 +246,11 @@ def _is_unquantized(report: QuantReport) -> bool:
 def pick_quant(reports: Sequence[QuantReport], has_gpu: bool) -> tuple[QuantReport, str]:
     """The quantization a pull without a tag takes (see the module docstring), and why.
 
-    Raises :class:`~localllm.PullError` when none fits, naming the smallest's needs."""
+    Raises :class:`NothingFits` when none fits, naming the smallest's needs."""
     fitting = [r for r in reports if r.fit != "none"]
     if not fitting:
         smallest = min(reports, key=lambda r: r.quant.size)
-        raise PullError(
+        raise NothingFits(
             f"no quantization fits this machine; the smallest, {smallest.quant.label}: "
             f"{smallest.refusal}"
         )

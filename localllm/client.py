@@ -227,6 +227,13 @@ def _payload(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:
     return body
 
 
+def _search_params(query: str, sort: str, limit: int, cursor: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"q": query, "sort": sort, "limit": limit}
+    if cursor:
+        params["cursor"] = cursor
+    return params
+
+
 def _error_message(response: httpx.Response) -> str:
     try:
         data = response.json()
@@ -373,6 +380,9 @@ def _other_server(response: httpx.Response) -> str | None:
 
 _IDENTITY = "localllm"
 _PROBE_TIMEOUT = httpx.Timeout(2.0)
+# The daemon bounds each Hub request (LOCALLLM_HUB_TIMEOUT); a first look at a repository may
+# also wait for the speed probe (seconds, once per machine).
+_HUB_TIMEOUT = httpx.Timeout(180.0, connect=5.0)
 
 
 class _Config:
@@ -632,6 +642,19 @@ class Client:
         if options:
             body["options"] = options
         return dict(self._json("POST", "/api/plan", body))
+
+    def search(
+        self, query: str, *, sort: str = "downloads", limit: int = 20, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """GGUF models on the Hugging Face Hub (``/api/search``, localllm's own): ``models``
+        (``name``, downloads, likes, parameters...) and the ``next_cursor`` of the next page."""
+        params = _search_params(query, sort, limit, cursor)
+        return dict(self._json("GET", "/api/search", params=params, timeout=_HUB_TIMEOUT))
+
+    def hub_show(self, model: str) -> dict[str, Any]:
+        """A Hub repository's quantizations on the daemon's machine before any download
+        (``/api/hub/show``): size, fit, context and predicted speed of each."""
+        return dict(self._json("POST", "/api/hub/show", {"model": model}, timeout=_HUB_TIMEOUT))
 
     def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""
@@ -1059,6 +1082,19 @@ class AsyncClient:
         if options:
             body["options"] = options
         return dict(await self._json("POST", "/api/plan", body))
+
+    async def search(
+        self, query: str, *, sort: str = "downloads", limit: int = 20, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """GGUF models on the Hugging Face Hub (see :meth:`Client.search`)."""
+        params = _search_params(query, sort, limit, cursor)
+        return dict(await self._json("GET", "/api/search", params=params, timeout=_HUB_TIMEOUT))
+
+    async def hub_show(self, model: str) -> dict[str, Any]:
+        """A Hub repository's quantizations on the daemon's machine (see
+        :meth:`Client.hub_show`)."""
+        body = {"model": model}
+        return dict(await self._json("POST", "/api/hub/show", body, timeout=_HUB_TIMEOUT))
 
     async def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""

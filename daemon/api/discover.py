@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from localllm.names import ModelName, parse_name
 from localllm.sources.hub import SORTS, search_hub
 
-from ..discover import DeviceCache, Discovery, pick_quant
-from ..errors import HTTPProblem
+from ..discover import DeviceCache, Discovery, NothingFits, pick_quant
+from ..errors import HTTPProblem, InsufficientMemoryError
 from ..speed import Calibration, model_cost, predict
 from ..speedbook import SpeedBook
 from ..state import DaemonState, StateDep
@@ -184,7 +184,10 @@ def choose_pull(state: DaemonState, name: ModelName) -> tuple[str, str] | None:
         return None
     report = state.discovery.report(name.repo_id)
     has_gpu = any(not d.is_host for d in report.devices)
-    best, why = pick_quant(report.quants, has_gpu)
+    try:
+        best, why = pick_quant(report.quants, has_gpu)
+    except NothingFits as exc:
+        raise InsufficientMemoryError(f"hf.co/{name.repo_id}: {exc}") from None
     size = best.quant.size
     speed = ""
     if best.prediction is not None and best.prediction.decode:

@@ -122,8 +122,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = add("pull", "models:cmd_pull", "Pull a model (hf.co/<user>/<repo> or a registry)")
     sub.add_argument("model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]")
+    sub.add_argument(
+        "--quant",
+        metavar="QUANT",
+        help="which quantization of an hf.co repository (default: the best that fits here)",
+    )
     sub.add_argument("--quantize", "-q", metavar="QUANT", help="quantize after pulling")
     sub.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
+
+    sub = add("search", "search:cmd_search", "Search Hugging Face for GGUF models")
+    sub.add_argument("query", nargs="*", metavar="WORDS", help="words the repository name has")
+    sub.add_argument(
+        "--sort",
+        default="downloads",
+        metavar="ORDER",
+        help="downloads (default), likes, updated, trending or created",
+    )
+    sub.add_argument("--limit", type=int, default=20, help="results per page (default 20)")
+    sub.add_argument("--page", type=int, default=1, help="which page (from 1)")
+    sub.add_argument("--json", action="store_true", help="machine-readable output")
 
     sub = add("list", "models:cmd_list", "List models", aliases=["ls"])
     sub.add_argument("--json", action="store_true", help="machine-readable output")
@@ -148,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--system", action="store_true", help="show the system message")
     group.add_argument("--license", action="store_true", help="show the license")
     sub.add_argument("--verbose", action="store_true", help="with --json: long metadata too")
+    sub.add_argument(
+        "--hub",
+        action="store_true",
+        help="hf.co names: the repository's quantizations on the Hub, even once pulled",
+    )
 
     sub = add("rm", "models:cmd_rm", "Remove one or more models")
     sub.add_argument("models", nargs="+", metavar="MODEL")
