@@ -467,7 +467,7 @@ def _read_part(
                 continue
             try:
                 response = source.open(client, len(data), end)
-                with response:
+                try:
                     if response.status_code not in (200, 206):
                         raise PullError(
                             f"{source.description}: HTTP {response.status_code} for a range"
@@ -477,6 +477,8 @@ def _read_part(
                         chunk += piece
                         if len(chunk) >= end - len(data):
                             break
+                finally:
+                    response.close()
             except Exception as exc:
                 raise hub_error(exc, f"hf.co/{listing.repo_id}", settings.hf_endpoint) from None
             if response.status_code == 200 and data:
