@@ -104,20 +104,17 @@ class Calibration:
         batch_a, batch_b = tiny["batch_s"]
         batch = int(report["batch"])
         raw = report["types"]
-        per_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
-        per_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
+        raw_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
+        raw_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
+        # A tiny model's step is its fixed cost and, per layer, the overhead and its weights.
+        fixed = max(step_a - layers_a * raw_layer, 0.0)
+        batch_fixed = max(batch_a - layers_a * raw_batch_layer, 0.0)
+        per_layer, per_batch_layer = raw_layer, raw_batch_layer
         rates: dict[str, TypeRate] = {}
-        for _ in range(2):
-            # The tiny layers' own weights (Q8_0) are part of their per-layer time: once the
-            # Q8_0 rate is known, take them out and work the rates out again.
-            if "Q8_0" in rates:
-                q8 = rates["Q8_0"]
-                per_layer = max(per_layer - tiny["layer_bytes"] / q8.decode, 0.0)
-                per_batch_layer = max(
-                    per_batch_layer - 2 * batch * tiny["layer_params"] / q8.prefill, 0.0
-                )
-            fixed = max(step_a - layers_a * per_layer, 0.0)
-            batch_fixed = max(batch_a - layers_a * per_batch_layer, 0.0)
+        # The tiny layers' own weights (Q8_0) are part of their per-layer time: once a Q8_0
+        # rate is known, take them out and work everything out again (a fixed point, reached
+        # in a few rounds as those weights are a small part).
+        for _ in range(8 if "Q8_0" in raw else 1):
             for name, entry in raw.items():
                 layers = int(entry["layers"])
                 step = float(entry["decode_s"])
@@ -129,8 +126,12 @@ class Calibration:
                     decode=weights / max(spent, _FLOOR * step),
                     prefill=work / max(batch_spent, _FLOOR * float(entry["batch_s"])),
                 )
-            if "Q8_0" not in raw:
-                break
+            if "Q8_0" in rates:
+                q8 = rates["Q8_0"]
+                per_layer = max(raw_layer - tiny["layer_bytes"] / q8.decode, 0.0)
+                per_batch_layer = max(
+                    raw_batch_layer - 2 * batch * tiny["layer_params"] / q8.prefill, 0.0
+                )
         return cls(
             key=key,
             threads=int(report["threads"]),
@@ -382,11 +383,13 @@ def predict(
     for name, amount in cost.output_bytes.items():
         weights[name] = weights.get(name, 0) + amount
     kv_type = _KV_RATE_TYPE.get(kv_cache_type, "F16")
+    # The KV cache is read through the attention's kernels at its element type's rate (the
+    # memory's own pace where the probe has none for it).
     kv_rate = calibration.types.get(kv_type) or calibration.types.get("F16")
     read = _seconds(weights, calibration, prefill=False) or 0.0
     step = calibration.decode_fixed + cost.n_layer * calibration.decode_layer + read
     kv_bytes = sum(cost.kv_per_cell) * context
-    step_full = step + (kv_bytes / kv_rate.decode if kv_rate is not None else 0.0)
+    step_full = step + kv_bytes / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
 
     tokens = min(n_batch, PREFILL_TOKENS)
     work: dict[str, float] = {}

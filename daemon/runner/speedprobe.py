@@ -157,12 +157,15 @@ def calibrate(
 ) -> Calibration:
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
-    is missing, or all measured again with ``fresh``. Blocks while probing (a few seconds);
-    raises :class:`ProbeFailed` when the probe cannot run."""
+    is missing, or all (and those probed before) measured again with ``fresh``. Blocks
+    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run."""
     count = _threads(settings, threads)
     with _probing:
-        cached = None if fresh else cached_calibration(settings, count)
-        wanted = [t for t in dict.fromkeys([*BASE_TYPES, *types]) if t]
+        known = cached_calibration(settings, count)
+        # Measured again afresh, the types probed on demand before are measured too.
+        earlier = known.types if known is not None else {}
+        cached = None if fresh else known
+        wanted = [t for t in dict.fromkeys([*BASE_TYPES, *earlier, *types]) if t]
         missing = [t for t in wanted if cached is None or t not in cached.types]
         if cached is not None and not missing:
             return cached
