@@ -12,7 +12,7 @@ an add) per weight per token. So, per decode step::
 and per prefill batch of ``B`` tokens::
 
     seconds = fixed_batch + layers × per_layer_batch + Σ_type 2 × B × weights[type] / flops[type]
-              + attention (4 × heads × head size × B × positions, at the F16 rate)
+              + attention (4 × heads × head size × B × positions, at the probe's pace)
 
 The rates are not constants: ggml's kernels unpack each weight type at their own pace, so
 :mod:`.runner.speedprobe` measures them on this machine (:class:`Calibration`): bytes per
@@ -88,6 +88,9 @@ class Calibration:
     """Tokens in the probe's batch."""
     types: dict[str, TypeRate]
     """Rates per ggml weight type."""
+    attention: float = 0.0
+    """Floating-point operations per second of a batch's attention over earlier tokens (0:
+    not measured; the F16 weights' rate stands in)."""
     seconds: float = 0.0
     """How long the probe took (the last part of it, when types were added later)."""
     measured_at: float = field(default_factory=time.time)
@@ -132,8 +135,14 @@ class Calibration:
                 per_batch_layer = max(
                     raw_batch_layer - 2 * batch * tiny["layer_params"] / q8.prefill, 0.0
                 )
+        attention = 0.0
+        if (late := report.get("attention")) is not None:
+            extra = float(late["late_batch_s"]) - float(late["batch_s"])
+            work = 4 * late["width"] * batch * late["positions"] * late["layers"]
+            attention = work / extra if extra > 0 else 0.0
         return cls(
             key=key,
+            attention=attention,
             threads=int(report["threads"]),
             repack=bool(report["repack"]),
             bandwidth=bandwidth,
@@ -400,14 +409,15 @@ def predict(
         work[name] = work.get(name, 0) + 2 * amount  # the last token's logits only
     compute = _seconds(work, calibration, prefill=True) or 0.0
     chunks = math.ceil(PREFILL_TOKENS / tokens)
-    attention_rate = calibration.types.get("F16") or next(iter(calibration.types.values()))
+    stand_in = calibration.types.get("F16") or next(iter(calibration.types.values()))
+    attention_rate = calibration.attention or stand_in.prefill
 
     # Each token attends to the positions before it: PREFILL_TOKENS²/2 pairs in all, two
     # products (scores and values) of attention_width each, per layer.
     attention = 2 * 2 * cost.attention_width * cost.n_layer * PREFILL_TOKENS**2 / 2
     batch_seconds = (
         chunks * (calibration.batch_fixed + cost.n_layer * calibration.batch_layer + compute)
-        + attention / attention_rate.prefill
+        + attention / attention_rate
     )
     decode_factor, prefill_factor = correction
     return Prediction(

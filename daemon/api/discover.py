@@ -26,12 +26,13 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
+from localllm._exceptions import LocalLLMError
 from localllm.names import ModelName, parse_name
 from localllm.sources.hub import SORTS, search_hub
 
 from ..discover import DeviceCache, Discovery, NothingFits, pick_quant
 from ..errors import HTTPProblem, InsufficientMemoryError
-from ..speed import Calibration, model_cost, predict
+from ..speed import Calibration, ModelCost, model_cost, predict
 from ..speedbook import SpeedBook
 from ..state import DaemonState, StateDep
 
@@ -196,6 +197,17 @@ def choose_pull(state: DaemonState, name: ModelName) -> tuple[str, str] | None:
     return best.quant.tag, note
 
 
+@functools.lru_cache(maxsize=32)
+def _local_cost(paths: tuple[str, ...], kv_cache_type: str) -> ModelCost:
+    """A stored model's cost per token (blobs never change, so it is read once)."""
+    from localllm.gguf_info import inspect_gguf
+
+    from ..memlayout import layout_from_gguf
+
+    parts = [inspect_gguf(p) for p in paths]
+    return model_cost(parts, layout_from_gguf(parts, kv_cache_type).kv_per_cell)
+
+
 def local_speed(
     state: DaemonState, loaded: LoadedModel | None, model: Any, plan: Any, *, probe: bool = True
 ) -> dict[str, Any]:
@@ -203,10 +215,6 @@ def local_speed(
     ``plan`` (a MemoryPlan or None). Uses the probe's cached figures; with ``probe``, measures
     weight types they lack (a second or so each), never the whole machine. Blocking (reads
     the GGUF header)."""
-    from localllm.gguf_info import inspect_gguf
-
-    from ..memlayout import layout_from_gguf
-
     answer: dict[str, Any] = {}
     book: SpeedBook = state.speedbook
     digest = model.entry.digest
@@ -222,10 +230,13 @@ def local_speed(
         answer["predicted"] = None
         answer["why"] = "this machine's speed is not measured yet: run `localllm doctor`"
         return answer
-    parts = [inspect_gguf(p) for p in model.gguf_paths]
     kv_type = loaded.config.kv_cache_type if loaded is not None else state.settings.kv_cache_type
-    layout = layout_from_gguf(parts, kv_type)
-    cost = model_cost(parts, layout.kv_per_cell)
+    try:
+        cost = _local_cost(tuple(str(p) for p in model.gguf_paths), kv_type)
+    except LocalLLMError as exc:
+        answer["predicted"] = None
+        answer["why"] = f"its GGUF could not be read: {exc}"
+        return answer
     missing = sorted(t for t in cost.types if t not in calibration.types)
     if missing and probe:
         from ..runner.speedprobe import calibrate

@@ -2,8 +2,10 @@
 
 localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
 its backends and devices, GPU offload and RPC support, the CPU probe's decision about weight
-repacking and why, the data root with its free disk, and both daemon endpoints with whether a
-localllm daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
+repacking and why, this machine's speed figures (the speed probe, measured afresh: memory
+bandwidth, each weight type's decode and prefill rate, the fixed costs of a step), the data
+root with its free disk, and both daemon endpoints with whether a localllm daemon answers
+there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
 runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
 daemon that does not run is reported as such.
 """
@@ -52,13 +54,18 @@ def _endpoint(settings: Any, **where: Any) -> dict[str, Any]:
 def diagnose() -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
-    from ..daemon.runner import cpu
+    from ..daemon.runner import cpu, speedprobe
     from ..daemon.runner.rpc import doctor_line
     from .common import load_settings
 
     settings = load_settings()
     paths = cpu.decide(settings)
     rpc_ok, rpc_line = doctor_line()
+    speed: dict[str, Any]
+    try:
+        speed = speedprobe.calibrate(settings, fresh=True).to_dict()
+    except speedprobe.ProbeFailed as exc:
+        speed = {"error": str(exc)}
     return {
         "localllm": __version__,
         "python": sys.version.split()[0],
@@ -66,6 +73,7 @@ def diagnose() -> dict[str, Any]:
         "llama_cpp": cpu.system_report(),
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
         "rpc": {"ok": rpc_ok, "line": rpc_line},
+        "speed": speed,
         "data_root": _free_disk(settings.data_dir),
         "endpoints": {
             "socket": _endpoint(settings, socket_path=settings.socket_path),
@@ -82,6 +90,26 @@ def _describe_endpoint(name: str, report: dict[str, Any]) -> str:
     else:
         state = "no localllm daemon answers"
     return f"  {name:7} {report['address']}: {state}"
+
+
+def _speed_lines(speed: dict[str, Any]) -> list[str]:
+    if "error" in speed:
+        return [f"speed: not measured ({speed['error']})"]
+    from ..daemon.speed import Calibration
+
+    figures = Calibration.from_dict(speed)
+    lines = [
+        f"speed ({figures.threads} threads, measured in {figures.seconds:.1f} s): memory "
+        f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
+        f"+ {figures.decode_layer * 1e6:.0f} us a layer"
+    ]
+    for name, rate in figures.types.items():
+        share = rate.decode / figures.bandwidth
+        lines.append(
+            f"  {name:6} decode {rate.decode / 1e9:5.1f} GB/s ({share:.0%} of memory), "
+            f"prefill {rate.prefill / 1e9:4.0f} GFLOP/s"
+        )
+    return lines
 
 
 def _render(report: dict[str, Any]) -> list[str]:
@@ -120,6 +148,7 @@ def _render(report: dict[str, Any]) -> list[str]:
     for key in ("warning", "error"):
         if repack.get(key):
             lines.append(f"  {key}: {repack[key]}")
+    lines.extend(_speed_lines(report["speed"]))
     disk = report["data_root"]
     free = (
         f"{human_size(disk['free'])} free of {human_size(disk['total'])}"

@@ -334,10 +334,11 @@ def threads_line(entry: Mapping[str, Any]) -> str | None:
 
 def ps_row(entry: Mapping[str, Any]) -> list[str]:
     """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S
-    UNTIL."""
+    PREDICTED (the speed model's decode tokens/s for one stream) UNTIL."""
     busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
     total = entry.get("slots")
     rate = entry.get("decode_tokens_per_s")
+    predicted = ((entry.get("speed") or {}).get("predicted") or {}).get("decode")
     return [
         str(entry.get("name", "")),
         str(entry.get("digest", ""))[:12],
@@ -348,15 +349,18 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
         f"{busy}/{total}" if total else "",
         _threads(entry),
         f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
+        f"{predicted:.0f}" if isinstance(predicted, int | float) and predicted > 0 else "-",
         _until(entry.get("expires_at"), bool(entry.get("pinned"))),
     ]
 
 
 def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
-    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S UNTIL, then a
+    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S PREDICTED UNTIL,
+    then a
     line per model split across RPC workers and per model whose governor holds threads back."""
     headers = [
-        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "UNTIL"
+        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
+        "UNTIL",
     ]  # fmt: skip
     spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
     spans += [line for entry in loaded if (line := device_line(entry)) is not None]
