@@ -157,7 +157,7 @@ def test_a_local_show_puts_predicted_beside_measured(cli: CliHome) -> None:
         (
             ["show", "hf.co/tester/tinier-GGUF"],
             (429, {"Retry-After": "30"}),
-            "Error: Hugging Face is limiting requests",
+            "Error: Hugging Face is rate-limiting this machine, try again in 30 s",
         ),
         (["search", "tin"], (503, {}), "Error: Hugging Face at http://127.0.0.1"),
         (["show", "hf.co/tester/safetensors"], None, "Error: hf.co/tester/safetensors has no GGUF"),

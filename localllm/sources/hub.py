@@ -101,8 +101,8 @@ def _status_error(status: int, headers: Any, where: str, endpoint: str) -> Excep
         wait = _retry_after(headers)
         when = f"try again in {wait:.0f} s" if wait is not None else "try again in a minute"
         return RateLimitedError(
-            f"Hugging Face is limiting requests from this machine (HTTP 429): {when}"
-            " (logging in with HF_TOKEN raises the limit)",
+            f"Hugging Face is rate-limiting this machine, {when} (HTTP 429; logging in with "
+            "HF_TOKEN raises the limit)",
             wait,
         )
     if status in (401, 403):

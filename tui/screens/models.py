@@ -1,6 +1,7 @@
 """The models screen: the store's models, details of one, delete, copy, pull with live progress
-(several at once, each cancellable), quantization to a chosen type, and the import of an Ollama
-store found on this machine with models localllm does not have."""
+(several at once, each cancellable), quantization to a chosen type, the import of an Ollama
+store found on this machine with models localllm does not have, and the Discover view of the
+Hugging Face Hub (:mod:`.discover`)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ class ModelsScreen(MainScreen):
     RELOAD_ON_RESUME = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("p", "pull", "Pull", id="models.pull"),
+        Binding("s", "discover", "Search Hub", id="models.discover"),
         Binding("c", "copy", "Copy", id="models.copy"),
         Binding("d,delete", "delete", "Delete", id="models.delete"),
         Binding("q", "quantize", "Quantize", id="models.quantize"),
@@ -264,6 +266,12 @@ class ModelsScreen(MainScreen):
         )
         if name:
             await self.start_pull(name)
+
+    def action_discover(self) -> None:
+        """Search the Hugging Face Hub: quantizations, fit here, predicted speed; pull one."""
+        from .discover import DiscoverScreen
+
+        self.app.push_screen(DiscoverScreen(self.start_pull))
 
     @work(exclusive=True, group="dialog")
     async def action_quantize(self) -> None:
