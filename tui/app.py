@@ -27,7 +27,6 @@ from .chats import DB_NAME, ChatStore
 from .screens.bench import BenchScreen
 from .screens.chat import ChatScreen
 from .screens.dashboard import DashboardScreen
-from .screens.discover import DiscoverScreen
 from .screens.help import HelpScreen
 from .screens.models import ModelsScreen
 from .widgets.prompt import PromptArea
@@ -181,7 +180,6 @@ class LocalLLMApp(App[None]):
             ("Everywhere", [b for b in self.BINDINGS if b not in bench_key]),
             ("Chat", [*ChatScreen.BINDINGS, *PromptArea.BINDINGS]),
             ("Models", list(ModelsScreen.BINDINGS)),
-            ("Discover (s on Models)", list(DiscoverScreen.BINDINGS)),
             ("Dashboard", list(DashboardScreen.BINDINGS)),
             ("Bench", [*bench_key, *BenchScreen.BINDINGS]),
         ]
