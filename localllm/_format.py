@@ -37,6 +37,16 @@ def exit_status(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def human_count(value: object) -> str:
+    """``1.2M``, ``34k``, ``512`` (downloads, likes, parameters); ``-`` when not a number."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "-"
+    for size, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "k")):
+        if value >= size:
+            return f"{value / size:.1f}".rstrip("0").rstrip(".") + suffix
+    return str(value)
+
+
 def human_size(size: float) -> str:
     """Decimal units as Ollama prints them: ``98 MB``, ``4.7 GB``."""
     for unit in ("B", "KB", "MB", "GB", "TB"):

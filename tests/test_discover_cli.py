@@ -4,41 +4,18 @@ the cache dir (the probe itself is tested in test_speed.py), so no probe runs he
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fakes.helpers import TinyModels
 from fakes.hf_hub import FakeHub
+from speed_support import seed_calibration
 from test_cli_support import CliHome, cli_home, closed_port_url
-
-from localllm.daemon.runner.speedprobe import BASE_TYPES, probe_key
-from localllm.daemon.speed import Calibration, TypeRate
 
 pytest_plugins = ["fakes.fixtures"]
 
 REPO = "hf.co/tester/tiny-GGUF"
-
-
-def seed_calibration(cache: Path, threads: int) -> Calibration:
-    """Fixed speed figures where the daemon (with ``threads`` threads) looks for this machine's."""
-    figures = Calibration(
-        key=probe_key(threads),
-        threads=threads,
-        repack=True,
-        bandwidth=20e9,
-        decode_fixed=1e-3,
-        decode_layer=1e-4,
-        batch_fixed=1e-3,
-        batch_layer=1e-4,
-        batch=64,
-        types={t: TypeRate(decode=10e9, prefill=50e9) for t in BASE_TYPES},
-    )
-    folder = cache / "localllm" / "speed-probe"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{figures.key}.json").write_text(json.dumps(figures.to_dict()))
-    return figures
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fakes.helpers import TinyModels
 from fakes.hf_hub import FakeHub
+from speed_support import make_calibration
 
 from localllm.daemon.discover import (
     Discovery,
@@ -197,19 +198,9 @@ def test_main_types_of_quant_labels(label: str, expected: str | None) -> None:
 def flat_calibration() -> Calibration:
     """Made-up figures: every type at 10 GB/s decode and 100 GFLOP/s, 1 ms a step."""
     rate = TypeRate(decode=10e9, prefill=100e9)
-    types = {t: rate for t in ("F32", "F16", "BF16", "Q8_0", "Q4_K", "Q4_0", "Q6_K")}
-    return Calibration(
-        key="test",
-        threads=1,
-        repack=True,
-        bandwidth=20e9,
-        decode_fixed=1e-3,
-        decode_layer=0.0,
-        batch_fixed=0.0,
-        batch_layer=0.0,
-        batch=64,
-        types=types,
-    )
+    figures = make_calibration(**dict.fromkeys(("F32", "F16", "BF16", "Q8_0", "Q4_K"), rate))
+    figures.decode_fixed, figures.decode_layer = 1e-3, 0.0
+    return figures
 
 
 @pytest.fixture

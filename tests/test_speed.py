@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from speed_support import make_calibration
 
 from localllm.daemon.memlayout import layout_from_gguf
 from localllm.daemon.runner import speedprobe
@@ -15,21 +16,6 @@ from localllm.daemon.speed import PREFILL_TOKENS, Calibration, TypeRate, model_c
 from localllm.daemon.speedbook import MIN_DECODED, SpeedBook
 from localllm.gguf_info import GGUFInfo, TensorInfo, inspect_gguf
 from localllm.settings import Settings
-
-
-def calibration(**rates: TypeRate) -> Calibration:
-    return Calibration(
-        key="k",
-        threads=2,
-        repack=True,
-        bandwidth=20e9,
-        decode_fixed=0.5e-3,
-        decode_layer=0.1e-3,
-        batch_fixed=2e-3,
-        batch_layer=0.2e-3,
-        batch=64,
-        types=dict(rates),
-    )
 
 
 def test_a_token_costs_the_layers_and_the_tied_output_head(smollm2_gguf: Path) -> None:
@@ -76,7 +62,7 @@ def test_experts_cost_only_what_a_token_is_routed_to() -> None:
 def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) -> None:
     info = inspect_gguf(smollm2_gguf)
     cost = model_cost([info], layout_from_gguf([info]).kv_per_cell)
-    figures = calibration(
+    figures = make_calibration(
         Q4_1=TypeRate(5e9, 40e9), Q8_0=TypeRate(10e9, 60e9), F32=TypeRate(20e9, 80e9)
     )
     guess = predict(cost, figures, context=2048)
@@ -93,7 +79,7 @@ def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) 
     doubled = predict(cost, figures, context=2048, correction=(2.0, 0.5))
     assert doubled.decode == pytest.approx(2 * guess.decode)
     assert doubled.prefill == pytest.approx(guess.prefill / 2)
-    missing = predict(cost, calibration(Q4_1=TypeRate(5e9, 40e9)), context=2048)
+    missing = predict(cost, make_calibration(Q4_1=TypeRate(5e9, 40e9)), context=2048)
     assert missing.decode is None and "no figures for F32, Q8_0" in missing.why
     offloaded = predict(cost, figures, context=2048, gpu_layers=31)
     assert offloaded.decode is None and "GPU" in offloaded.why
@@ -150,7 +136,7 @@ def test_rates_come_back_from_the_probes_timings() -> None:
         assert figures.types[name].prefill == pytest.approx(rate.prefill, rel=0.02)
     again = Calibration.from_dict(json.loads(json.dumps(figures.to_dict())))
     assert again == figures
-    merged = figures.merged(calibration(IQ2_XXS=TypeRate(1e9, 10e9)))
+    merged = figures.merged(make_calibration(IQ2_XXS=TypeRate(1e9, 10e9)))
     assert set(merged.types) == {"Q4_K", "Q8_0", "IQ2_XXS"}
 
 
@@ -171,14 +157,14 @@ def test_cached_figures_are_found_again_and_completed_per_type(
     settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path), "LOCALLLM_CPU_REPACK": "on"})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     asked: list[list[str]] = []
-    base = calibration(**{t: TypeRate(1e9, 1e9) for t in speedprobe.BASE_TYPES})
+    base = make_calibration(**{t: TypeRate(1e9, 1e9) for t in speedprobe.BASE_TYPES})
 
     def child(threads: int, repack: bool, types: list[str], timeout: float) -> dict[str, object]:
         asked.append(list(types))
         return {"types": types}
 
     def from_probe(report: dict[str, list[str]], key: str, seconds: float) -> Calibration:
-        figures = calibration(**{t: TypeRate(2e9, 2e9) for t in report["types"]})
+        figures = make_calibration(**{t: TypeRate(2e9, 2e9) for t in report["types"]})
         figures.key = key
         return figures
 
@@ -235,7 +221,7 @@ def test_the_speed_book_learns_from_requests_that_ran_alone(
     assert again.measured("a") == entry  # kept on disk
 
     info = inspect_gguf(smollm2_gguf)
-    figures = calibration(
+    figures = make_calibration(
         Q4_1=TypeRate(5e9, 40e9),
         Q8_0=TypeRate(10e9, 60e9),
         F32=TypeRate(20e9, 80e9),

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from fakes.helpers import TinyModels
 from fakes.hf_hub import FakeHub
+from speed_support import seed_calibration
 from test_daemon_support import Daemon, running_daemon
-from test_discover_cli import seed_calibration
 from test_tui_support import make_app, screen_text, wait_for
 from textual.widgets import DataTable, Input
 

@@ -409,57 +409,33 @@ def _write_probe_model(path: Path) -> None:
     import gguf
     import numpy as np
 
+    from .synthetic import write_llama
+
     rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("localllm-cpu-probe")
-    writer.add_context_length(256)
-    writer.add_embedding_length(_EMBD)
-    writer.add_block_count(_LAYERS)
-    writer.add_feed_forward_length(_FFN)
-    writer.add_head_count(_HEADS)
-    writer.add_head_count_kv(_HEADS)
-    writer.add_rope_dimension_count(_EMBD // _HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"t{i}" for i in range(_VOCAB - len(tokens))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE] * 256
-    writer.add_token_types(types + [gguf.TokenType.NORMAL] * (len(tokens) - len(types)))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-
-    def weight(rows: int, cols: int) -> Any:
-        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
-
-    def quantized(name: str, rows: int, cols: int, kind: gguf.GGMLQuantizationType) -> None:
-        writer.add_tensor(name, gguf.quants.quantize(weight(rows, cols), kind), raw_dtype=kind)
-
     q4_0, q4_1, q8_0 = (
         gguf.GGMLQuantizationType.Q4_0,
         gguf.GGMLQuantizationType.Q4_1,
         gguf.GGMLQuantizationType.Q8_0,
     )
-    writer.add_tensor("token_embd.weight", weight(_VOCAB, _EMBD))
-    writer.add_tensor("output_norm.weight", np.ones(_EMBD, dtype=np.float32))
-    quantized("output.weight", _VOCAB, _EMBD, q8_0)
-    for layer in range(_LAYERS):
+
+    def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
         # Each layer has every repackable type, so each is multiplied at batch and single size.
-        kind = (q4_0, q4_1)[layer % 2]
-        block = f"blk.{layer}"
-        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(_EMBD, dtype=np.float32))
-        writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(_EMBD, dtype=np.float32))
-        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            quantized(f"{block}.{part}.weight", _EMBD, _EMBD, kind)
-        quantized(f"{block}.ffn_gate.weight", _FFN, _EMBD, kind)
-        quantized(f"{block}.ffn_up.weight", _FFN, _EMBD, q8_0)
-        quantized(f"{block}.ffn_down.weight", _EMBD, _FFN, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        kind = q8_0 if layer < 0 or "ffn_up" in name else (q4_0, q4_1)[layer % 2]
+        weight = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return gguf.quants.quantize(weight, kind), kind
+
+    write_llama(
+        path,
+        embd=_EMBD,
+        ffn=_FFN,
+        heads=_HEADS,
+        layers=_LAYERS,
+        vocab=_VOCAB,
+        matrix=matrix,
+        context=256,
+        name="localllm-cpu-probe",
+        file_type=gguf.LlamaFileType.MOSTLY_Q4_0,
+    )
 
 
 def _probe_child(mode: str, threads: int, workdir: Path) -> int:

@@ -261,51 +261,20 @@ class _Weights:
 
 
 def _write_model(path: Path, type_name: str, embd: int, ffn: int, heads: int, layers: int) -> None:
-    import gguf
     import numpy as np
 
+    from .synthetic import write_llama
+
     weights = _Weights(type_name)
-    rng = np.random.default_rng(1)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(4096)
-    writer.add_embedding_length(embd)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(heads)
-    writer.add_rope_dimension_count(embd // heads)
-    writer.add_layer_norm_rms_eps(1e-5)
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"t{i}" for i in range(_VOCAB - len(tokens))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    kinds = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE] * 256
-    writer.add_token_types(kinds + [gguf.TokenType.NORMAL] * (len(tokens) - len(kinds)))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    small = (rng.standard_normal((_VOCAB, embd)) * 0.05).astype(np.float32)
-    writer.add_tensor("token_embd.weight", small)
-    writer.add_tensor("output_norm.weight", np.ones(embd, dtype=np.float32))
-    writer.add_tensor("output.weight", small.copy())
-    quantized = weights.kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-    for layer in range(layers):
-        block = f"blk.{layer}"
-        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(embd, dtype=np.float32))
-        writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(embd, dtype=np.float32))
-        shapes = [(part, embd, embd) for part in ("attn_q", "attn_k", "attn_v", "attn_output")]
-        shapes += [("ffn_gate", ffn, embd), ("ffn_up", ffn, embd), ("ffn_down", embd, ffn)]
-        for part, rows, cols in shapes:
-            data = weights.matrix(rows, cols)
-            name = f"{block}.{part}.weight"
-            if quantized:
-                writer.add_tensor(name, data, raw_dtype=weights.kind)
-            else:
-                writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    head = (np.random.default_rng(1).standard_normal((_VOCAB, embd)) * 0.05).astype(np.float32)
+    quantized = weights.kind.name not in ("F32", "F16")
+
+    def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
+        if layer < 0:  # the output head stays F32 (its bytes are counted apart)
+            return head, None
+        return weights.matrix(rows, cols), weights.kind if quantized else None
+
+    write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=_VOCAB, matrix=matrix)
 
 
 class _Runner:

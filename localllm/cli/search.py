@@ -8,23 +8,13 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._format import human_since, human_size, table
+from .._format import human_count, human_since, human_size, table
 from .common import UsageError, connect, parse_time, print_json
 
 if TYPE_CHECKING:
     from ..client import Client
 
 __all__ = ["cmd_search", "is_hub_name", "render_hub", "render_results", "show_hub"]
-
-
-def _count(value: Any) -> str:
-    """``1.2M``, ``34k``, ``512``; ``-`` when unknown."""
-    if not isinstance(value, int):
-        return "-"
-    for size, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "k")):
-        if value >= size:
-            return f"{value / size:.1f}".rstrip("0").rstrip(".") + suffix
-    return str(value)
 
 
 def _when(text: Any) -> str:
@@ -37,11 +27,11 @@ def render_results(models: Sequence[Mapping[str, Any]]) -> str:
     rows = [
         [
             str(m.get("name", "")),
-            _count(m.get("parameters")),
+            human_count(m.get("parameters")),
             str(m.get("architecture") or "-"),
             f"{m['context_length']:,}" if isinstance(m.get("context_length"), int) else "-",
-            _count(m.get("downloads")),
-            _count(m.get("likes")),
+            human_count(m.get("downloads")),
+            human_count(m.get("likes")),
             _when(m.get("last_modified")),
         ]
         for m in models
@@ -120,12 +110,14 @@ def render_hub(data: Mapping[str, Any]) -> str:
     info = data.get("info") or {}
     facts = [
         str(info.get("architecture") or ""),
-        f"{_count(info.get('parameters'))} parameters" if info.get("parameters") else "",
+        f"{human_count(info.get('parameters'))} parameters" if info.get("parameters") else "",
         f"trained context {info['context_length']:,}"
         if isinstance(info.get("context_length"), int)
         else "",
-        f"{_count(info.get('downloads'))} downloads" if info.get("downloads") is not None else "",
-        f"{_count(info.get('likes'))} likes" if info.get("likes") is not None else "",
+        f"{human_count(info.get('downloads'))} downloads"
+        if info.get("downloads") is not None
+        else "",
+        f"{human_count(info.get('likes'))} likes" if info.get("likes") is not None else "",
         f"updated {_when(info.get('last_modified'))}" if info.get("last_modified") else "",
     ]
     lines = [f"{data.get('model')}  ({', '.join(f for f in facts if f)})"]

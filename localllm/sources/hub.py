@@ -50,6 +50,7 @@ __all__ = [
     "SearchPage",
     "default_quant",
     "hub_error",
+    "hub_files",
     "list_repo",
     "read_header",
     "search_hub",
@@ -374,6 +375,19 @@ def _card(info: Any) -> dict[str, Any]:
     return {k: data[k] for k in keep if data.get(k) is not None}
 
 
+def hub_files(info: Any) -> list[HubFile]:
+    """The files of a ``huggingface_hub.ModelInfo`` fetched with ``files_metadata``: real sizes
+    (not the LFS pointers') and the LFS sha256 where there is one."""
+    return [
+        HubFile(
+            path=sibling.rfilename,
+            size=int(sibling.lfs.size if sibling.lfs else sibling.size or 0),
+            sha256=sibling.lfs.sha256 if sibling.lfs else None,
+        )
+        for sibling in info.siblings or []
+    ]
+
+
 def list_repo(settings: Settings, repo_id: str) -> RepoListing:
     """The GGUF files of ``hf.co/<repo_id>`` grouped per quantization (one Hub request).
 
@@ -388,14 +402,7 @@ def list_repo(settings: Settings, repo_id: str) -> RepoListing:
         )
     except Exception as exc:
         raise hub_error(exc, where, settings.hf_endpoint) from None
-    files = [
-        HubFile(
-            path=sibling.rfilename,
-            size=int(sibling.lfs.size if sibling.lfs else sibling.size or 0),
-            sha256=sibling.lfs.sha256 if sibling.lfs else None,
-        )
-        for sibling in info.siblings or []
-    ]
+    files = hub_files(info)
     projectors = [
         f
         for f in files

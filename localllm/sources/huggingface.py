@@ -42,7 +42,7 @@ from ..store import ModelEntry, Store
 from .assemble import assemble_model
 from .gguf_files import HubFile, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status
-from .hub import hub_error
+from .hub import hub_error, hub_files
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
 
@@ -141,15 +141,7 @@ def _list_files(name: ModelName, settings: Settings) -> tuple[str, list[HubFile]
                 "network connection"
             ) from None
         raise error from None
-    files = [
-        HubFile(
-            path=sibling.rfilename,
-            size=int(sibling.lfs.size if sibling.lfs else sibling.size or 0),
-            sha256=sibling.lfs.sha256 if sibling.lfs else None,
-        )
-        for sibling in info.siblings or []
-    ]
-    return info.sha or "main", files
+    return info.sha or "main", hub_files(info)
 
 
 def plan_huggingface(

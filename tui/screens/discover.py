@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Label
 
 from localllm._exceptions import DaemonError
-from localllm._format import human_size
+from localllm._format import human_count, human_size
 
 from ..format import modified
 
@@ -41,15 +41,6 @@ FIT_BADGES = {
 
 _RESULTS = ("Repository", "Params", "Downloads", "Likes", "Updated")
 _QUANTS = ("Quant", "Size", "Fit", "Context", "Decode", "Prefill")
-
-
-def _count(value: Any) -> str:
-    if not isinstance(value, int):
-        return "-"
-    for size, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "k")):
-        if value >= size:
-            return f"{value / size:.1f}".rstrip("0").rstrip(".") + suffix
-    return str(value)
 
 
 def fit_badge(quant: dict[str, Any]) -> Text:
@@ -149,9 +140,9 @@ class DiscoverScreen(Screen[None]):
         for model in self.results:
             table.add_row(
                 str(model["repo_id"]),
-                _count(model.get("parameters")),
-                _count(model.get("downloads")),
-                _count(model.get("likes")),
+                human_count(model.get("parameters")),
+                human_count(model.get("downloads")),
+                human_count(model.get("likes")),
                 modified(model.get("last_modified"), now),
                 key=str(model["name"]),
             )
