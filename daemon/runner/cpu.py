@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm._format import REBUILD_FOR_THIS_CPU, exit_status
+from localllm._process import child_report
 from localllm.settings import Settings
 
 __all__ = [
@@ -386,15 +387,8 @@ def system_report(timeout: float = 60.0) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {"error": f"llama.cpp's report did not finish within {timeout:.0f} s"}
-    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-    if done.returncode == 0 and lines:
-        with contextlib.suppress(ValueError):
-            report = json.loads(lines[-1])
-            if isinstance(report, dict):
-                return report
-    errors = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    cause = f": {errors[-1][:300]}" if errors else ""
-    return {"error": f"loading llama.cpp {exit_status(done.returncode)}{cause}"}
+    report, failure = child_report(done)
+    return report if report is not None else {"error": f"loading llama.cpp {failure}"}
 
 
 # -- the child ------------------------------------------------------------------------------

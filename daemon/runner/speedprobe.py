@@ -32,7 +32,6 @@ Only the child (``python -m localllm.daemon.runner.speedprobe``) imports llama.c
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
@@ -46,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localllm._format import exit_status
+from localllm._process import child_report
 from localllm.settings import Settings
 
 from ..speed import Calibration
@@ -143,15 +142,10 @@ def _run_child(threads: int, repack: bool, types: Sequence[str], timeout: float)
             )
         except subprocess.TimeoutExpired:
             raise ProbeFailed(f"the speed probe did not finish within {timeout:.0f} s") from None
-    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-    if done.returncode == 0 and lines:
-        with contextlib.suppress(ValueError):
-            report = json.loads(lines[-1])
-            if isinstance(report, dict):
-                return report
-    errors = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    cause = f": {errors[-1][:300]}" if errors else ""
-    raise ProbeFailed(f"the speed probe {exit_status(done.returncode)}{cause}")
+    report, failure = child_report(done)
+    if report is None:
+        raise ProbeFailed(f"the speed probe {failure}")
+    return report
 
 
 def calibrate(
