@@ -651,6 +651,10 @@ class Client:
         params = _search_params(query, sort, limit, cursor)
         return dict(self._json("GET", "/api/search", params=params, timeout=_HUB_TIMEOUT))
 
+    def speed(self, model: str) -> dict[str, Any]:
+        """A stored model's ``predicted`` and ``measured`` tokens/s (``/api/speed``)."""
+        return dict(self._json("POST", "/api/speed", {"model": model}))
+
     def hub_show(self, model: str) -> dict[str, Any]:
         """A Hub repository's quantizations on the daemon's machine before any download
         (``/api/hub/show``): size, fit, context and predicted speed of each."""
@@ -1089,6 +1093,10 @@ class AsyncClient:
         """GGUF models on the Hugging Face Hub (see :meth:`Client.search`)."""
         params = _search_params(query, sort, limit, cursor)
         return dict(await self._json("GET", "/api/search", params=params, timeout=_HUB_TIMEOUT))
+
+    async def speed(self, model: str) -> dict[str, Any]:
+        """A stored model's predicted and measured tokens/s (see :meth:`Client.speed`)."""
+        return dict(await self._json("POST", "/api/speed", {"model": model}))
 
     async def hub_show(self, model: str) -> dict[str, Any]:
         """A Hub repository's quantizations on the daemon's machine (see

@@ -4,7 +4,8 @@
   per page (:func:`localllm.sources.hub.search_hub`);
 * ``POST /api/hub/show`` (``{"model": "hf.co/<user>/<repo>[:<quant>]"}``) — a repository's
   quantizations before any download: size, fit on this machine's memory plan, the context each
-  would get, predicted decode and prefill speed (:mod:`..discover`).
+  would get, predicted decode and prefill speed (:mod:`..discover`);
+* ``POST /api/speed`` (``{"model": NAME}``) — a stored model's predicted and measured speed.
 
 Also what other routes take from here: :func:`choose_pull` (the quantization ``/api/pull``
 takes for ``hf.co/<user>/<repo>`` without a tag), :func:`local_speed` (predicted and measured
@@ -39,7 +40,14 @@ from ..state import DaemonState, StateDep
 if TYPE_CHECKING:
     from ..scheduler import LoadedModel
 
-__all__ = ["HubShowRequest", "choose_pull", "install", "local_speed", "router"]
+__all__ = [
+    "HubShowRequest",
+    "SpeedRequest",
+    "choose_pull",
+    "install",
+    "local_speed",
+    "router",
+]
 
 log = logging.getLogger("localllm.discover")
 
@@ -173,6 +181,28 @@ async def hub_show(body: HubShowRequest, state: StateDep) -> dict[str, Any]:
     tag = None if name.tag == "latest" else name.tag
     report = await run_in_threadpool(state.discovery.report, name.repo_id, tag)
     return report.to_dict()
+
+
+class SpeedRequest(BaseModel):
+    """POST /api/speed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., description="A model in the store, e.g. smollm2:135m.")
+
+
+@router.post("/api/speed", summary="A stored model's predicted and measured speed (localllm)")
+async def speed(body: SpeedRequest, state: StateDep) -> dict[str, Any]:
+    """``{"model", "predicted", "measured"}``: the speed model's decode and prefill tokens/s
+    for one stream here (at the loaded context, or the configured one), and what the runner
+    measured while serving it. Cheap: no plan is made and no probe runs."""
+    from ..generation import resolve_model
+
+    model = resolve_model(state, body.model)
+    loaded = state.scheduler.get(model.name.full)
+    plan = loaded.plan if loaded is not None else None
+    answer = await run_in_threadpool(local_speed, state, loaded, model, plan, probe=False)
+    return {"model": model.name.short, **answer}
 
 
 # -- for the other routes -----------------------------------------------------------------------

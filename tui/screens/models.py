@@ -30,7 +30,7 @@ from ..widgets.transfer import TransferPanel
 from .base import MainScreen
 from .dialogs import ConfirmDialog, NameDialog, QuantizeDialog
 
-__all__ = ["ModelsScreen", "details_markdown"]
+__all__ = ["ModelsScreen", "details_markdown", "speed_markdown"]
 
 _COLUMNS = ("Name", "Size", "Quantization", "Parameters", "Modified")
 _TEMPLATE_LINES = 8
@@ -75,6 +75,25 @@ def details_markdown(name: str, show: ShowResponse) -> str:
         first = str(show["license"]).strip().splitlines()
         lines += ["", "**License** " + (first[0] if first else "")]
     return "\n".join(lines)
+
+
+def speed_markdown(speed: dict[str, Any]) -> str:
+    """The predicted and measured speed of ``/api/speed``, as a Markdown paragraph."""
+    predicted = speed.get("predicted") or {}
+    measured = speed.get("measured") or {}
+    parts = []
+    for key in ("decode", "prefill"):
+        figures = []
+        if predicted.get(key):
+            figures.append(f"predicted **{predicted[key]:,.0f}**")
+        if measured.get(key):
+            figures.append(f"measured **{measured[key]:,.0f}**")
+        if figures:
+            parts.append(f"{key} {' / '.join(figures)} tok/s")
+    why = "" if predicted.get("decode") else predicted.get("why") or speed.get("why") or ""
+    if not parts and not why:
+        return ""
+    return "**Speed here** " + " · ".join(parts) + (f" ({why})" if why else "")
 
 
 class ModelsScreen(MainScreen):
@@ -212,10 +231,14 @@ class ModelsScreen(MainScreen):
         """Fetch and show what ``/api/show`` says about ``name``."""
         try:
             show = await self.llm.client.show(name)
+            speed = await self.llm.client.speed(name)
         except DaemonError as exc:
             self.report(exc, f"Could not show {name}")
             return
-        await settle(self.query_one("#details", Markdown).update(details_markdown(name, show)))
+        # The speed goes under the facts line, above the long parts (template, license).
+        head, _, rest = details_markdown(name, show).partition("\n\n")
+        text = "\n\n".join(p for p in (head, speed_markdown(speed), rest) if p)
+        await settle(self.query_one("#details", Markdown).update(text))
 
     # -- actions --------------------------------------------------------------------------
 
