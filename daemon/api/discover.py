@@ -33,6 +33,7 @@ from localllm.sources.hub import SORTS, search_hub
 
 from ..discover import DeviceCache, Discovery, NothingFits, pick_quant
 from ..errors import HTTPProblem, InsufficientMemoryError
+from ..runner.speedprobe import probe_key
 from ..speed import Calibration, ModelCost, model_cost, predict
 from ..speedbook import SpeedBook
 from ..state import DaemonState, StateDep
@@ -78,13 +79,6 @@ def _hf_name(text: str, field: str = "model") -> ModelName:
 # -- the daemon's objects -------------------------------------------------------------------
 
 
-@functools.cache
-def _probe_key(threads: int) -> str:
-    from ..runner.speedprobe import probe_key
-
-    return probe_key(threads)
-
-
 def _threads(state: DaemonState) -> int:
     from ..runner.cpu import default_threads
 
@@ -95,7 +89,7 @@ def install(state: DaemonState) -> None:
     """Give ``state`` its discovery and speed book, and let the scheduler report every
     finished request to the book."""
     settings = state.settings
-    book = SpeedBook(settings.cache_dir / "speed-observed", lambda: _probe_key(_threads(state)))
+    book = SpeedBook(settings.cache_dir / "speed-observed", lambda: probe_key(_threads(state)))
 
     def calibration(types: Sequence[str]) -> Calibration:
         from ..runner.speedprobe import calibrate

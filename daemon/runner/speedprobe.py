@@ -32,6 +32,7 @@ Only the child (``python -m localllm.daemon.runner.speedprobe``) imports llama.c
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -95,7 +96,11 @@ def probe_key(threads: int) -> str:
     """What the figures are cached under: the CPU probe's key (llama.cpp build, CPU, threads),
     how OpenMP's threads wait (spinning or sleeping changes every step's cost) and this
     probe's version."""
-    wait = os.environ.get("OMP_WAIT_POLICY", "").lower() or "default"
+    return _probe_key(threads, os.environ.get("OMP_WAIT_POLICY", "").lower() or "default")
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_key(threads: int, wait: str) -> str:
     text = f"{decision_key(threads)}|omp={wait}|speed={PROBE_VERSION}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -104,15 +109,26 @@ def _cache_file(settings: Settings, key: str) -> Path:
     return settings.cache_dir / "speed-probe" / f"{key}.json"
 
 
+_read: dict[Path, tuple[int, Calibration]] = {}
+
+
 def cached_calibration(settings: Settings, threads: int | None = None) -> Calibration | None:
-    """The figures measured earlier for this machine and thread count, if any (never probes)."""
+    """The figures measured earlier for this machine and thread count, if any (never probes;
+    the file is read again only when it changed: ``ps`` asks at every refresh)."""
     key = probe_key(_threads(settings, threads))
+    file = _cache_file(settings, key)
     try:
-        data = json.loads(_cache_file(settings, key).read_text())
-        calibration = Calibration.from_dict(data)
+        changed = file.stat().st_mtime_ns
+        known = _read.get(file)
+        if known is not None and known[0] == changed:
+            return known[1]
+        calibration = Calibration.from_dict(json.loads(file.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return calibration if calibration.key == key else None
+    if calibration.key != key:
+        return None
+    _read[file] = (changed, calibration)
+    return calibration
 
 
 def _write_cache(settings: Settings, calibration: Calibration) -> None:
