@@ -257,9 +257,13 @@ class FakeHub(LoopbackServer):
         ]
         key = _SORTS.get(query.get("sort", ["downloads"])[0], "downloads")
         repos.sort(key=lambda r: (getattr(r, key), r.repo_id), reverse=True)
-        limit = int(query.get("limit", ["1000"])[0])
-        cursor = query.get("cursor", [""])[0]
-        start = int(base64.urlsafe_b64decode(cursor).decode()) if cursor else 0
+        try:
+            limit = int(query.get("limit", ["1000"])[0])
+            cursor = query.get("cursor", [""])[0]
+            start = int(base64.urlsafe_b64decode(cursor).decode()) if cursor else 0
+        except ValueError:
+            handler.send_json(400, {"error": "Invalid limit or cursor"})
+            return
         page = repos[start : start + limit]
         expand = query.get("expand[]", [])
         items = []
