@@ -366,8 +366,10 @@ class Discovery:
         first = quants[0] if tag else default_quant(listing)
         shapes, header_error = self._shapes(listing, first)
         calibration, speed_error = self._calibration(shapes, quants)
+        correction = self.correction() if calibration is not None else (1.0, 1.0)
         reports = [
-            self._quant_report(listing, quant, shapes, devices, calibration) for quant in quants
+            self._quant_report(listing, quant, shapes, devices, calibration, correction)
+            for quant in quants
         ]
         return RepoReport(
             listing=listing,
@@ -385,6 +387,7 @@ class Discovery:
         shapes: _Shapes | None,
         devices: Sequence[Device],
         calibration: Calibration | None,
+        correction: tuple[float, float],
     ) -> QuantReport:
         layout, cost, origin = _shapes_for(shapes, quant)
         if layout is None:
@@ -409,7 +412,7 @@ class Discovery:
                 context=report.plan.n_ctx_per_slot,
                 gpu_layers=report.plan.n_gpu_layers,
                 kv_cache_type=self.settings.kv_cache_type,
-                correction=self.correction(),
+                correction=correction,
             )
         return report
 
