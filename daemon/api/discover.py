@@ -107,18 +107,22 @@ def install(state: DaemonState) -> None:
         calibration=calibration,
         correction=correction,
     )
-    state.scheduler.on_request_done = lambda loaded, result: _observe(book, loaded, result)
+    state.scheduler.on_request_done = lambda loaded, result: _observe(
+        book, loaded, result, _threads(state)
+    )
 
 
-def _observe(book: SpeedBook, loaded: LoadedModel, result: Any) -> None:
-    """One finished request's rates for the book (only plain decoding at full threads: the
-    CPU governor's fewer threads and speculative drafts are not what the model predicts)."""
+def _observe(book: SpeedBook, loaded: LoadedModel, result: Any, threads: int) -> None:
+    """One finished request's rates for the book: only plain decoding with all the
+    ``threads`` the probe measured with (the CPU governor's fewer threads, a request's own
+    thread count and speculative drafts are not what the model predicts)."""
     t = result.timings
     plan = loaded.plan
     alone = (
         loaded.handed <= 1
         and loaded.pending == 0
         and t.draft_tokens == 0
+        and t.threads_of in (0, threads)
         and (not t.threads_of or t.threads_min >= t.threads_of)
     )
     try:
