@@ -13,6 +13,8 @@ from fakes.hf_hub import FakeHub
 from speed_support import seed_calibration
 from test_cli_support import CliHome, cli_home, closed_port_url
 
+from localllm.gguf_info import inspect_gguf_header
+
 pytest_plugins = ["fakes.fixtures"]
 
 REPO = "hf.co/tester/tiny-GGUF"
@@ -44,7 +46,13 @@ def cli(tmp_path_factory: pytest.TempPathFactory, module_hub: FakeHub) -> Iterat
     root = tmp_path_factory.mktemp("discover-cli")
     cache = root / "cache"
     seed_calibration(cache, threads=1)
-    with cli_home(root / "home", HF_ENDPOINT=module_hub.url, XDG_CACHE_HOME=str(cache)) as c:
+    with cli_home(
+        root / "home",
+        HF_ENDPOINT=module_hub.url,
+        XDG_CACHE_HOME=str(cache),
+        # plain decoding: what the speed model predicts (and what the speed book learns from)
+        LOCALLLM_SPECULATIVE="off",
+    ) as c:
         yield c
 
 
@@ -122,10 +130,40 @@ def test_pull_quant_overrides_the_pick(cli: CliHome) -> None:
     assert "give the tag or --quant, not both" in error
 
 
-def test_a_local_show_puts_predicted_beside_measured(cli: CliHome) -> None:
-    out = cli.ok("show", f"{REPO}:F16")
+def test_a_local_show_puts_predicted_beside_measured(cli: CliHome, tiny_models: TinyModels) -> None:
+    name = f"{REPO}:F16"
+    cli.ok("pull", name)  # (again: the blobs are there already when another test pulled it)
+    out = cli.ok("show", name)
     decode = next(line for line in out.splitlines() if line.strip().startswith("decode"))
-    assert "predicted" in decode and "tokens/s" in decode
+    assert "predicted" in decode and "tokens/s" in decode and "measured" not in decode
+    with cli.client() as client:
+        before = client.speed(name)
+        assert before["predicted"]["decode"] > 0 and "measured" not in before
+        # one request alone, long enough to count (its end of text forbidden, so that it
+        # runs its 24 tokens): the speed book learns its rates
+        eos = inspect_gguf_header(tiny_models.f16, len(tiny_models.f16), "f16").metadata[
+            "tokenizer.ggml.eos_token_id"
+        ]
+        body = {
+            "model": name,
+            "prompt": " ".join(f"w{i}" for i in range(120)),
+            "max_tokens": 24,
+            "temperature": 0,
+            "logit_bias": {str(eos): -100},
+        }
+        answer = client.openai_completion(body)
+        assert answer["usage"]["completion_tokens"] == 24
+        after = client.speed(name)
+    assert after["measured"]["requests"] == 1
+    assert after["measured"]["decode"] > 0 and after["measured"]["prefill"] > 0
+    decode = next(line for line in cli.ok("show", name).splitlines() if "decode" in line)
+    assert "predicted" in decode and "measured" in decode and "(1 requests)" in decode
+    # loaded now: ps puts the prediction beside the live rate
+    (loaded,) = [m for m in cli.json("ps") if m["name"] == name]
+    assert loaded["speed"]["predicted"]["decode"] > 0
+    header, row = cli.ok("ps").splitlines()[:2]
+    predicted = row.split()[header.split().index("PREDICTED") + 1]  # SIZE takes two words
+    assert predicted == f"{loaded['speed']['predicted']['decode']:.0f}"
 
 
 @pytest.mark.parametrize(
