@@ -162,7 +162,7 @@ def test_a_local_show_puts_predicted_beside_measured(cli: CliHome, tiny_models: 
     (loaded,) = [m for m in cli.json("ps") if m["name"] == name]
     assert loaded["speed"]["predicted"]["decode"] > 0
     header, row = cli.ok("ps").splitlines()[:2]
-    predicted = row.split()[header.split().index("PREDICTED") + 1]  # SIZE takes two words
+    predicted = row[header.index("PREDICTED") :].split()[0]
     assert predicted == f"{loaded['speed']['predicted']['decode']:.0f}"
 
 
