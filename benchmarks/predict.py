@@ -18,7 +18,8 @@ What it does, in one run:
    probe keeps the best step likewise);
 4. the predictions, from the model's GGUF header, its plan's context and the probe's figures:
    ``probe`` alone, and ``+served``: corrected by what the other models measured (the speed
-   book's correction, leaving the predicted model out, as it works for a model not served yet).
+   book's correction: the median of the seconds the probe alone missed per step or per prompt
+   token, leaving the predicted model out, as it works for a model not served yet).
 
 Each line prints predicted, measured and predicted ÷ measured (the target: every ratio within
 0.75-1.25). The last line is one JSON object with every figure. The machine is shared: say what
@@ -45,11 +46,11 @@ from _daemon import start_daemon, stop
 
 STARTER = "smollm2:135m"
 QUANTIZED = {"smollm2:q8_0": "q8_0", "smollm2:f16": "f16"}
-_WORDS = (
-    "river stone garden window music paper table winter summer mountain ocean forest city road "
-    "bridge castle dragon robot planet silver golden quiet bright ancient modern gentle wild "
-    "simple clever history science language number story"
-).split()
+_WORDS = [
+    "river", "stone", "garden", "window", "music", "paper", "table", "winter", "summer",
+    "mountain", "ocean", "forest", "city", "road", "bridge", "castle", "dragon", "robot",
+    "planet", "silver", "golden", "quiet", "bright", "ancient", "modern", "gentle", "wild",
+]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -102,6 +103,7 @@ def main() -> int:
 
     from localllm.daemon.memlayout import layout_from_gguf
     from localllm.daemon.runner.speedprobe import calibrate
+    from localllm.daemon.speed import corrected as speed_corrected
     from localllm.daemon.speed import model_cost, predict
     from localllm.gguf_info import inspect_gguf
     from localllm.models import load_model
@@ -182,12 +184,17 @@ def main() -> int:
         entry: dict[str, Any] = {}
         for key in ("decode", "prefill"):
             predicted = probe_only[name][key]
-            others = [
-                measured_other[key] / probe_only[other][key]  # type: ignore[operator]
+            # the speed book's correction, learned from the other models (seconds missed)
+            gaps = [
+                1 / measured_other[key] - 1 / probe_only[other][key]  # type: ignore[operator]
                 for other, measured_other in best.items()
                 if other != name and probe_only[other][key]
             ]
-            corrected = predicted * statistics.median(others) if predicted and others else None
+            corrected = (
+                1 / speed_corrected(1 / predicted, statistics.median(gaps))
+                if predicted and gaps
+                else None
+            )
             ratio, ratio_served = _ratio(predicted, measured[key]), _ratio(corrected, measured[key])
             entry[key] = {
                 "predicted": round(predicted, 1) if predicted else None,

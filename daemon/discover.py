@@ -295,8 +295,8 @@ class Discovery:
     """Where a model could go, as free as they are now."""
     calibration: Callable[[Sequence[str]], Calibration] | None = None
     """The speed probe's figures with these weight types measured (None: no predictions)."""
-    correction: Callable[[], tuple[float, float]] = lambda: (1.0, 1.0)
-    """The decode and prefill factors learned from served models."""
+    correction: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
+    """Seconds learned from served models: per decode step and per prompt token."""
 
     def _request(self, layout: ModelLayout) -> PlanRequest:
         settings = self.settings
@@ -366,7 +366,7 @@ class Discovery:
         first = quants[0] if tag else default_quant(listing)
         shapes, header_error = self._shapes(listing, first)
         calibration, speed_error = self._calibration(shapes, quants)
-        correction = self.correction() if calibration is not None else (1.0, 1.0)
+        correction = self.correction() if calibration is not None else (0.0, 0.0)
         reports = [
             self._quant_report(listing, quant, shapes, devices, calibration, correction)
             for quant in quants

@@ -19,7 +19,9 @@ The rates are not constants: ggml's kernels unpack each weight type at their own
 second a decode step reads, operations per second a batch does, and the fixed costs of a step
 and of a layer. What the probe cannot see (the runner's own work around each step: sampling,
 detokenizing, the event hand-over; another program's load) is learned from the models the
-runner serves (:mod:`.speedbook`), as a correction factor.
+runner serves (:mod:`.speedbook`): seconds added to (or taken off) each decode step and each
+prompt token. Added, not multiplied: what a 100 MB model teaches about a step's own costs says
+little about the bytes a 5 GB model reads.
 
 Mixture-of-experts layers read only the experts a token is routed to
 (``expert_used_count`` of ``expert_count``); a model whose output head is its token embedding
@@ -43,6 +45,7 @@ __all__ = [
     "ModelCost",
     "Prediction",
     "TypeRate",
+    "corrected",
     "model_cost",
     "predict",
 ]
@@ -335,8 +338,9 @@ class Prediction:
     """The context ``decode_full`` is for."""
     why: str = ""
     """Why nothing is predicted, when it is not."""
-    correction: float = 1.0
-    """The factor learned from served models that was applied (1: none)."""
+    correction: tuple[float, float] = (0.0, 0.0)
+    """Seconds learned from served models that were added to a decode step and to a prompt
+    token ((0, 0): none)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, rates rounded to 0.1 token/s."""
@@ -371,12 +375,13 @@ def predict(
     gpu_layers: int = 0,
     kv_cache_type: str = "f16",
     n_batch: int = PREFILL_TOKENS,
-    correction: tuple[float, float] = (1.0, 1.0),
+    correction: tuple[float, float] = (0.0, 0.0),
 ) -> Prediction:
     """Predicted decode and prefill rates of one stream on the CPU (see the module docstring).
 
-    ``context`` is the KV the full-context decode figure reads; ``correction`` multiplies the
-    decode and prefill rates (what served models taught, :class:`~.speedbook.SpeedBook`).
+    ``context`` is the KV the full-context decode figure reads; ``correction`` adds seconds to
+    each decode step and each prompt token (what served models taught,
+    :class:`~.speedbook.SpeedBook`), never taking off more than three quarters of either.
     """
     if gpu_layers > 0:
         return Prediction(
@@ -419,11 +424,17 @@ def predict(
         chunks * (calibration.batch_fixed + cost.n_layer * calibration.batch_layer + compute)
         + attention / attention_rate
     )
-    decode_factor, prefill_factor = correction
+    step_extra, token_extra = correction
+    per_token = batch_seconds / PREFILL_TOKENS
     return Prediction(
-        decode=decode_factor / step,
-        decode_full=decode_factor / step_full,
-        prefill=prefill_factor * PREFILL_TOKENS / batch_seconds,
+        decode=1 / corrected(step, step_extra),
+        decode_full=1 / corrected(step_full, step_extra),
+        prefill=1 / corrected(per_token, token_extra),
         context=context,
-        correction=decode_factor,
+        correction=correction,
     )
+
+
+def corrected(seconds: float, extra: float) -> float:
+    """``seconds`` with a learned ``extra`` added, at least a quarter of what it was."""
+    return max(seconds + extra, seconds / 4)

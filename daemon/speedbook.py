@@ -6,10 +6,11 @@ prompt tokens evaluated, not taken from the cache) adds its decode and prefill r
 model's record. A model's *measured* rate is the median of its last :data:`KEPT` requests.
 
 Against each served model's prediction from the probe alone, the measured rates give a
-correction: the median over models of measured ÷ predicted, for decode and for prefill apart.
-It carries what the probe cannot see (the runner's own work around each step, the machine's
-usual load) to models not served yet. The records are kept per machine and thread count (the
-probe's key) in the user's cache dir, so predictions improve with use across restarts.
+correction: the median over models of the seconds the prediction missed per decode step and
+per prompt token (measured less predicted). It carries what the probe cannot see (the
+runner's own work around each step, the machine's usual load) to models not served yet. The
+records are kept per machine and thread count (the probe's key) in the user's cache dir, so
+predictions improve with use across restarts.
 """
 
 from __future__ import annotations
@@ -174,11 +175,11 @@ class SpeedBook:
                 self._costs[key] = None
         return self._costs[key]
 
-    def ratios(
+    def gaps(
         self, calibration: Calibration, exclude: str | None = None
     ) -> dict[str, tuple[float | None, float | None]]:
-        """Per served model (by digest): measured ÷ predicted-from-the-probe, for decode and
-        prefill (None where not measured or not predicted)."""
+        """Per served model (by digest): measured less predicted-from-the-probe seconds per
+        decode step and per prompt token (None where not measured or not predicted)."""
         with self._lock:
             entries = dict(self._load())
         found: dict[str, tuple[float | None, float | None]] = {}
@@ -193,20 +194,21 @@ class SpeedBook:
             decode = entry.measured_decode
             prefill = entry.measured_prefill
             found[digest] = (
-                decode / guess.decode_full if decode and guess.decode_full else None,
-                prefill / guess.prefill if prefill and guess.prefill else None,
+                1 / decode - 1 / guess.decode_full if decode and guess.decode_full else None,
+                1 / prefill - 1 / guess.prefill if prefill and guess.prefill else None,
             )
         return found
 
     def correction(
         self, calibration: Calibration, exclude: str | None = None
     ) -> tuple[float, float]:
-        """(decode, prefill) factors: the median ratio over served models, 1 where none was
-        measured. ``exclude`` leaves one model out (to predict that model honestly)."""
-        ratios = self.ratios(calibration, exclude).values()
-        decode = [d for d, _ in ratios if d is not None]
-        prefill = [p for _, p in ratios if p is not None]
+        """(seconds a decode step, seconds a prompt token) to add to predictions: the median
+        gap over served models, 0 where none was measured. ``exclude`` leaves one model out
+        (to predict that model honestly)."""
+        gaps = self.gaps(calibration, exclude).values()
+        decode = [d for d, _ in gaps if d is not None]
+        prefill = [p for _, p in gaps if p is not None]
         return (
-            statistics.median(decode) if decode else 1.0,
-            statistics.median(prefill) if prefill else 1.0,
+            statistics.median(decode) if decode else 0.0,
+            statistics.median(prefill) if prefill else 0.0,
         )

@@ -76,9 +76,13 @@ def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) 
     assert guess.decode_full == pytest.approx(1 / (step + kv))
     assert guess.prefill and guess.prefill > guess.decode  # a batch reuses its weights
     assert guess.context == 2048
-    doubled = predict(cost, figures, context=2048, correction=(2.0, 0.5))
-    assert doubled.decode == pytest.approx(2 * guess.decode)
-    assert doubled.prefill == pytest.approx(guess.prefill / 2)
+    slower = predict(cost, figures, context=2048, correction=(1e-3, 1e-4))
+    assert slower.decode == pytest.approx(1 / (step + 1e-3))
+    assert slower.prefill == pytest.approx(1 / (1 / guess.prefill + 1e-4))
+    # a correction never takes off more than three quarters of a step
+    faster = predict(cost, figures, context=2048, correction=(-1.0, -1.0))
+    assert faster.decode == pytest.approx(4 * guess.decode)
+    assert faster.prefill == pytest.approx(4 * guess.prefill)
     missing = predict(cost, make_calibration(Q4_1=TypeRate(5e9, 40e9)), context=2048)
     assert missing.decode is None and "no figures for F32, Q8_0" in missing.why
     offloaded = predict(cost, figures, context=2048, gpu_layers=31)
@@ -230,8 +234,8 @@ def test_the_speed_book_learns_from_requests_that_ran_alone(
     cost = model_cost([info], layout_from_gguf([info]).kv_per_cell)
     guess = predict(cost, figures, context=300)
     assert guess.decode_full and guess.prefill
-    decode_ratio, prefill_ratio = book.correction(figures)
-    assert decode_ratio == pytest.approx(50.0 / guess.decode_full)
-    assert prefill_ratio == pytest.approx(500.0 / guess.prefill)
+    step_gap, token_gap = book.correction(figures)
+    assert step_gap == pytest.approx(1 / 50.0 - 1 / guess.decode_full)
+    assert token_gap == pytest.approx(1 / 500.0 - 1 / guess.prefill)
     # left out, the only model measured teaches nothing about itself
-    assert book.correction(figures, exclude="a") == (1.0, 1.0)
+    assert book.correction(figures, exclude="a") == (0.0, 0.0)

@@ -98,7 +98,7 @@ def install(state: DaemonState) -> None:
 
     def correction() -> tuple[float, float]:
         cached = _cached_calibration(state)
-        return book.correction(cached) if cached is not None else (1.0, 1.0)
+        return book.correction(cached) if cached is not None else (0.0, 0.0)
 
     state.speedbook = book
     state.discovery = Discovery(
