@@ -26,11 +26,12 @@ smallest that fits at all.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm._exceptions import GGUFError, LocalLLMError, PullError
 from localllm.gguf_info import GGUFInfo
@@ -47,14 +48,24 @@ from .memlayout import ModelLayout, estimate, layout_from_gguf
 from .memplan import HOST, Device, DoesNotFit, MemoryPlan, PlanRequest, plan, refusal
 from .speed import Calibration, ModelCost, Prediction, model_cost, predict
 
+if TYPE_CHECKING:
+    from .scheduler import LoadedModel, Scheduler
+    from .speedbook import SpeedBook
+
+log = logging.getLogger("localllm.discover")
+
 __all__ = [
+    "DeviceCache",
     "Discovery",
     "NothingFits",
     "QuantReport",
     "RepoReport",
+    "cached_calibration",
     "fit_verdict",
     "host_device",
     "pick_quant",
+    "probe_threads",
+    "wire",
 ]
 
 _UNQUANTIZED = ("F32", "F16", "BF16")
@@ -462,3 +473,77 @@ class DeviceCache:
         if memory.cgroup_room is not None:
             free = min(free, memory.cgroup_room - reserved.get(HOST, 0))
         return [host_device(free, memory.total), *self._gpus]
+
+
+# -- the daemon's objects -----------------------------------------------------------------------
+
+
+def probe_threads(settings: Settings) -> int:
+    """The thread count runners use at most, which the speed probe measures with."""
+    from .runner.cpu import default_threads
+
+    return settings.num_threads or default_threads()
+
+
+def cached_calibration(settings: Settings) -> Calibration | None:
+    """The probe's figures for the runners' thread count, if measured (never probes)."""
+    from .runner.speedprobe import cached_calibration as cached
+
+    return cached(settings, probe_threads(settings))
+
+
+def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook]:
+    """The daemon's discovery and speed book, the scheduler telling the book of every
+    finished request."""
+    from .runner.speedprobe import calibrate, probe_key
+    from .speedbook import SpeedBook
+
+    threads = probe_threads(settings)
+    book = SpeedBook(settings.cache_dir / "speed-observed", lambda: probe_key(threads))
+
+    def calibration(types: Sequence[str]) -> Calibration:
+        return calibrate(settings, threads=threads, types=types)
+
+    def correction() -> tuple[float, float]:
+        figures = cached_calibration(settings)
+        return book.correction(figures) if figures is not None else (0.0, 0.0)
+
+    discovery = Discovery(
+        settings,
+        DeviceCache(lambda: scheduler.reservations("")),
+        calibration=calibration,
+        correction=correction,
+    )
+    scheduler.on_request_done = lambda loaded, result: _observe(book, loaded, result, threads)
+    return discovery, book
+
+
+def _observe(book: SpeedBook, loaded: LoadedModel, result: Any, threads: int) -> None:
+    """One finished request's rates for the book: only plain decoding with all the
+    ``threads`` the probe measured with (the CPU governor's fewer threads, a request's own
+    thread count and speculative drafts are not what the model predicts)."""
+    t = result.timings
+    plan = loaded.plan
+    alone = (
+        loaded.handed <= 1
+        and loaded.pending == 0
+        and t.draft_tokens == 0
+        and t.threads_of in (0, threads)
+        and (not t.threads_of or t.threads_min >= t.threads_of)
+    )
+    try:
+        book.observe(
+            loaded.model.entry.digest,
+            loaded.name,
+            [str(p) for p in loaded.model.gguf_paths],
+            alone=alone,
+            decoded=t.completion_tokens,
+            decode_rate=t.decode_tokens_per_s,
+            prefilled=t.prompt_tokens - t.cached_tokens,
+            prefill_rate=t.prompt_tokens_per_s,
+            context=t.prompt_tokens + t.completion_tokens // 2,
+            kv_cache_type=loaded.config.kv_cache_type,
+            gpu_layers=plan.n_gpu_layers if plan is not None else 0,
+        )
+    except Exception:  # the book only learns; it never fails a request
+        log.exception("could not record the speed of a request")

@@ -41,9 +41,9 @@ class DaemonState:
     """Speeds the runners measured while serving (:mod:`.speedbook`)."""
 
     def __post_init__(self) -> None:
-        from .api.discover import install
+        from .discover import wire
 
-        install(self)
+        self.discovery, self.speedbook = wire(self.settings, self.scheduler)
 
     @classmethod
     def create(cls, settings: Settings) -> DaemonState:

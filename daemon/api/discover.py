@@ -8,9 +8,8 @@
 * ``POST /api/speed`` (``{"model": NAME}``) — a stored model's predicted and measured speed.
 
 Also what other routes take from here: :func:`choose_pull` (the quantization ``/api/pull``
-takes for ``hf.co/<user>/<repo>`` without a tag), :func:`local_speed` (predicted and measured
-speed of a model in the store, for ``/api/plan`` and ``/api/ps``) and :func:`install` (the
-daemon's discovery, speed book and the scheduler's hook that feeds it).
+takes for ``hf.co/<user>/<repo>`` without a tag) and :func:`local_speed` (predicted and
+measured speed of a model in the store, for ``/api/plan`` and ``/api/ps``).
 
 Hub errors keep their meaning: 404 (no such repository, no GGUF in it), 403 (gated or private:
 how to log in), 429 with ``Retry-After`` (rate limited), 502 (unreachable, down, timed out).
@@ -19,8 +18,6 @@ how to log in), 429 with ``Retry-After`` (rate limited), 502 (unreachable, down,
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Query
@@ -31,10 +28,9 @@ from localllm._exceptions import LocalLLMError
 from localllm.names import ModelName, parse_name
 from localllm.sources.hub import SORTS, search_hub
 
-from ..discover import DeviceCache, Discovery, NothingFits, pick_quant
+from ..discover import NothingFits, cached_calibration, pick_quant, probe_threads
 from ..errors import HTTPProblem, InsufficientMemoryError
-from ..runner.speedprobe import probe_key
-from ..speed import Calibration, ModelCost, model_cost, predict
+from ..speed import ModelCost, model_cost, predict
 from ..speedbook import SpeedBook
 from ..state import DaemonState, StateDep
 
@@ -45,12 +41,9 @@ __all__ = [
     "HubShowRequest",
     "SpeedRequest",
     "choose_pull",
-    "install",
     "local_speed",
     "router",
 ]
-
-log = logging.getLogger("localllm.discover")
 
 router = APIRouter()
 
@@ -74,79 +67,6 @@ def _hf_name(text: str, field: str = "model") -> ModelName:
             param=field,
         )
     return name
-
-
-# -- the daemon's objects -------------------------------------------------------------------
-
-
-def _threads(state: DaemonState) -> int:
-    from ..runner.cpu import default_threads
-
-    return state.settings.num_threads or default_threads()
-
-
-def install(state: DaemonState) -> None:
-    """Give ``state`` its discovery and speed book, and let the scheduler report every
-    finished request to the book."""
-    settings = state.settings
-    book = SpeedBook(settings.cache_dir / "speed-observed", lambda: probe_key(_threads(state)))
-
-    def calibration(types: Sequence[str]) -> Calibration:
-        from ..runner.speedprobe import calibrate
-
-        return calibrate(settings, threads=_threads(state), types=types)
-
-    def correction() -> tuple[float, float]:
-        cached = _cached_calibration(state)
-        return book.correction(cached) if cached is not None else (0.0, 0.0)
-
-    state.speedbook = book
-    state.discovery = Discovery(
-        settings,
-        DeviceCache(lambda: state.scheduler.reservations("")),
-        calibration=calibration,
-        correction=correction,
-    )
-    state.scheduler.on_request_done = lambda loaded, result: _observe(
-        book, loaded, result, _threads(state)
-    )
-
-
-def _observe(book: SpeedBook, loaded: LoadedModel, result: Any, threads: int) -> None:
-    """One finished request's rates for the book: only plain decoding with all the
-    ``threads`` the probe measured with (the CPU governor's fewer threads, a request's own
-    thread count and speculative drafts are not what the model predicts)."""
-    t = result.timings
-    plan = loaded.plan
-    alone = (
-        loaded.handed <= 1
-        and loaded.pending == 0
-        and t.draft_tokens == 0
-        and t.threads_of in (0, threads)
-        and (not t.threads_of or t.threads_min >= t.threads_of)
-    )
-    try:
-        book.observe(
-            loaded.model.entry.digest,
-            loaded.name,
-            [str(p) for p in loaded.model.gguf_paths],
-            alone=alone,
-            decoded=t.completion_tokens,
-            decode_rate=t.decode_tokens_per_s,
-            prefilled=t.prompt_tokens - t.cached_tokens,
-            prefill_rate=t.prompt_tokens_per_s,
-            context=t.prompt_tokens + t.completion_tokens // 2,
-            kv_cache_type=loaded.config.kv_cache_type,
-            gpu_layers=plan.n_gpu_layers if plan is not None else 0,
-        )
-    except Exception:  # the book only learns; it never fails a request
-        log.exception("could not record the speed of a request")
-
-
-def _cached_calibration(state: DaemonState) -> Calibration | None:
-    from ..runner.speedprobe import cached_calibration
-
-    return cached_calibration(state.settings, _threads(state))
 
 
 # -- routes -----------------------------------------------------------------------------------
@@ -253,7 +173,7 @@ def local_speed(
             "prefill": observed.measured_prefill,
             "requests": max(len(observed.decode), len(observed.prefill)),
         }
-    calibration = _cached_calibration(state)
+    calibration = cached_calibration(state.settings)
     if calibration is None:
         answer["predicted"] = None
         answer["why"] = "this machine's speed is not measured yet: run `localllm doctor`"
@@ -269,7 +189,9 @@ def local_speed(
     if missing and probe:
         from ..runner.speedprobe import calibrate
 
-        calibration = calibrate(state.settings, threads=_threads(state), types=missing)
+        calibration = calibrate(
+            state.settings, threads=probe_threads(state.settings), types=missing
+        )
     context = plan.n_ctx_per_slot if plan is not None else state.settings.context_length or 4096
     prediction = predict(
         cost,

@@ -42,7 +42,7 @@ from ..store import ModelEntry, Store
 from .assemble import assemble_model
 from .gguf_files import HubFile, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status
-from .hub import hub_error, hub_files
+from .hub_errors import hub_error, hub_files
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
 
