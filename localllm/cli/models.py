@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import human_since, human_size, human_until, table
+from .._format import human_since, human_size, human_until, speed_figures, table
 from .common import (
     UsageError,
     connect,
@@ -193,21 +193,15 @@ def render_plan(answer: Mapping[str, Any]) -> str:
 
 def speed_rows(speed: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     """``speed`` rows of ``show``'s plan: predicted beside measured tokens/s."""
-    if not speed:
-        return []
-    predicted = speed.get("predicted") or {}
-    measured = speed.get("measured") or {}
+    figures, why = speed_figures(speed)
+    requests = ((speed or {}).get("measured") or {}).get("requests", 0)
     rows = []
-    for key, label in (("decode", "decode"), ("prefill", "prefill")):
-        parts = []
-        if predicted.get(key):
-            parts.append(f"predicted {predicted[key]:.0f} tokens/s")
-        if measured.get(key):
-            parts.append(f"measured {measured[key]:.0f} ({measured.get('requests', 0)} requests)")
-        if parts:
-            rows.append((label, ", ".join(parts)))
-    why = predicted.get("why") or speed.get("why")
-    if why and not predicted.get("decode"):
+    for kind, predicted, measured in figures:
+        parts = [f"predicted {predicted:.0f} tokens/s"] if predicted else []
+        if measured:
+            parts.append(f"measured {measured:.0f} ({requests} requests)")
+        rows.append((kind, ", ".join(parts)))
+    if why:
         rows.append(("speed", f"not predicted: {why}"))
     return rows
 

@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Markdown
 from textual.worker import Worker
 
 from localllm._exceptions import APIError, DaemonError, LocalLLMError
-from localllm._format import human_size
+from localllm._format import human_size, speed_figures
 from localllm.client import ModelSummary, ShowResponse
 from localllm.ollama_import import ImportReport, OllamaModel
 from localllm.quantize import QUANT_TYPES
@@ -79,18 +79,13 @@ def details_markdown(name: str, show: ShowResponse) -> str:
 
 def speed_markdown(speed: dict[str, Any]) -> str:
     """The predicted and measured speed of ``/api/speed``, as a Markdown paragraph."""
-    predicted = speed.get("predicted") or {}
-    measured = speed.get("measured") or {}
+    figures, why = speed_figures(speed)
     parts = []
-    for key in ("decode", "prefill"):
-        figures = []
-        if predicted.get(key):
-            figures.append(f"predicted **{predicted[key]:,.0f}**")
-        if measured.get(key):
-            figures.append(f"measured **{measured[key]:,.0f}**")
-        if figures:
-            parts.append(f"{key} {' / '.join(figures)} tok/s")
-    why = "" if predicted.get("decode") else predicted.get("why") or speed.get("why") or ""
+    for kind, predicted, measured in figures:
+        said = [f"predicted **{predicted:,.0f}**"] if predicted else []
+        if measured:
+            said.append(f"measured **{measured:,.0f}**")
+        parts.append(f"{kind} {' / '.join(said)} tok/s")
     if not parts and not why:
         return ""
     return "**Speed here** " + " · ".join(parts) + (f" ({why})" if why else "")
