@@ -19,6 +19,7 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   └── NetworkError           the source could not be reached
     │       └── RateLimitedError   the source refuses for now (HTTP 429); ``retry_after`` seconds
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
+    ├── LaunchError                ``localllm launch`` cannot set up or start a coding tool
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
         │   └── DaemonTimeoutError  the daemon did not answer in time
@@ -41,6 +42,7 @@ __all__ = [
     "GGUFError",
     "InvalidDigestError",
     "InvalidNameError",
+    "LaunchError",
     "LocalLLMError",
     "ModelNotFoundError",
     "NetworkError",
@@ -134,6 +136,11 @@ class RateLimitedError(NetworkError):
 
 class OperationCancelledError(LocalLLMError):
     """The caller set the cancel event of a pull or quantization; partial downloads are kept."""
+
+
+class LaunchError(LocalLLMError):
+    """``localllm launch`` cannot set up or start a coding tool (not installed, a config file
+    it cannot read, no model that fits...)."""
 
 
 class DaemonError(LocalLLMError):

@@ -378,6 +378,13 @@ class Settings:
         "Models loaded when the daemon starts, in order (comma separated), each as its first "
         "request would load it; one that does not fit is logged and skipped.",
     )
+    omp_wait_policy: str | None = _setting(
+        "OMP_WAIT_POLICY",
+        None,
+        "OpenMP's own variable, which llama.cpp's CPU threads follow: active (spin while "
+        "waiting) or passive (sleep). localllm only reports it (`localllm doctor`); the CPU "
+        "governor keeps spinning threads off busy cores instead.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -525,6 +532,8 @@ class Settings:
                 values[attr] = switch[raw.lower()]
         if (raw := get("LOCALLLM_RPC_WORKERS")) is not None:
             values["rpc_workers"] = parse_rpc_workers(raw)
+        if (raw := get("OMP_WAIT_POLICY")) is not None:
+            values["omp_wait_policy"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)

@@ -78,8 +78,8 @@ class DraftRun(Run):
     def __init__(self, model: LlamaModel, draft: DraftModel, num_draft: int = 6) -> None:
         super().__init__(model, num_draft=num_draft)
         self.draft = draft
-        self.engine.draft = draft
-        self.engine.draft_cost = 0.0
+        self.engine.speculation.draft = draft
+        self.engine.speculation.draft_cost = 0.0
 
     def run(self, jobs: list[tuple[str, str, object]]) -> dict[str, str]:  # type: ignore[override]
         for seq in range(len(self.draft.seen)):

@@ -46,7 +46,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from .protocol import ThreadStats
 
@@ -56,6 +56,9 @@ __all__ = [
     "Kind",
     "ThreadChange",
     "allowed_cpus",
+    "demand",
+    "openmp_build",
+    "others_now",
     "pin_process",
     "read_cpu",
 ]
@@ -67,8 +70,14 @@ _SAMPLE_S = 0.25
 """How often the CPU readings are taken while the engine works."""
 _WINDOW = 2
 """Readings a decision spans (the last half second)."""
-_ALLOWANCE = 0.3
-"""Of a core: others using up to this much of one still leave it to a thread."""
+_ALLOWANCE: dict[str, float] = {"decode": 0.45, "batch": 0.85}
+"""Of a core, by kind of step: how much other processes may need of the cores a count takes
+and still leave that count faster than one fewer. Measured on 2 cores (SmolLM2-135M, a load
+busy a share of every 10 ms): two threads decoded faster than one beside loads of 0.2-0.4
+(1.16-1.18x) and slower from 0.5 (0.86x; 0.03x beside a full busy process); prefill with two
+threads stayed faster up to 0.7 (1.29x) and fell behind only beside a full one (0.54x)."""
+_RAISE_MARGIN = 0.15
+"""Going up needs this much more room than staying, so that a count does not flap."""
 _RAISE_AFTER = 2
 """Readings in a row that must allow more threads before the count goes up."""
 _TRIAL_PAIRS = 4
@@ -89,16 +98,14 @@ _BEST_DRIFT = 1.002
 """The best time seen rises this much per step, so that it follows a context that grows."""
 
 
-@dataclass(frozen=True)
-class CpuReading:
-    """CPU time counters at one moment (seconds)."""
+class CpuReading(NamedTuple):
+    """CPU time counters at one moment, in seconds: ``at`` on the monotonic clock, ``busy``
+    spent busy on the CPUs this process may use by everything (steal included), ``own`` used
+    by this process."""
 
     at: float
-    """Monotonic clock."""
     busy: float
-    """CPU time spent busy on the CPUs this process may use, by everything (steal included)."""
     own: float
-    """CPU time this process has used."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +197,44 @@ def pin_process(cpus: Iterable[int]) -> bool:
     return pinned
 
 
+def demand(used: float, ours: float, cpus: int) -> float:
+    """How many cores other processes would use if they got all they wanted, from what they
+    used (``used``) while this runner had ``ours`` threads runnable on average.
+
+    While the runnable threads of everyone fit the CPUs, the others got what they wanted. Once
+    they do not, the scheduler shares the CPUs among the runnable threads (and OpenMP's spin
+    keeps ours runnable): the others get about ``demand x cpus / (ours + demand)``, which is
+    solved for the demand. A busy process beside two spinning threads on 2 cores uses 0.67 of
+    a core and needs 1.0.
+    """
+    if ours + used <= cpus - 0.05 or used >= cpus - 0.1:
+        return min(used, float(cpus))
+    return min(used * ours / (cpus - used), float(cpus))
+
+
+def openmp_build(system_info: str) -> bool | None:
+    """Whether llama.cpp was built with OpenMP, from its system info (``OPENMP = 1``); None
+    when the info does not say."""
+    for part in system_info.split("|"):
+        name, _, value = part.partition("=")
+        if name.strip().upper() == "OPENMP":
+            return value.strip() == "1"
+    return None
+
+
+def others_now(cpus: frozenset[int] | None = None, seconds: float = 0.25) -> float | None:
+    """Cores other processes use over ``seconds`` (this one sleeps meanwhile); None where it
+    cannot be read."""
+    cpu_set = cpus if cpus is not None else allowed_cpus()
+    first = read_cpu(cpu_set)
+    time.sleep(seconds)
+    last = read_cpu(cpu_set)
+    if first is None or last is None or last.at <= first.at:
+        return None
+    used = (last.busy - first.busy) - (last.own - first.own)
+    return max(0.0, used / (last.at - first.at))
+
+
 # -- the tuner --------------------------------------------------------------------------------
 
 
@@ -271,9 +316,14 @@ class Governor:
         self._readings: list[CpuReading] = []
         self._next_sample = 0.0
         self.others: float | None = None
-        self._cpu_cap = self.max_threads
-        self._raise_votes = 0
+        self._cpu_cap: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
+        self._raise_votes: dict[Kind, int] = dict.fromkeys(KINDS, 0)
         self._cap_why = ""
+        self._thread_seconds = 0.0
+        """Threads x seconds of the decodes since the last reading (how many threads were
+        runnable meanwhile, on average)."""
+        self._window_threads: list[float] = []
+        """That, for each interval between the readings kept."""
         self._binding: dict[Kind, str] = dict.fromkeys(KINDS, "max")
         self._tuners = {kind: _Tuner(preferred=self.max_threads) for kind in KINDS}
         self._current: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
@@ -304,6 +354,7 @@ class Governor:
         """One decode of ``tokens`` tokens took ``seconds`` with ``threads`` threads."""
         if self.fixed or tokens <= 0 or seconds <= 0:
             return
+        self._thread_seconds += threads * seconds
         tuner = self._tuners[kind]
         per_token = seconds / tokens
         key = (threads, _size_class(tokens))
@@ -336,7 +387,7 @@ class Governor:
         now = self._clock()
         if now >= self._next_sample:
             self._sample(now)
-        cap = self.cap
+        cap = self.cap(kind)
         tuner = self._tuners[kind]
         count = min(tuner.preferred, cap)
         trial = tuner.trial
@@ -350,11 +401,10 @@ class Governor:
         self._set(kind, count)
         return count
 
-    @property
-    def cap(self) -> int:
-        """The most threads any step may use now: the runner's own count, the daemon's
-        budget and what other processes leave."""
-        return max(1, min(self.max_threads, self.budget, self._cpu_cap))
+    def cap(self, kind: Kind) -> int:
+        """The most threads a step of ``kind`` may use now: the runner's own count, the
+        daemon's budget and what other processes leave."""
+        return max(1, min(self.max_threads, self.budget, self._cpu_cap[kind]))
 
     def _due_trial(self, tuner: _Tuner, count: int, cap: int) -> int | None:
         if tuner.due[-1] <= 0 and count > 1:
@@ -429,44 +479,65 @@ class Governor:
         reading = self._reader()
         if reading is None:
             self.others = None
-            self._cpu_cap = self.max_threads
+            self._cpu_cap = dict.fromkeys(KINDS, self.max_threads)
             return
-        readings = self._readings
+        readings, threads = self._readings, self._window_threads
         if readings and reading.at - readings[-1].at > 4 * _SAMPLE_S:
             # The engine was idle: the span since says what happened meanwhile, on average;
             # only the last reading of it is kept.
             del readings[:-1]
+            threads.clear()
+        if readings:
+            threads.append(self._thread_seconds)
+        self._thread_seconds = 0.0
         readings.append(reading)
         if len(readings) < 2:
             return
         del readings[: -(_WINDOW + 1)]
-        first, last = readings[0], readings[-1]
+        del threads[:-_WINDOW]
+        # Down on the latest interval alone (a busy process costs most at once), up on the
+        # whole window.
+        latest = self._others(readings[-2], readings[-1], threads[-1])
+        window = self._others(readings[0], readings[-1], sum(threads))
+        if latest is None or window is None:
+            return
+        self.others = window
+        for kind in KINDS:
+            self._cap_kind(kind, latest, window)
+
+    def _others(self, first: CpuReading, last: CpuReading, thread_seconds: float) -> float | None:
         span = last.at - first.at
         if span <= 0:
+            return None
+        used = max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / span)
+        return demand(used, thread_seconds / span, self.cpus)
+
+    def _cap_kind(self, kind: Kind, latest: float, window: float) -> None:
+        cap = max(1, min(self.max_threads, math.floor(self.cpus - latest + _ALLOWANCE[kind])))
+        if cap < self._cpu_cap[kind]:
+            self._cpu_cap[kind] = cap
+            self._raise_votes[kind] = 0
+            self._cap_why = f"CPU busy: other processes need {latest:.1f} of {self.cpus} cores"
             return
-        others = max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / span)
-        self.others = min(others, float(self.cpus))
-        free = self.cpus - self.others
-        cap = max(1, min(self.max_threads, math.floor(free + _ALLOWANCE)))
-        self._cap_why = f"CPU busy: other processes use {self.others:.1f} of {self.cpus} cores"
-        if cap < self._cpu_cap:
-            self._cpu_cap = cap
-            self._raise_votes = 0
-        elif cap > self._cpu_cap:
-            self._raise_votes += 1
-            if self._raise_votes >= _RAISE_AFTER:
-                self._cpu_cap = cap
-                self._raise_votes = 0
+        room = self.cpus - window + _ALLOWANCE[kind] - _RAISE_MARGIN
+        raise_to = max(1, min(self.max_threads, math.floor(room)))
+        if raise_to > self._cpu_cap[kind]:
+            self._raise_votes[kind] += 1
+            if self._raise_votes[kind] >= _RAISE_AFTER:
+                self._cpu_cap[kind] = raise_to
+                self._raise_votes[kind] = 0
         else:
-            self._raise_votes = 0
+            self._raise_votes[kind] = 0
 
     def _set(self, kind: Kind, count: int, why: str | None = None) -> None:
         before = self._current[kind]
-        binding = "tuner" if why is not None else self._binding_limit(count)
+        binding = "tuner" if why is not None else self._binding_limit(kind, count)
         if count == before:
             self._binding[kind] = binding
-            if binding == "cpu":
-                self._why[kind] = self._cap_why  # the latest reading
+            if binding == "cpu" and self.others is not None:
+                self._why[kind] = (  # the latest reading
+                    f"CPU busy: other processes need {self.others:.1f} of {self.cpus} cores"
+                )
             return
         if why is None:
             why = self._limit_reason(binding, self._binding[kind])
@@ -479,11 +550,11 @@ class Governor:
         if self.on_change is not None:
             self.on_change(change)
 
-    def _binding_limit(self, count: int) -> str:
+    def _binding_limit(self, kind: Kind, count: int) -> str:
         """What holds the count where it is: ``max``, ``budget``, ``cpu`` or ``tuner``."""
         if count >= self.max_threads:
             return "max"
-        if count == self._cpu_cap and self._cpu_cap <= self.budget:
+        if count == self._cpu_cap[kind] and self._cpu_cap[kind] <= self.budget:
             return "cpu"
         if count == self.budget:
             return "budget"

@@ -19,6 +19,7 @@ import llama_cpp
 
 from .backends import has_local_gpu
 from .cpu import decide, default_threads
+from .params import ModelLoadError, set_fields
 from .protocol import RunnerConfig
 
 if TYPE_CHECKING:
@@ -60,23 +61,6 @@ log = logging.getLogger("localllm.runner.model")
 
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line.
 _LOG_DEBUG, _LOG_CONT = 1, 5
-
-
-class ModelLoadError(RuntimeError):
-    """llama.cpp refused to load the model or create its context."""
-
-
-def set_fields(params: ctypes.Structure, **values: object) -> None:
-    """Set fields of a llama.cpp parameter struct, refusing a name the struct lacks.
-
-    ctypes accepts any attribute on a struct, so a field llama.cpp renamed (``use_mmap``
-    became ``load_mode``) would otherwise be dropped without a word.
-    """
-    fields = {name for name, *_ in type(params)._fields_}
-    for name, value in values.items():
-        if name not in fields:
-            raise AttributeError(f"this llama.cpp has no {type(params).__name__}.{name}")
-        setattr(params, name, value)
 
 
 # The C callback must stay referenced for as long as llama.cpp may call it.

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .chat import TemplateRenderError, render_chat
-from .engine import EmbeddingJob, Engine, GenerationJob
+from .engine import Engine
 from .governor import allowed_cpus, pin_process
+from .jobs import EmbeddingJob, GenerationJob
 from .model import LlamaModel
 from .protocol import (
     IMAGE_MARKER,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine import GenerationJob
+    from .jobs import GenerationJob
     from .protocol import TokenLogprob
     from .sampling import Sampler
     from .speculative import Drafter, DraftPolicy

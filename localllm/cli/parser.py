@@ -239,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
         add("gateway", "gateway:cmd_gateway", "Route to many daemons by prompt prefix (smg)")
     )
 
+    from .launch import add_arguments as add_launch_arguments
+
+    add_launch_arguments(
+        add(
+            "launch",
+            "launch:cmd_launch",
+            "Set up a coding agent or editor for a local model and start it",
+        )
+    )
+
     from .bench import add_arguments as add_bench_arguments
 
     add_bench_arguments(add("bench", "bench:cmd_bench", "Measure throughput and latency"))
@@ -289,6 +299,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             word.startswith("-") for word in extra
         ):
             args.prompt += extra
+        elif isinstance(getattr(args, "extra", None), list) and extra[0] == "--":
+            # argparse fills ``launch``'s TOOL and ARGS together, before ``--``: the words
+            # after it are the tool's own arguments
+            args.extra += extra[1:]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.version:
