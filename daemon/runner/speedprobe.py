@@ -70,9 +70,9 @@ _TARGET_BYTES = 48 << 20
 _MAX_LAYERS = 6
 # The fixed-cost models: 128 wide, FFN 256, Q8_0, 2 and 26 layers.
 _TINY_EMBD, _TINY_FFN, _TINY_HEADS, _TINY_LAYERS = 128, 256, 4, (2, 26)
-_BATCH = 64
+_BATCH = 128
 _DECODE_STEPS = 16
-_BATCHES = 2
+_BATCHES = 1
 _TINY_TURNS = 3
 # The attention's pace: a batch at this position against one at the start, on this type.
 _LATE = 449
