@@ -306,6 +306,8 @@ class Discovery:
     """Where a model could go, as free as they are now."""
     calibration: Callable[[Sequence[str]], Calibration] | None = None
     """The speed probe's figures with these weight types measured (None: no predictions)."""
+    cached: Callable[[], Calibration | None] = lambda: None
+    """The figures measured so far, without probing."""
     correction: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
     """Seconds learned from served models: per decode step and per prompt token."""
 
@@ -350,12 +352,22 @@ class Discovery:
         return _Shapes(quant.label, quant.size, layout, cost, parameters)
 
     def _calibration(
-        self, shapes: _Shapes | None, quants: Sequence[QuantFiles]
+        self, shapes: _Shapes | None, quants: Sequence[QuantFiles], probe: bool
     ) -> tuple[Calibration | None, str | None]:
         if self.calibration is None or shapes is None:
             return None, None
         types = set(shapes.cost.types)
         types |= {t for q in quants if (t := main_type(q.label)) is not None}
+        if not probe:
+            figures = self.cached()
+            return (
+                (figures, None)
+                if figures is not None and types <= set(figures.types)
+                else (
+                    None,
+                    None,
+                )
+            )
         try:
             return self.calibration(sorted(types)), None
         except (LocalLLMError, RuntimeError, OSError) as exc:
@@ -368,15 +380,17 @@ class Discovery:
         *,
         listing: RepoListing | None = None,
         devices: Sequence[Device] | None = None,
+        probe: bool = True,
     ) -> RepoReport:
         """Every quantization of ``hf.co/<repo_id>`` (only ``tag``'s when given) on this
-        machine: fit, context and predicted speed. Blocking (Hub requests, maybe the probe)."""
+        machine: fit, context and predicted speed. Blocking (Hub requests, maybe the probe;
+        without ``probe``, speed is predicted only from figures already measured)."""
         listing = listing or list_repo(self.settings, repo_id)
         devices = list(devices if devices is not None else self.devices())
         quants = [listing.find(tag)] if tag else listing.quants
         first = quants[0] if tag else default_quant(listing)
         shapes, header_error = self._shapes(listing, first)
-        calibration, speed_error = self._calibration(shapes, quants)
+        calibration, speed_error = self._calibration(shapes, quants, probe)
         correction = self.correction() if calibration is not None else (0.0, 0.0)
         reports = [
             self._quant_report(listing, quant, shapes, devices, calibration, correction)
@@ -512,6 +526,7 @@ def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook
         settings,
         DeviceCache(lambda: scheduler.reservations("")),
         calibration=calibration,
+        cached=lambda: cached_calibration(settings),
         correction=correction,
     )
     scheduler.on_request_done = lambda loaded, result: _observe(book, loaded, result, threads)

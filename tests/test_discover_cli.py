@@ -111,7 +111,7 @@ def test_pull_without_a_tag_picks_the_best_fit_and_says_why(cli: CliHome) -> Non
     result = cli.run("pull", REPO)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
-    assert lines[0].startswith("picked Q8_0 (")
+    assert lines[0].startswith("picked Q8_0 (") and "predicted" in lines[0]
     assert "the largest quantization that runs wholly on the CPU" in lines[0]
     assert "F16/BF16/F32 left out" in lines[0]
     assert "using tiny-Q8_0.gguf (Q8_0)" in result.stderr and lines[-1] == "success"

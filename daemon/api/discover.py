@@ -131,7 +131,9 @@ def choose_pull(state: DaemonState, name: ModelName) -> tuple[str, str] | None:
     this machine best (see :func:`..discover.pick_quant`); None for any other name. Blocking."""
     if not name.is_huggingface or name.tag != "latest":
         return None
-    report = state.discovery.report(name.repo_id)
+    # The pick needs no speed: a pull never waits for the probe (figures measured before
+    # still say how fast the pick will run).
+    report = state.discovery.report(name.repo_id, probe=False)
     has_gpu = any(not d.is_host for d in report.devices)
     try:
         best, why = pick_quant(report.quants, has_gpu)
