@@ -8,7 +8,6 @@ Nothing else in localllm reads the environment; everything receives a :class:`Se
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 import stat
@@ -601,6 +600,8 @@ class Settings:
         natural = self.runtime_dir / name
         if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
             return natural
+        import hashlib  # rarely needed; it loads OpenSSL, on the path of every CLI command
+
         tag = hashlib.sha256(os.fsencode(self.runtime_dir)).hexdigest()[:16]
         return Path("/tmp") / f"localllm-{os.getuid()}-{tag}-{name}"
 

@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .._format import human_size
-from .parser import EXIT_OK
+from .commands import EXIT_OK
 
-__all__ = ["cmd_doctor", "diagnose"]
+__all__ = ["add_doctor_arguments", "cmd_doctor", "diagnose"]
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``doctor`` command's arguments."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _free_disk(path: Path) -> dict[str, Any]:

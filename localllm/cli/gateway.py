@@ -17,13 +17,13 @@ from types import FrameType
 from typing import Any
 
 from .._exceptions import APIError, DaemonUnavailableError
+from .commands import EXIT_OK
 from .common import UsageError, load_settings, print_json
-from .parser import EXIT_OK
 
-__all__ = ["add_arguments", "cmd_gateway", "cmd_ps_all", "fleet_rows"]
+__all__ = ["add_gateway_arguments", "cmd_gateway", "cmd_ps_all", "fleet_rows"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``gateway`` command's options."""
     from ..gateway import DEFAULT_GATEWAY_PORT, POLICIES
 

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from ..client import Client
 
 __all__ = [
+    "add_cp_arguments",
+    "add_create_arguments",
+    "add_list_arguments",
+    "add_ps_arguments",
+    "add_pull_arguments",
+    "add_quantize_arguments",
+    "add_rm_arguments",
+    "add_show_arguments",
+    "add_stop_arguments",
     "cmd_cp",
     "cmd_create",
     "cmd_list",
@@ -44,6 +53,117 @@ __all__ = [
     "render_plan",
     "render_show",
 ]
+
+
+_QUANT_HELP = "q4_0, q4_K_S, q4_K_M (q4_K), q5_K_M, q6_K, q8_0, f16, f32"
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL")
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_requantize(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-requantize",
+        action="store_true",
+        help="quantize an already quantized model (loses quality)",
+    )
+
+
+def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``pull`` command's arguments."""
+    parser.add_argument(
+        "model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]"
+    )
+    parser.add_argument(
+        "--quant",
+        metavar="QUANT",
+        help="which quantization of an hf.co repository (default: the best that fits here)",
+    )
+    parser.add_argument("--quantize", "-q", metavar="QUANT", help="quantize after pulling")
+    parser.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``list`` command's arguments."""
+    _add_json(parser)
+
+
+def add_ps_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``ps`` command's arguments."""
+    _add_json(parser)
+    parser.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument(
+        "--all", action="store_true", help="every worker behind the gateway (localllm gateway)"
+    )
+    parser.add_argument(
+        "--gateway", metavar="URL", help="with --all: this gateway (default: the one started here)"
+    )
+
+
+def add_show_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``show`` command's arguments."""
+    _add_model(parser)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--json", action="store_true", help="machine-readable output")
+    group.add_argument("--modelfile", action="store_true", help="show the Modelfile")
+    group.add_argument("--parameters", action="store_true", help="show the parameters")
+    group.add_argument("--template", action="store_true", help="show the template")
+    group.add_argument("--system", action="store_true", help="show the system message")
+    group.add_argument("--license", action="store_true", help="show the license")
+    parser.add_argument("--verbose", action="store_true", help="with --json: long metadata too")
+    parser.add_argument(
+        "--hub",
+        action="store_true",
+        help="hf.co names: the repository's quantizations on the Hub, even once pulled",
+    )
+
+
+def add_rm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``rm`` command's arguments."""
+    parser.add_argument("models", nargs="+", metavar="MODEL")
+
+
+def add_cp_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``cp`` command's arguments."""
+    parser.add_argument("source", metavar="SOURCE")
+    parser.add_argument("destination", metavar="DESTINATION")
+
+
+def add_create_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``create`` command's arguments."""
+    parser.add_argument("model", metavar="MODEL", help="name of the new model")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--file", "-f", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)"
+    )
+    source.add_argument(
+        "--from", dest="source", metavar="FILE|MODEL", help="a .gguf file or a model name"
+    )
+    parser.add_argument("--quantize", "-q", metavar="QUANT", help=f"quantize to {_QUANT_HELP}")
+    _add_requantize(parser)
+
+
+def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``stop`` command's arguments."""
+    _add_model(parser)
+
+
+def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``quantize`` command's arguments."""
+    parser.add_argument("source", metavar="SOURCE", help="a model name or a .gguf file")
+    parser.add_argument("target", metavar="TARGET", help="name of the new model")
+    parser.add_argument(
+        "--quantize", "-q", metavar="QUANT", required=True, help=f"target: {_QUANT_HELP}"
+    )
+    _add_requantize(parser)
 
 
 # -- list ------------------------------------------------------------------------------------

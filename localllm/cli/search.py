@@ -14,7 +14,14 @@ from .common import UsageError, connect, parse_time, print_json
 if TYPE_CHECKING:
     from ..client import Client
 
-__all__ = ["cmd_search", "is_hub_name", "render_hub", "render_results", "show_hub"]
+__all__ = [
+    "add_search_arguments",
+    "cmd_search",
+    "is_hub_name",
+    "render_hub",
+    "render_results",
+    "show_hub",
+]
 
 
 def _when(text: Any) -> str:
@@ -38,6 +45,20 @@ def render_results(models: Sequence[Mapping[str, Any]]) -> str:
     ]
     headers = ["NAME", "PARAMS", "ARCH", "CONTEXT", "DOWNLOADS", "LIKES", "UPDATED"]
     return table(headers, rows)
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``search`` command's arguments."""
+    parser.add_argument("query", nargs="*", metavar="WORDS", help="words the repository name has")
+    parser.add_argument(
+        "--sort",
+        default="downloads",
+        metavar="ORDER",
+        help="downloads (default), likes, updated, trending or created",
+    )
+    parser.add_argument("--limit", type=int, default=20, help="results per page (default 20)")
+    parser.add_argument("--page", type=int, default=1, help="which page (from 1)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
