@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 import threading
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localllm._process import write_json
 from localllm.gguf_info import inspect_gguf
 
 from .memlayout import layout_from_gguf
@@ -117,10 +117,7 @@ class SpeedBook:
     def _save(self, entries: dict[str, Observation]) -> None:
         file = self._file()
         try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            temporary = file.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({k: v.to_dict() for k, v in entries.items()}))
-            temporary.replace(file)
+            write_json(file, {k: v.to_dict() for k, v in entries.items()})
         except OSError as exc:
             log.warning("could not keep measured speeds in %s: %s", file, exc)
 

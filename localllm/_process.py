@@ -1,4 +1,4 @@
-"""Questions about other processes on this machine."""
+"""Questions about other processes on this machine, and files they share."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import contextlib
 import json
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 from ._format import exit_status
 
-__all__ = ["child_report", "pid_alive"]
+__all__ = ["child_report", "pid_alive", "write_json"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -36,3 +37,13 @@ def child_report(done: subprocess.CompletedProcess[bytes]) -> tuple[dict[str, An
     errors = done.stderr.decode("utf-8", "replace").strip().splitlines()
     cause = f": {errors[-1][:300]}" if errors else ""
     return None, f"{exit_status(done.returncode)}{cause}"
+
+
+def write_json(file: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``file`` whole or not at all (a temporary file of this process,
+    renamed), so that other processes reading it concurrently never see half of it. Raises
+    OSError."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    temporary = file.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    temporary.replace(file)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm._format import REBUILD_FOR_THIS_CPU, exit_status
-from localllm._process import child_report
+from localllm._process import child_report, write_json
 from localllm.settings import Settings
 
 __all__ = [
@@ -287,10 +287,7 @@ def _cache_file(cache_dir: Path, key: str) -> Path:
 
 def _write_cached(file: Path, paths: CpuPaths) -> None:
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = file.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(paths.to_json(), indent=1))
-        temporary.replace(file)
+        write_json(file, paths.to_json())
     except OSError as exc:
         log.warning("could not cache the CPU probe's decision in %s: %s", file, exc)
 

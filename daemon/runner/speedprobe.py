@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localllm._process import child_report
+from localllm._process import child_report, write_json
 from localllm.settings import Settings
 
 from ..speed import Calibration
@@ -134,10 +134,7 @@ def cached_calibration(settings: Settings, threads: int | None = None) -> Calibr
 def _write_cache(settings: Settings, calibration: Calibration) -> None:
     file = _cache_file(settings, calibration.key)
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = file.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(calibration.to_dict(), indent=1))
-        temporary.replace(file)
+        write_json(file, calibration.to_dict())
     except OSError as exc:
         log.warning("could not cache the speed probe's figures in %s: %s", file, exc)
 
