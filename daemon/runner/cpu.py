@@ -435,6 +435,8 @@ def _probe_child(mode: str, threads: int, workdir: Path) -> int:
 
     import llama_cpp
 
+    from .synthetic import fill_batch
+
     path = workdir / "probe.gguf"
     _write_probe_model(path)
     logged: list[str] = []
@@ -463,13 +465,7 @@ def _probe_child(mode: str, threads: int, workdir: Path) -> int:
     batch = llama_cpp.llama_batch_init(_BATCH, 0, 1)
     # One batch (the matrix kernels), then one token (the vector kernels).
     for start, count in ((0, _BATCH), (_BATCH, 1)):
-        batch.n_tokens = count
-        for i in range(count):
-            batch.token[i] = 3 + (start + i) % 256
-            batch.pos[i] = start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == count - 1
+        fill_batch(batch, start, count)
         if llama_cpp.llama_decode(ctx, batch) != 0:
             print("llama_decode failed in the probe", file=sys.stderr)
             return 3

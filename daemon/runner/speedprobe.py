@@ -303,6 +303,8 @@ class _Runner:
         """Seconds of the best decode step (``decode_s``) and of the best batch of
         :data:`_BATCH` tokens (``batch_s``); with ``late``, also of a batch that starts at
         that position (``late_batch_s``: the attention over the tokens before it)."""
+        from .synthetic import fill_batch
+
         llama = self.llama
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
@@ -322,13 +324,7 @@ class _Runner:
         batch = llama.llama_batch_init(_BATCH, 0, 1)
 
         def decode(start: int, count: int) -> float:
-            batch.n_tokens = count
-            for i in range(count):
-                batch.token[i] = 3 + (start + i) % 256
-                batch.pos[i] = start + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = i == count - 1
+            fill_batch(batch, start, count)
             began = time.perf_counter()
             if llama.llama_decode(ctx, batch) != 0:
                 raise RuntimeError("llama_decode failed in the speed probe")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LAYER_MATRICES", "Matrix", "write_llama"]
+__all__ = ["LAYER_MATRICES", "Matrix", "fill_batch", "write_llama"]
 
 LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 """The weight matrices of a llama layer, in the order :func:`write_llama` asks for them."""
@@ -93,3 +93,15 @@ def write_llama(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def fill_batch(batch: Any, start: int, count: int) -> None:
+    """Put ``count`` tokens at positions ``start``... of sequence 0 in a ``llama_batch``
+    (byte tokens, logits for the last one only): a probe's prompt or decode step."""
+    batch.n_tokens = count
+    for i in range(count):
+        batch.token[i] = 3 + (start + i) % 256
+        batch.pos[i] = start + i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = 0
+        batch.logits[i] = i == count - 1
