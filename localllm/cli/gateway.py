@@ -196,16 +196,17 @@ def _fleet(
 def fleet_rows(fleet: list[dict[str, Any]]) -> str:
     """The ``ps --all`` table: the ``ps`` columns with the worker (and its state) first."""
     from .._format import table
-    from .models import ps_row
+    from .models import PS_HEADERS, ps_row
 
-    headers = ["WORKER", "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
+    headers = ["WORKER", *PS_HEADERS]
+    blank = [""] * (len(PS_HEADERS) - 1)
     rows = []
     for entry in fleet:
         worker = entry["worker"] if entry["healthy"] else f"{entry['worker']} (down)"
         if entry.get("error"):
-            rows.append([worker, f"({entry['error']})", *[""] * 7])
+            rows.append([worker, f"({entry['error']})", *blank])
         elif not entry["models"]:
-            rows.append([worker, "(no model loaded)", *[""] * 7])
+            rows.append([worker, "(no model loaded)", *blank])
         for model in entry["models"]:
             rows.append([worker, *ps_row(model)])
     return table(headers, rows)

@@ -468,14 +468,17 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
     ]
 
 
+PS_HEADERS = (
+    "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
+    "UNTIL",
+)  # fmt: skip
+"""The ``ps`` table's columns, one per cell of :func:`ps_row`."""
+
+
 def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
-    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S PREDICTED UNTIL,
-    then a
-    line per model split across RPC workers and per model whose governor holds threads back."""
-    headers = [
-        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
-        "UNTIL",
-    ]  # fmt: skip
+    """The ``ps`` table (:data:`PS_HEADERS`), then a line per model whose governor holds
+    threads back and per model split across RPC workers."""
+    headers = list(PS_HEADERS)
     spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
     spans += [line for entry in loaded if (line := device_line(entry)) is not None]
     return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
