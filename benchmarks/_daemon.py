@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 
-__all__ = ["start_daemon", "stop"]
+__all__ = ["free_port", "start_daemon", "stop"]
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:

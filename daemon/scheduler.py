@@ -337,6 +337,8 @@ class Lease:
     def record(self, result: GenerationResult) -> None:
         """Remember a finished request's timings for the dashboard and metrics."""
         t = result.timings
+        if self._scheduler.on_request_done is not None:
+            self._scheduler.on_request_done(self.loaded, result)
         self._scheduler.history.record(
             self.loaded.name, t.ttft_ms, t.decode_tokens_per_s, t.completion_tokens
         )
@@ -396,6 +398,8 @@ class Scheduler:
         self._lost_workers: dict[str, list[str]] = {}
         self._waiting_here = 0
         """Requests waiting in the daemon for a permit, over all models."""
+        self.on_request_done: Callable[[LoadedModel, GenerationResult], None] | None = None
+        """Told of every finished request (the speed book learns from them)."""
         self.cpu_budget = CpuBudget(
             settings.num_threads or cpu.default_threads(),
             sorted(allowed_cpus()),

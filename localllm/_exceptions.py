@@ -16,10 +16,11 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   └── DamagedModelError      a model whose blob is missing or does not match its digest
     ├── GGUFError                  a file that is not a usable GGUF (not GGUF, truncated, absurd)
     ├── QuantizeError              llama.cpp could not quantize a model
-    ├── PullError                  a model could not be downloaded
+    ├── PullError                  a model could not be downloaded or looked up at its source
     │   ├── RemoteNotFoundError    the repository, model, tag or file does not exist upstream
     │   ├── AuthRequiredError      the source wants credentials we do not have
     │   └── NetworkError           the source could not be reached
+    │       └── RateLimitedError   the source refuses for now (HTTP 429); ``retry_after`` seconds
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
     ├── LaunchError                ``localllm launch`` cannot set up or start a coding tool
     └── DaemonError                talking to the daemon failed
@@ -52,6 +53,7 @@ __all__ = [
     "OperationCancelledError",
     "PullError",
     "QuantizeError",
+    "RateLimitedError",
     "RemoteNotFoundError",
     "SettingsError",
     "StoreBusyError",
@@ -136,7 +138,7 @@ class QuantizeError(LocalLLMError):
 
 
 class PullError(LocalLLMError):
-    """A model could not be downloaded."""
+    """A model could not be downloaded, or looked up at its source (search, file lists)."""
 
 
 class RemoteNotFoundError(PullError, LookupError):
@@ -149,6 +151,15 @@ class AuthRequiredError(PullError):
 
 class NetworkError(PullError, ConnectionError):
     """The source could not be reached or the connection kept failing."""
+
+
+class RateLimitedError(NetworkError):
+    """The source answered HTTP 429: too many requests for now."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        """Seconds to wait before asking again, when the source said (else ``None``)."""
 
 
 class OperationCancelledError(LocalLLMError):

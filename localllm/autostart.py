@@ -17,15 +17,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._exceptions import DaemonUnavailableError
-from .client import Client, _is_loopback
+from .client import Client, is_loopback
 from .settings import Settings
+
+if TYPE_CHECKING:
+    import subprocess
 
 __all__ = ["SERVE_LOG", "START_TIMEOUT", "DaemonStartError", "ensure_daemon", "is_local"]
 
@@ -45,7 +48,7 @@ class DaemonStartError(DaemonUnavailableError):
 
 def is_local(settings: Settings) -> bool:
     """True when the daemon the client would talk to lives on this machine (we may start it)."""
-    return not settings.host_from_env or _is_loopback(settings.bind_host)
+    return not settings.host_from_env or is_loopback(settings.bind_host)
 
 
 def _log_tail(path: Path, offset: int) -> str:
@@ -82,6 +85,8 @@ def _turn(settings: Settings, deadline: float) -> Iterator[None]:
 
 def _spawn(log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
     """Start ``localllm serve`` detached; returns it and where its output starts in the log."""
+    import subprocess  # only when starting one: not on the path of every command
+
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} started by localllm\n".encode())

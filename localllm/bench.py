@@ -78,8 +78,8 @@ from typing import Any
 import httpx
 
 from ._exceptions import APIError, DaemonError, LocalLLMError
-from ._transport import async_transport
 from .client import AsyncClient
+from .client._async_transport import async_transport
 from .models import LOAD_OPTIONS
 from .settings import Settings
 

@@ -8,7 +8,6 @@ Nothing else in localllm reads the environment; everything receives a :class:`Se
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 import stat
@@ -291,6 +290,12 @@ class Settings:
         "Hugging Face Hub used for hf.co/<user>/<repo> names. The same variable huggingface_hub "
         "reads, read here too because huggingface_hub reads it only once, at import.",
     )
+    hub_timeout: float = _setting(
+        "LOCALLLM_HUB_TIMEOUT",
+        5.0,
+        "Seconds a Hugging Face search, file list or GGUF header read may take before it fails "
+        "with a one-line error (accepts 5s, 1m); pulls use LOCALLLM_PULL_STALL_TIMEOUT.",
+    )
     pull_stall_timeout: float = _setting(
         "LOCALLLM_PULL_STALL_TIMEOUT",
         30.0,
@@ -472,14 +477,18 @@ class Settings:
             values["registry"] = raw if "://" in raw else f"https://{raw}"
         if (raw := get("HF_ENDPOINT")) is not None:
             values["hf_endpoint"] = raw.rstrip("/")
-        if (raw := get("LOCALLLM_PULL_STALL_TIMEOUT")) is not None:
-            try:
-                stall = parse_duration(raw)
-            except SettingsError as exc:
-                raise SettingsError(f"LOCALLLM_PULL_STALL_TIMEOUT: {exc}") from None
-            if stall <= 0:
-                raise SettingsError(f"LOCALLLM_PULL_STALL_TIMEOUT must be positive, got {raw!r}")
-            values["pull_stall_timeout"] = stall
+        for name, attr in (
+            ("LOCALLLM_PULL_STALL_TIMEOUT", "pull_stall_timeout"),
+            ("LOCALLLM_HUB_TIMEOUT", "hub_timeout"),
+        ):
+            if (raw := get(name)) is not None:
+                try:
+                    seconds = parse_duration(raw)
+                except SettingsError as exc:
+                    raise SettingsError(f"{name}: {exc}") from None
+                if seconds <= 0:
+                    raise SettingsError(f"{name} must be positive, got {raw!r}")
+                values[attr] = seconds
         if (number := as_int("LOCALLLM_PULL_RETRIES", 0)) is not None:
             values["pull_retries"] = number
         if (raw := get("LOCALLLM_DEBUG")) is not None:
@@ -619,6 +628,8 @@ class Settings:
         natural = self.runtime_dir / name
         if len(os.fsencode(natural)) <= _MAX_SOCKET_PATH:
             return natural
+        import hashlib  # rarely needed; it loads OpenSSL, on the path of every CLI command
+
         tag = hashlib.sha256(os.fsencode(self.runtime_dir)).hexdigest()[:16]
         return Path("/tmp") / f"localllm-{os.getuid()}-{tag}-{name}"
 

@@ -130,20 +130,81 @@ def test_version_and_help(tmp_path: Path) -> None:
     assert cli.daemon_pid() is None  # neither version nor help starts a daemon
 
 
-def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
-    """``--help`` must stay fast: no HTTP client, no rich, no daemon, no llama.cpp."""
-    cli = CliHome(tmp_path / "home")
+# What a short command must not load: each costs it more than the whole command should.
+HEAVY = [
+    "anyio",
+    "asyncio",
+    "fastapi",
+    "gguf",
+    "httpcore",
+    "httpx",
+    "huggingface_hub",
+    "jinja2",
+    "llama_cpp",
+    "localllm.bench",
+    "localllm.client._async_client",
+    "localllm.daemon",
+    "localllm.gateway",
+    "localllm.tui",
+    "numpy",
+    "PIL",
+    "pydantic",
+    "rich",
+    "textual",
+    "uvicorn",
+]
+
+
+# Runs the CLI as ``python -m localllm`` does, then lists every module loaded by then, however
+# it was imported (``-X importtime`` misses what importlib.import_module loads).
+_LIST_MODULES = """
+import runpy, sys
+try:
+    runpy.run_module("localllm", run_name="__main__", alter_sys=True)
+finally:
+    sys.stderr.write("\\nmodules: " + " ".join(sorted(sys.modules)) + "\\n")
+"""
+
+
+def _imported(cli: CliHome, *args: str) -> set[str]:
+    """The modules loaded by the end of ``localllm ARGS`` (which must succeed)."""
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "localllm", "--help"],
+        [sys.executable, "-c", _LIST_MODULES, *args],
         env=cli.env,
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
-    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()}
-    for heavy in ["httpx", "rich", "localllm.client", "localllm.daemon", "llama_cpp", "gguf"]:
+    assert result.returncode == 0, result.stderr
+    return set(result.stderr.rpartition("modules: ")[2].split())
+
+
+def test_help_imports_nothing_heavy(tmp_path: Path) -> None:
+    """``--help`` must stay fast: no HTTP client, no rich, no daemon, no llama.cpp."""
+    imported = _imported(CliHome(tmp_path / "home"), "--help")
+    assert "argparse" in imported  # the list is read: a check that could fail
+    for heavy in [*HEAVY, "localllm.client", "localllm.cli.models"]:
         assert heavy not in imported, heavy
+
+
+def test_version_and_list_import_only_what_they_need(tmp_path: Path) -> None:
+    """``--version`` and ``list`` talk to a running daemon through the light client and load
+    nothing else: no httpx, asyncio or rich, no daemon, gateway or llama.cpp."""
+    cli = CliHome(tmp_path / "home")
+    serve = cli.serve()
+    try:
+        assert serve.stderr is not None
+        assert "listening on" in serve.stderr.readline()
+        for args in (["--version"], ["list"]):
+            imported = _imported(cli, *args)
+            assert "localllm.client._sync_client" in imported, args  # it did ask the daemon
+            for heavy in HEAVY:
+                assert heavy not in imported, (args, heavy)
+        assert "localllm.cli.models" in _imported(cli, "list")
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0
 
 
 def test_tui_opens_the_terminal_ui_and_quits(tmp_path: Path) -> None:

@@ -218,6 +218,7 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
                 "slots": 4,
                 "busy_slots": 1,
                 "decode_tokens_per_s": 42.06,
+                "speed": {"predicted": {"decode": 38.6, "prefill": 400.0}},
                 "expires_at": "9999-12-31T23:59:59Z",
                 "threads": {
                     "decode": 1,
@@ -241,7 +242,8 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
     )
     header, first, second, why = (line.split() for line in table.splitlines())
     assert header == [
-        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "UNTIL"
+        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
+        "UNTIL",
     ]  # fmt: skip
     assert first == [
         "smollm2:135m",
@@ -254,9 +256,10 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
         "1/4",
         "1/2",
         "42.1",
+        "39",
         "Forever",
     ]
-    assert second[4:] == ["100%", "GPU", "2048", "0/2", "-", "-", "Stopping..."]
+    assert second[4:] == ["100%", "GPU", "2048", "0/2", "-", "-", "-", "Stopping..."]
     # The governor holds a thread back: the line under the table says why.
     assert " ".join(why) == (
         "smollm2:135m threads 1/2: CPU busy: other processes use 1.0 of 2 cores "

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from localllm import __version__
@@ -30,6 +31,7 @@ from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
 from . import models as model_routes
 from .core import Ask, Delta, Done, Reply, Turn, plan
+from .discover import local_speed
 from .logprobs import check_top_logprobs, ollama_logprobs
 from .schemas_ollama import (
     ChatMessage,
@@ -501,6 +503,10 @@ async def ps(state: StateDep) -> dict[str, Any]:
             # Split across RPC workers: each device with the layers it holds.
             models[-1]["devices"] = devices
             models[-1]["rpc_dropped"] = loaded.health.get("rpc_dropped") or []
+        # The speed model's prediction beside what the runner measured (no probe runs here).
+        models[-1]["speed"] = await run_in_threadpool(
+            local_speed, state, loaded, model, loaded.plan, probe=False
+        )
     return {"models": models}
 
 

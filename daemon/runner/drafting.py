@@ -141,6 +141,7 @@ class Speculation:
         assert self.draft is not None
         draft_cost = self._draft_cost()
         wants: list[tuple[int, list[int], int]] = []
+        probing: list[DraftModelDrafter] = []
         planned = 0
         for slot in decoding:
             job, drafter, policy = slot.job, slot.drafter, slot.policy
@@ -164,18 +165,32 @@ class Speculation:
                 # are always accepted would lose (a draft model nearly as slow as the target).
                 # Each probe makes the draft model catch up on every token since the last
                 # one, so probes that keep failing come ever less often.
-                if drafter.skipped < _PROBE_EVERY << drafter.misses or not policy.could_pay(
-                    room, tokens, outputs, cost, draft_cost
+                # Each probe also stays within a small share of the request's time.
+                if (
+                    drafter.skipped < _PROBE_EVERY << drafter.misses
+                    or not policy.could_pay(room, tokens, outputs, cost, draft_cost)
+                    or not drafter.may_probe(
+                        self.draft.catch_up_cost(slot.seq_id, len(slot.cache) + 1),
+                        time.perf_counter(),
+                    )
                 ):
                     continue
                 drafter.probe(slot.accepted)
+                probing.append(drafter)
                 k = 1
             drafter.skipped = 0
             wants.append((slot.seq_id, [*slot.cache, slot.pending], k))  # type: ignore[list-item]
             planned += k
             tokens += k
             outputs += sum(policy.acceptance**i for i in range(1, k + 1))
-        for seq_id, drafted in self.draft.draft(wants).items():
+        started = time.perf_counter()
+        drafted_by_seq = self.draft.draft(wants)
+        if probing:
+            # Charged whole to each probing slot: a bound, never an underestimate.
+            spent = time.perf_counter() - started
+            for drafter in probing:
+                drafter.probe_seconds += spent
+        for seq_id, drafted in drafted_by_seq.items():
             drafter = self.slots[seq_id].drafter
             if isinstance(drafter, DraftModelDrafter):
                 drafter.drafted = drafted

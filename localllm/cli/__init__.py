@@ -1,8 +1,9 @@
 """``localllm``: the command line, with Ollama's command names and habits.
 
 :func:`main` (the console script) parses the arguments (:mod:`~localllm.cli.parser`) and
-runs one command from the module that holds it, imported only then so ``localllm --help``
-stays fast:
+runs one command from the module that holds it with its arguments, imported only then so
+``localllm --help`` and ``localllm list`` stay fast. :mod:`~localllm.cli.commands` lists every
+command (the one place to add one) and the exit statuses:
 
 - :mod:`~localllm.cli.daemon`: ``serve``, ``version``;
 - :mod:`~localllm.cli.models`: ``list``, ``show``, ``ps``, ``rm``, ``cp``, ``create``, ``pull``,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..bench import BenchResult, Target, Workload
     from ..settings import Settings
 
-__all__ = ["add_arguments", "cmd_bench"]
+__all__ = ["add_bench_arguments", "cmd_bench"]
 
 
 def _numbers(text: str, what: str) -> list[int]:
@@ -42,8 +42,8 @@ def _numbers(text: str, what: str) -> list[int]:
     return values
 
 
-def add_arguments(sub: argparse.ArgumentParser) -> None:
-    """The ``bench`` command's arguments (called by :func:`localllm.cli.parser.build_parser`)."""
+def add_bench_arguments(sub: argparse.ArgumentParser) -> None:
+    """The ``bench`` command's arguments."""
     sub.add_argument("model", metavar="MODEL")
     sub.add_argument(
         "--levels",

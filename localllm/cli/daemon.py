@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .parser import EXIT_OK
+from .commands import EXIT_OK
 
 __all__ = ["cmd_serve", "cmd_version"]
 

@@ -3,10 +3,11 @@
 localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
 its backends and devices, GPU offload and RPC support, how llama.cpp's threads wait (OpenMP)
 and what the CPU governor does about it, the CPU probe's decision about weight repacking and
-why, the data root with its free disk, the model store's check (every blob re-hashed unless
-``--no-verify``: damaged models by name with the fix, unused blobs, partial downloads), and both
-daemon endpoints with whether a localllm
-daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
+why, this machine's speed figures (the speed probe, measured afresh: memory bandwidth, each
+weight type's decode and prefill rate, the fixed costs of a step), the data root with its free
+disk, the model store's check (every blob re-hashed unless ``--no-verify``: damaged models by
+name with the fix, unused blobs, partial downloads), and both daemon endpoints with whether a
+localllm daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
 runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
 daemon that does not run is reported as such.
 """
@@ -22,9 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from .._format import human_size
-from .parser import EXIT_OK
+from .commands import EXIT_OK
 
-__all__ = ["cmd_doctor", "diagnose"]
+__all__ = ["add_doctor_arguments", "cmd_doctor", "diagnose"]
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``doctor`` command's arguments."""
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--no-verify", action="store_true", help="check blob sizes only, not their sha256"
+    )
 
 
 def _free_disk(path: Path) -> dict[str, Any]:
@@ -117,13 +126,18 @@ def _store(settings: Any, verify: bool) -> dict[str, Any]:
 def diagnose(verify: bool = True) -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
-    from ..daemon.runner import cpu
+    from ..daemon.runner import cpu, speedprobe
     from ..daemon.runner.rpc import doctor_line
     from .common import load_settings
 
     settings = load_settings()
     paths = cpu.decide(settings)
     rpc_ok, rpc_line = doctor_line()
+    speed: dict[str, Any]
+    try:
+        speed = speedprobe.calibrate(settings, fresh=True).to_dict()
+    except speedprobe.ProbeFailed as exc:
+        speed = {"error": str(exc)}
     llama = cpu.system_report()
     return {
         "localllm": __version__,
@@ -133,6 +147,7 @@ def diagnose(verify: bool = True) -> dict[str, Any]:
         "threads": _threads(settings, str(llama.get("system_info", ""))),
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
         "rpc": {"ok": rpc_ok, "line": rpc_line},
+        "speed": speed,
         "data_root": _free_disk(settings.data_dir),
         "store": _store(settings, verify),
         "endpoints": {
@@ -150,6 +165,26 @@ def _describe_endpoint(name: str, report: dict[str, Any]) -> str:
     else:
         state = "no localllm daemon answers"
     return f"  {name:7} {report['address']}: {state}"
+
+
+def _speed_lines(speed: dict[str, Any]) -> list[str]:
+    if "error" in speed:
+        return [f"speed: not measured ({speed['error']})"]
+    from ..daemon.speed import Calibration
+
+    figures = Calibration.from_dict(speed)
+    lines = [
+        f"speed ({figures.threads} threads, measured in {figures.seconds:.1f} s): memory "
+        f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
+        f"+ {figures.decode_layer * 1e6:.0f} us a layer"
+    ]
+    for name, rate in figures.types.items():
+        share = rate.decode / figures.bandwidth
+        lines.append(
+            f"  {name:6} decode {rate.decode / 1e9:5.1f} GB/s ({share:.0%} of memory), "
+            f"prefill {rate.prefill / 1e9:4.0f} GFLOP/s"
+        )
+    return lines
 
 
 def _render(report: dict[str, Any]) -> list[str]:
@@ -189,6 +224,7 @@ def _render(report: dict[str, Any]) -> list[str]:
     for key in ("warning", "error"):
         if repack.get(key):
             lines.append(f"  {key}: {repack[key]}")
+    lines.extend(_speed_lines(report["speed"]))
     disk = report["data_root"]
     free = (
         f"{human_size(disk['free'])} free of {human_size(disk['total'])}"

@@ -17,13 +17,13 @@ from types import FrameType
 from typing import Any
 
 from .._exceptions import APIError, DaemonUnavailableError
+from .commands import EXIT_OK
 from .common import UsageError, load_settings, print_json
-from .parser import EXIT_OK
 
-__all__ = ["add_arguments", "cmd_gateway", "cmd_ps_all", "fleet_rows"]
+__all__ = ["add_gateway_arguments", "cmd_gateway", "cmd_ps_all", "fleet_rows"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``gateway`` command's options."""
     from ..gateway import DEFAULT_GATEWAY_PORT, POLICIES
 
@@ -196,16 +196,17 @@ def _fleet(
 def fleet_rows(fleet: list[dict[str, Any]]) -> str:
     """The ``ps --all`` table: the ``ps`` columns with the worker (and its state) first."""
     from .._format import table
-    from .models import ps_row
+    from .models import PS_HEADERS, ps_row
 
-    headers = ["WORKER", "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
+    headers = ["WORKER", *PS_HEADERS]
+    blank = [""] * (len(PS_HEADERS) - 1)
     rows = []
     for entry in fleet:
         worker = entry["worker"] if entry["healthy"] else f"{entry['worker']} (down)"
         if entry.get("error"):
-            rows.append([worker, f"({entry['error']})", *[""] * 7])
+            rows.append([worker, f"({entry['error']})", *blank])
         elif not entry["models"]:
-            rows.append([worker, "(no model loaded)", *[""] * 7])
+            rows.append([worker, "(no model loaded)", *blank])
         for model in entry["models"]:
             rows.append([worker, *ps_row(model)])
     return table(headers, rows)

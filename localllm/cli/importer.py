@@ -13,9 +13,23 @@ import sys
 from pathlib import Path
 
 from .._exceptions import LocalLLMError
+from .commands import EXIT_OK, EXIT_USER_ERROR
 from .common import load_settings, notice
 
-__all__ = ["cmd_import"]
+__all__ = ["add_import_arguments", "cmd_import"]
+
+
+def add_import_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``import`` command's arguments."""
+    parser.add_argument("source", choices=["ollama"], help="where from: ollama")
+    parser.add_argument("models", nargs="*", metavar="MODEL", help="only these (default: all)")
+    parser.add_argument(
+        "--models",
+        dest="models_dir",
+        metavar="DIR",
+        help="Ollama's models folder (default: OLLAMA_MODELS, ~/.ollama/models, "
+        "/usr/share/ollama/.ollama/models)",
+    )
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -24,7 +38,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..ollama_import import OllamaImporter, find_ollama_store
     from ..progress_display import ProgressView
     from ..store import Store
-    from .parser import EXIT_OK, EXIT_USER_ERROR
 
     settings = load_settings()
     if args.models_dir:

@@ -21,10 +21,10 @@ from typing import Any
 
 from .common import UsageError, connect, load_settings
 
-__all__ = ["add_arguments", "cmd_launch"]
+__all__ = ["add_launch_arguments", "cmd_launch"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """The command's arguments."""
     parser.add_argument(
         "tool",

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import human_since, human_size, human_until, table
+from .._format import human_since, human_size, human_until, speed_figures, table
 from .common import (
     UsageError,
     connect,
@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from ..client import Client
 
 __all__ = [
+    "add_cp_arguments",
+    "add_create_arguments",
+    "add_list_arguments",
+    "add_ps_arguments",
+    "add_pull_arguments",
+    "add_quantize_arguments",
+    "add_rm_arguments",
+    "add_show_arguments",
+    "add_stop_arguments",
     "cmd_cp",
     "cmd_create",
     "cmd_list",
@@ -44,6 +53,117 @@ __all__ = [
     "render_plan",
     "render_show",
 ]
+
+
+_QUANT_HELP = "q4_0, q4_K_S, q4_K_M (q4_K), q5_K_M, q6_K, q8_0, f16, f32"
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL")
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _add_requantize(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-requantize",
+        action="store_true",
+        help="quantize an already quantized model (loses quality)",
+    )
+
+
+def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``pull`` command's arguments."""
+    parser.add_argument(
+        "model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]"
+    )
+    parser.add_argument(
+        "--quant",
+        metavar="QUANT",
+        help="which quantization of an hf.co repository (default: the best that fits here)",
+    )
+    parser.add_argument("--quantize", "-q", metavar="QUANT", help="quantize after pulling")
+    parser.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
+
+
+def add_list_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``list`` command's arguments."""
+    _add_json(parser)
+
+
+def add_ps_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``ps`` command's arguments."""
+    _add_json(parser)
+    parser.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument(
+        "--all", action="store_true", help="every worker behind the gateway (localllm gateway)"
+    )
+    parser.add_argument(
+        "--gateway", metavar="URL", help="with --all: this gateway (default: the one started here)"
+    )
+
+
+def add_show_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``show`` command's arguments."""
+    _add_model(parser)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--json", action="store_true", help="machine-readable output")
+    group.add_argument("--modelfile", action="store_true", help="show the Modelfile")
+    group.add_argument("--parameters", action="store_true", help="show the parameters")
+    group.add_argument("--template", action="store_true", help="show the template")
+    group.add_argument("--system", action="store_true", help="show the system message")
+    group.add_argument("--license", action="store_true", help="show the license")
+    parser.add_argument("--verbose", action="store_true", help="with --json: long metadata too")
+    parser.add_argument(
+        "--hub",
+        action="store_true",
+        help="hf.co names: the repository's quantizations on the Hub, even once pulled",
+    )
+
+
+def add_rm_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``rm`` command's arguments."""
+    parser.add_argument("models", nargs="+", metavar="MODEL")
+
+
+def add_cp_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``cp`` command's arguments."""
+    parser.add_argument("source", metavar="SOURCE")
+    parser.add_argument("destination", metavar="DESTINATION")
+
+
+def add_create_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``create`` command's arguments."""
+    parser.add_argument("model", metavar="MODEL", help="name of the new model")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--file", "-f", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)"
+    )
+    source.add_argument(
+        "--from", dest="source", metavar="FILE|MODEL", help="a .gguf file or a model name"
+    )
+    parser.add_argument("--quantize", "-q", metavar="QUANT", help=f"quantize to {_QUANT_HELP}")
+    _add_requantize(parser)
+
+
+def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``stop`` command's arguments."""
+    _add_model(parser)
+
+
+def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``quantize`` command's arguments."""
+    parser.add_argument("source", metavar="SOURCE", help="a model name or a .gguf file")
+    parser.add_argument("target", metavar="TARGET", help="name of the new model")
+    parser.add_argument(
+        "--quantize", "-q", metavar="QUANT", required=True, help=f"target: {_QUANT_HELP}"
+    )
+    _add_requantize(parser)
 
 
 # -- list ------------------------------------------------------------------------------------
@@ -182,6 +302,7 @@ def render_plan(answer: Mapping[str, Any]) -> str:
     if plan.get("prefix_cache"):
         rows.append(("prefix cache", f"{_mib(int(plan['prefix_cache']))} of RAM at most"))
     rows.append(("processor", str(plan.get("processor", ""))))
+    rows.extend(speed_rows(answer.get("speed")))
     if answer.get("loaded"):
         rows.append(("loaded", "yes, by this plan"))
     rows.extend(("warning", str(w)) for w in plan.get("warnings") or [])
@@ -190,10 +311,30 @@ def render_plan(answer: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speed_rows(speed: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """``speed`` rows of ``show``'s plan: predicted beside measured tokens/s."""
+    figures, why = speed_figures(speed)
+    requests = ((speed or {}).get("measured") or {}).get("requests", 0)
+    rows = []
+    for kind, predicted, measured in figures:
+        parts = [f"predicted {predicted:.0f} tokens/s"] if predicted else []
+        if measured:
+            parts.append(f"measured {measured:.0f} ({requests} requests)")
+        rows.append((kind, ", ".join(parts)))
+    if why:
+        rows.append(("speed", f"not predicted: {why}"))
+    return rows
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """``show MODEL``: details and the memory plan on this machine, or one part
-    (``--modelfile``, ``--template``...), or JSON."""
+    (``--modelfile``, ``--template``...), or JSON; for ``hf.co/<user>/<repo>`` not in the
+    store (or with ``--hub``), its quantizations on the Hub with their fit and speed here."""
+    from .search import is_hub_name, show_hub
+
     with connect() as client:
+        if is_hub_name(args.model) and (shown := show_hub(client, args)) is not None:
+            return shown
         data = client.show(args.model, verbose=args.verbose)
         plan: dict[str, Any] | None = None
         if not args.json and not any(
@@ -307,10 +448,11 @@ def threads_line(entry: Mapping[str, Any]) -> str | None:
 
 def ps_row(entry: Mapping[str, Any]) -> list[str]:
     """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S
-    UNTIL."""
+    PREDICTED (the speed model's decode tokens/s for one stream) UNTIL."""
     busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
     total = entry.get("slots")
     rate = entry.get("decode_tokens_per_s")
+    predicted = ((entry.get("speed") or {}).get("predicted") or {}).get("decode")
     return [
         str(entry.get("name", "")),
         str(entry.get("digest", ""))[:12],
@@ -321,16 +463,22 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
         f"{busy}/{total}" if total else "",
         _threads(entry),
         f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
+        f"{predicted:.0f}" if isinstance(predicted, int | float) and predicted > 0 else "-",
         _until(entry.get("expires_at"), bool(entry.get("pinned"))),
     ]
 
 
+PS_HEADERS = (
+    "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
+    "UNTIL",
+)  # fmt: skip
+"""The ``ps`` table's columns, one per cell of :func:`ps_row`."""
+
+
 def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
-    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S UNTIL, then a
-    line per model split across RPC workers and per model whose governor holds threads back."""
-    headers = [
-        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "UNTIL"
-    ]  # fmt: skip
+    """The ``ps`` table (:data:`PS_HEADERS`), then a line per model whose governor holds
+    threads back and per model split across RPC workers."""
+    headers = list(PS_HEADERS)
     spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
     spans += [line for entry in loaded if (line := device_line(entry)) is not None]
     return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
@@ -533,12 +681,29 @@ def pull_model(
     show_progress(client.pull(name, insecure=insecure, quantize=quantize))
 
 
+def _with_quant(name: str, quant: str | None) -> str:
+    """``hf.co/user/repo`` with ``--quant Q8_0`` → ``hf.co/user/repo:Q8_0``."""
+    if quant is None:
+        return name
+    from ..names import parse_name
+
+    parsed = parse_name(name)
+    if not parsed.is_huggingface:
+        raise UsageError("--quant picks a quantization of a Hugging Face repository (hf.co/...)")
+    if parsed.tag not in ("latest", quant) and parsed.tag.lower() != quant.lower():
+        raise UsageError(f"{name} already names {parsed.tag}; give the tag or --quant, not both")
+    return parsed.with_tag(quant).short
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
-    """``pull MODEL``: download through the daemon; ``--quantize`` stores it quantized (the
-    name never holds the download: the daemon quantizes before writing it)."""
+    """``pull MODEL``: download through the daemon; ``--quant`` picks a Hugging Face
+    repository's quantization (else the daemon picks the best that fits); ``--quantize``
+    stores it converted (the name never holds the download: the daemon quantizes before it
+    writes the name)."""
     quant = _check_quant(args.quantize)
+    name = _with_quant(args.model, getattr(args, "quant", None))
     with connect() as client:
-        pull_model(client, args.model, insecure=args.insecure, quantize=quant)
+        pull_model(client, name, insecure=args.insecure, quantize=quant)
     return 0
 
 

@@ -1,8 +1,9 @@
 """The ``localllm`` argument parser and :func:`main`, the console script's entry point.
 
-This module only parses arguments: each command lives in a module of :mod:`localllm.cli`
-imported when the command runs (``models``, ``run``...), so ``localllm --help`` stays fast.
-Errors print one line on stderr (``Error: ...``) and exit with status 1, without a traceback.
+The commands are listed in :mod:`~localllm.cli.commands`; each lives in a module of
+:mod:`localllm.cli` (``models``, ``run``...) with its arguments, and only the module of the
+command that runs is imported, so ``localllm --help`` and ``localllm list`` stay fast. Errors
+print one line on stderr (``Error: ...``) and exit with status 1, without a traceback.
 """
 
 from __future__ import annotations
@@ -10,84 +11,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from importlib import import_module
 from typing import Any
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USER_ERROR", "build_parser", "main"]
+from .commands import COMMANDS, EXIT_INTERRUPTED, EXIT_OK, EXIT_USER_ERROR
 
-EXIT_OK = 0
-"""Exit status of a command that did what was asked."""
-EXIT_USER_ERROR = 1
-"""Exit status after an ``Error: ...`` line (a :class:`~localllm.LocalLLMError`)."""
-EXIT_INTERRUPTED = 130
-"""Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""
-
-_QUANT_HELP = "q4_0, q4_K_S, q4_K_M (q4_K), q5_K_M, q6_K, q8_0, f16, f32"
+__all__ = ["build_parser", "main"]
 
 
-# -- parser ----------------------------------------------------------------------------------
+def _function(spec: str) -> Any:
+    module, _, function = spec.partition(":")
+    return getattr(import_module(f"localllm.cli.{module}"), function)
 
 
-def _add_requantize(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allow-requantize",
-        action="store_true",
-        help="quantize an already quantized model (loses quality)",
-    )
-
-
-THINK_VALUES = ("true", "false", "low", "medium", "high")
-"""What ``run --think=VALUE`` takes (Ollama's values)."""
-
-
-class _ThinkAction(argparse.Action):
-    """``--think`` alone is ``true``; ``--think=VALUE`` is one of :data:`THINK_VALUES`.
-
-    The value only comes after ``=``, as with Ollama (whose flag has an optional value): a
-    value separated by a space would swallow the prompt's first word
-    (``run MODEL --think Why is the sky blue?``). So ``--think`` takes no argument, and each
-    ``--think=VALUE`` is an option string of its own, which argparse matches whole before it
-    splits at ``=``.
-    """
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        """Store the value named by the option string."""
-        setattr(namespace, self.dest, (option_string or "").partition("=")[2] or "true")
-
-
-def _add_think(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--think",
-        action=_ThinkAction,
-        help="think before answering; --think=low|medium|high sets how much, --think=false "
-        "turns it off (default: the model's own)",
-    )
-    # the same flag with its values, kept out of the help (the line above names them)
-    parser.add_argument(
-        *(f"--think={value}" for value in THINK_VALUES),
-        dest="think",
-        action=_ThinkAction,
-        help=argparse.SUPPRESS,
-    )
-    parser.add_argument(
-        "--hidethinking",
-        action="store_true",
-        help="do not print the reasoning (a model that reasons still thinks)",
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``localllm`` argument parser."""
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The ``localllm`` argument parser: with every command (None), or only those named in
+    ``commands`` (names or aliases), whose modules are imported for their arguments. With no
+    command named (``localllm --help``), every command is listed without its arguments."""
     parser = argparse.ArgumentParser(
         prog="localllm",
         description="Run large language models locally: pull, quantize, serve, chat.",
@@ -95,161 +36,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(see the README).",
     )
     parser.add_argument("-v", "--version", action="store_true", help="show the version and exit")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    def add(
-        name: str, handler: str, help_text: str, aliases: Sequence[str] = ()
-    ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(
-            name, help=help_text, description=help_text, aliases=list(aliases)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # A parser per command costs about half a millisecond: build only the one that runs.
+    named = [c for c in COMMANDS if commands is None or not set(c.names).isdisjoint(commands)]
+    for command in named or COMMANDS:
+        sub = subparsers.add_parser(
+            command.name,
+            help=command.help,
+            description=command.help,
+            aliases=list(command.aliases),
         )
-        sub.set_defaults(handler=handler)
-        return sub
-
-    add("serve", "daemon:cmd_serve", "Start the daemon in the foreground")
-
-    sub = add("run", "run:cmd_run", "Run a model: answer a prompt, or chat")
-    sub.add_argument("model", metavar="MODEL")
-    sub.add_argument("prompt", nargs="*", metavar="PROMPT", help="answer this and exit")
-    sub.add_argument("--format", choices=["json"], help="answer in JSON")
-    sub.add_argument(
-        "--keepalive", metavar="DURATION", help="keep the model loaded this long (5m, 1h, -1)"
-    )
-    sub.add_argument("--nowordwrap", action="store_true", help="do not wrap answers")
-    sub.add_argument("--verbose", action="store_true", help="print timings after each answer")
-    sub.add_argument("--insecure", action="store_true", help="plain HTTP for a pull")
-    _add_think(sub)
-
-    sub = add("pull", "models:cmd_pull", "Pull a model (hf.co/<user>/<repo> or a registry)")
-    sub.add_argument("model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]")
-    sub.add_argument("--quantize", "-q", metavar="QUANT", help="quantize after pulling")
-    sub.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
-
-    sub = add("list", "models:cmd_list", "List models", aliases=["ls"])
-    sub.add_argument("--json", action="store_true", help="machine-readable output")
-
-    sub = add("ps", "models:cmd_ps", "List running models")
-    sub.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
-    sub.add_argument(
-        "--all", action="store_true", help="every worker behind the gateway (localllm gateway)"
-    )
-    sub.add_argument(
-        "--gateway", metavar="URL", help="with --all: this gateway (default: the one started here)"
-    )
-
-    sub = add("show", "models:cmd_show", "Show information for a model")
-    sub.add_argument("model", metavar="MODEL")
-    group = sub.add_mutually_exclusive_group()
-    group.add_argument("--json", action="store_true", help="machine-readable output")
-    group.add_argument("--modelfile", action="store_true", help="show the Modelfile")
-    group.add_argument("--parameters", action="store_true", help="show the parameters")
-    group.add_argument("--template", action="store_true", help="show the template")
-    group.add_argument("--system", action="store_true", help="show the system message")
-    group.add_argument("--license", action="store_true", help="show the license")
-    sub.add_argument("--verbose", action="store_true", help="with --json: long metadata too")
-
-    sub = add("rm", "models:cmd_rm", "Remove one or more models")
-    sub.add_argument("models", nargs="+", metavar="MODEL")
-
-    sub = add("cp", "models:cmd_cp", "Copy a model")
-    sub.add_argument("source", metavar="SOURCE")
-    sub.add_argument("destination", metavar="DESTINATION")
-
-    add("prune", "models:cmd_prune", "Remove blobs and partial downloads no model uses")
-
-    sub = add("create", "models:cmd_create", "Create a model from a Modelfile or a GGUF file")
-    sub.add_argument("model", metavar="MODEL", help="name of the new model")
-    source = sub.add_mutually_exclusive_group()
-    source.add_argument(
-        "--file", "-f", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)"
-    )
-    source.add_argument(
-        "--from", dest="source", metavar="FILE|MODEL", help="a .gguf file or a model name"
-    )
-    sub.add_argument("--quantize", "-q", metavar="QUANT", help=f"quantize to {_QUANT_HELP}")
-    _add_requantize(sub)
-
-    sub = add("stop", "models:cmd_stop", "Stop (unload) a running model")
-    sub.add_argument("model", metavar="MODEL")
-
-    sub = add("quantize", "models:cmd_quantize", "Quantize a model or GGUF into a new model")
-    sub.add_argument("source", metavar="SOURCE", help="a model name or a .gguf file")
-    sub.add_argument("target", metavar="TARGET", help="name of the new model")
-    sub.add_argument(
-        "--quantize", "-q", metavar="QUANT", required=True, help=f"target: {_QUANT_HELP}"
-    )
-    _add_requantize(sub)
-
-    sub = add("import", "importer:cmd_import", "Import models from Ollama without downloading")
-    sub.add_argument("source", choices=["ollama"], help="where from: ollama")
-    sub.add_argument("models", nargs="*", metavar="MODEL", help="only these (default: all)")
-    sub.add_argument(
-        "--models",
-        dest="models_dir",
-        metavar="DIR",
-        help="Ollama's models folder (default: OLLAMA_MODELS, ~/.ollama/models, "
-        "/usr/share/ollama/.ollama/models)",
-    )
-
-    sub = add(
-        "worker",
-        "worker:cmd_worker",
-        "Serve this machine's devices to other machines' models (llama.cpp RPC)",
-    )
-    sub.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on (loopback)")
-    sub.add_argument("--port", type=int, default=50052, help="TCP port (default 50052)")
-    sub.add_argument("--threads", type=int, default=0, help="CPU threads (0: physical cores)")
-    sub.add_argument(
-        "--device",
-        action="append",
-        default=[],
-        metavar="DEVICE",
-        help="devices to serve, comma separated (CPU, CUDA0, ...); default: the GPUs, else the CPU",
-    )
-    sub.add_argument(
-        "--no-cache",
-        action="store_true",
-        help="do not keep received tensors on disk (rpc-cache/ under the data root)",
-    )
-
-    from .gateway import add_arguments as add_gateway_arguments
-
-    add_gateway_arguments(
-        add("gateway", "gateway:cmd_gateway", "Route to many daemons by prompt prefix (smg)")
-    )
-
-    from .launch import add_arguments as add_launch_arguments
-
-    add_launch_arguments(
-        add(
-            "launch",
-            "launch:cmd_launch",
-            "Set up a coding agent or editor for a local model and start it",
-        )
-    )
-
-    from .bench import add_arguments as add_bench_arguments
-
-    add_bench_arguments(add("bench", "bench:cmd_bench", "Measure throughput and latency"))
-    add("version", "daemon:cmd_version", "Show the version")
-    sub = add(
-        "doctor",
-        "doctor:cmd_doctor",
-        "Show what a bug report needs: versions, llama.cpp's view of this machine, the CPU "
-        "probe's decision, the model store (every blob re-hashed) and the daemon's endpoints",
-    )
-    sub.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_argument(
-        "--no-verify", action="store_true", help="check blob sizes only, not their sha256"
-    )
-    add("tui", "tui:cmd_tui", "Open the terminal UI")
+        sub.set_defaults(handler=command.handler)
+        if command.arguments is not None and command in named:
+            _function(command.arguments)(sub)
     return parser
 
 
-def _handler(spec: str) -> Any:
-    module, _, function = spec.partition(":")
-    return getattr(import_module(f"localllm.cli.{module}"), function)
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The command named on the command line: its first word that is not an option (the
+    options before a command take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _quiet_stdout() -> None:
@@ -264,19 +70,22 @@ def _allow_ctrl_c() -> None:
     Shells start background work with SIGINT ignored and Python then installs no handler;
     a ``localllm run`` launched from such a script onto a terminal would not stop on Ctrl-C.
     """
-    import signal
+    if sys.stdin is None or not sys.stdin.isatty():
+        return
+    import signal  # builds its enums: not on the path of a command run by a script
 
-    at_terminal = sys.stdin is not None and sys.stdin.isatty()
-    if at_terminal and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``localllm`` console script."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    named = _command_in(words)
+    parser = build_parser(() if named is None else (named,))
     # argparse stops filling ``run``'s PROMPT words at the first option; the words after it
     # come back as extras and are the rest of the prompt (``run MODEL --verbose Why?``).
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(words)
     if extra:
         if isinstance(getattr(args, "prompt", None), list) and not any(
             word.startswith("-") for word in extra
@@ -288,11 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.extra += extra[1:]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.version:
-        from .daemon import cmd_version
-
-        return cmd_version(args)
-    spec = getattr(args, "handler", None)
+    spec = "daemon:cmd_version" if args.version else getattr(args, "handler", None)
     if spec is None:
         parser.print_help()
         return EXIT_OK
@@ -300,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _allow_ctrl_c()
     try:
-        return int(_handler(spec)(args))
+        return int(_function(spec)(args))
     except LocalLLMError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .common import UsageError, connect, load_settings
 from .session import ChatConfig, ChatSession, ensure_model
@@ -24,7 +24,65 @@ from .session import ChatConfig, ChatSession, ensure_model
 if TYPE_CHECKING:
     from ..client import Think
 
-__all__ = ["cmd_run", "think_value"]
+__all__ = ["THINK_VALUES", "add_run_arguments", "cmd_run", "think_value"]
+
+THINK_VALUES = ("true", "false", "low", "medium", "high")
+"""What ``run --think=VALUE`` takes (Ollama's values)."""
+
+
+class _ThinkAction(argparse.Action):
+    """``--think`` alone is ``true``; ``--think=VALUE`` is one of :data:`THINK_VALUES`.
+
+    The value only comes after ``=``, as with Ollama (whose flag has an optional value): a
+    value separated by a space would swallow the prompt's first word
+    (``run MODEL --think Why is the sky blue?``). So ``--think`` takes no argument, and each
+    ``--think=VALUE`` is an option string of its own, which argparse matches whole before it
+    splits at ``=``.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        """Store the value named by the option string."""
+        setattr(namespace, self.dest, (option_string or "").partition("=")[2] or "true")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``run`` command's arguments."""
+    parser.add_argument("model", metavar="MODEL")
+    parser.add_argument("prompt", nargs="*", metavar="PROMPT", help="answer this and exit")
+    parser.add_argument("--format", choices=["json"], help="answer in JSON")
+    parser.add_argument(
+        "--keepalive", metavar="DURATION", help="keep the model loaded this long (5m, 1h, -1)"
+    )
+    parser.add_argument("--nowordwrap", action="store_true", help="do not wrap answers")
+    parser.add_argument("--verbose", action="store_true", help="print timings after each answer")
+    parser.add_argument("--insecure", action="store_true", help="plain HTTP for a pull")
+    parser.add_argument(
+        "--think",
+        action=_ThinkAction,
+        help="think before answering; --think=low|medium|high sets how much, --think=false "
+        "turns it off (default: the model's own)",
+    )
+    # the same flag with its values, kept out of the help (the line above names them)
+    parser.add_argument(
+        *(f"--think={value}" for value in THINK_VALUES),
+        dest="think",
+        action=_ThinkAction,
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--hidethinking",
+        action="store_true",
+        help="do not print the reasoning (a model that reasons still thinks)",
+    )
 
 
 def think_value(flag: str | None) -> Think | None:

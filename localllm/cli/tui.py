@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from importlib import import_module
 
+from .commands import EXIT_OK
 from .common import UsageError, connect
-from .parser import EXIT_OK
 
 __all__ = ["cmd_tui"]
 

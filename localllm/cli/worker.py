@@ -14,10 +14,29 @@ import os
 import subprocess
 import sys
 
-__all__ = ["WORKER_MODULE", "cmd_worker", "worker_command"]
+__all__ = ["WORKER_MODULE", "add_worker_arguments", "cmd_worker", "worker_command"]
 
 WORKER_MODULE = "localllm.daemon.runner.rpc"
 """The module that runs the RPC server."""
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``worker`` command's arguments."""
+    parser.add_argument("--host", default="127.0.0.1", help="IPv4 address to listen on (loopback)")
+    parser.add_argument("--port", type=int, default=50052, help="TCP port (default 50052)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: physical cores)")
+    parser.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        metavar="DEVICE",
+        help="devices to serve, comma separated (CPU, CUDA0, ...); default: the GPUs, else the CPU",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="do not keep received tensors on disk (rpc-cache/ under the data root)",
+    )
 
 
 def worker_command(args: argparse.Namespace) -> list[str]:
