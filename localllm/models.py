@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import platform
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from ._exceptions import GGUFError, LocalLLMError, StoreError
+from ._exceptions import GGUFError, InvalidNameError, LocalLLMError, QuantizeError, StoreError
 from .gguf_info import GGUFInfo, inspect_gguf
 from .manifest import (
     MEDIA_CONFIG,
@@ -32,10 +31,13 @@ from .manifest import (
     normalize_digest,
 )
 from .names import ModelName, parse_name
+from .quantize import Quantize, quantize_into_store
 from .settings import parse_rpc_workers
 from .store import ModelEntry, Store
 
 if TYPE_CHECKING:
+    import threading
+
     from .sources.progress import ProgressCallback
 
 __all__ = [
@@ -45,12 +47,12 @@ __all__ = [
     "LocalModel",
     "ModelOptions",
     "ModelParts",
-    "Quantize",
     "build_manifest",
     "create_model",
     "fixed_option_problem",
     "load_model",
     "parse_parameters",
+    "quantize_model",
     "render_modelfile",
 ]
 
@@ -393,22 +395,6 @@ def _config_blob(store: Store, info: GGUFInfo, layers: list[Layer]) -> Layer:
     return store.write_blob_bytes(json.dumps(config).encode(), MEDIA_CONFIG)
 
 
-@dataclass(frozen=True)
-class Quantize:
-    """How to quantize the weights of a model being created (see :mod:`localllm.quantize`)."""
-
-    target: str
-    """The quantization type (``q8_0``, ``Q4_K_M``...)."""
-    allow_requantize: bool = False
-    """Quantize a source that is already quantized (at a loss of quality)."""
-    threads: int = 0
-    """llama.cpp's threads; 0 for every core."""
-    on_progress: ProgressCallback | None = None
-    """Receives the quantizer's progress events."""
-    cancel: threading.Event | None = None
-    """Set to stop the quantizer."""
-
-
 class ModelParts(TypedDict, total=False):
     """What a model is made of: the arguments of :func:`create_model` (all optional)."""
 
@@ -494,8 +480,6 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
         model_layers = [Layer(MEDIA_MODEL, normalize_digest(gguf_digest), path.stat().st_size)]
         paths, what = [path], gguf_digest
     if quantize is not None:
-        from .quantize import quantize_into_store
-
         layer = quantize_into_store(store, paths, quantize, what)
         model_layers = [layer]
         info = _inspect_blob(layer.digest, store.blob_path(layer.digest))
@@ -546,6 +530,45 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
 
     config = _config_blob(store, info, layers)
     return Manifest(config=config, layers=tuple(layers))
+
+
+def quantize_model(
+    store: Store,
+    source: ModelName | str | Path,
+    target_name: ModelName | str,
+    quant: str,
+    *,
+    allow_requantize: bool = False,
+    threads: int = 0,
+    on_progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> ModelEntry:
+    """Quantize a model (a name in ``store``) or a GGUF file into the new model ``target_name``.
+
+    The result keeps the source model's template, system, params, license, messages, projector
+    and draft layers. ``target_name`` may equal the source's name (the model is replaced, once
+    the quantized weights are complete). Emits the quantizer's progress, then ``writing
+    manifest``; raises :class:`QuantizeError`, :class:`DiskFullError`,
+    :class:`ModelNotFoundError` or :class:`OperationCancelledError`, leaving ``target_name`` as
+    it was.
+    """
+    from .sources.progress import PullProgress
+
+    how = Quantize(quant, allow_requantize, threads, on_progress, cancel)
+    if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise QuantizeError(f"{path}: no such file")
+        entry = create_model(store, target_name, gguf_file=path, quantize=how)
+    else:
+        try:
+            name = parse_name(source) if isinstance(source, str) else source
+        except InvalidNameError:
+            raise QuantizeError(f"{source}: no such GGUF file or model") from None
+        entry = create_model(store, target_name, base=name, quantize=how)
+    if on_progress is not None:
+        on_progress(PullProgress("writing manifest"))
+    return entry
 
 
 def render_modelfile(model: LocalModel) -> str:

@@ -23,10 +23,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import DiskFullError, InvalidNameError, OperationCancelledError, QuantizeError
+from ._exceptions import DiskFullError, OperationCancelledError, QuantizeError
 from ._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
 
 # The child process runs this very module (python -m localllm.quantize): what only the parent
@@ -36,20 +37,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .manifest import Layer
-    from .models import Quantize
-    from .names import ModelName
     from .sources.progress import ProgressCallback
-    from .store import ModelEntry, Store
+    from .store import Store
 
 __all__ = [
     "QUANTIZABLE_SOURCE_TYPES",
     "QUANT_TYPES",
     "REQUANTIZE_MESSAGE",
+    "Quantize",
     "check_quantizable",
     "normalize_quant",
     "quantize_file",
     "quantize_into_store",
-    "quantize_model",
 ]
 
 # Target name → llama_ftype (llama.h). Bits per weight are for the disk-space estimate.
@@ -256,6 +255,22 @@ def _failure_message(returncode: int, errors: list[str], tail: str, target: str)
     return f"quantizing to {target} failed: {reason or f'exit status {returncode}'}"
 
 
+@dataclass(frozen=True)
+class Quantize:
+    """How to quantize the weights of a model being created (:func:`quantize_into_store`)."""
+
+    target: str
+    """The quantization type (``q8_0``, ``Q4_K_M``...)."""
+    allow_requantize: bool = False
+    """Quantize a source that is already quantized (at a loss of quality)."""
+    threads: int = 0
+    """llama.cpp's threads; 0 for every core."""
+    on_progress: ProgressCallback | None = None
+    """Receives the quantizer's progress events."""
+    cancel: threading.Event | None = None
+    """Set to stop the quantizer."""
+
+
 def quantize_into_store(store: Store, paths: list[Path], quantize: Quantize, what: str) -> Layer:
     """Quantize the GGUF at ``paths`` (a split model's parts in order) into a new blob of
     ``store`` and return its model layer; call inside a :meth:`Store.transaction`.
@@ -314,46 +329,6 @@ def quantize_into_store(store: Store, paths: list[Path], quantize: Quantize, wha
         finally:
             output.unlink(missing_ok=True)
     return Layer(MEDIA_MODEL, digest, size)
-
-
-def quantize_model(
-    store: Store,
-    source: ModelName | str | Path,
-    target_name: ModelName | str,
-    quant: str,
-    *,
-    allow_requantize: bool = False,
-    threads: int = 0,
-    on_progress: ProgressCallback | None = None,
-    cancel: threading.Event | None = None,
-) -> ModelEntry:
-    """Quantize a model (a name in ``store``) or a GGUF file into the new model ``target_name``.
-
-    The result keeps the source model's template, system, params, license, messages, projector
-    and draft layers. ``target_name`` may equal the source's name (the model is replaced, once
-    the quantized weights are complete). Emits the progress of :func:`quantize_file`; raises
-    :class:`QuantizeError`, :class:`DiskFullError`, :class:`ModelNotFoundError` or
-    :class:`OperationCancelledError`, leaving ``target_name`` as it was.
-    """
-    from .models import Quantize, create_model
-    from .names import parse_name
-    from .sources.progress import PullProgress
-
-    how = Quantize(quant, allow_requantize, threads, on_progress, cancel)
-    if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise QuantizeError(f"{path}: no such file")
-        entry = create_model(store, target_name, gguf_file=path, quantize=how)
-    else:
-        try:
-            name = parse_name(source) if isinstance(source, str) else source
-        except InvalidNameError:
-            raise QuantizeError(f"{source}: no such GGUF file or model") from None
-        entry = create_model(store, target_name, base=name, quantize=how)
-    if on_progress is not None:
-        on_progress(PullProgress("writing manifest"))
-    return entry
 
 
 # -- the child process -------------------------------------------------------------------------

@@ -16,9 +16,8 @@ from fakes.helpers import EventLog
 from localllm import OperationCancelledError, QuantizeError
 from localllm.gguf_info import inspect_gguf
 from localllm.manifest import MEDIA_MODEL
-from localllm.models import create_model, load_model
+from localllm.models import create_model, load_model, quantize_model
 from localllm.names import parse_name
-from localllm.quantize import quantize_model
 from localllm.sources.assemble import assemble_manifest
 from localllm.store import Store
 

@@ -24,7 +24,6 @@ from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspe
 from localllm.manifest import normalize_digest
 from localllm.models import (
     LocalModel,
-    Quantize,
     create_model,
     load_model,
     parse_parameters,
@@ -420,7 +419,7 @@ async def _require_llama_cpp(state: DaemonState) -> None:
 async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
     """Create a model from a blob digest (``files``), a GGUF path or a model (``from``),
     optionally quantizing it (``quantize``: q8_0, q4_K_M, ...)."""
-    from localllm.quantize import check_quantizable, normalize_quant
+    from localllm.quantize import Quantize, check_quantizable, normalize_quant
 
     target = _new_name(body.model_name(), "model")
     # In a thread: telling a projector from a model reads GGUF headers.

@@ -7,8 +7,9 @@ import time
 
 from .._exceptions import DiskFullError, OperationCancelledError
 from .._format import human_size
-from ..models import Quantize, build_manifest, create_model
+from ..models import build_manifest, create_model
 from ..names import ModelName, parse_name
+from ..quantize import Quantize
 from ..settings import Settings
 from ..starter import import_starter, is_starter, starter_gguf_path
 from ..store import ModelEntry, Store
