@@ -54,7 +54,8 @@ def import_starter(store: Store) -> ModelEntry | None:
     )
     marker = json.dumps({"digest": entry.digest, "source": str(path)}).encode()
     try:
-        atomic_write(store.ops, store.root / _MARKER, marker)
+        with store.writing():  # its temporary file is swept only while nobody writes
+            atomic_write(store.ops, store.root / _MARKER, marker)
     except OSError as exc:
         raise store.write_error(exc, "the starter's marker") from exc
     return entry

@@ -237,7 +237,9 @@ class Store:
         if isinstance(exc, StoreError) or not isinstance(exc, OSError):
             return exc
         if disk_full(exc):
-            error = DiskFullError(f"disk full while writing {what} in {self.root}")
+            error = DiskFullError(
+                f"disk full while writing {what} in {self.root}; free some space and try again"
+            )
             error.low_level = True  # type: ignore[attr-defined]  # the transaction says more
             return error
         if exc.errno in _UNWRITABLE:

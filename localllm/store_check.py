@@ -181,10 +181,13 @@ def _size(path: Path) -> int:
 
 
 def _temporaries(store: Store) -> list[Path]:
-    """Temporary files of writes: blobs in ``partial/``, manifests beside their target."""
+    """Temporary files of writes: blobs in ``partial/``, manifests beside their target, small
+    files (the starter's marker) in the root."""
     found = list(store.partial_dir.glob("tmp-*")) if store.partial_dir.is_dir() else []
     if store.manifests_dir.is_dir():
         found += store.manifests_dir.glob("**/.*.tmp-*")
+    if store.root.is_dir():
+        found += store.root.glob(".*.tmp-*")
     return found
 
 

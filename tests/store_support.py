@@ -133,7 +133,7 @@ def store_state(root: Path) -> StoreState:
 
 def temporaries(root: Path) -> list[Path]:
     """Temporary files of writes (not resumable downloads) under the store at ``root``."""
-    found = list((root / "partial").glob("tmp-*"))
+    found = list((root / "partial").glob("tmp-*")) + list(root.glob(".*.tmp-*"))
     return found + list((root / "manifests").glob("**/.*.tmp-*"))
 
 
