@@ -285,7 +285,8 @@ class Store:
                 self._writers -= 1
                 collect = self._writers == 0 and bool(self._deferred)
             if collect:
-                self._collect_deferred()
+                with contextlib.suppress(OSError, StoreError):  # never hides the change's error
+                    self._collect_deferred()
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[bool]:

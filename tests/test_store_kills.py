@@ -95,6 +95,8 @@ def _kill_at(
 
 def _after_restart(home: Path, check: Callable[[Store], None], **settings: Any) -> None:
     with running_daemon(home, num_threads=1, **settings) as daemon, daemon.http() as http:
+        # The daemon answers once its start-up check is done.
+        assert http.get("/api/version").status_code == 200
         assert temporaries(home) == []  # the start-up check removed them
         listed = assert_consistent(home)
         assert SMOL in listed
