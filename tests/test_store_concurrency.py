@@ -26,7 +26,9 @@ from fakes.helpers import TinyModels
 from fakes.ollama_registry import FakeRegistry
 from store_support import assert_consistent
 from test_daemon_support import Daemon, running_daemon
+from tiny_gguf import SPECIAL_TOKENS
 
+from localllm.gguf_info import inspect_gguf
 from localllm.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
@@ -124,20 +126,29 @@ def test_removing_a_model_while_it_answers(home: Path, tiny_gguf: Path) -> None:
         assert _create(daemon, {"model": "busy", "from": str(tiny_gguf)}).status_code == 200
         store = Store(home)
         weights = store.get("busy").manifest.layers[0].digest
-        body = {"model": "busy", "prompt": "a", "raw": True, "options": {"num_predict": 3000}}
-        with http.stream("POST", "/api/generate", json=body) as stream:
-            lines = stream.iter_lines()
-            assert "response" in json.loads(next(lines))  # it answers
+        # Its end-of-text tokens banned, the answer runs to max_tokens: long enough to be
+        # removed mid-way.
+        tokens = inspect_gguf(tiny_gguf).metadata["tokenizer.ggml.tokens"]
+        body = {
+            "model": "busy",
+            "prompt": "a",
+            "max_tokens": 3000,
+            "stream": True,
+            "logit_bias": {str(tokens.index(t)): -100 for t in SPECIAL_TOKENS},
+        }
+        with http.stream("POST", "/v1/completions", json=body) as stream:
+            lines = (line for line in stream.iter_lines() if line.startswith("data: "))
+            assert json.loads(next(lines)[6:])["choices"]  # it answers
             removed = http.request("DELETE", "/api/delete", json={"model": "busy"})
             assert removed.status_code == 200, removed.text
             loaded = [m["name"] for m in http.get("/api/ps").json()["models"]]
             assert "busy:latest" in loaded  # still answering: unloaded once it is done
             assert not store.has_blob(weights)  # no other model uses them
-            again = http.post("/api/generate", json=body | {"stream": False})
+            again = http.post("/v1/completions", json=body | {"stream": False})
             assert again.status_code == 404
-            last = json.loads(list(lines)[-1])
-        # Finished whole: a final chunk with its reason (the tiny model may end on its own).
-        assert last["done"] is True and last["done_reason"] in ("stop", "length"), last
+            rest = [line[6:] for line in lines]
+        assert rest[-1] == "[DONE]"  # the answer finished whole
+        assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "length"
         assert "busy:latest" not in assert_consistent(home)
 
 
