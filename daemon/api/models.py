@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from localllm._exceptions import LocalLLMError, ModelNotFoundError
+from localllm._exceptions import LocalLLMError, ModelNotFoundError, StoreError
 from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspect_gguf
 from localllm.manifest import normalize_digest
 from localllm.models import (
@@ -432,6 +432,8 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
     # progress line is streamed.
     try:
         file_type, what = await run_in_threadpool(_source_file_type, sources, state)
+    except (ModelNotFoundError, StoreError):
+        raise  # the source model went away meanwhile (404), or is damaged: its own error
     except LocalLLMError as exc:
         raise HTTPProblem(400, f"not a usable GGUF model: {exc}", param="from") from None
     drafts = _draft_sources(body, state)
