@@ -29,7 +29,7 @@ from test_daemon_support import Daemon, running_daemon
 from test_fault_support import create_from_file, ollama_stream
 from tiny_gguf import write_tiny_gguf
 
-from localllm.cli.models import ps_rows
+from localllm.cli.ps import ps_rows
 from localllm.daemon.runner import GenerationRequest, RunnerConfig
 from localllm.daemon.runner.rpc import doctor_line
 
