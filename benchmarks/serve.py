@@ -64,7 +64,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +71,8 @@ import httpx
 from _daemon import start_daemon, stop
 from prometheus_client.parser import text_string_to_metric_families
 
-from localllm.bench import OpenAIDriver, Sample, _Final, _openai_final, percentile, run_level
+from localllm.bench import OpenAIDriver, Sample, percentile, run_level
+from localllm.bench.drivers import Completion, Final, TextSink
 from localllm.starter import starter_gguf_path
 
 DAEMON_MODEL = "smollm2:135m"
@@ -108,51 +108,25 @@ class StreamDriver(OpenAIDriver):
         self.finishes: list[tuple[int, str]] = []
         """(tokens, finish_reason) of every stream completed so far."""
 
-    async def complete(
-        self,
-        model: str,
-        prompt: str,
-        max_tokens: int,
-        options: Mapping[str, Any],
-        on_text: Callable[[str], None],
-    ) -> _Final:
+    async def complete(self, request: Completion, on_text: TextSink) -> Final:
         """One streamed greedy request; returns the server's figures."""
-        body: dict[str, Any] = {
-            "model": model,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        chunks = 0
+
+        def counted(text: str) -> None:
+            nonlocal chunks
+            chunks += 1
+            on_text(text)
+
+        body = self.stream_body(request)
         if self.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = [{"role": "user", "content": request.prompt}]
             path = "/v1/chat/completions"
         else:
-            body["prompt"] = prompt
+            body["prompt"] = request.prompt
             path = "/v1/completions"
-        final = _Final()
-        reason = "none"
-        chunks = 0
-        async with self.http.stream("POST", path, json=body) as response:
-            await self._check(response)
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                data = json.loads(payload)
-                if data.get("error"):
-                    raise RuntimeError(str(data["error"]))
-                for choice in data.get("choices") or []:
-                    text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                    if text:
-                        chunks += 1
-                        on_text(text)
-                    if choice.get("finish_reason"):
-                        reason = choice["finish_reason"]
-                _openai_final(data, final)
-        self.finishes.append((final.tokens if final.tokens is not None else chunks, reason))
+        final = await self.stream(path, body, counted)
+        tokens = final.tokens if final.tokens is not None else chunks
+        self.finishes.append((tokens, final.finish_reason or "none"))
         return final
 
 

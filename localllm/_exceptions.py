@@ -18,6 +18,7 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   ├── AuthRequiredError      the source wants credentials we do not have
     │   └── NetworkError           the source could not be reached
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
+    ├── BenchError                 a benchmark that cannot run as asked (``localllm bench``)
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
         │   └── DaemonTimeoutError  the daemon did not answer in time
@@ -31,6 +32,7 @@ from __future__ import annotations
 __all__ = [
     "APIError",
     "AuthRequiredError",
+    "BenchError",
     "BlobNotFoundError",
     "DaemonError",
     "DaemonTimeoutError",
@@ -123,6 +125,10 @@ class NetworkError(PullError, ConnectionError):
 
 class OperationCancelledError(LocalLLMError):
     """The caller set the cancel event of a pull or quantization; partial downloads are kept."""
+
+
+class BenchError(LocalLLMError):
+    """A benchmark that cannot run as asked (a bad option, an unknown compare key...)."""
 
 
 class DaemonError(LocalLLMError):

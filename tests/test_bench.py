@@ -34,7 +34,7 @@ from localllm.bench import (
     run_bench,
     summarize,
 )
-from localllm.bench_report import terminal_plot, write_report
+from localllm.bench.report import terminal_plot, write_report
 from localllm.client import AsyncClient
 
 MODEL = "tiny:bench"

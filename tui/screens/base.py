@@ -12,7 +12,7 @@ from localllm._exceptions import DaemonError, DaemonUnavailableError
 from localllm.client import ModelSummary
 
 if TYPE_CHECKING:
-    from ..app import LocalLLMApp
+    from ..host import Host
 
 __all__ = ["MainScreen"]
 
@@ -35,9 +35,10 @@ class MainScreen(Screen[None]):
         self._connected: bool | None = None
 
     @property
-    def llm(self) -> LocalLLMApp:
-        """The app, typed (client, chat store, clock, connection state)."""
-        return cast("LocalLLMApp", self.app)
+    def llm(self) -> Host:
+        """The app, typed as what the screens need of it (client, chat store, clock,
+        connection state)."""
+        return cast("Host", self.app)
 
     def on_mount(self) -> None:
         """Start watching the daemon connection."""

@@ -26,11 +26,9 @@ from localllm.bench import (
     Point,
     Target,
     Workload,
-    marker,
-    point_rows,
     run_bench,
 )
-from localllm.bench_report import chart_series
+from localllm.bench.report import chart_series, marker, point_rows
 
 from ..widgets.status import StatusBar
 from .base import MainScreen
