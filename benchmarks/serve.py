@@ -58,7 +58,6 @@ import collections
 import ctypes
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -68,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop
 from prometheus_client.parser import text_string_to_metric_families
 
 from localllm.bench import OpenAIDriver, Sample, percentile, run_level
@@ -81,12 +80,6 @@ BENCH_MODEL = "smollm2-bench"
 
 # Where the daemon's engine thread spends its time (``localllm_engine_seconds`` parts).
 ENGINE_PARTS = ("decode", "step", "idle", "other")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _prompt(index: int) -> str:
@@ -277,16 +270,9 @@ def _engine_shares(engine: dict[str, float]) -> str:
 
 def start_daemon_server(args: argparse.Namespace, home: str) -> Server:
     """The localllm daemon on a temporary home."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-    env.update(
-        LOCALLLM_HOME=home,
-        LOCALLLM_HOST=f"127.0.0.1:{port}",
-        LOCALLLM_NUM_PARALLEL=str(args.slots),
-        LOCALLLM_NUM_THREADS=str(args.threads),
-        LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
+    env, url = daemon_env(
+        home, num_parallel=args.slots, num_threads=args.threads, context_length=args.ctx
     )
-    url = f"http://127.0.0.1:{port}"
     return Server("daemon", start_daemon(env), url, DAEMON_MODEL, args.endpoint)
 
 
@@ -294,7 +280,7 @@ def start_peer_server(args: argparse.Namespace, model: Path) -> Server | None:
     """The peer server, as ``--peer`` says (None with ``--skip-peer``)."""
     if args.skip_peer:
         return None
-    port = _free_port()
+    port = free_port()
     kind, *rest = args.peer
     if kind == "llama-server":
         if len(rest) != 1:

@@ -28,8 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,15 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop
 
 MODEL = "smollm2:135m"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mib(pid: int | None) -> float | None:
@@ -234,21 +226,17 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="localllm-soak-") as home:
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-        env.update(
-            LOCALLLM_HOME=home,
-            LOCALLLM_HOST=f"127.0.0.1:{port}",
-            LOCALLLM_NUM_PARALLEL=str(args.slots),
-            LOCALLLM_NUM_THREADS=str(args.threads),
-            LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
-            LOCALLLM_MAX_QUEUE=str(args.max_queue),
+        env, url = daemon_env(
+            home,
+            num_parallel=args.slots,
+            num_threads=args.threads,
+            context_length=args.ctx,
+            max_queue=args.max_queue,
             # nothing of a soak may leave this machine
-            LOCALLLM_REGISTRY=f"http://127.0.0.1:{_free_port()}",
-            HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}",
+            registry=f"http://127.0.0.1:{free_port()}",
         )
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
         process = start_daemon(env)
-        url = f"http://127.0.0.1:{port}"
         try:
             _wait_http(url, process)
             warm = httpx.post(

@@ -56,6 +56,14 @@ class Daemon:
         kwargs.setdefault("use_tcp", False)
         return Client(self.settings, **kwargs)
 
+    def create(self, name: str, path: Path | None = None, **fields: Any) -> None:
+        """Create model ``name`` from the GGUF file at ``path`` (the daemon reads it) and the
+        other ``fields`` :meth:`Client.create` takes, to the end."""
+        if path is not None:
+            fields["from_"] = str(path)
+        with self.client() as client:
+            list(client.create(name, **fields))
+
     def http(self, **kwargs: Any) -> httpx.Client:
         """A plain httpx client on TCP."""
         return httpx.Client(base_url=self.url, timeout=120, **kwargs)

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from localllm.models import LocalModel
+from localllm.models import OPTION_TYPES, LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import context_length, resolve_model, until_disconnect
@@ -204,23 +204,22 @@ def _metadata_int(model: LocalModel, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+# The infill fields that mean what Ollama's option of the same name means (repeat_last_n has an
+# alias and stop a default of its own: both are read below).
+_SAME_AS_OLLAMA = tuple(
+    key
+    for key in InfillRequest.model_fields
+    if key in OPTION_TYPES and key not in ("repeat_last_n", "stop")
+)
+
+
 def _infill_sampling(model: LocalModel, body: InfillRequest) -> tuple[dict[str, Any], int]:
     """Merged options and the n_predict of an infill request."""
     overrides: dict[str, Any] = {}
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens
     if n_predict is not None:
         overrides["num_predict"] = n_predict
-    for key in (
-        "temperature",
-        "top_k",
-        "top_p",
-        "min_p",
-        "typical_p",
-        "repeat_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
-    ):
+    for key in _SAME_AS_OLLAMA:
         value = getattr(body, key)
         if value is not None:
             overrides[key] = value

@@ -3,22 +3,12 @@ block), and Gemma's ```tool_code blocks."""
 
 from __future__ import annotations
 
-from .core import (
-    NEED_MORE,
-    Done,
-    Outcome,
-    Reject,
-    ToolCallParser,
-    calls_from,
-    loads,
-    more,
-    python_calls,
-)
+from . import core
 
 __all__ = ["GemmaParser", "GenericJsonParser"]
 
 
-class GenericJsonParser(ToolCallParser):
+class GenericJsonParser(core.ToolCallParser):
     """Templates that take tools but show no call syntax: a JSON call object (or list of
     them) at the start of a line, or inside a fenced block (```json, ```tool_code,
     ```tool_call); ```tool_code blocks may also hold Python-style calls (``f(x=1)``). A call
@@ -49,44 +39,46 @@ class GenericJsonParser(ToolCallParser):
                 line_start = False
         return None, len(text)
 
-    def _parse(self, text: str, final: bool) -> Outcome:
+    def _parse(self, text: str, final: bool) -> core.Outcome:
         if text.startswith("`"):
             return self._fenced(text, final)
         rest = text[1:].lstrip()
         if text[0] == "[":
             if rest and rest[0] != "{":
-                return Reject(1)
+                return core.Reject(1)
             rest = rest[1:].lstrip()
         if rest and not any(k.startswith(rest[: len(k)]) for k in self._KEY_STARTS):
-            return Reject(1)
+            return core.Reject(1)
         end = self._scanner.end(text)
         if end is None:
-            return more(final, bare=not rest)
-        calls = calls_from(loads(text[:end]), self.known)
-        return Done(calls, end) if calls else Reject(end)
+            return core.more(final, bare=not rest)
+        calls = core.calls_from(core.loads(text[:end]), self.known)
+        return core.Done(calls, end) if calls else core.Reject(end)
 
-    def _fenced(self, text: str, final: bool) -> Outcome:
+    def _fenced(self, text: str, final: bool) -> core.Outcome:
         if len(text) < 3:
-            return NEED_MORE if not final and "```".startswith(text) else Reject(len(text))
+            return (
+                core.NEED_MORE if not final and "```".startswith(text) else core.Reject(len(text))
+            )
         if not text.startswith("```"):
-            return Reject(1)
+            return core.Reject(1)
         newline = text.find("\n")
         if newline < 0:
             label = text[3:].strip()
             if final or not any(f.startswith(label) for f in self._FENCE_LABELS):
-                return Reject(len(text))
-            return NEED_MORE
+                return core.Reject(len(text))
+            return core.NEED_MORE
         label = text[3:newline].strip()
         if label not in self._FENCE_LABELS:  # other code blocks stream as they come
-            return Reject(newline + 1)
+            return core.Reject(newline + 1)
         close = text.find("```", newline + 1)
         if close < 0:
-            return NEED_MORE if not final else Reject(len(text))
+            return core.NEED_MORE if not final else core.Reject(len(text))
         inner = text[newline + 1 : close]
-        calls = calls_from(loads(inner), self.known) if inner.strip() else None
+        calls = core.calls_from(core.loads(inner), self.known) if inner.strip() else None
         if calls is None and label == "tool_code":
-            calls = python_calls(inner, self.known)
-        return Done(calls, close + 3) if calls else Reject(close + 3)
+            calls = core.python_calls(inner, self.known)
+        return core.Done(calls, close + 3) if calls else core.Reject(close + 3)
 
 
 class GemmaParser(GenericJsonParser):

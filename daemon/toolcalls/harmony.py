@@ -6,12 +6,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .core import Outcome, Parsed, ToolCall, ToolCallParser, held_prefix, loads
+from . import core
 
 __all__ = ["HarmonyParser"]
 
 
-class HarmonyParser(ToolCallParser):
+class HarmonyParser(core.ToolCallParser):
     """GPT-OSS (the harmony format): messages ``<|channel|>analysis<|message|>...<|end|>``
     (reasoning), ``<|channel|>final<|message|>...`` (the answer) and
     ``<|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>``
@@ -35,15 +35,15 @@ class HarmonyParser(ToolCallParser):
         self._recipient: str | None = None
         self._body = ""
 
-    def _parse(self, text: str, final: bool) -> Outcome:  # pragma: no cover - not used
+    def _parse(self, text: str, final: bool) -> core.Outcome:  # pragma: no cover - not used
         raise NotImplementedError
 
-    def feed(self, text: str) -> Parsed:
+    def feed(self, text: str) -> core.Parsed:
         """Take the next piece of output; return what is now certain."""
         self._buffer += text
         return self._step(final=False)
 
-    def finish(self, cut: bool = False) -> Parsed:
+    def finish(self, cut: bool = False) -> core.Parsed:
         """The output ended (``<|call|>`` and ``<|return|>`` usually stop generation;
         ``cut``: the token limit ended it, so an open call was cut off)."""
         self._cut_end = cut
@@ -61,8 +61,8 @@ class HarmonyParser(ToolCallParser):
         self._state = "header"
         return out
 
-    def _step(self, final: bool) -> Parsed:
-        out = Parsed()
+    def _step(self, final: bool) -> core.Parsed:
+        out = core.Parsed()
         while self._buffer:
             if self._state == "header":
                 text = self._buffer
@@ -100,7 +100,7 @@ class HarmonyParser(ToolCallParser):
                     self._buffer = rest
                     self._state = "header"
                     continue
-                safe = len(text) if final else len(text) - held_prefix(text, self._ENDS)
+                safe = len(text) if final else len(text) - core.held_prefix(text, self._ENDS)
                 self._body_text(out, text[:safe])
                 self._buffer = text[safe:]
                 return out
@@ -109,7 +109,7 @@ class HarmonyParser(ToolCallParser):
     def _is_call(self) -> bool:
         return bool(self._recipient and self._recipient.startswith("functions."))
 
-    def _body_text(self, out: Parsed, text: str) -> None:
+    def _body_text(self, out: core.Parsed, text: str) -> None:
         if self._is_call():
             self._body += text
         elif self._channel == "analysis":
@@ -117,14 +117,14 @@ class HarmonyParser(ToolCallParser):
         else:
             out.content += text
 
-    def _end_message(self, out: Parsed, text: str, cut: bool = False) -> None:
+    def _end_message(self, out: core.Parsed, text: str, cut: bool = False) -> None:
         self._body_text(out, text)
         if self._is_call():
             assert self._recipient is not None
             name = self._recipient.removeprefix("functions.")
-            arguments = loads(self._body.strip() or "{}")
+            arguments = core.loads(self._body.strip() or "{}")
             if isinstance(arguments, dict):
-                out.calls.append(ToolCall(name, arguments))
+                out.calls.append(core.ToolCall(name, arguments))
             else:  # not valid JSON (or cut off): call markup, never content
                 out.dropped += self._body
                 out.cut = out.cut or cut

@@ -8,26 +8,12 @@ import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from .core import (
-    NEED_MORE,
-    Done,
-    Drop,
-    Outcome,
-    Reject,
-    ToolCall,
-    ToolCallParser,
-    calls_from,
-    loads,
-    more,
-    past_closer,
-    tool_names,
-    tool_parameters,
-)
+from . import core
 
 __all__ = ["GraniteParser", "HermesParser", "Qwen3CoderParser"]
 
 
-class _TaggedJsonParser(ToolCallParser):
+class _TaggedJsonParser(core.ToolCallParser):
     """Calls as ``<open>`` + JSON (object or array) + optional ``<close>``."""
 
     opener: ClassVar[str] = ""
@@ -42,30 +28,30 @@ class _TaggedJsonParser(ToolCallParser):
         """Templates that show the family's opener to the model."""
         return cls.opener in template
 
-    def _parse(self, text: str, final: bool) -> Outcome:
+    def _parse(self, text: str, final: bool) -> core.Outcome:
         if len(text) < len(self.opener):
-            return NEED_MORE if not final else Reject(len(text))
+            return core.NEED_MORE if not final else core.Reject(len(text))
         body_start = len(self.opener)
         body = text[body_start:]
         value = body.lstrip()
         offset = body_start + len(body) - len(value)
         if not value:
-            return more(final, bare=True)
+            return core.more(final, bare=True)
         if value[0] not in "{[":
             return self._other_body(text, offset, final)
         end = self._scanner.end(value)
         if end is None:
-            return more(final)
-        calls = calls_from(loads(value[:end]), None)
-        consumed = past_closer(text, offset + end, self.closer, final)
+            return core.more(final)
+        calls = core.calls_from(core.loads(value[:end]), None)
+        consumed = core.past_closer(text, offset + end, self.closer, final)
         if consumed is None:
-            return NEED_MORE  # the closing marker may still come
+            return core.NEED_MORE  # the closing marker may still come
         # JSON after the opener that is not a call is broken markup, not text
-        return Done(calls, consumed) if calls is not None else Drop(consumed)
+        return core.Done(calls, consumed) if calls is not None else core.Drop(consumed)
 
-    def _other_body(self, text: str, offset: int, final: bool) -> Outcome:
+    def _other_body(self, text: str, offset: int, final: bool) -> core.Outcome:
         """A body that does not start with JSON: by default, the opener was plain text."""
-        return Reject(len(self.opener))
+        return core.Reject(len(self.opener))
 
 
 class HermesParser(_TaggedJsonParser):
@@ -90,33 +76,33 @@ class Qwen3CoderParser(HermesParser):
         """Templates with ``<tool_call>`` that write ``<function=`` and ``<parameter=``."""
         return "<tool_call>" in template and "<function=" in template and "<parameter=" in template
 
-    def _other_body(self, text: str, offset: int, final: bool) -> Outcome:
+    def _other_body(self, text: str, offset: int, final: bool) -> core.Outcome:
         body = text[offset:]
         if not body.startswith("<function="):
             if "<function=".startswith(body):
-                return more(final)
-            return Reject(len(self.opener))
+                return core.more(final)
+            return core.Reject(len(self.opener))
         end = body.find("</function>")
         if end < 0:
-            return more(final)
-        consumed = past_closer(text, offset + end + len("</function>"), self.closer, final)
+            return core.more(final)
+        consumed = core.past_closer(text, offset + end + len("</function>"), self.closer, final)
         if consumed is None:
-            return NEED_MORE
+            return core.NEED_MORE
         match = self._FUNCTION.match(body)
         if match is None:
-            return Drop(consumed)
+            return core.Drop(consumed)
         name = match.group(1)
         schema = self._schema(name)
         arguments = {}
         for parameter in self._PARAMETER.finditer(body, match.end(), end):
             key, raw = parameter.group(1), parameter.group(2)
             arguments[key] = self._typed(raw, schema.get(key))
-        return Done([ToolCall(name, arguments)], consumed)
+        return core.Done([core.ToolCall(name, arguments)], consumed)
 
     def _schema(self, name: str) -> dict[str, Any]:
-        for tool, tool_name in zip(self.tools, tool_names(self.tools), strict=False):
+        for tool, tool_name in zip(self.tools, core.tool_names(self.tools), strict=False):
             if tool_name == name:
-                properties = tool_parameters(tool).get("properties")
+                properties = core.tool_parameters(tool).get("properties")
                 return properties if isinstance(properties, dict) else {}
         return {}
 
@@ -125,7 +111,7 @@ class Qwen3CoderParser(HermesParser):
         kind = schema.get("type") if isinstance(schema, dict) else None
         if kind == "string" or (isinstance(kind, list) and "string" in kind):
             return raw
-        value = loads(raw)
+        value = core.loads(raw)
         return raw if value is None and raw.strip() != "null" else value
 
 

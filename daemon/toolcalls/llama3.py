@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from .core import (
-    NEED_MORE,
-    Cut,
-    Done,
-    Drop,
-    Outcome,
-    Reject,
-    ToolCallParser,
-    calls_from,
-    held_prefix,
-    loads,
-    more,
-    python_calls,
-)
+from . import core
 
 __all__ = ["Llama3Parser"]
 
 
-class Llama3Parser(ToolCallParser):
+class Llama3Parser(core.ToolCallParser):
     """Llama 3.1-3.3: a bare ``{"name": "f", "parameters": {...}}`` object at the start of the
     output (or of a line, or after ``<|python_tag|>``), several separated by ``;``; built-in
     tools as ``<|python_tag|>brave_search.call(query="...")``. Untagged JSON counts as a call
@@ -52,25 +39,25 @@ class Llama3Parser(ToolCallParser):
                 line_start = False
         if tag >= 0:
             return tag, tag
-        return None, len(text) - held_prefix(text, (self._TAG,))
+        return None, len(text) - core.held_prefix(text, (self._TAG,))
 
-    def _parse(self, text: str, final: bool) -> Outcome:
+    def _parse(self, text: str, final: bool) -> core.Outcome:
         if text.startswith(self._TAG):
             return self._tagged(text, final)
         if not text.startswith("{"):
-            return Reject(1)
+            return core.Reject(1)
         if not self._may_be_call(text):
-            return Reject(1)
+            return core.Reject(1)
         end = self._scanner.end(text)
         if end is None:
             # a call-shaped object cut off; a bare `{` alone may be prose
-            return more(final, bare=not text[1:].strip())
-        calls = calls_from(loads(text[:end]), self.known)
+            return core.more(final, bare=not text[1:].strip())
+        calls = core.calls_from(core.loads(text[:end]), self.known)
         if calls is None:
-            return Reject(end)
+            return core.Reject(end)
         if not final and not text[end:].strip():
-            return NEED_MORE  # a `;` and another call may follow
-        return Done(calls, self._separator(text, end))
+            return core.NEED_MORE  # a `;` and another call may follow
+        return core.Done(calls, self._separator(text, end))
 
     def _may_be_call(self, text: str) -> bool:
         """Cheap early refusal of prose in braces: the first key must be one a call has."""
@@ -87,26 +74,26 @@ class Llama3Parser(ToolCallParser):
             return end + len(rest) - len(after) + 1
         return end
 
-    def _tagged(self, text: str, final: bool) -> Outcome:
+    def _tagged(self, text: str, final: bool) -> core.Outcome:
         body = text[len(self._TAG) :]
         value = body.lstrip()
         offset = len(text) - len(value)
         if not value:
-            return more(final, bare=True)
+            return core.more(final, bare=True)
         if value[0] == "{":
             end = self._scanner.end(value)
             if end is None:
-                return more(final)
-            calls = calls_from(loads(value[:end]), None)
+                return core.more(final)
+            calls = core.calls_from(core.loads(value[:end]), None)
             if calls is None:
-                return Drop(offset + end)
+                return core.Drop(offset + end)
             if not final and not value[end:].strip():
-                return NEED_MORE
-            return Done(calls, self._separator(text, offset + end))
+                return core.NEED_MORE
+            return core.Done(calls, self._separator(text, offset + end))
         # built-in tool in Python syntax; it runs to the end of the message (<|eom_id|>)
         if not final:
-            return NEED_MORE
-        calls = python_calls(value, None)
+            return core.NEED_MORE
+        calls = core.python_calls(value, None)
         if calls:
-            return Done(calls, len(text))
-        return Cut() if self._cut_end else Drop(len(text))
+            return core.Done(calls, len(text))
+        return core.Cut() if self._cut_end else core.Drop(len(text))

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import APIError, DaemonUnavailableError
-from .._format import human_size, human_until, table
+from .._format import human_size, human_until, processor, table
 from .commands import EXIT_OK
 from .common import UsageError, connect, load_settings, parse_time, print_json
 
@@ -42,15 +42,6 @@ def add_ps_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # -- ps ----------------------------------------------------------------------------------------
-
-
-def _processor(size: int, size_vram: int) -> str:
-    if size <= 0 or size_vram <= 0:
-        return "100% CPU"
-    if size_vram >= size:
-        return "100% GPU"
-    cpu = round(100 * (size - size_vram) / size)
-    return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 
 def _split_processor(devices: list[Any]) -> str | None:
@@ -103,7 +94,7 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
         str(entry.get("digest", ""))[:12],
         human_size(entry.get("size", 0) or 0),
         _split_processor(entry.get("devices") or [])
-        or _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
+        or processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
         str(entry.get("context_length", "")),
         f"{busy}/{total}" if total else "",
         f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",

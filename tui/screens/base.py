@@ -3,7 +3,8 @@ coming and going, and reporting errors."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from textual.messages import Prune
 from textual.screen import Screen
@@ -95,6 +96,17 @@ class MainScreen(Screen[None]):
             return None
         self._shown = ticket
         return models
+
+    async def daemon_does(self, call: Awaitable[Any], failure: str, success: str) -> bool:
+        """Await a daemon ``call``: True, with ``success`` shown, when it went through; False
+        when the daemon refused or failed (reported, led by ``failure``)."""
+        try:
+            await call
+        except DaemonError as exc:
+            self.report(exc, failure)
+            return False
+        self.notify(success)
+        return True
 
     def report(self, exc: Exception, doing: str) -> None:
         """Tell the user what failed; a vanished daemon also starts the reconnection."""
