@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ __all__ = [
     "runner_process",
     "start_daemon",
     "stop",
+    "wait_http",
 ]
 
 
@@ -58,6 +60,24 @@ def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    """Wait until the server at ``url`` (a daemon, llama-server, llama-cpp-python's server)
+    answers ``/v1/models``; an error when its process exits first or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} did not answer in time")
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 
 from localllm.bench import OpenAIDriver, Sample, percentile, run_level
@@ -165,20 +165,6 @@ async def _level(
         await driver.http.aclose()
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("server did not answer in time")
-
-
 class Server:
     """A server process under test and how to talk to it."""
 
@@ -197,7 +183,7 @@ class Server:
         """Wait until it answers, then load the model and warm up with short streams on
         every slot (llama-server's first run on slots it had not used yet was 14-17 % slower
         than its next ones, in every run: a one-time cost the levels must not measure)."""
-        _wait_http(self.url, self.process)
+        wait_http(self.url, self.process, timeout=180)
         if self.name == "daemon":
             # The same sampling on both servers: Ollama's default repeat_penalty (1.1, which
             # the daemon applies to OpenAI requests too) ends some counting streams early and

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
 
 MODEL = "smollm2:135m"
 
@@ -193,20 +192,6 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/api/version", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the daemon did not answer in time")
-
-
 def _runner_pid(url: str) -> int | None:
     models = httpx.get(f"{url}/api/ps", timeout=10).json()["models"]
     return next((m.get("runner_pid") for m in models), None)
@@ -238,7 +223,7 @@ def main() -> int:
         env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
         process = start_daemon(env)
         try:
-            _wait_http(url, process)
+            wait_http(url, process)
             warm = httpx.post(
                 f"{url}/api/generate",
                 json={

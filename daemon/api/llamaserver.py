@@ -21,7 +21,7 @@ from localllm.models import OPTION_TYPES, LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import context_length, resolve_model, until_disconnect
-from ..options import merge_options, runner_config
+from ..options import merge_options, named_options, runner_config
 from ..runner.protocol import SamplingOptions
 from ..state import DaemonState, StateDep
 from .core import Ask, Done, Reply, TextCut, plan
@@ -215,14 +215,8 @@ _SAME_AS_OLLAMA = tuple(
 
 def _infill_sampling(model: LocalModel, body: InfillRequest) -> tuple[dict[str, Any], int]:
     """Merged options and the n_predict of an infill request."""
-    overrides: dict[str, Any] = {}
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens
-    if n_predict is not None:
-        overrides["num_predict"] = n_predict
-    for key in _SAME_AS_OLLAMA:
-        value = getattr(body, key)
-        if value is not None:
-            overrides[key] = value
+    overrides = named_options(body, _SAME_AS_OLLAMA, n_predict)
     last_n = body.repeat_last_n if body.repeat_last_n is not None else body.penalty_last_n
     if last_n is not None:
         overrides["repeat_last_n"] = last_n

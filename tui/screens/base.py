@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from textual.messages import Prune
 from textual.screen import Screen
+from textual.widgets import Select
 
 from localllm._exceptions import DaemonError, DaemonUnavailableError
 from localllm.client import ModelSummary
@@ -96,6 +97,17 @@ class MainScreen(Screen[None]):
             return None
         self._shown = ticket
         return models
+
+    async def offer_models(self, select: Select[str]) -> list[str] | None:
+        """Put the store's model names in ``select`` (without a ``Changed`` message) and
+        return them; ``None`` as :meth:`list_models` says."""
+        models = await self.list_models()
+        if models is None:
+            return None
+        names = [m["name"] for m in models]
+        with select.prevent(Select.Changed):
+            select.set_options((name, name) for name in names)
+        return names
 
     async def daemon_does(self, call: Awaitable[Any], failure: str, success: str) -> bool:
         """Await a daemon ``call``: True, with ``success`` shown, when it went through; False

@@ -117,14 +117,13 @@ class BenchScreen(MainScreen):
 
     async def on_daemon_connected(self) -> None:
         """Offer the store's models (the ones that can generate)."""
-        models = await self.list_models()
-        if models is None:
-            return
-        self.models = [m["name"] for m in models]
         select = self.query_one("#bench-model", Select)
         current = select.value
+        names = await self.offer_models(select)
+        if names is None:
+            return
+        self.models = names
         with select.prevent(Select.Changed):
-            select.set_options((name, name) for name in self.models)
             if isinstance(current, str) and current in self.models:
                 select.value = current
             elif self.models:
