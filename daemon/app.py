@@ -26,7 +26,17 @@ from localllm import __version__
 from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 
-from .api import anthropic, fleet, llamaserver, memory, ollama, openai, rerank, responses
+from .api import (
+    anthropic,
+    discover,
+    fleet,
+    llamaserver,
+    memory,
+    ollama,
+    openai,
+    rerank,
+    responses,
+)
 from .api.errorshapes import openai_error
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .runner.client import RunnerError
@@ -140,6 +150,8 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     _model_routes(app)
     app.include_router(ollama.router)
     app.include_router(memory.router)
+    # the Hugging Face Hub seen from this machine: search, quantizations, fit and speed
+    app.include_router(discover.router)
     app.include_router(openai.router, prefix="/v1")
     # llama-server serves the OpenAI routes at the root too; clients given a bare base URL
     # (http://127.0.0.1:11435) call /chat/completions.

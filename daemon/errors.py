@@ -24,6 +24,7 @@ from localllm._exceptions import (
     OperationCancelledError,
     PullError,
     QuantizeError,
+    RateLimitedError,
     RemoteNotFoundError,
     StoreError,
 )
@@ -121,6 +122,10 @@ def problem_from(exc: BaseException, model: str | None = None) -> HTTPProblem:
         return HTTPProblem(status, str(exc), code=exc.code)
     if isinstance(exc, AuthRequiredError):
         return HTTPProblem(403, str(exc), code="auth_required")
+    if isinstance(exc, RateLimitedError):
+        wait = exc.retry_after
+        headers = {"Retry-After": str(max(1, round(wait)))} if wait is not None else {}
+        return HTTPProblem(429, str(exc), code="rate_limited", headers=headers)
     if isinstance(exc, NetworkError):
         return HTTPProblem(502, str(exc), code="network_error")
     if isinstance(exc, OperationCancelledError):

@@ -180,6 +180,34 @@ class Metrics:
             ["device", "state"],
             registry=r,
         )
+        self.threads = Gauge(
+            "localllm_runner_threads",
+            "CPU threads of each runner: what decode steps and batch steps (prefill, "
+            "embeddings) use now, the runner's own count (max) and the daemon's share (budget).",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.threads_limit = Gauge(
+            "localllm_runner_threads_limit",
+            "1 for what holds each runner's decode thread count where it is: max (its own "
+            "count), cpu (other processes use the cores), budget (shared with other working "
+            "models), tuner (fewer threads ran faster) or fixed (num_thread, or the governor off).",
+            ["model", "limit"],
+            registry=r,
+        )
+        self.cpu_others = Gauge(
+            "localllm_cpu_others_cores",
+            "Cores other processes used over the last half second, as each runner's governor "
+            "read them (/proc/stat).",
+            ["model"],
+            registry=r,
+        )
+        self.thread_changes = Gauge(
+            "localllm_runner_thread_changes",
+            "Changes of each runner's thread counts since it started.",
+            ["model"],
+            registry=r,
+        )
         self._per_model_gauges = (
             self.memory_planned,
             self.memory_used,
@@ -196,6 +224,10 @@ class Metrics:
             self.prefix_restores,
             self.engine_time,
             self.engine_decodes,
+            self.threads,
+            self.threads_limit,
+            self.cpu_others,
+            self.thread_changes,
         )
 
     def observe_load(self, loaded: LoadedModel) -> None:
@@ -280,4 +312,11 @@ class Metrics:
             self.saved_prefix_bytes.labels(name, "disk").set(stats.saved_prefix_disk_bytes)
             self.prefix_restores.labels(name).set(stats.prefix_restores)
             self._engine_time(name, stats)
+            if (threads := stats.threads) is not None:
+                for kind in ("decode", "batch", "max", "budget"):
+                    self.threads.labels(name, kind).set(getattr(threads, kind))
+                self.threads_limit.labels(name, threads.limit).set(1)
+                if threads.others is not None:
+                    self.cpu_others.labels(name).set(threads.others)
+                self.thread_changes.labels(name).set(threads.changes)
         return generate_latest(self.registry)

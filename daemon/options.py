@@ -315,6 +315,8 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         n_ctx_per_slot=n_ctx,
         n_batch=int(options.get("num_batch", 512)),
         n_threads=int(options.get("num_thread", settings.num_threads)),
+        # A count asked for is kept as asked; the setting's is the most the governor uses.
+        fixed_threads=bool(options.get("num_thread")) or not settings.governor,
         n_gpu_layers=int(options.get("num_gpu", -1)),
         main_gpu=int(options.get("main_gpu", 0)),
         use_mmap=bool(options.get("use_mmap", True)),

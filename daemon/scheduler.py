@@ -56,6 +56,7 @@ from localllm._exceptions import SettingsError
 from localllm.models import LocalModel
 from localllm.settings import Settings, parse_duration
 
+from .cpubudget import CpuBudget
 from .errors import InsufficientMemoryError, QueueFullError
 from .history import RequestHistory
 from .memplan import HOST, MemoryPlan, NoFitReport, refusal
@@ -67,6 +68,7 @@ from .runner.client import (
     RunnerStartError,
     plan_only,
 )
+from .runner.governor import allowed_cpus
 from .runner.protocol import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -74,6 +76,7 @@ from .runner.protocol import (
     GenerationResult,
     RunnerConfig,
     Stats,
+    ThreadStats,
 )
 
 __all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
@@ -104,6 +107,11 @@ class Runner(Protocol):
 
     async def stats(self) -> Stats:
         """The engine's gauges."""
+
+    async def set_threads(
+        self, threads: int, reason: str, cpus: list[int] | None = None
+    ) -> ThreadStats:
+        """The runner's share of the cores (its CPU governor uses at most ``threads``)."""
 
     async def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = False
@@ -329,6 +337,8 @@ class Lease:
     def record(self, result: GenerationResult) -> None:
         """Remember a finished request's timings for the dashboard and metrics."""
         t = result.timings
+        if self._scheduler.on_request_done is not None:
+            self._scheduler.on_request_done(self.loaded, result)
         self._scheduler.history.record(
             self.loaded.name, t.ttft_ms, t.decode_tokens_per_s, t.completion_tokens
         )
@@ -388,6 +398,14 @@ class Scheduler:
         self._lost_workers: dict[str, list[str]] = {}
         self._waiting_here = 0
         """Requests waiting in the daemon for a permit, over all models."""
+        self.on_request_done: Callable[[LoadedModel, GenerationResult], None] | None = None
+        """Told of every finished request (the speed book learns from them)."""
+        self.cpu_budget = CpuBudget(
+            settings.num_threads or cpu.default_threads(),
+            sorted(allowed_cpus()),
+            pin=settings.cpu_affinity,
+        )
+        """Shares the cores among the runners working at the same time."""
         self.closed = False
 
     # -- queries ------------------------------------------------------------------------
@@ -462,6 +480,8 @@ class Scheduler:
             if loaded.alive() and self._models.get(key) is loaded:
                 loaded.handed += 1
                 loaded.update_idle()
+                if loaded.handed == 1:
+                    self._share_cores()
                 return Lease(self, loaded, load_seconds)
             # The runner died or was replaced while this request waited: try again.
             loaded.slots.release()
@@ -469,12 +489,19 @@ class Scheduler:
 
     def _release(self, loaded: LoadedModel, keep_alive: float | None) -> None:
         loaded.handed -= 1
+        if loaded.handed == 0:
+            self._share_cores()
         loaded.slots.release()
         loaded.last_used = time.time()
         if keep_alive is not None:
             loaded.keep_alive = keep_alive
         loaded.update_idle()
         self._after_idle(loaded)
+
+    def _share_cores(self) -> None:
+        """Tell the working runners their share of the cores (see :mod:`.cpubudget`)."""
+        working = {m.name: m.runner for m in self._models.values() if m.handed > 0 and m.alive()}
+        self.cpu_budget.working(working)
 
     def _after_idle(self, loaded: LoadedModel) -> None:
         self._spawn(self._notify())
@@ -858,6 +885,7 @@ class Scheduler:
             loaded.closing = True
             self._cancel_expiry(loaded)
         await asyncio.gather(*(self._stop(m) for m in models), return_exceptions=True)
+        await self.cpu_budget.close()
         for task in list(self._background):
             with contextlib.suppress(BaseException):
                 await task

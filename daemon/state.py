@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
@@ -13,6 +13,10 @@ from localllm.store import Store
 
 from .metrics import Metrics
 from .scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from .discover import Discovery
+    from .speedbook import SpeedBook
 
 __all__ = ["DaemonState", "StateDep", "get_state"]
 
@@ -31,6 +35,15 @@ class DaemonState:
     """Prometheus registry."""
     started_at: float = field(default_factory=time.time)
     """When the daemon started."""
+    discovery: Discovery = field(init=False)
+    """Hub repositories planned and predicted on this machine (:mod:`.api.discover`)."""
+    speedbook: SpeedBook = field(init=False)
+    """Speeds the runners measured while serving (:mod:`.speedbook`)."""
+
+    def __post_init__(self) -> None:
+        from .discover import wire
+
+        self.discovery, self.speedbook = wire(self.settings, self.scheduler)
 
     @classmethod
     def create(cls, settings: Settings) -> DaemonState:

@@ -13,12 +13,14 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   └── DiskFullError          the disk filled up while writing; nothing complete was removed
     ├── GGUFError                  a file that is not a usable GGUF (not GGUF, truncated, absurd)
     ├── QuantizeError              llama.cpp could not quantize a model
-    ├── PullError                  a model could not be downloaded
+    ├── PullError                  a model could not be downloaded or looked up at its source
     │   ├── RemoteNotFoundError    the repository, model, tag or file does not exist upstream
     │   ├── AuthRequiredError      the source wants credentials we do not have
     │   └── NetworkError           the source could not be reached
+    │       └── RateLimitedError   the source refuses for now (HTTP 429); ``retry_after`` seconds
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
     ├── BenchError                 a benchmark that cannot run as asked (``localllm bench``)
+    ├── LaunchError                ``localllm launch`` cannot set up or start a coding tool
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
         │   └── DaemonTimeoutError  the daemon did not answer in time
@@ -42,12 +44,14 @@ __all__ = [
     "GGUFError",
     "InvalidDigestError",
     "InvalidNameError",
+    "LaunchError",
     "LocalLLMError",
     "ModelNotFoundError",
     "NetworkError",
     "OperationCancelledError",
     "PullError",
     "QuantizeError",
+    "RateLimitedError",
     "RemoteNotFoundError",
     "SettingsError",
     "StoreError",
@@ -108,7 +112,7 @@ class QuantizeError(LocalLLMError):
 
 
 class PullError(LocalLLMError):
-    """A model could not be downloaded."""
+    """A model could not be downloaded, or looked up at its source (search, file lists)."""
 
 
 class RemoteNotFoundError(PullError, LookupError):
@@ -123,12 +127,26 @@ class NetworkError(PullError, ConnectionError):
     """The source could not be reached or the connection kept failing."""
 
 
+class RateLimitedError(NetworkError):
+    """The source answered HTTP 429: too many requests for now."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        """Seconds to wait before asking again, when the source said (else ``None``)."""
+
+
 class OperationCancelledError(LocalLLMError):
     """The caller set the cancel event of a pull or quantization; partial downloads are kept."""
 
 
 class BenchError(LocalLLMError):
     """A benchmark that cannot run as asked (a bad option, an unknown compare key...)."""
+
+
+class LaunchError(LocalLLMError):
+    """``localllm launch`` cannot set up or start a coding tool (not installed, a config file
+    it cannot read, no model that fits...)."""
 
 
 class DaemonError(LocalLLMError):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "REBUILD_FOR_THIS_CPU",
     "exit_status",
+    "human_count",
     "human_duration",
     "human_since",
     "human_size",
     "human_until",
     "processor",
+    "speed_figures",
     "table",
 ]
 
@@ -36,6 +40,34 @@ def exit_status(returncode: int) -> str:
         # SIGKILL's one word, "killed", says nothing more; SIGILL's "illegal instruction" does.
         return f"was killed by {number.name}" + (f" ({meaning})" if " " in meaning else "")
     return f"exited with status {returncode}"
+
+
+def human_count(value: object) -> str:
+    """``1.2M``, ``34k``, ``512`` (downloads, likes, parameters); ``-`` when not a number."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "-"
+    for size, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "k")):
+        if value >= size:
+            return f"{value / size:.1f}".rstrip("0").rstrip(".") + suffix
+    return str(value)
+
+
+def speed_figures(
+    speed: Mapping[str, Any] | None,
+) -> tuple[list[tuple[str, float | None, float | None]], str]:
+    """From the daemon's ``speed`` (``/api/speed``, ``/api/plan``, ``/api/ps``): ``(kind,
+    predicted, measured)`` tokens/s for ``decode`` and ``prefill`` where either is known,
+    and why nothing is predicted (``""`` when something is)."""
+    predicted = (speed or {}).get("predicted") or {}
+    measured = (speed or {}).get("measured") or {}
+    figures = [
+        (kind, predicted.get(kind) or None, measured.get(kind) or None)
+        for kind in ("decode", "prefill")
+        if predicted.get(kind) or measured.get(kind)
+    ]
+    if predicted.get("decode"):
+        return figures, ""
+    return figures, str(predicted.get("why") or (speed or {}).get("why") or "")
 
 
 def human_size(size: float) -> str:

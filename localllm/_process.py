@@ -1,10 +1,17 @@
-"""Questions about other processes on this machine."""
+"""Questions about other processes on this machine, and files they share."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
+from pathlib import Path
+from typing import Any
 
-__all__ = ["pid_alive"]
+from ._format import exit_status
+
+__all__ = ["child_report", "pid_alive", "write_json"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -16,3 +23,27 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def child_report(done: subprocess.CompletedProcess[bytes]) -> tuple[dict[str, Any] | None, str]:
+    """What a child that prints one JSON object as its last line reported: ``(report, "")``,
+    or ``(None, how it ended)`` (``exited with status 3: <its last error line>``)."""
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    if done.returncode == 0 and lines:
+        with contextlib.suppress(ValueError):
+            report = json.loads(lines[-1])
+            if isinstance(report, dict):
+                return report, ""
+    errors = done.stderr.decode("utf-8", "replace").strip().splitlines()
+    cause = f": {errors[-1][:300]}" if errors else ""
+    return None, f"{exit_status(done.returncode)}{cause}"
+
+
+def write_json(file: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``file`` whole or not at all (a temporary file of this process,
+    renamed), so that other processes reading it concurrently never see half of it. Raises
+    OSError."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    temporary = file.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, indent=1))
+    temporary.replace(file)

@@ -25,11 +25,13 @@ from ._exceptions import GGUFError
 
 __all__ = [
     "GGUFInfo",
+    "HeaderIncomplete",
     "TensorInfo",
     "draft_incompatibility",
     "estimate_memory",
     "format_parameter_count",
     "inspect_gguf",
+    "inspect_gguf_header",
 ]
 
 GGUF_MAGIC = b"GGUF"
@@ -377,15 +379,32 @@ def estimate_memory(
     }
 
 
+class HeaderIncomplete(GGUFError):
+    """The bytes given end inside the header of a longer file: read more of it and try again
+    (:func:`inspect_gguf_header`)."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        """Bytes from the start of the file the header needs at least."""
+
+
 class _Cursor:
     """Reads little-endian values from a buffer, refusing to run past its end."""
 
-    def __init__(self, buffer: mmap.mmap | bytes, size: int) -> None:
+    def __init__(self, buffer: mmap.mmap | bytes, size: int, file_size: int | None = None) -> None:
         self.buffer = buffer
         self.size = size
+        self.file_size = size if file_size is None else file_size
+        """Bytes of the whole file; more than ``size`` when the buffer holds its start only."""
         self.pos = 0
 
     def need(self, count: int, what: str) -> None:
+        if count >= 0 and self.pos + count > self.size and self.pos + count <= self.file_size:
+            raise HeaderIncomplete(
+                f"the first {self.size} bytes end inside the GGUF header ({what})",
+                self.pos + count,
+            )
         if count < 0 or self.pos + count > self.size:
             raise GGUFError(
                 f"truncated or corrupt GGUF: {what} needs {count} bytes at offset {self.pos}, "
@@ -442,7 +461,7 @@ def _read_value(cursor: _Cursor, value_type: GGUFValueType, key: str, depth: int
             if element_type in (GGUFValueType.STRING, GGUFValueType.ARRAY)
             else (struct.calcsize(_SCALAR_FORMATS[element_type]))
         )
-        if length * minimum > cursor.size - cursor.pos:
+        if length * minimum > cursor.file_size - cursor.pos:
             raise GGUFError(
                 f"truncated or corrupt GGUF: array {key!r} claims {length} elements, "
                 "more than the file holds"
@@ -499,8 +518,26 @@ def inspect_gguf(path: str | Path) -> GGUFInfo:
         raise GGUFError(f"{path}: permission denied") from None
 
 
-def _inspect(path: Path, buffer: mmap.mmap, size: int) -> GGUFInfo:
-    cursor = _Cursor(buffer, size)
+def inspect_gguf_header(data: bytes, file_size: int, name: str) -> GGUFInfo:
+    """Read the header of a GGUF file of ``file_size`` bytes from its first bytes ``data``
+    (a download's first range), with the same checks as :func:`inspect_gguf`; ``name`` names
+    the file in messages and in :attr:`GGUFInfo.path`.
+
+    Raises :class:`HeaderIncomplete` (with the bytes needed so far) when ``data`` ends inside
+    the header, :class:`GGUFError` for anything that is not a sane GGUF.
+    """
+    if len(data) < 24 and file_size >= 24:
+        raise HeaderIncomplete(f"{name}: {len(data)} bytes are too few for a GGUF header", 24)
+    if file_size < 24:
+        raise GGUFError(f"{name} is not a GGUF file (only {file_size} bytes)")
+    return _inspect(Path(name), data, min(len(data), file_size), file_size)
+
+
+def _inspect(
+    path: Path, buffer: mmap.mmap | bytes, size: int, file_size: int | None = None
+) -> GGUFInfo:
+    cursor = _Cursor(buffer, size, file_size)
+    size = cursor.file_size
     if buffer[:4] != GGUF_MAGIC:
         raise GGUFError(f"{path.name} is not a GGUF file (bad magic {bytes(buffer[:4])!r})")
     cursor.pos = 4

@@ -2,7 +2,8 @@
 
 Fed with the final (``done``) chunk of ``/api/chat`` or ``/api/generate``: Ollama's nanosecond
 fields and localllm's extras (``ttft_duration``, ``prompt_cached_count``,
-``prompt_evaluated_count``, ``prompt_eval_rate``, ``eval_rate``, ``queue_duration``). The
+``prompt_evaluated_count``, ``prompt_eval_rate``, ``eval_rate``, ``queue_duration``, the CPU
+threads the steps ran with: ``threads_min``, ``threads_max``, ``threads_of``, ``threads_why``). The
 prompt (prefill) and generation (decode) phases are reported apart, since they have different
 bottlenecks: "prompt eval count" counts only the tokens evaluated, and the tokens reused from
 the KV cache have their own line, so the prompt rate is not inflated by the cache.
@@ -39,6 +40,18 @@ def _rate(final: Mapping[str, Any], key: str, count: float, duration_key: str) -
         return _number(final, key)
     duration = _number(final, duration_key)
     return count / (duration / 1e9) if duration > 0 else 0.0
+
+
+def _threads(final: Mapping[str, Any]) -> str | None:
+    """``2 of 2``, ``1 of 2 (CPU busy: ...)``, ``1-2 of 2 (...)``: the CPU threads the answer's
+    steps ran with, so that its rates are read against what the machine gave it."""
+    most, low, high = (_number(final, key) for key in ("threads_of", "threads_min", "threads_max"))
+    if not most or not high:
+        return None
+    used = f"{low:.0f}" if low == high else f"{low:.0f}-{high:.0f}"
+    why = final.get("threads_why")
+    note = f" ({why})" if isinstance(why, str) and why and low < most else ""
+    return f"{used} of {most:.0f}{note}"
 
 
 def format_timings(final: Mapping[str, Any]) -> str:
@@ -81,5 +94,7 @@ def format_timings(final: Mapping[str, Any]) -> str:
                 f"{accepted:.0f} of {drafted:.0f} accepted ({accepted / drafted:.0%}, {how})",
             )
         )
+    if (threads := _threads(final)) is not None:
+        rows.append(("threads", threads))
     width = max(len(label) for label, _ in rows) + 2
     return "\n".join(f"{label + ':':<{width}}{value}" for label, value in rows)

@@ -248,7 +248,24 @@ class Settings:
         "Flash attention: auto, on (1/true) or off (0/false). Quantized KV needs it on or auto.",
     )
     num_threads: int = _setting(
-        "LOCALLLM_NUM_THREADS", 0, "CPU threads for generation; 0 picks the physical core count."
+        "LOCALLLM_NUM_THREADS",
+        0,
+        "The most CPU threads a runner uses; 0 picks the physical core count. The CPU governor "
+        "uses fewer while other programs or other models need cores (a request's num_thread "
+        "fixes the count instead).",
+    )
+    governor: bool = _setting(
+        "LOCALLLM_GOVERNOR",
+        True,
+        "The CPU governor: runners change their thread count between steps to what the machine "
+        "gives them now, and models working at the same time share the cores (on, or off for "
+        "a fixed count).",
+    )
+    cpu_affinity: bool = _setting(
+        "LOCALLLM_CPU_AFFINITY",
+        True,
+        "While several models work at once, each runner's threads run on CPUs of their own "
+        "(on or off).",
     )
     origins: tuple[str, ...] = _setting(
         "LOCALLLM_ORIGINS",
@@ -270,6 +287,12 @@ class Settings:
         "https://huggingface.co",
         "Hugging Face Hub used for hf.co/<user>/<repo> names. The same variable huggingface_hub "
         "reads, read here too because huggingface_hub reads it only once, at import.",
+    )
+    hub_timeout: float = _setting(
+        "LOCALLLM_HUB_TIMEOUT",
+        5.0,
+        "Seconds a Hugging Face search, file list or GGUF header read may take before it fails "
+        "with a one-line error (accepts 5s, 1m); pulls use LOCALLLM_PULL_STALL_TIMEOUT.",
     )
     pull_stall_timeout: float = _setting(
         "LOCALLLM_PULL_STALL_TIMEOUT",
@@ -355,6 +378,13 @@ class Settings:
         "Models loaded when the daemon starts, in order (comma separated), each as its first "
         "request would load it; one that does not fit is logged and skipped.",
     )
+    omp_wait_policy: str | None = _setting(
+        "OMP_WAIT_POLICY",
+        None,
+        "OpenMP's own variable, which llama.cpp's CPU threads follow: active (spin while "
+        "waiting) or passive (sleep). localllm only reports it (`localllm doctor`); the CPU "
+        "governor keeps spinning threads off busy cores instead.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -437,14 +467,18 @@ class Settings:
             values["registry"] = raw if "://" in raw else f"https://{raw}"
         if (raw := get("HF_ENDPOINT")) is not None:
             values["hf_endpoint"] = raw.rstrip("/")
-        if (raw := get("LOCALLLM_PULL_STALL_TIMEOUT")) is not None:
-            try:
-                stall = parse_duration(raw)
-            except SettingsError as exc:
-                raise SettingsError(f"LOCALLLM_PULL_STALL_TIMEOUT: {exc}") from None
-            if stall <= 0:
-                raise SettingsError(f"LOCALLLM_PULL_STALL_TIMEOUT must be positive, got {raw!r}")
-            values["pull_stall_timeout"] = stall
+        for name, attr in (
+            ("LOCALLLM_PULL_STALL_TIMEOUT", "pull_stall_timeout"),
+            ("LOCALLLM_HUB_TIMEOUT", "hub_timeout"),
+        ):
+            if (raw := get(name)) is not None:
+                try:
+                    seconds = parse_duration(raw)
+                except SettingsError as exc:
+                    raise SettingsError(f"{name}: {exc}") from None
+                if seconds <= 0:
+                    raise SettingsError(f"{name} must be positive, got {raw!r}")
+                values[attr] = seconds
         if (number := as_int("LOCALLLM_PULL_RETRIES", 0)) is not None:
             values["pull_retries"] = number
         if (raw := get("LOCALLLM_DEBUG")) is not None:
@@ -486,8 +520,20 @@ class Settings:
             if mode not in ("auto", "on", "off"):
                 raise SettingsError(f"LOCALLLM_CPU_REPACK must be auto, on or off, got {raw!r}")
             values["cpu_repack"] = mode
+        for name, attr in (
+            ("LOCALLLM_GOVERNOR", "governor"),
+            ("LOCALLLM_CPU_AFFINITY", "cpu_affinity"),
+        ):
+            if (raw := get(name)) is not None:
+                switch = {"1": True, "true": True, "on": True, "0": False, "false": False}
+                switch["off"] = False
+                if raw.lower() not in switch:
+                    raise SettingsError(f"{name} must be on or off, got {raw!r}")
+                values[attr] = switch[raw.lower()]
         if (raw := get("LOCALLLM_RPC_WORKERS")) is not None:
             values["rpc_workers"] = parse_rpc_workers(raw)
+        if (raw := get("OMP_WAIT_POLICY")) is not None:
+            values["omp_wait_policy"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)

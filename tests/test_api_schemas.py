@@ -1,6 +1,8 @@
-"""Every reply of every OpenAI and Anthropic route, streamed events included, validated against
-the official OpenAPI documents (vendored in ``tests/openapi/``, see its README): a real daemon,
-tiny models with a tool-calling and a reasoning template, real HTTP.
+"""Every reply of every OpenAI, Anthropic and Ollama route, streamed events included, validated
+against the official OpenAPI documents (vendored in ``tests/openapi/``, see its README:
+OpenAI's of 2026-08-21, Anthropic's of 2026-05-06 with what its spec of 2026-08-19 changes,
+Open Responses' release 2026-04-24, Ollama's of 2026-07-20): a real daemon, tiny models with
+a tool-calling and a reasoning template, real HTTP.
 
 The weights are random: nothing here asserts what a model says, only that each reply (whole,
 each stream chunk or event, each error) is a valid instance of the schema the document gives
@@ -19,7 +21,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from openapi_specs import ANTHROPIC, OPENAI, check, check_event
+from openapi_specs import ANTHROPIC, OLLAMA, OPENAI, OPENRESPONSES, check, check_event
 from test_api_anthropic import THINK_TEMPLATE
 from test_api_tools import HERMES_TEMPLATE, TOOLS
 from test_daemon_support import Daemon, running_daemon
@@ -205,15 +207,46 @@ RESPONSES_CASES = {
 }
 
 
+# Where OpenAI's document and Open Responses' name one event differently, the daemon sends
+# OpenAI's name, which Codex reads (codex-rs/codex-api/src/sse/responses.rs): the raw reasoning
+# text streams as response.reasoning_text.*, which Open Responses calls response.reasoning.*
+# with the same fields. Checked against Open Responses under its name there.
+OPEN_RESPONSES_NAMES = {
+    "response.reasoning_text.delta": "response.reasoning.delta",
+    "response.reasoning_text.done": "response.reasoning.done",
+}
+
+
+def _openai_response(response: dict[str, Any]) -> dict[str, Any]:
+    """A response object as OpenAI's document can check it: ``usage`` is null until the
+    answer is done (OpenAI's own ``response.created`` example in the document sends null,
+    and Open Responses requires the field), while the document's schema types it as an
+    object only."""
+    return {k: v for k, v in response.items() if not (k == "usage" and v is None)}
+
+
+def _check_responses_event(event: dict[str, Any]) -> None:
+    openai_event = event
+    if isinstance(event.get("response"), dict):
+        openai_event = {**event, "response": _openai_response(event["response"])}
+    check_event(OPENAI, "ResponseStreamEvent", openai_event)
+    renamed = OPEN_RESPONSES_NAMES.get(event["type"])
+    check_event(OPENRESPONSES, "POST /responses", {**event, "type": renamed or event["type"]})
+
+
 @pytest.mark.parametrize("case", sorted(RESPONSES_CASES))
 def test_responses_whole_and_streamed(http: httpx.Client, case: str) -> None:
     body = RESPONSES_CASES[case]
     whole = post(http, "/v1/responses", body)
     check(OPENAI, "Response", whole)
+    check(OPENRESPONSES, "ResponseResource", whole)
+    # the fields Open Responses requires, present even when null
+    assert {"service_tier", "safety_identifier", "prompt_cache_key", "completed_at"} <= set(whole)
     events = sse(http, "/v1/responses", body)
     assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    assert events[0]["response"]["usage"] is None
     for event in events:
-        check_event(OPENAI, "ResponseStreamEvent", event)
+        _check_responses_event(event)
 
 
 # --- Anthropic ---------------------------------------------------------------------------
@@ -288,3 +321,63 @@ def test_anthropic_errors(http: httpx.Client) -> None:
         response = http.post("/v1/messages", json=body, headers=ANTHROPIC_HEADERS)
         assert response.status_code == status, response.text
         check(ANTHROPIC, "ErrorResponse", response.json())
+
+
+# --- Ollama --------------------------------------------------------------------------------
+
+
+def ndjson(http: httpx.Client, path: str, body: dict[str, Any]) -> list[Any]:
+    """Every line of a streamed Ollama answer."""
+    with http.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line) for line in response.iter_lines() if line]
+
+
+OLLAMA_CASES = {
+    "chat": ("/api/chat", {"model": HERMES, "messages": HI}, "ChatResponse", "ChatStreamEvent"),
+    "chat, a call": (
+        "/api/chat",
+        {"model": HERMES, "messages": HI, "tools": TOOLS, "format": "json"},
+        "ChatResponse",
+        "ChatStreamEvent",
+    ),
+    "chat, thinking": (
+        "/api/chat",
+        {"model": THINK, "messages": HI, "think": True},
+        "ChatResponse",
+        "ChatStreamEvent",
+    ),
+    "generate": (
+        "/api/generate",
+        {"model": HERMES, "prompt": "Once upon", "logprobs": True, "top_logprobs": 2},
+        "GenerateResponse",
+        "GenerateStreamEvent",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OLLAMA_CASES))
+def test_ollama_whole_and_streamed(http: httpx.Client, case: str) -> None:
+    path, body, whole_schema, event_schema = OLLAMA_CASES[case]
+    body = {**body, "options": {"num_predict": 8, "temperature": 0, "seed": 1}}
+    whole = post(http, path, {**body, "stream": False})
+    check(OLLAMA, whole_schema, whole)
+    lines = ndjson(http, path, body)
+    assert lines[-1]["done"] is True
+    for line in lines:
+        check(OLLAMA, event_schema, line)
+    # Ollama's document requires no field of an answer; these Ollama always sends
+    final = {"model", "created_at", "done", "done_reason", "eval_count", "total_duration"}
+    assert final <= set(whole) and final <= set(lines[-1])
+    assert all({"model", "created_at", "done"} <= set(line) for line in lines)
+
+
+def test_ollama_models_and_errors(http: httpx.Client) -> None:
+    check(OLLAMA, "ListResponse", http.get("/api/tags").json())
+    check(OLLAMA, "ShowResponse", post(http, "/api/show", {"model": HERMES}))
+    check(OLLAMA, "PsResponse", http.get("/api/ps").json())
+    check(OLLAMA, "VersionResponse", http.get("/api/version").json())
+    check(OLLAMA, "EmbedResponse", post(http, "/api/embed", {"model": HERMES, "input": ["a"]}))
+    missing = http.post("/api/chat", json={"model": "nope:1", "messages": HI})
+    assert missing.status_code == 404
+    check(OLLAMA, "ErrorResponse", missing.json())

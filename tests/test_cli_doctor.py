@@ -42,6 +42,11 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         assert repack["source"] == "probe" and repack["usable"]
         assert [run["mode"] for run in repack["runs"]] == ["repack", "plain"]
         assert Path(repack["cache_file"]).is_relative_to(tmp_path / "cache")
+        threads = before["threads"]
+        # Whether the build uses OpenMP is read from llama.cpp's own system info.
+        assert threads["openmp"] == ("OPENMP = 1" in llama["system_info"])
+        assert threads["governor"] is True and threads["max_threads"] >= 1
+        assert threads["others_now"] is None or threads["others_now"] >= 0
         assert before["data_root"]["path"] == str(tmp_path / "home")
         assert before["data_root"]["free"] > 0
         assert not before["endpoints"]["socket"]["localllm"]
@@ -57,6 +62,8 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         text = cli.ok("doctor")
         assert "weight repacking: " + ("on" if repack["repack"] else "off") in text
         assert "system info: " in text and "localllm" in text and "answers" in text
+        assert "CPU governor: on: a runner uses up to" in text
+        assert ("llama.cpp uses OpenMP" in text) == bool(threads["openmp"])
 
 
 def test_a_daemon_follows_a_decision_to_turn_repacking_off_and_says_why(tmp_path: Path) -> None:

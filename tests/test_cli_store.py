@@ -114,7 +114,9 @@ def test_ps_and_stop(cli: CliHome) -> None:
         "PROCESSOR",
         "CONTEXT",
         "SLOTS",
+        "THREADS",
         "TOKENS/S",
+        "PREDICTED",
         "UNTIL",
     ]
     with cli.client() as client:

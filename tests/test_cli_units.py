@@ -169,6 +169,22 @@ def test_timings_block_is_aligned_with_both_phases_apart() -> None:
     ]
 
 
+def test_timings_say_which_threads_the_answer_ran_with_and_why_fewer() -> None:
+    whole = {**FINAL, "threads_min": 2, "threads_max": 2, "threads_of": 2}
+    assert format_timings(whole).splitlines()[-1] == "threads:              2 of 2"
+    held = {
+        **FINAL,
+        "threads_min": 1,
+        "threads_max": 2,
+        "threads_of": 2,
+        "threads_why": "CPU busy: other processes use 1.0 of 2 cores",
+    }
+    assert format_timings(held).splitlines()[-1] == (
+        "threads:              1-2 of 2 (CPU busy: other processes use 1.0 of 2 cores)"
+    )
+    assert "threads" not in format_timings(FINAL)  # an Ollama answer has no such fields
+
+
 def test_timings_from_a_plain_ollama_chunk_compute_the_rates() -> None:
     plain = {k: v for k, v in FINAL.items() if not k.startswith(("ttft", "prompt_c", "prompt_ev"))}
     plain.update(prompt_eval_count=26, prompt_eval_duration=52_000_000)
@@ -203,7 +219,14 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
                 "slots": 4,
                 "busy_slots": 1,
                 "decode_tokens_per_s": 42.06,
+                "speed": {"predicted": {"decode": 38.6, "prefill": 400.0}},
                 "expires_at": "9999-12-31T23:59:59Z",
+                "threads": {
+                    "decode": 1,
+                    "max": 2,
+                    "reason": "CPU busy: other processes use 1.0 of 2 cores",
+                    "last_change": "2 → 1: CPU busy: other processes use 1.0 of 2 cores",
+                },
             },
             {
                 "name": "idle:latest",
@@ -218,8 +241,11 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
             },
         ]
     )
-    header, first, second = (line.split() for line in table.splitlines())
-    assert header == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
+    header, first, second, why = (line.split() for line in table.splitlines())
+    assert header == [
+        "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
+        "UNTIL",
+    ]  # fmt: skip
     assert first == [
         "smollm2:135m",
         "fe515e7bb326",
@@ -229,10 +255,17 @@ def test_ps_rows_show_processor_slots_rate_and_expiry() -> None:
         "CPU/GPU",
         "4096",
         "1/4",
+        "1/2",
         "42.1",
+        "39",
         "Forever",
     ]
-    assert second[4:] == ["100%", "GPU", "2048", "0/2", "-", "Stopping..."]
+    assert second[4:] == ["100%", "GPU", "2048", "0/2", "-", "-", "-", "Stopping..."]
+    # The governor holds a thread back: the line under the table says why.
+    assert " ".join(why) == (
+        "smollm2:135m threads 1/2: CPU busy: other processes use 1.0 of 2 cores "
+        "(last change 2 → 1: CPU busy: other processes use 1.0 of 2 cores)"
+    )
 
 
 def test_ps_marks_pinned_models() -> None:

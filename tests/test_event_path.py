@@ -19,7 +19,8 @@ from runner_harness import RunnerHarness, greedy, loaded_model
 from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.runner import EmbeddingRequest, GenerationRequest, RunnerConfig, TokenChunk
-from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.engine import Engine
+from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import DoneEvent, Event, TokenEvent
 

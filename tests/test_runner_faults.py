@@ -23,7 +23,8 @@ from localllm.daemon.runner import (
     RunnerStartError,
     TokenChunk,
 )
-from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.engine import Engine
+from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import DoneEvent, ErrorEvent, Event, SamplingOptions
 

@@ -23,7 +23,8 @@ from localllm.daemon.runner import (
     TokenChunk,
 )
 from localllm.daemon.runner.draft import DraftModel
-from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.engine import Engine
+from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import (
     IMAGE_MARKER,
@@ -167,8 +168,8 @@ def _engine_run(
     """One request through an engine of its own on ``model``, drafting forced to pay."""
     model.seq_remove(0, 0)
     engine = Engine(model, num_draft=num_draft, draft=draft)
-    engine._cost = BatchCost({1: 1.0, 64: 1.0})
-    engine.draft_cost = 0.0
+    engine.speculation.fixed_cost = BatchCost({1: 1.0, 64: 1.0})
+    engine.speculation.draft_cost = 0.0
     prompt = prepare(model, request, None, projector)
     done = threading.Event()
     text: list[str] = []

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from localllm.daemon.cpubudget import CpuBudget
 from localllm.daemon.errors import QueueFullError
 from localllm.daemon.runner.client import RunnerStartError
 from localllm.daemon.runner.protocol import RunnerConfig, Stats
@@ -45,6 +46,9 @@ class FakeRunner:
         self.number = number
         self.dead = False
         self.closed = asyncio.Event()
+        self.shares: list[tuple[int, str, list[int] | None]] = []
+        """The shares of the cores the daemon gave it, in order."""
+        self.shared = asyncio.Event()
 
     @property
     def pid(self) -> int | None:
@@ -62,6 +66,10 @@ class FakeRunner:
             decode_tokens_per_s=0.0,
             prefill_tokens_per_s=0.0,
         )
+
+    async def set_threads(self, threads: int, reason: str, cpus: list[int] | None = None) -> None:
+        self.shares.append((threads, reason, cpus))
+        self.shared.set()
 
     async def close(self) -> None:
         self.closed.set()
@@ -476,3 +484,35 @@ def test_the_models_keep_alive_parameter_is_its_default() -> None:
         assert await closed(factory.started[0])
 
     run(scenario)
+
+
+async def share_of(runner: FakeRunner, count: int) -> tuple[int, str, list[int] | None]:
+    """The runner's ``count``-th share of the cores (1-based), once it has arrived."""
+    while len(runner.shares) < count:
+        runner.shared.clear()
+        await runner.shared.wait()
+    return runner.shares[count - 1]
+
+
+def test_models_working_at_once_share_the_cores_and_one_left_alone_gets_them_back() -> None:
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        scheduler.cpu_budget = CpuBudget(2, [0, 1], pin=True)
+        first = await scheduler.acquire(model("a"), config())
+        a = factory.started[0]
+        assert await share_of(a, 1) == (2, "working alone", None)
+        second = await scheduler.acquire(model("b"), config())
+        b = factory.started[1]
+        assert await share_of(a, 2) == (1, "sharing 2 cores with b:latest", [0])
+        assert await share_of(b, 1) == (1, "sharing 2 cores with a:latest", [1])
+        # A second request on a model already working changes nothing.
+        third = await scheduler.acquire(model("a"), config(n_slots=1), keep_alive=None)
+        third.release()
+        first.release()
+        assert await share_of(b, 2) == (2, "working alone", None)
+        second.release()
+        assert len(a.shares) == 2 and len(b.shares) == 2  # idle models are left as they are
+        again = await scheduler.acquire(model("a"), config())
+        assert await share_of(a, 3) == (2, "working alone", None)
+        again.release()
+
+    run(scenario, num_parallel=2)

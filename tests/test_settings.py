@@ -127,6 +127,13 @@ def test_every_setting_is_documented() -> None:
     assert all(description for _, _, description in rows)
 
 
+def test_the_hub_timeout_is_a_positive_duration() -> None:
+    assert Settings.from_env({}).hub_timeout == 5.0
+    assert Settings.from_env({"LOCALLLM_HUB_TIMEOUT": "1.5s"}).hub_timeout == 1.5
+    with pytest.raises(SettingsError, match="LOCALLLM_HUB_TIMEOUT must be positive"):
+        Settings.from_env({"LOCALLLM_HUB_TIMEOUT": "0"})
+
+
 # -- the runtime dir (the socket's place) ------------------------------------------------------
 
 

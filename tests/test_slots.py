@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.engine import Engine
+from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import (
     DoneEvent,

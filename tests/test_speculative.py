@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner.engine import Engine, GenerationJob
+from localllm.daemon.runner.engine import Engine
+from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import (
     DoneEvent,
@@ -162,7 +163,9 @@ class Run:
     def __init__(self, model: LlamaModel, num_draft: int, measure: bool = False) -> None:
         self.engine = Engine(model, num_draft=num_draft)
         if num_draft and not measure:
-            self.engine._cost = BatchCost({1: 1.0, 64: 1.0})  # drafting always pays
+            self.engine.speculation.fixed_cost = BatchCost(
+                {1: 1.0, 64: 1.0}
+            )  # drafting always pays
         self.texts: dict[str, str] = {}
         self.events: dict[str, int] = {}
         """Token events per request."""
@@ -268,8 +271,8 @@ def test_measuring_the_cost_curve_mid_step_leaves_the_batch_intact(model: LlamaM
     plain = Run(model, num_draft=0).run(jobs)
     measuring = Run(model, num_draft=6, measure=True)
     assert measuring.run(jobs) == plain
-    assert measuring.engine._costs.ready
-    assert measuring.engine._costs.curve().relative[1] == 1.0
+    assert measuring.engine.speculation.costs.ready
+    assert measuring.engine.speculation.costs.curve().relative[1] == 1.0
     assert not measuring.errors
 
 

@@ -24,7 +24,12 @@ from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.options import draft_for, drafter_label, runner_config
-from localllm.daemon.runner.draft import DraftModel, DraftModelDrafter, DraftVocabularyError
+from localllm.daemon.runner.draft import (
+    PROBE_SHARE,
+    DraftModel,
+    DraftModelDrafter,
+    DraftVocabularyError,
+)
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.manifest import MEDIA_DRAFT
@@ -78,8 +83,8 @@ class DraftRun(Run):
     def __init__(self, model: LlamaModel, draft: DraftModel, num_draft: int = 6) -> None:
         super().__init__(model, num_draft=num_draft)
         self.draft = draft
-        self.engine.draft = draft
-        self.engine.draft_cost = 0.0
+        self.engine.speculation.draft = draft
+        self.engine.speculation.draft_cost = 0.0
 
     def run(self, jobs: list[tuple[str, str, object]]) -> dict[str, str]:  # type: ignore[override]
         for seq in range(len(self.draft.seen)):
@@ -397,3 +402,29 @@ def test_probes_that_keep_failing_back_off_and_an_accepted_draft_resets_them() -
         assert drafter.misses == expected
     drafter.probe(accepted=4)
     assert drafter.misses == 0
+
+
+def test_a_requests_probes_stay_within_their_share_of_its_time() -> None:
+    """A draft model the policy stopped using must cost next to nothing: each probe (catching
+    up, then one drafted token) must fit in PROBE_SHARE of the request's time so far."""
+    drafter = DraftModelDrafter(model=None)  # type: ignore[arg-type]  # no model needed
+    drafter.started = 100.0
+    one_second_in = 100.0 + 1.0
+    assert drafter.may_probe(PROBE_SHARE * 0.5, one_second_in)
+    assert not drafter.may_probe(PROBE_SHARE * 2, one_second_in)  # longer than its share
+    drafter.probe_seconds = PROBE_SHARE * 0.9  # what earlier probes spent
+    assert not drafter.may_probe(PROBE_SHARE * 0.5, one_second_in)
+    assert drafter.may_probe(PROBE_SHARE * 0.5, one_second_in + 1.0)  # the share grew
+
+
+def test_a_probes_cost_counts_the_tokens_its_draft_sequence_must_catch_up_on(
+    drafts: dict[str, DraftModel],
+) -> None:
+    draft = drafts["same"]
+    draft.measure()
+    assert draft.seconds_per_token is not None and draft.catch_up_seconds_per_token is not None
+    seen = len(draft.seen[0])
+    # Behind by 100 tokens costs more than behind by none, by the measured catch-up pace.
+    near, far = draft.catch_up_cost(0, seen), draft.catch_up_cost(0, seen + 100)
+    assert near == pytest.approx(draft.seconds_per_token)
+    assert far == pytest.approx(near + 100 * draft.catch_up_seconds_per_token)

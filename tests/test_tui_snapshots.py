@@ -4,7 +4,7 @@
 Deterministic by construction: a real daemon with only the bundled model, a chat database
 written by the test with fixed stats, the clock frozen for "modified" times, a model loaded
 with keep_alive -1 (no countdown) and no request run on it (rates and TTFTs stay empty), and
-the prompt's cursor not blinking.
+the prompt's cursor not blinking, fixed speed figures in a cache dir of the test's own.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from speed_support import seed_calibration
 from test_daemon_support import Daemon, running_daemon
 from test_tui_support import make_app, wait_for
 from textual.pilot import Pilot
@@ -36,11 +37,16 @@ pytestmark = pytest.mark.slow
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """A daemon whose models never unload (no keep-alive countdown to freeze), with a fixed
     context (the memory plan would choose one by this machine's free memory)."""
-    home = tmp_path_factory.mktemp("tui-snap") / "home"
-    with running_daemon(
-        home, num_parallel=2, num_threads=1, keep_alive=-1, context_length=4096
-    ) as d:
-        yield d
+    root = tmp_path_factory.mktemp("tui-snap")
+    # Fixed speed figures, so that the predicted speed the models screen shows is the same
+    # on every machine.
+    seed_calibration(root / "cache", threads=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        with running_daemon(
+            root / "home", num_parallel=2, num_threads=1, keep_alive=-1, context_length=4096
+        ) as d:
+            yield d
 
 
 @pytest.fixture(scope="module")

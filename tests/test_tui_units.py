@@ -14,7 +14,7 @@ from localllm.tui.chats import ChatStore, StoredMessage
 from localllm.tui.dom import settle
 from localllm.tui.format import answer_stats, chat_title, countdown, transfer_line
 from localllm.tui.screens.models import details_markdown
-from localllm.tui.widgets.loaded_model import slot_text
+from localllm.tui.widgets.loaded_model import slot_text, threads_text
 
 FINAL = {
     "ttft_duration": 85_000_000,
@@ -48,6 +48,19 @@ def test_countdown_and_titles() -> None:
     assert len(long) == 32 and long.endswith("…")
     assert transfer_line(2_000_000, 5_000_000, 1_000_000) == "2.0 MB / 5.0 MB · 1.0 MB/s · 3s left"
     assert transfer_line(5, 5, None) == "5 B / 5 B"
+
+
+def test_a_cards_threads_line_says_why_the_governor_holds_threads_back() -> None:
+    assert threads_text(None).plain == ""
+    assert threads_text({"decode": 2, "max": 2, "mode": "auto"}).plain == "CPU threads 2 of 2"
+    held = threads_text(
+        {"decode": 1, "max": 2, "mode": "auto", "reason": "CPU busy: other processes need 1.0"}
+    )
+    assert held.plain == "CPU threads 1 of 2 · CPU busy: other processes need 1.0"
+    assert any("yellow" in str(span.style) for span in held.spans)
+    assert threads_text({"decode": 1, "max": 1, "mode": "fixed"}).plain == (
+        "CPU threads 1 of 1 (fixed)"
+    )
 
 
 def test_slot_text_and_details() -> None:

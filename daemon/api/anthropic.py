@@ -654,16 +654,18 @@ def _stop_reason(done: Done, blocks: _Blocks) -> str:
     return "stop_sequence" if done.reason == "stop_sequence" else "end_turn"
 
 
-def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
+def _usage(prompt: int, cached: int, output: int, thinking: int) -> dict[str, Any]:
     """Anthropic's ``usage``: cached prompt tokens apart from ``input_tokens``; nothing is
     written to a cache on request (the daemon caches every prefix on its own) and no server
-    tool runs here."""
+    tool runs here. ``output_tokens_details.thinking_tokens``: the output tokens that were
+    reasoning (a part of ``output_tokens``), as Anthropic's current API reports them."""
     return {
         "input_tokens": max(prompt - cached, 0),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
         "cache_creation": {"ephemeral_1h_input_tokens": 0, "ephemeral_5m_input_tokens": 0},
         "output_tokens": output,
+        "output_tokens_details": {"thinking_tokens": thinking},
         "server_tool_use": {"web_fetch_requests": 0, "web_search_requests": 0},
         "service_tier": None,
         "inference_geo": None,
@@ -671,7 +673,7 @@ def _usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
 
 
 def _done_usage(done: Done) -> dict[str, Any]:
-    return _usage(done.prompt_tokens, done.cached_tokens, done.output_tokens)
+    return _usage(done.prompt_tokens, done.cached_tokens, done.output_tokens, done.reasoning_tokens)
 
 
 _DELTA_USAGE = (
@@ -679,6 +681,7 @@ _DELTA_USAGE = (
     "cache_creation_input_tokens",
     "cache_read_input_tokens",
     "output_tokens",
+    "output_tokens_details",
     "server_tool_use",
 )
 
@@ -737,7 +740,7 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
             "stop_sequence": None,
             "stop_details": None,
             "container": None,
-            "usage": _usage(reply.prompt_tokens, 0, 0),
+            "usage": _usage(reply.prompt_tokens, 0, 0, 0),
         }
         yield _sse("message_start", {"type": "message_start", "message": started})
         yield _sse("ping", {"type": "ping"})

@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..generation import resolve_model
+from ..memplan import MemoryPlan
 from ..options import merge_options, runner_config
 from ..state import StateDep
 
@@ -31,10 +33,17 @@ class PlanRequest(BaseModel):
 
 @router.post("/api/plan", summary="The memory plan of a model (localllm)")
 async def plan(body: PlanRequest, state: StateDep) -> dict[str, Any]:
-    """``{"model", "loaded", "plan"}`` when it fits (``plan``: slots, context, GPU layers,
-    ``uses`` per device, ``budgets``, ``warnings``...), else ``{"model", "loaded",
-    "nofit", "refusal"}`` with the sentence a load would be refused with."""
+    """``{"model", "loaded", "plan", "speed"}`` when it fits (``plan``: slots, context, GPU
+    layers, ``uses`` per device, ``budgets``, ``warnings``...; ``speed``: ``predicted`` and
+    ``measured`` tokens/s), else ``{"model", "loaded", "nofit", "refusal"}`` with the sentence
+    a load would be refused with."""
+    from .discover import local_speed
+
     model = resolve_model(state, body.model)
     config = runner_config(state.settings, model, merge_options(model, body.options))
     answer = await state.scheduler.plan(model, config)
+    if "plan" in answer:
+        plan = MemoryPlan.from_dict(answer["plan"])
+        loaded = state.scheduler.get(model.name.full)
+        answer["speed"] = await run_in_threadpool(local_speed, state, loaded, model, plan)
     return {"model": model.name.short, **answer}

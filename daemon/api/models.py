@@ -499,7 +499,15 @@ async def pull(body: PullRequest, request: Request, state: StateDep) -> Response
             raise HTTPProblem(400, str(exc), param="quantize") from None
         await _require_llama_cpp(state)
 
+    # hf.co/<user>/<repo> without a tag: the quantization that fits this machine best
+    # (asked before the stream starts, so that Hub errors keep their status).
+    from .discover import choose_pull
+
+    choice = await run_in_threadpool(choose_pull, state, name)
+
     def work(emit: Callable[[Any], None], cancel: threading.Event) -> None:
+        if choice is not None:
+            emit({"status": choice[1]})
         pull_model(
             state.store,
             name,
@@ -508,6 +516,7 @@ async def pull(body: PullRequest, request: Request, state: StateDep) -> Response
             cancel=cancel,
             quantize=quant,
             insecure=bool(body.insecure),
+            file_tag=choice[0] if choice is not None else None,
         )
 
     return await _background_job(work, body.stream is not False)

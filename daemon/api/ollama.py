@@ -9,6 +9,7 @@ Ollama clients ignore.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from localllm import __version__
@@ -29,6 +31,7 @@ from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
 from . import models as model_routes
 from .core import Ask, Delta, Done, Reply, Turn, plan
+from .discover import local_speed
 from .logprobs import check_top_logprobs, ollama_logprobs
 from .schemas_ollama import (
     ChatMessage,
@@ -169,6 +172,13 @@ def timing_fields(done: Done) -> dict[str, Any]:
         "draft_count": t.draft_tokens,
         "draft_accepted_count": t.draft_accepted,
         **({"drafter": t.drafter} if t.drafter else {}),
+        # The CPU threads its steps ran with, against the runner's own count, and why fewer.
+        **(
+            {"threads_min": t.threads_min, "threads_max": t.threads_max, "threads_of": t.threads_of}
+            if t.threads_of
+            else {}
+        ),
+        **({"threads_why": t.threads_why} if t.threads_why else {}),
     }
 
 
@@ -453,7 +463,9 @@ async def ps(state: StateDep) -> dict[str, Any]:
     slot count, runner process id, whether the model is pinned (negative keep_alive), and for
     a model split across RPC workers its ``devices`` (layers on each) and ``rpc_dropped``."""
     models = []
-    for loaded in state.scheduler.loaded():
+    loaded_models = state.scheduler.loaded()
+    live = await asyncio.gather(*(state.scheduler.stats(m, timeout=0.5) for m in loaded_models))
+    for loaded, stat in zip(loaded_models, live, strict=True):
         model = loaded.model
         size, size_vram = loaded.memory_size()
         expires = loaded.expires_at
@@ -484,10 +496,17 @@ async def ps(state: StateDep) -> dict[str, Any]:
                 .replace("+00:00", "Z"),
             }
         )
+        if stat is not None and stat.threads is not None:
+            # How many CPU threads the runner uses now, and why (its CPU governor).
+            models[-1]["threads"] = dataclasses.asdict(stat.threads)
         if devices := loaded.health.get("devices"):
             # Split across RPC workers: each device with the layers it holds.
             models[-1]["devices"] = devices
             models[-1]["rpc_dropped"] = loaded.health.get("rpc_dropped") or []
+        # The speed model's prediction beside what the runner measured (no probe runs here).
+        models[-1]["speed"] = await run_in_threadpool(
+            local_speed, state, loaded, model, loaded.plan, probe=False
+        )
     return {"models": models}
 
 
@@ -518,6 +537,7 @@ async def _snapshot(state: DaemonState) -> dict[str, Any]:
                     "decode_tokens_per_s": stat.decode_tokens_per_s,
                     "prefill_tokens_per_s": stat.prefill_tokens_per_s,
                     "requests_total": stat.requests_total,
+                    "threads": dataclasses.asdict(stat.threads) if stat.threads else None,
                 }
             )
         models.append(entry)

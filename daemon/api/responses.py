@@ -696,8 +696,15 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
             "tools": [_tool_echo(tool) for tool in body.tools or []],
             "truncation": body.truncation or "disabled",
-            **({"usage": _usage(done)} if done is not None else {}),
+            # null until the answer is done, as OpenAI's own response.created example shows
+            # and Open Responses requires (present, possibly null)
+            "usage": _usage(done) if done is not None else None,
             "metadata": body.metadata or {},
+            "completed_at": None,
+            # one tier here; Open Responses requires the field, OpenAI names "default"
+            "service_tier": "default",
+            "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key,
             **({"user": body.user} if body.user is not None else {}),
             **extra,
         }
@@ -731,10 +738,12 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
         except Exception as exc:
             problem = problem_from(exc, name)
             error = openai_error(problem)["error"]
-            yield output.event(
-                "error", code=error["code"], message=error["message"], param=error["param"]
-            )
-            failed = {"code": "server_error", "message": problem.message}
+            fields = {"code": error["code"], "message": error["message"], "param": error["param"]}
+            # OpenAI's document puts the fields at the top of the event, Open Responses in an
+            # "error" object: both are sent, so a client of either reads them
+            yield output.event("error", **fields, error={"type": error["type"], **fields})
+            # the error's own code where it has one (Codex reads context_length_exceeded)
+            failed = {"code": error["code"] or "server_error", "message": problem.message}
             yield output.event("response.failed", response=response("failed", None, error=failed))
 
     return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)

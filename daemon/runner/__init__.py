@@ -19,6 +19,8 @@ Requests (client → runner), tagged ``op``::
     {"op": "cancel", "id": ID}                 the request ends with done_reason "cancel"
     {"op": "health", "id": ID}                 → health
     {"op": "stats", "id": ID}                  → stats
+    {"op": "threads", "id": ID, "threads": N, "reason": STR, "cpus": [int] | null}
+                                               → threads (the daemon's share of the cores)
     {"op": "tokenize", "id": ID, "text": STR, "add_special": B, "parse_special": B} → tokens
     {"op": "detokenize", "id": ID, "tokens": [int]}                                → text
 
@@ -29,7 +31,7 @@ Events (runner → client), tagged ``event``::
     {"event": "done", "id": ID, "result": GenerationResult}
     {"event": "embedding", "id": ID, "result": EmbeddingResult}
     {"event": "error", "id": ID, "message": STR, "code": STR}
-    {"event": "health" | "stats" | "tokens" | "text", "id": ID, ...}
+    {"event": "health" | "stats" | "threads" | "tokens" | "text", "id": ID, ...}
 
 Every request ends: a generation with ``done`` (also when cancelled, or when the engine stops)
 or ``error``; everything else with its answer or ``error``. A line the runner cannot read is

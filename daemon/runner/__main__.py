@@ -43,6 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-cells", type=int, default=0, help="KV cache cells (0 = slots x ctx)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument(
+        "--fixed-threads",
+        action="store_true",
+        help="keep --threads whatever the machine does (no CPU governor)",
+    )
+    parser.add_argument(
         "--gpu-layers", type=int, default=-1, help="-1 = all when a GPU backend exists"
     )
     parser.add_argument("--main-gpu", type=int, default=0, help="the GPU that holds the model")
@@ -169,6 +174,7 @@ async def _serve(args: argparse.Namespace) -> int:
         n_batch=args.batch,
         kv_cells=args.kv_cells,
         n_threads=args.threads,
+        fixed_threads=args.fixed_threads,
         n_gpu_layers=args.gpu_layers,
         main_gpu=args.main_gpu,
         use_mmap=not args.no_mmap,

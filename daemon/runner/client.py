@@ -415,6 +415,18 @@ class RunnerClient:
         assert isinstance(event, protocol.StatsEvent)
         return event.stats
 
+    async def set_threads(
+        self, threads: int, reason: str, cpus: list[int] | None = None
+    ) -> protocol.ThreadStats:
+        """Give the runner its share of the cores (see :class:`ThreadsOp`); its governor's
+        state as it stands."""
+        op = protocol.ThreadsOp(
+            id=self._next_id("threads"), threads=threads, reason=reason, cpus=cpus
+        )
+        event = await self._single(op)
+        assert isinstance(event, protocol.ThreadsEvent)
+        return event.threads
+
     async def health(self) -> dict[str, Any]:
         """Model facts and readiness: ``{status, n_slots, n_ctx_per_slot, gpu_layers, ...}``."""
         event = await self._single(protocol.HealthOp(id=self._next_id("health")))
@@ -542,6 +554,8 @@ class RunnerProcess:
         ]  # fmt: skip
         for part in c.extra_model_paths:
             args += ["--model-part", part]
+        if c.fixed_threads:
+            args.append("--fixed-threads")
         if not c.use_mmap:
             args.append("--no-mmap")
         if c.use_mlock:
@@ -820,6 +834,12 @@ class ProcessRunner:
     async def stats(self) -> protocol.Stats:
         """See :meth:`RunnerClient.stats`."""
         return await self.client.stats()
+
+    async def set_threads(
+        self, threads: int, reason: str, cpus: list[int] | None = None
+    ) -> protocol.ThreadStats:
+        """See :meth:`RunnerClient.set_threads`."""
+        return await self.client.set_threads(threads, reason, cpus)
 
     async def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = False

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm._format import REBUILD_FOR_THIS_CPU, exit_status
+from localllm._process import child_report, write_json
 from localllm.settings import Settings
 
 __all__ = [
@@ -286,10 +287,7 @@ def _cache_file(cache_dir: Path, key: str) -> Path:
 
 def _write_cached(file: Path, paths: CpuPaths) -> None:
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = file.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(paths.to_json(), indent=1))
-        temporary.replace(file)
+        write_json(file, paths.to_json())
     except OSError as exc:
         log.warning("could not cache the CPU probe's decision in %s: %s", file, exc)
 
@@ -386,15 +384,8 @@ def system_report(timeout: float = 60.0) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {"error": f"llama.cpp's report did not finish within {timeout:.0f} s"}
-    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-    if done.returncode == 0 and lines:
-        with contextlib.suppress(ValueError):
-            report = json.loads(lines[-1])
-            if isinstance(report, dict):
-                return report
-    errors = done.stderr.decode("utf-8", "replace").strip().splitlines()
-    cause = f": {errors[-1][:300]}" if errors else ""
-    return {"error": f"loading llama.cpp {exit_status(done.returncode)}{cause}"}
+    report, failure = child_report(done)
+    return report if report is not None else {"error": f"loading llama.cpp {failure}"}
 
 
 # -- the child ------------------------------------------------------------------------------
@@ -409,57 +400,33 @@ def _write_probe_model(path: Path) -> None:
     import gguf
     import numpy as np
 
+    from .synthetic import write_llama
+
     rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("localllm-cpu-probe")
-    writer.add_context_length(256)
-    writer.add_embedding_length(_EMBD)
-    writer.add_block_count(_LAYERS)
-    writer.add_feed_forward_length(_FFN)
-    writer.add_head_count(_HEADS)
-    writer.add_head_count_kv(_HEADS)
-    writer.add_rope_dimension_count(_EMBD // _HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"t{i}" for i in range(_VOCAB - len(tokens))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    types = [gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.BYTE] * 256
-    writer.add_token_types(types + [gguf.TokenType.NORMAL] * (len(tokens) - len(types)))
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-
-    def weight(rows: int, cols: int) -> Any:
-        return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
-
-    def quantized(name: str, rows: int, cols: int, kind: gguf.GGMLQuantizationType) -> None:
-        writer.add_tensor(name, gguf.quants.quantize(weight(rows, cols), kind), raw_dtype=kind)
-
     q4_0, q4_1, q8_0 = (
         gguf.GGMLQuantizationType.Q4_0,
         gguf.GGMLQuantizationType.Q4_1,
         gguf.GGMLQuantizationType.Q8_0,
     )
-    writer.add_tensor("token_embd.weight", weight(_VOCAB, _EMBD))
-    writer.add_tensor("output_norm.weight", np.ones(_EMBD, dtype=np.float32))
-    quantized("output.weight", _VOCAB, _EMBD, q8_0)
-    for layer in range(_LAYERS):
+
+    def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
         # Each layer has every repackable type, so each is multiplied at batch and single size.
-        kind = (q4_0, q4_1)[layer % 2]
-        block = f"blk.{layer}"
-        writer.add_tensor(f"{block}.attn_norm.weight", np.ones(_EMBD, dtype=np.float32))
-        writer.add_tensor(f"{block}.ffn_norm.weight", np.ones(_EMBD, dtype=np.float32))
-        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            quantized(f"{block}.{part}.weight", _EMBD, _EMBD, kind)
-        quantized(f"{block}.ffn_gate.weight", _FFN, _EMBD, kind)
-        quantized(f"{block}.ffn_up.weight", _FFN, _EMBD, q8_0)
-        quantized(f"{block}.ffn_down.weight", _EMBD, _FFN, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        kind = q8_0 if layer < 0 or "ffn_up" in name else (q4_0, q4_1)[layer % 2]
+        weight = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+        return gguf.quants.quantize(weight, kind), kind
+
+    write_llama(
+        path,
+        embd=_EMBD,
+        ffn=_FFN,
+        heads=_HEADS,
+        layers=_LAYERS,
+        vocab=_VOCAB,
+        matrix=matrix,
+        context=256,
+        name="localllm-cpu-probe",
+        file_type=gguf.LlamaFileType.MOSTLY_Q4_0,
+    )
 
 
 def _probe_child(mode: str, threads: int, workdir: Path) -> int:
@@ -467,6 +434,8 @@ def _probe_child(mode: str, threads: int, workdir: Path) -> int:
     import re
 
     import llama_cpp
+
+    from .synthetic import fill_batch
 
     path = workdir / "probe.gguf"
     _write_probe_model(path)
@@ -496,13 +465,7 @@ def _probe_child(mode: str, threads: int, workdir: Path) -> int:
     batch = llama_cpp.llama_batch_init(_BATCH, 0, 1)
     # One batch (the matrix kernels), then one token (the vector kernels).
     for start, count in ((0, _BATCH), (_BATCH, 1)):
-        batch.n_tokens = count
-        for i in range(count):
-            batch.token[i] = 3 + (start + i) % 256
-            batch.pos[i] = start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i == count - 1
+        fill_batch(batch, start, count)
         if llama_cpp.llama_decode(ctx, batch) != 0:
             print("llama_decode failed in the probe", file=sys.stderr)
             return 3

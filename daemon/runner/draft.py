@@ -29,6 +29,7 @@ from .slots import common_prefix_length
 
 __all__ = [
     "DRAFT_BATCH",
+    "PROBE_SHARE",
     "DraftModel",
     "DraftModelDrafter",
     "DraftVocabularyError",
@@ -49,6 +50,13 @@ _FIRST_COMPARED_TOKEN = 5
 _COST_WEIGHT = 0.2
 # Probes that keep failing wait at most 2**this times the engine's probe interval (16 → 256).
 _MAX_PROBE_BACKOFF = 4
+# Tokens of the batch whose decode seeds the catch-up pace.
+_MEASURED_CATCH_UP = 32
+PROBE_SHARE = 0.02
+"""Of a request's time since it was admitted, what its probes may spend (catching the draft
+sequence up included): a draft model the policy has stopped using must cost next to nothing.
+A probe after 16 steps of a 135M q4_0 draft for its q8_0 target caught up 16 tokens and cost
+about as much as the next 3 target steps: probes every 16 steps made decoding 9-22 % slower."""
 
 
 class DraftVocabularyError(ModelLoadError):
@@ -125,7 +133,24 @@ class DraftModel:
         """Measured seconds of draft compute per drafted token (catching up on the few
         tokens accepted since the last draft included, on a whole prompt not), averaged over
         recent steps; None until the first draft."""
+        self.catch_up_seconds_per_token: float | None = None
+        """Measured seconds per token of catching up (a batch of the tokens the draft
+        sequence has not seen yet), averaged over recent catch-ups: what a probe after a
+        long pause costs before it drafts anything."""
         self._bulk_seconds = 0.0
+
+    def behind(self, seq_id: int, tokens: int) -> int:
+        """Tokens a slot's draft sequence must catch up on before drafting after ``tokens``
+        (what the slot's target sequence holds, its pending token included)."""
+        return max(0, tokens - len(self.seen[seq_id]))
+
+    def catch_up_cost(self, seq_id: int, tokens: int) -> float:
+        """Seconds a probe of this slot would cost: catching up, then drafting one token."""
+        one = self.seconds_per_token or 0.0
+        per_token = self.catch_up_seconds_per_token
+        if per_token is None:
+            per_token = one / 4  # a batch's token costs a fraction of a lone token's decode
+        return self.behind(seq_id, tokens) * per_token + one
 
     def close(self) -> None:
         """Free the draft's context and model."""
@@ -151,6 +176,17 @@ class DraftModel:
         batch.clear()
         if len(runs) == 3:
             self.seconds_per_token = min(runs[1:])  # the first warms up
+        # A catch-up's pace: one batch of the probe's size.
+        tokens = min(_MEASURED_CATCH_UP, batch.capacity)
+        for position in range(tokens):
+            batch.add(max(model.bos_id, 0), position, 0, position == tokens - 1)
+        started = time.perf_counter()
+        status = model.decode()
+        elapsed = time.perf_counter() - started
+        model.seq_remove(0, 0)
+        batch.clear()
+        if status == 0:
+            self.catch_up_seconds_per_token = elapsed / tokens
 
     def rollback(self, seq_id: int, tokens: list[int]) -> None:
         """The target sequence now holds ``tokens``: drop draft cells beyond their common
@@ -252,7 +288,15 @@ class DraftModel:
             decode_started = time.perf_counter()
             self._decode(busy)
             if batch.size > 2 * len(wants):
-                self._bulk_seconds += time.perf_counter() - decode_started
+                elapsed = time.perf_counter() - decode_started
+                self._bulk_seconds += elapsed
+                per_token = elapsed / batch.size
+                previous = self.catch_up_seconds_per_token
+                self.catch_up_seconds_per_token = (
+                    per_token
+                    if previous is None
+                    else previous + _COST_WEIGHT * (per_token - previous)
+                )
             for seq, index in last:
                 drafts[seq].append(self._argmax(index))
         # Then one batched decode per further draft position.
@@ -294,6 +338,15 @@ class DraftModelDrafter:
         """Probes in a row after which no drafted token was accepted: the engine waits
         ``2**misses`` times longer before the next probe."""
         self._accepted_at_probe: int | None = None
+        self.started = time.perf_counter()
+        """When the request was admitted (its probes' budget grows with its time)."""
+        self.probe_seconds = 0.0
+        """Time the draft model spent on this slot's probes so far."""
+
+    def may_probe(self, cost: float, now: float) -> bool:
+        """Whether a probe costing ``cost`` seconds stays within :data:`PROBE_SHARE` of the
+        request's time."""
+        return self.probe_seconds + cost <= PROBE_SHARE * (now - self.started)
 
     def probe(self, accepted: int) -> None:
         """A probe is about to be made; ``accepted`` is the slot's count of accepted drafted

@@ -38,10 +38,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from .batching import BatchPlan, fill_batch, plan_batch
 from .draft import DraftModel, DraftModelDrafter
+from .drafting import Speculation
+from .governor import Governor, Kind, ThreadChange
+from .jobs import EmbeddingJob, Emit, GenerationJob
 from .kvcache import PrefixCache
 from .model import LlamaModel
 from .protocol import (
@@ -51,16 +55,13 @@ from .protocol import (
     ErrorEvent,
     Event,
     GenerationResult,
-    SamplingOptions,
     SlotStats,
     Stats,
     Timings,
     TokenEvent,
     TokenLogprob,
 )
-from .reasoning import ReasoningBudget
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
-from .scoring import PromptScore
 from .slots import (
     MIN_SHARED_WAIT,
     Slot,
@@ -70,98 +71,23 @@ from .slots import (
     prefix_source,
     should_wait_for,
 )
-from .speculative import BatchCost, DecodeCosts, Drafter, DraftPolicy, NgramDrafter
+from .speculative import DraftPolicy
 from .text import TextStream
-from .vision import ImageEmbeddings, is_image_token
+from .tiers import MIN_SAVED_TOKENS, PrefixTiers
+from .vision import is_image_token
 
-__all__ = ["BatchPlan", "EmbeddingJob", "Engine", "GenerationJob", "common_prefix_length"]
+__all__ = ["Engine", "EngineTime"]
 
 log = logging.getLogger("localllm.runner.engine")
 
-Emit = Callable[[Event], None]
 # Window over which the tokens/s gauges are computed.
 _RATE_WINDOW_S = 3.0
-# Saving a sequence's state, or restoring one, costs a copy of its cells: worth it only for
-# prefixes of some length (a system prompt, a conversation), not for a few tokens.
-_MIN_SAVED_TOKENS = 32
-# Restoring a prefix from RAM copies its cells; evaluating a prompt token computes the whole
-# model for it. On the CPU that is far dearer: on SmolLM2-135M (2 cores, AVX2) restoring 173
-# cells took 0.2 ms and each prompt token 4.2 ms, about 3,500 cells' worth (larger models
-# grow their compute faster than their cells). With layers on a GPU the cells cross the bus
-# while a few more prompt tokens in a batch cost little, so a restore must spare more.
-_CELLS_PER_TOKEN_CPU = 256
-_CELLS_PER_TOKEN_GPU = 16
 # With a KV stream per slot, sharing a prefix another slot holds copies that slot's whole
 # stream (every cell of its context, used or not). Same model and CPU: copying a 2,048-cell
 # stream made the next decode 10 ms longer, while 7 more prompt tokens in it cost 27 ms, so
 # a stream copy pays once it spares about one token per 800 of its cells; taken at half that
 # rate here. Not measured with layers on a GPU: there sharing keeps needing MIN_SHARED_WAIT.
 _STREAM_CELLS_PER_TOKEN_CPU = 400
-# Idle cells are not free: attention in a unified cache spans them, slowing every active
-# stream. With a prefix cache to keep them in, a slot idle this long while others generate
-# gives its cells up (a later hit restores them at the cost of a copy).
-_IDLE_EVICT_S = 2.0
-# Draft lengths whose decode cost is measured (the rest is interpolated).
-_COST_POINTS = (1, 2, 4, 8)
-# A slot whose policy keeps the draft model idle still drafts one token this often, so that
-# its acceptance estimate (learnt only from drafts) can recover.
-_PROBE_EVERY = 16
-
-
-@dataclass
-class GenerationJob:
-    """A prepared generation request: prompt tokens and sampling, plus where events go."""
-
-    id: str
-    prompt: list[int]
-    options: SamplingOptions
-    grammar: str | None
-    emit: Emit
-    arrived: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False
-    return_context: bool = False
-    """Put prompt and generated tokens in the result (Ollama's ``context``)."""
-    keep: int = 0
-    """Leading tokens a context shift keeps (the system prompt)."""
-    render_special: bool = False
-    """Emit control tokens as their text (for tool-call and thinking parsers)."""
-    images: dict[int, ImageEmbeddings] = field(default_factory=dict)
-    """The prompt's images by the position where each starts (their pseudo-tokens follow)."""
-    score: PromptScore | None = None
-    """Collects the prompt's log probabilities (``options.prompt_logprobs``)."""
-    budget: ReasoningBudget | None = None
-    """Ends the reasoning when its budget is spent (``options.reasoning_budget``)."""
-
-    def image_start(self, position: int) -> int:
-        """``position``, or the start of the image it falls inside (cached prefixes are
-        reused whole images at a time)."""
-        for start, image in self.images.items():
-            if start < position < start + image.n_tokens:
-                return start
-        return position
-
-    def text_run(self, position: int) -> int:
-        """Prompt tokens from ``position`` up to the next image (0 when one starts there)."""
-        end = len(self.prompt)
-        for start in self.images:
-            if position <= start < end:
-                end = start
-        return end - position
-
-
-@dataclass
-class EmbeddingJob:
-    """Token sequences to embed."""
-
-    id: str
-    inputs: list[list[int]]
-    normalize: bool
-    emit: Emit
-    arrived: float = field(default_factory=time.perf_counter)
-    vectors: list[list[float]] = field(default_factory=list)
-    """Embeddings of ``inputs[:len(vectors)]``, computed so far."""
-    rank: bool = False
-    """Score each input with the rank head (a reranker) instead of embedding it."""
 
 
 @dataclass
@@ -189,22 +115,6 @@ class EngineTime:
     """Steps' ``llama_decode`` calls."""
 
 
-@dataclass
-class BatchPlan:
-    """What one step's batch holds: every generating slot's pending token (followed by its
-    draft, when it speculates), then prompt chunks of slots still prefilling."""
-
-    decoding: list[Slot]
-    """Slots generating, in batch order."""
-    prefill: list[tuple[Slot, int]]
-    """Slots prefilling and how many prompt tokens each puts in."""
-
-    @property
-    def empty(self) -> bool:
-        """True when there is nothing to decode."""
-        return not self.decoding and not any(count for _, count in self.prefill)
-
-
 class Engine:
     """Continuous batching over a :class:`LlamaModel`'s sequences.
 
@@ -220,19 +130,16 @@ class Engine:
         prefix_cache: PrefixCache | None = None,
         num_draft: int = 0,
         draft: DraftModel | None = None,
+        governor: Governor | None = None,
     ) -> None:
         self.model = model
-        self.num_draft = num_draft
-        """Default most draft tokens per step for speculation (0: off)."""
-        self.draft = draft
-        """The draft model drafting for every speculating slot (None: n-gram lookup)."""
-        self.draft_cost: float | None = None
-        """Drafting one token's cost relative to a one-token target decode, when fixed (for
-        tests and benchmarks); None: measured from the draft model's decodes."""
-        self._cost: BatchCost | None = None
-        """A fixed decode-cost curve (for tests); None: the one learnt in ``_costs``."""
-        self._costs = DecodeCosts()
-        self._measured = False
+        self.governor = governor or Governor(
+            model.n_threads,
+            fixed=model.config.fixed_threads,
+            fixed_reason=f"fixed at {model.n_threads} (num_thread, or LOCALLLM_GOVERNOR=off)",
+        )
+        """Decides each step's CPU thread count (see :mod:`.governor`)."""
+        self.governor.on_change = self._threads_changed
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -256,9 +163,11 @@ class Engine:
         self._held: dict[Emit, list[Event]] | None = None
         """While a step's samples are applied: its events by destination, handed over
         together when the step ends (see :meth:`_emit`)."""
+        self.tiers = PrefixTiers(model, self.slots, prefix_cache)
+        """Moves idle slots' cells to the prefix cache and back."""
+        self.speculation = Speculation(model, self.slots, self.tiers, num_draft, draft)
+        """Which slots draft, how much, and with what (see :mod:`.drafting`)."""
         on_gpu = model.n_gpu_layers > 0
-        self._restore_cells_per_token = _CELLS_PER_TOKEN_GPU if on_gpu else _CELLS_PER_TOKEN_CPU
-        """Saved cells a restore from RAM may copy per prompt token it spares."""
         if model.unified_kv:
             least_shared = 1  # sequences share cells by tagging them: nothing is copied
         elif on_gpu:
@@ -304,10 +213,10 @@ class Engine:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             if not self.crashed:
-                self._persist_prefixes()
+                self.tiers.persist()
             self.model.close()
-            if self.draft is not None:
-                self.draft.close()
+            if self.speculation.draft is not None:
+                self.speculation.draft.close()
 
     def stats(self) -> Stats:
         """A snapshot of the gauges (approximate while the engine runs)."""
@@ -356,7 +265,12 @@ class Engine:
             engine_step_seconds=clock.steps,
             engine_decode_seconds=clock.decode,
             engine_decodes=clock.decodes,
+            threads=self.governor.state(),
         )
+
+    def set_budget(self, threads: int, reason: str) -> None:
+        """The daemon's share of the cores (any thread; it applies from the next step)."""
+        self.governor.set_budget(threads, reason)
 
     # -- the engine thread ----------------------------------------------------------------
 
@@ -364,12 +278,7 @@ class Engine:
         clock = self.time
         clock.started = time.perf_counter()
         try:
-            if self.num_draft > 0:
-                # Measured now, while no request waits, rather than in the middle of the
-                # first request that would draft.
-                self._batch_cost()
-                if self.draft is not None:
-                    self.draft.measure()
+            self.speculation.measure()
             while True:
                 idle = (
                     not self.waiting
@@ -383,7 +292,7 @@ class Engine:
                     waited, clock.waiting_since = clock.waiting_since, 0.0
                     clock.idle += time.perf_counter() - waited
                 self._admit()
-                self._evict_idle()
+                self.tiers.evict_idle()
                 if self.embeddings:
                     self._embed_step()
                 if any(slot.busy for slot in self.slots):
@@ -453,10 +362,10 @@ class Engine:
             slot, reuse = choose_slot(free, job.prompt, busy, wanted)
             if job.score is not None:
                 reuse = 0  # every position's logits are needed: the prompt is evaluated whole
-            if len(slot.cache) - reuse >= _MIN_SAVED_TOKENS:
-                self._save(slot)  # the cells about to be overwritten stay reachable
+            if len(slot.cache) - reuse >= MIN_SAVED_TOKENS:
+                self.tiers.save(slot)  # the cells about to be overwritten stay reachable
             if job.score is None:
-                reuse = self._restore(slot, job.prompt, reuse)
+                reuse = self.tiers.restore(slot, job.prompt, reuse)
             try:
                 sampler = Sampler(
                     self.model.vocab,
@@ -482,9 +391,11 @@ class Engine:
             slot.pending = None
             slot.output = []
             slot.logprobs = []
-            max_draft = job.options.num_draft if job.options.num_draft >= 0 else self.num_draft
+            max_draft = (
+                job.options.num_draft if job.options.num_draft >= 0 else self.speculation.num_draft
+            )
             if max_draft > 0:
-                slot.drafter = self._drafter(text, images=bool(job.images))
+                slot.drafter = self.speculation.drafter(text, images=bool(job.images))
                 slot.policy = DraftPolicy(max_draft=max_draft)
             else:
                 slot.drafter = slot.policy = None
@@ -493,6 +404,9 @@ class Engine:
             slot.generated = 0
             slot.admitted = time.perf_counter()
             slot.first_token_at = 0.0
+            threads = self.model.threads_now
+            slot.threads_min = slot.threads_max = threads
+            slot.threads_why = self.governor.explain("decode", threads)
 
     def _share_prefixes(self) -> None:
         """Copy prompt prefixes other sequences hold into prefilling slots; a slot whose
@@ -533,19 +447,25 @@ class Engine:
         prefill_budget = self.model.batch.capacity
         drafting = True
         while True:
-            plan = self._plan(prefill_budget, drafting)
+            plan = plan_batch(
+                self.slots, self.model.batch, self.speculation, prefill_budget, drafting
+            )
             if plan.empty:
                 return
-            self._fill(plan)
+            fill_batch(plan, self.slots, self.model.batch)
+            kind: Kind = "batch" if any(count for _, count in plan.prefill) else "decode"
+            threads = self._use_threads(kind)
             started = time.perf_counter()
             status = self.model.decode()
             elapsed = time.perf_counter() - started
             self.time.decode += elapsed
             self.time.decodes += 1
             if status == 0:
+                tokens = self.model.batch.size
+                self.governor.observe(kind, threads, tokens, elapsed)
                 sequences = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
                 if self.model.unified_kv or sequences == 1:  # the batches drafts go into
-                    self._costs.observe(self.model.batch.size, elapsed)
+                    self.speculation.costs.observe(tokens, elapsed)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
             if status == 1 and any(slot.draft for slot in plan.decoding):
@@ -598,61 +518,6 @@ class Engine:
                 for event in events:
                     emit(event)
 
-    def _plan(self, prefill_budget: int, drafting: bool) -> BatchPlan:
-        """Choose this step's tokens: pending tokens (and drafts), then prompt chunks, oldest
-        request first, within the batch size."""
-        decoding = [slot for slot in self.slots if slot.decoding]
-        for slot in decoding:
-            slot.draft = []
-            slot.state = SlotState.DECODING
-        prefilling = sorted(
-            (slot for slot in self.slots if slot.state is SlotState.PREFILLING),
-            key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
-        )
-        capacity = self.model.batch.capacity - len(decoding)
-        if drafting:
-            wanted = sum(slot.remaining_prompt for slot in prefilling)
-            capacity -= self._plan_drafts(decoding, min(wanted, prefill_budget, capacity))
-        budget = min(capacity, prefill_budget)
-        prefill = []
-        for slot in prefilling:
-            count = max(min(slot.remaining_prompt, budget), 0)
-            if slot.job is not None and slot.job.images:
-                count = min(count, slot.job.text_run(len(slot.cache)))
-            prefill.append((slot, count))
-            budget -= count
-        return BatchPlan(decoding=decoding, prefill=prefill)
-
-    def _fill(self, plan: BatchPlan) -> None:
-        """Write the plan into llama.cpp's batch, noting where each slot's logits will be."""
-        batch = self.model.batch
-        batch.clear()
-        for slot in self.slots:
-            slot.batch_index, slot.chunk, slot.draft_indices = -1, 0, []
-            if slot.job is not None and slot.job.score is not None:
-                slot.job.score.unmark()  # a batch refilled after a failed decode
-        for slot in plan.decoding:
-            position = len(slot.cache)
-            slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
-            slot.draft_indices = [
-                batch.add(token, position + 1 + i, slot.seq_id, True)
-                for i, token in enumerate(slot.draft)
-            ]
-        for slot, count in plan.prefill:
-            if not count:
-                continue
-            prompt = slot.job.prompt  # type: ignore[union-attr]
-            start, last = len(slot.cache), len(prompt) - 1
-            score = slot.job.score  # type: ignore[union-attr]
-            for position in range(start, start + count):
-                wanted = position == last or score is not None
-                index = batch.add(prompt[position], position, slot.seq_id, wanted)
-                if score is not None:
-                    score.mark(position, index)
-            slot.chunk = count
-            if start + count == len(prompt):
-                slot.batch_index = index
-
     def _apply(self, plan: BatchPlan) -> None:
         """Record the evaluated tokens in each slot's cache, then sample."""
         now = time.perf_counter()
@@ -702,7 +567,7 @@ class Engine:
             if status == 1:
                 for other in self.slots:
                     if not other.busy and other.cache:
-                        self._evict(other)
+                        self.tiers.evict(other)
                 self.model.seq_remove(slot.seq_id, start)
                 status, index = self.model.decode_embeddings(
                     image.data, image.n_tokens, start, slot.seq_id, last, image.non_causal
@@ -729,7 +594,7 @@ class Engine:
         (its share of the cache is the most that frees). False if nothing is left to try."""
         idle = [slot for slot in self.slots if not slot.busy and slot.cache]
         if idle:
-            self._evict(min(idle, key=lambda slot: slot.last_used))
+            self.tiers.evict(min(idle, key=lambda slot: slot.last_used))
             return True
         if prefill_in_batch and prefill_budget > 1:
             return True
@@ -738,266 +603,6 @@ class Engine:
             return False
         self._finish(busiest, "length")
         return True
-
-    # -- the prefix cache's tiers ---------------------------------------------------------
-
-    def _save(self, slot: Slot) -> None:
-        """Copy an idle slot's cells into the prefix cache (unless they are there already)."""
-        cache = self.prefix_cache
-        if cache is None or len(slot.cache) < _MIN_SAVED_TOKENS or slot.saved == len(slot.cache):
-            return
-        try:
-            data = self.model.seq_state(slot.seq_id)
-        except Exception:  # saving is an optimisation: never fail a request over it
-            log.exception("could not save the state of slot %d", slot.seq_id)
-            return
-        cache.save(slot.cache, data)
-        slot.saved = len(slot.cache)
-
-    def _evict_idle(self) -> None:
-        """Move long-idle slots' cells to the prefix cache while other slots generate (in a
-        unified cache only: with a stream per slot, idle cells cost the others nothing)."""
-        if (
-            self.prefix_cache is None
-            or not self.model.unified_kv
-            or not any(slot.busy for slot in self.slots)
-        ):
-            return
-        now = time.perf_counter()
-        # A prompt being prefilled may be about to share an idle slot's cells: keep those.
-        wanted = [s.job.prompt for s in self.slots if s.job is not None and s.prefilling]
-        for slot in self.slots:
-            if slot.busy or not slot.cache or now - slot.last_used <= _IDLE_EVICT_S:
-                continue
-            if any(common_prefix_length(slot.cache, p) >= _MIN_SAVED_TOKENS for p in wanted):
-                continue
-            self._evict(slot)
-
-    def _evict(self, slot: Slot) -> None:
-        """Free an idle slot's cells, keeping them in the prefix cache."""
-        self._save(slot)
-        self.model.seq_remove(slot.seq_id, 0)
-        slot.cache, slot.shared, slot.saved = [], 0, 0
-
-    def _restore(self, slot: Slot, prompt: list[int], reuse: int) -> int:
-        """Restore the saved prefix sharing most with ``prompt`` into ``slot`` when it beats
-        what the context holds already; returns the prompt tokens the slot now holds."""
-        cache = self.prefix_cache
-        if cache is None:
-            return reuse
-        found = cache.best(prompt)
-        if found is None:
-            return reuse
-        length, key = found
-        length = min(length, len(prompt) - 1)
-        # A prefix another slot holds is shared into this one by _share_prefixes (with KV
-        # streams only once it adds _least_shared tokens; it is counted here either way).
-        in_context = max(common_prefix_length(s.cache, prompt) for s in self.slots)
-        gain = length - max(reuse, in_context)
-        tokens = cache.tokens(key)
-        if tokens is None:
-            return reuse
-        # From RAM, a restore copies the saved cells in: it pays once it spares a prompt token
-        # per so many cells copied (see _CELLS_PER_TOKEN_CPU). A file is read first, so a
-        # restore from disk must spare a prefix of some length.
-        if cache.in_ram(key):
-            if gain < max(1, len(tokens) // self._restore_cells_per_token):
-                return reuse
-        elif gain < _MIN_SAVED_TOKENS:
-            return reuse
-        data = cache.load(key)
-        if data is None:
-            return reuse
-        restored = self.model.restore_seq_state(slot.seq_id, data)
-        if not restored:
-            # Perhaps no room: make some from idle slots and try once more.
-            for other in self.slots:
-                if other is not slot and not other.busy and other.cache:
-                    self._evict(other)
-            restored = self.model.restore_seq_state(slot.seq_id, data)
-        if not restored:
-            log.warning("llama.cpp refused a saved prefix of %d tokens; dropping it", len(tokens))
-            cache.forget(key)
-            slot.cache, slot.shared, slot.saved = [], 0, 0
-            return 0
-        slot.cache, slot.shared = list(tokens), 0
-        slot.saved = len(slot.cache)
-        log.debug("restored a saved prefix of %d tokens into slot %d", length, slot.seq_id)
-        return length
-
-    def _persist_prefixes(self) -> None:
-        """The runner is stopping: keep every idle prefix on disk for the next one."""
-        if self.prefix_cache is None:
-            return
-        try:
-            for slot in self.slots:
-                if slot.job is None:
-                    self._save(slot)
-            self.prefix_cache.persist()
-        except Exception:
-            log.exception("could not save the prefix cache")
-
-    def _plan_drafts(self, decoding: list[Slot], prefill_tokens: int) -> int:
-        """Give each decoding slot a draft as long as the policy says it pays; returns the
-        draft tokens planned."""
-        capacity = self.model.batch.capacity - len(decoding) - prefill_tokens // 2
-        tokens, outputs = len(decoding) + prefill_tokens, float(len(decoding))
-        planned = 0
-        # With a KV stream per slot llama.cpp computes a batch in one pass per run of
-        # consecutive sequences holding equally many tokens: a draft in a batch of several
-        # sequences costs a pass of its own (eight drafting streams made a step nine passes).
-        # There drafts go only into batches of one sequence.
-        may_draft = self.model.unified_kv or (len(decoding) == 1 and prefill_tokens == 0)
-        if self.draft is not None:
-            if may_draft:
-                self._draft_with_model(decoding, capacity, tokens, outputs)
-            else:
-                for slot in decoding:
-                    if isinstance(slot.drafter, DraftModelDrafter):
-                        slot.drafter.drafted = []
-        for slot in decoding:
-            job, drafter, policy = slot.job, slot.drafter, slot.policy
-            slot.proposal = []
-            if job is None or drafter is None or policy is None:
-                continue
-            limit = job.options.num_predict if job.options.num_predict > 0 else 1 << 30
-            room = min(
-                policy.max_draft,
-                self.model.n_ctx_per_slot - len(slot.cache) - 3,  # never shift mid-draft
-                limit - slot.generated - 1,
-                capacity - planned,
-            )
-            slot.proposal = drafter.propose(policy.max_draft)
-            if not may_draft or room <= 0 or not slot.proposal:
-                continue  # an unverified proposal still teaches the policy
-            proposal = min(room, len(slot.proposal))
-            k = policy.length(proposal, tokens, outputs, self._batch_cost())
-            if k == 0:
-                k = policy.explore(proposal)
-            else:
-                policy.unverified = 0
-            if k == 0:
-                continue
-            slot.draft = slot.proposal[:k]
-            slot.state = SlotState.SPECULATING
-            planned += k
-            tokens += k
-            outputs += sum(policy.acceptance**i for i in range(1, k + 1))
-        return planned
-
-    def _drafter(self, text: list[int], images: bool) -> Drafter:
-        """A new request's drafter: its share of the draft model, or n-gram lookup over the
-        prompt's text tokens. A request with images drafts by n-gram: the draft model has no
-        projector, so it cannot follow a sequence that holds image embeddings."""
-        if self.draft is not None and not images:
-            return DraftModelDrafter(self.draft)
-        return NgramDrafter(text)
-
-    def _draft_cost(self) -> float:
-        """Drafting one token with the draft model, relative to a one-token target decode."""
-        if self.draft_cost is not None:
-            return self.draft_cost
-        seconds = self.draft.seconds_per_token if self.draft is not None else None
-        one_token = self._costs.seconds.get(1)
-        if seconds is None or not one_token:
-            return 0.0  # unknown until the first draft is measured: try it
-        return seconds / one_token
-
-    def _draft_with_model(
-        self, decoding: list[Slot], capacity: int, tokens: int, outputs: float
-    ) -> None:
-        """Before the step's drafts are planned: run the draft model for every slot whose
-        policy says drafting pays counting the draft model's own time (one batched decode
-        per draft position for all of them), and hand each its draft."""
-        assert self.draft is not None
-        draft_cost = self._draft_cost()
-        wants: list[tuple[int, list[int], int]] = []
-        planned = 0
-        for slot in decoding:
-            job, drafter, policy = slot.job, slot.drafter, slot.policy
-            if job is None or policy is None or not isinstance(drafter, DraftModelDrafter):
-                continue
-            drafter.drafted = []
-            limit = job.options.num_predict if job.options.num_predict > 0 else 1 << 30
-            room = min(
-                policy.max_draft,
-                self.model.n_ctx_per_slot - len(slot.cache) - 3,
-                limit - slot.generated - 1,
-                capacity - planned,
-            )
-            if room <= 0:
-                continue
-            cost = self._batch_cost()
-            k = policy.length(room, tokens, outputs, cost, draft_cost)
-            if k == 0:
-                drafter.skipped += 1
-                # A probe lets the acceptance estimate recover; not where even drafts that
-                # are always accepted would lose (a draft model nearly as slow as the target).
-                # Each probe makes the draft model catch up on every token since the last
-                # one, so probes that keep failing come ever less often.
-                if drafter.skipped < _PROBE_EVERY << drafter.misses or not policy.could_pay(
-                    room, tokens, outputs, cost, draft_cost
-                ):
-                    continue
-                drafter.probe(slot.accepted)
-                k = 1
-            drafter.skipped = 0
-            wants.append((slot.seq_id, [*slot.cache, slot.pending], k))  # type: ignore[list-item]
-            planned += k
-            tokens += k
-            outputs += sum(policy.acceptance**i for i in range(1, k + 1))
-        for seq_id, drafted in self.draft.draft(wants).items():
-            drafter = self.slots[seq_id].drafter
-            if isinstance(drafter, DraftModelDrafter):
-                drafter.drafted = drafted
-
-    def _scratch(self) -> int | None:
-        """A sequence to measure decodes on: the unified cache's scratch sequence, else a
-        free slot (emptied: its cells go to the prefix cache); None when every slot is busy."""
-        if self.model.scratch_seq is not None:
-            return self.model.scratch_seq
-        free = [slot for slot in self.slots if not slot.busy]
-        if not free:
-            return None
-        slot = min(free, key=lambda s: (len(s.cache) > 0, s.last_used))
-        if slot.cache:
-            self._evict(slot)
-        return slot.seq_id
-
-    def _batch_cost(self) -> BatchCost:
-        """Decode cost of n tokens relative to one: learnt from the engine's decodes, seeded
-        by a measurement on a scratch sequence (until then linear: drafting never pays)."""
-        if self._cost is not None:
-            return self._cost
-        if not self._measured:
-            self._measure_costs()
-        return self._costs.curve()
-
-    def _measure_costs(self) -> None:
-        """Decode 1, 2, 4 and 8 tokens on a scratch sequence, twice each after a warm-up,
-        and seed the learnt costs with the fastest of each."""
-        scratch = self._scratch()
-        if scratch is None:
-            return
-        self._measured = True
-        model, batch = self.model, self.model.batch
-        points = [n for n in _COST_POINTS if n <= batch.capacity]
-        seconds: dict[int, float] = {}
-        for n in [1, *points, *points]:  # the first decode warms up
-            batch.clear()
-            for position in range(n):
-                batch.add(max(model.bos_id, 0), position, scratch, True)
-            started = time.perf_counter()
-            status = model.decode()
-            elapsed = time.perf_counter() - started
-            model.seq_remove(scratch, 0)
-            if status != 0:
-                break
-            seconds[n] = min(seconds.get(n, elapsed), elapsed)
-        batch.clear()
-        for n, elapsed in seconds.items():
-            self._costs.observe(n, elapsed)
-        log.info("decode cost of n tokens relative to 1: %s", self._costs.curve().relative)
 
     def _sample(self, slot: Slot, now: float) -> None:
         """Sample the slot's next token, and go on through its draft while the samples agree
@@ -1030,8 +635,10 @@ class Engine:
         if draft:
             # Cells past the accepted tokens hold rejected drafts.
             self.model.seq_remove(slot.seq_id, len(slot.cache), -1)
-        if self.draft is not None and isinstance(slot.drafter, DraftModelDrafter):
-            self.draft.rollback(slot.seq_id, slot.cache)
+        if (draft_model := self.speculation.draft) is not None and isinstance(
+            slot.drafter, DraftModelDrafter
+        ):
+            draft_model.rollback(slot.seq_id, slot.cache)
         if slot.policy is not None:
             slot.policy.learn(slot.proposal, produced)
         slot.proposal, slot.draft, slot.draft_indices = [], [], []
@@ -1152,13 +759,32 @@ class Engine:
             total_ms=(now - job.arrived) * 1000,
             draft_tokens=slot.drafted,
             draft_accepted=slot.accepted,
-            drafter=self._drafter_name(slot) if slot.drafted else "",
+            drafter=self.speculation.drafter_name(slot) if slot.drafted else "",
+            threads_min=slot.threads_min,
+            threads_max=slot.threads_max,
+            threads_of=self.model.n_threads,
+            threads_why=slot.threads_why if slot.threads_min < self.model.n_threads else "",
         )
 
-    def _drafter_name(self, slot: Slot) -> str:
-        if self.draft is not None and isinstance(slot.drafter, DraftModelDrafter):
-            return f"draft:{self.draft.name}"
-        return "ngram"
+    def _use_threads(self, kind: Kind) -> int:
+        """Set the thread count the governor chooses for the next decode of ``kind``; the
+        requests in the slots remember the fewest and most their steps ran with."""
+        threads = self.governor.threads(kind)
+        if threads != self.model.threads_now:
+            self.model.set_threads(threads)
+            if self.speculation.draft is not None:
+                self.speculation.draft.model.set_threads(threads)
+            why = self.governor.explain(kind, threads)
+            for slot in self.slots:
+                if slot.job is None:
+                    continue
+                if threads < slot.threads_min:
+                    slot.threads_min, slot.threads_why = threads, why
+                slot.threads_max = max(slot.threads_max, threads)
+        return threads
+
+    def _threads_changed(self, change: ThreadChange) -> None:
+        log.info("%s threads %s", change.kind, change.describe())
 
     def _finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         job, text = slot.job, slot.text
@@ -1221,7 +847,10 @@ class Engine:
             tokens += len(job.inputs[end])
             end += 1
         try:
+            threads = self._use_threads("batch")
+            started = time.perf_counter()
             vectors = self.model.embed_many(job.inputs[start:end], rank=job.rank)
+            self.governor.observe("batch", threads, tokens, time.perf_counter() - started)
         except Exception as exc:
             log.exception("embedding failed")
             self.embeddings.popleft()

@@ -19,6 +19,7 @@ import llama_cpp
 
 from .backends import has_local_gpu
 from .cpu import decide, default_threads
+from .params import ModelLoadError, set_fields
 from .protocol import RunnerConfig
 
 if TYPE_CHECKING:
@@ -60,23 +61,6 @@ log = logging.getLogger("localllm.runner.model")
 
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line.
 _LOG_DEBUG, _LOG_CONT = 1, 5
-
-
-class ModelLoadError(RuntimeError):
-    """llama.cpp refused to load the model or create its context."""
-
-
-def set_fields(params: ctypes.Structure, **values: object) -> None:
-    """Set fields of a llama.cpp parameter struct, refusing a name the struct lacks.
-
-    ctypes accepts any attribute on a struct, so a field llama.cpp renamed (``use_mmap``
-    became ``load_mode``) would otherwise be dropped without a word.
-    """
-    fields = {name for name, *_ in type(params)._fields_}
-    for name, value in values.items():
-        if name not in fields:
-            raise AttributeError(f"this llama.cpp has no {type(params).__name__}.{name}")
-        setattr(params, name, value)
 
 
 # The C callback must stay referenced for as long as llama.cpp may call it.
@@ -265,7 +249,9 @@ class LlamaModel:
         self.config = config
         """How it was loaded."""
         self.n_threads = config.n_threads or default_threads()
-        """CPU threads used for decoding and prefill."""
+        """The most CPU threads decoding and prefill use (the governor may use fewer)."""
+        self.threads_now = self.n_threads
+        """The CPU threads the contexts use now (:meth:`set_threads`)."""
         # Not llama_supports_gpu_offload(): it is true in every build with the RPC backend,
         # GPU or none.
         self.gpu_offload = has_local_gpu()
@@ -480,6 +466,16 @@ class LlamaModel:
         """Add ``delta`` to the positions of ``seq_id``'s cells in ``[start, end)``."""
         llama_cpp.llama_memory_seq_add(self.memory, seq_id, start, end, delta)
 
+    def set_threads(self, threads: int) -> None:
+        """CPU threads for every later decode, of any batch size, in each of the model's
+        contexts (the CPU governor changes them between steps)."""
+        if threads == self.threads_now:
+            return
+        self.threads_now = threads
+        for ctx in (self.ctx, self._embedding_ctx, self._rank_ctx):
+            if ctx:
+                llama_cpp.llama_set_n_threads(ctx, threads, threads)
+
     def decode(self) -> int:
         """Run the batch through the model; 0 ok, 1 no KV room, other values errors."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.raw))
@@ -538,7 +534,7 @@ class LlamaModel:
 
     def _pooled_context(self, pooling: int) -> llama_cpp.llama_context_p:
         params = context_params(
-            self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.n_threads
+            self.config, self.n_ctx_per_slot, self.embed_batch_sequences, self.threads_now
         )
         # Non-causal (encoder) models need every token of a sequence in one ubatch.
         set_fields(

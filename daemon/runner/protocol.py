@@ -49,6 +49,9 @@ __all__ = [
     "StatsEvent",
     "StatsOp",
     "TextEvent",
+    "ThreadStats",
+    "ThreadsEvent",
+    "ThreadsOp",
     "Timings",
     "TokenEvent",
     "TokenLogprob",
@@ -304,6 +307,15 @@ class Timings:
     """Speculative tokens accepted."""
     drafter: str = ""
     """What drafted them: ``ngram`` or ``draft:<draft model>`` (empty when none were)."""
+    threads_min: int = 0
+    """Fewest CPU threads a decode step of this request ran with (0: not known)."""
+    threads_max: int = 0
+    """Most CPU threads a decode step of this request ran with."""
+    threads_of: int = 0
+    """The runner's own thread count: fewer means the governor held some back."""
+    threads_why: str = ""
+    """Why it ran with fewer than ``threads_of`` (the governor's reason; empty when it did
+    not)."""
 
 
 @dataclass
@@ -420,6 +432,45 @@ class Stats:
     """Of the steps' time, inside ``llama_decode``."""
     engine_decodes: int = 0
     """Generation decodes (steps) run."""
+    threads: ThreadStats | None = None
+    """What the CPU governor does now (None from a runner without one)."""
+
+
+@dataclass
+class ThreadStats:
+    """What a runner's CPU governor does now (see :mod:`.governor`)."""
+
+    decode: int
+    """Threads a decode step (generating tokens only) uses now."""
+    batch: int
+    """Threads a step with prompt tokens (prefill, embeddings) uses now."""
+    max: int
+    """The runner's own thread count: the most it may use."""
+    budget: int
+    """The daemon's share of the cores for this runner (``max`` while it works alone)."""
+    budget_reason: str
+    """Why the daemon gave that share."""
+    others: float | None
+    """Cores other processes used over the last half second (None: not known here)."""
+    mode: Literal["auto", "fixed"]
+    """``auto``: governed; ``fixed``: a thread count was asked for or the governor is off."""
+    reason: str
+    """Why the decode count is what it is, in a few words."""
+    limit: Literal["max", "cpu", "budget", "tuner", "fixed"] = "max"
+    """What holds the decode count where it is: the runner's own count, other processes'
+    CPU use, the daemon's share, the tuner (fewer ran faster), or a fixed count."""
+    last_change: str | None = None
+    """The latest change of either count, as ``2 → 1: CPU busy (...)``."""
+    last_change_at: float | None = None
+    """When it happened (seconds since the epoch)."""
+    changes: int = 0
+    """Changes of either count since the runner started."""
+
+    def describe(self) -> str:
+        """``2 of 2``, ``1 of 2 (CPU busy: other processes use 1.0 of 2 cores)``."""
+        if self.decode >= self.max or not self.reason:
+            return f"{self.decode} of {self.max}"
+        return f"{self.decode} of {self.max} ({self.reason})"
 
 
 @dataclass
@@ -441,6 +492,9 @@ class RunnerConfig:
     cache: slots may still grow to n_ctx_per_slot while few of them are long at once."""
     n_threads: int = 0
     """0 = physical cores."""
+    fixed_threads: bool = False
+    """Keep ``n_threads`` whatever the machine does (a thread count the request or Modelfile
+    asked for, or ``LOCALLLM_GOVERNOR=off``); else the CPU governor adjusts it between steps."""
     n_gpu_layers: int = -1
     """-1 = all layers when the build has a GPU backend (as many as fit, with
     ``memory_plan``), else 0."""
@@ -537,6 +591,20 @@ class StatsOp:
 
 
 @dataclass
+class ThreadsOp:
+    """The daemon's share of the cores for this runner: one ``threads`` event.
+
+    The runner's governor uses at most ``threads`` from its next step on; ``cpus`` (when
+    given) are the CPUs its threads may run on, None leaving them as they are."""
+
+    op: ClassVar[str] = "threads"
+    id: str
+    threads: int
+    reason: str
+    cpus: list[int] | None = None
+
+
+@dataclass
 class TokenizeOp:
     """Tokenize text: one ``tokens`` event."""
 
@@ -558,7 +626,9 @@ class DetokenizeOp:
     tokens: list[int]
 
 
-Request = GenerateOp | EmbedOp | CancelOp | HealthOp | StatsOp | TokenizeOp | DetokenizeOp
+Request = (
+    GenerateOp | EmbedOp | CancelOp | HealthOp | StatsOp | ThreadsOp | TokenizeOp | DetokenizeOp
+)
 
 
 # -- messages: events (runner → daemon) ---------------------------------------------------------
@@ -640,6 +710,16 @@ class StatsEvent:
 
 
 @dataclass
+class ThreadsEvent:
+    """The answer to :class:`ThreadsOp`: the governor as it stands (the new share applies from
+    the next step)."""
+
+    event: ClassVar[str] = "threads"
+    id: str
+    threads: ThreadStats
+
+
+@dataclass
 class TokensEvent:
     """The answer to :class:`TokenizeOp`."""
 
@@ -665,13 +745,23 @@ Event = (
     | ErrorEvent
     | HealthEvent
     | StatsEvent
+    | ThreadsEvent
     | TokensEvent
     | TextEvent
 )
 
 _REQUESTS: dict[str, type] = {
     cls.op: cls
-    for cls in (GenerateOp, EmbedOp, CancelOp, HealthOp, StatsOp, TokenizeOp, DetokenizeOp)
+    for cls in (
+        GenerateOp,
+        EmbedOp,
+        CancelOp,
+        HealthOp,
+        StatsOp,
+        ThreadsOp,
+        TokenizeOp,
+        DetokenizeOp,
+    )
 }
 _EVENTS: dict[str, type] = {
     cls.event: cls
@@ -683,6 +773,7 @@ _EVENTS: dict[str, type] = {
         ErrorEvent,
         HealthEvent,
         StatsEvent,
+        ThreadsEvent,
         TokensEvent,
         TextEvent,
     )

@@ -112,7 +112,7 @@ def split_onto_workers(model_params: Any, config: RunnerConfig) -> RemoteSplit:
     import llama_cpp
 
     from .backends import add_rpc_server, cpu_device, local_gpus
-    from .model import ModelLoadError, set_fields
+    from .params import ModelLoadError, set_fields
     from .placement import place_layers
 
     if not llama_cpp.llama_supports_rpc():
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     from localllm._exceptions import LocalLLMError
     from localllm.settings import Settings
 
-    from .model import default_threads
+    from .cpu import default_threads
 
     try:
         settings = Settings.from_env()

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .chat import TemplateRenderError, render_chat
-from .engine import EmbeddingJob, Engine, GenerationJob
+from .engine import Engine
+from .governor import allowed_cpus, pin_process
+from .jobs import EmbeddingJob, GenerationJob
 from .model import LlamaModel
 from .protocol import (
     IMAGE_MARKER,
@@ -41,6 +43,8 @@ from .protocol import (
     StatsEvent,
     StatsOp,
     TextEvent,
+    ThreadsEvent,
+    ThreadsOp,
     Timings,
     TokenizeOp,
     TokenLogprob,
@@ -480,6 +484,9 @@ class RunnerServer:
         # Dispatched requests; close() waits for them, because prompt preparation reads the
         # model's vocabulary from worker threads and the model must outlive them.
         self._tasks: set[asyncio.Task[None]] = set()
+        self._start_cpus = sorted(allowed_cpus())
+        """The CPUs the runner started with (what a share without CPUs goes back to)."""
+        self._pinned: set[int] = set(self._start_cpus)
 
     async def start(self) -> None:
         """Listen on the socket (mode 0600)."""
@@ -586,6 +593,11 @@ class RunnerServer:
                     connection.send(HealthEvent(id=message.id, health=self.health()))
                 case StatsOp():
                     connection.send(StatsEvent(id=message.id, stats=self.engine.stats()))
+                case ThreadsOp():
+                    self._share_cores(message)
+                    connection.send(
+                        ThreadsEvent(id=message.id, threads=self.engine.governor.state())
+                    )
                 case TokenizeOp():
                     tokens = await asyncio.to_thread(
                         self.model.tokenize,
@@ -607,6 +619,16 @@ class RunnerServer:
             connection.send(
                 ErrorEvent(id=message.id, message=f"internal error: {exc}", code="internal")
             )
+
+    def _share_cores(self, op: ThreadsOp) -> None:
+        """Apply the daemon's share of the cores: the governor's budget, and where the
+        threads may run (the CPUs the runner started with when none are named)."""
+        self.engine.set_budget(op.threads, op.reason)
+        if self.engine.governor.fixed:
+            return  # its threads stay as asked, and where they were
+        cpus = op.cpus or self._start_cpus
+        if set(cpus) != self._pinned and pin_process(cpus):
+            self._pinned = set(cpus)
 
     def _cancel(self, connection: _Connection, request_id: str) -> None:
         if request_id in connection.preparing:

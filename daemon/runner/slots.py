@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine import GenerationJob
+    from .jobs import GenerationJob
     from .protocol import TokenLogprob
     from .sampling import Sampler
     from .speculative import Drafter, DraftPolicy
@@ -118,6 +118,12 @@ class Slot:
         """When the request got this slot."""
         self.first_token_at = 0.0
         """When its first token was sampled (0 until then)."""
+        self.threads_min = 0
+        """Fewest CPU threads a step ran with while this request was in the slot."""
+        self.threads_max = 0
+        """Most CPU threads a step ran with while this request was in the slot."""
+        self.threads_why = ""
+        """Why the fewest were fewer than the runner's own count."""
         # -- this step ----------------------------------------------------------------------
         self.batch_index = -1
         """Where this slot's (first) logits are in the current batch, or -1."""

@@ -89,9 +89,13 @@ class BatchCost:
     relative: dict[int, float] = field(default_factory=lambda: {1: 1.0})
     """Measured points: tokens in the batch → cost relative to a batch of one."""
 
+    def __post_init__(self) -> None:
+        # Asked many times a step (every draft length of every drafting slot): sorted once.
+        self._points = sorted(self.relative.items())
+
     def __call__(self, tokens: int) -> float:
         """The cost of ``tokens`` (interpolated between measured points, linear beyond)."""
-        points = sorted(self.relative.items())
+        points = self._points
         if tokens <= points[0][0]:
             return points[0][1]
         for (n0, c0), (n1, c1) in itertools.pairwise(points):

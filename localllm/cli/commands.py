@@ -58,6 +58,12 @@ COMMANDS: tuple[Command, ...] = (
         "models:cmd_pull",
         "models:add_pull_arguments",
     ),
+    Command(
+        "search",
+        "Search Hugging Face for GGUF models",
+        "search:cmd_search",
+        "search:add_search_arguments",
+    ),
     Command("list", "List models", "models:cmd_list", "models:add_list_arguments", aliases=("ls",)),
     Command("ps", "List running models", "ps:cmd_ps", "ps:add_ps_arguments"),
     Command("show", "Show information for a model", "models:cmd_show", "models:add_show_arguments"),
@@ -97,6 +103,12 @@ COMMANDS: tuple[Command, ...] = (
         "gateway:add_gateway_arguments",
     ),
     Command(
+        "launch",
+        "Set up a coding agent or editor for a local model and start it",
+        "launch:cmd_launch",
+        "launch:add_launch_arguments",
+    ),
+    Command(
         "bench",
         "Measure throughput and latency",
         "bench:cmd_bench",
@@ -106,7 +118,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "doctor",
         "Show what a bug report needs: versions, llama.cpp's view of this machine, the CPU "
-        "probe's decision, the data root and the daemon's endpoints",
+        "probe's decision, its speed figures, the data root and the daemon's endpoints",
         "doctor:cmd_doctor",
         "doctor:add_doctor_arguments",
     ),

@@ -1,9 +1,12 @@
 """``localllm doctor``: what a bug report needs, in one screen (``--json`` for scripts).
 
 localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
-its backends and devices, GPU offload and RPC support, the CPU probe's decision about weight
-repacking and why, the data root with its free disk, and both daemon endpoints with whether a
-localllm daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
+its backends and devices, GPU offload and RPC support, how llama.cpp's threads wait (OpenMP)
+and what the CPU governor does about it, the CPU probe's decision about weight repacking and
+why, this machine's speed figures (the speed probe, measured afresh: memory bandwidth, each
+weight type's decode and prefill rate, the fixed costs of a step), the data root with its free
+disk, and both daemon endpoints with whether a localllm daemon answers there. llama.cpp is
+asked in a child process (:mod:`localllm.daemon.
 runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
 daemon that does not run is reported as such.
 """
@@ -54,23 +57,82 @@ def _endpoint(settings: Any, **where: Any) -> dict[str, Any]:
     return report
 
 
+def _threads(settings: Any, system_info: str) -> dict[str, Any]:
+    """How llama.cpp's CPU threads wait, and what the CPU governor does about it."""
+    from ..daemon.runner.cpu import default_threads
+    from ..daemon.runner.governor import allowed_cpus, openmp_build, others_now
+
+    return {
+        "openmp": openmp_build(system_info),
+        "omp_wait_policy": settings.omp_wait_policy,
+        "governor": settings.governor,
+        "cpu_affinity": settings.cpu_affinity,
+        "max_threads": settings.num_threads or default_threads(),
+        "cpus": len(allowed_cpus()),
+        "others_now": others_now(),
+    }
+
+
+def _describe_threads(threads: dict[str, Any]) -> list[str]:
+    openmp = threads["openmp"]
+    if openmp:
+        waits = (
+            "llama.cpp uses OpenMP: its threads spin at every barrier (hundreds per token), so "
+            "a thread on a core another program holds costs far more than one thread fewer"
+        )
+    elif openmp is False:
+        waits = "llama.cpp uses ggml's own threadpool (no OpenMP)"
+    else:
+        waits = "llama.cpp's system info does not say whether it uses OpenMP"
+    lines = [f"CPU threads: {waits}"]
+    most = threads["max_threads"]
+    if threads["governor"]:
+        shares = "on their own CPUs" if threads["cpu_affinity"] else "anywhere"
+        lines.append(
+            f"  CPU governor: on: a runner uses up to {most} threads, fewer while other "
+            "programs need cores (read every 0.25 s) or fewer run faster, and models "
+            f"working at once share the cores ({shares})"
+        )
+    else:
+        lines.append(
+            f"  CPU governor: off (LOCALLLM_GOVERNOR=off): runners keep {most} threads, "
+            "however busy the machine is"
+        )
+    policy = threads["omp_wait_policy"]
+    lines.append(
+        f"  OMP_WAIT_POLICY: {policy}" if policy else "  OMP_WAIT_POLICY: not set (threads spin)"
+    )
+    others = threads["others_now"]
+    if others is not None:
+        lines.append(f"  now: other programs use {others:.1f} of {threads['cpus']} CPUs")
+    return lines
+
+
 def diagnose() -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
-    from ..daemon.runner import cpu
+    from ..daemon.runner import cpu, speedprobe
     from ..daemon.runner.rpc import doctor_line
     from .common import load_settings
 
     settings = load_settings()
     paths = cpu.decide(settings)
     rpc_ok, rpc_line = doctor_line()
+    speed: dict[str, Any]
+    try:
+        speed = speedprobe.calibrate(settings, fresh=True).to_dict()
+    except speedprobe.ProbeFailed as exc:
+        speed = {"error": str(exc)}
+    llama = cpu.system_report()
     return {
         "localllm": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "llama_cpp": cpu.system_report(),
+        "llama_cpp": llama,
+        "threads": _threads(settings, str(llama.get("system_info", ""))),
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
         "rpc": {"ok": rpc_ok, "line": rpc_line},
+        "speed": speed,
         "data_root": _free_disk(settings.data_dir),
         "endpoints": {
             "socket": _endpoint(settings, socket_path=settings.socket_path),
@@ -87,6 +149,26 @@ def _describe_endpoint(name: str, report: dict[str, Any]) -> str:
     else:
         state = "no localllm daemon answers"
     return f"  {name:7} {report['address']}: {state}"
+
+
+def _speed_lines(speed: dict[str, Any]) -> list[str]:
+    if "error" in speed:
+        return [f"speed: not measured ({speed['error']})"]
+    from ..daemon.speed import Calibration
+
+    figures = Calibration.from_dict(speed)
+    lines = [
+        f"speed ({figures.threads} threads, measured in {figures.seconds:.1f} s): memory "
+        f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
+        f"+ {figures.decode_layer * 1e6:.0f} us a layer"
+    ]
+    for name, rate in figures.types.items():
+        share = rate.decode / figures.bandwidth
+        lines.append(
+            f"  {name:6} decode {rate.decode / 1e9:5.1f} GB/s ({share:.0%} of memory), "
+            f"prefill {rate.prefill / 1e9:4.0f} GFLOP/s"
+        )
+    return lines
 
 
 def _render(report: dict[str, Any]) -> list[str]:
@@ -113,6 +195,7 @@ def _render(report: dict[str, Any]) -> list[str]:
         gpus = [d["name"] for d in llama["devices"] if d["type"] in ("gpu", "igpu")]
         lines.append("  GPU offload: " + (f"yes ({', '.join(gpus)})" if gpus else "no GPU device"))
         lines.append(f"  {report['rpc']['line']}")
+    lines += _describe_threads(report["threads"])
     state = "on" if repack["repack"] else "off"
     if not repack["usable"]:
         state = "llama.cpp cannot run here"
@@ -125,6 +208,7 @@ def _render(report: dict[str, Any]) -> list[str]:
     for key in ("warning", "error"):
         if repack.get(key):
             lines.append(f"  {key}: {repack[key]}")
+    lines.extend(_speed_lines(report["speed"]))
     disk = report["data_root"]
     free = (
         f"{human_size(disk['free'])} free of {human_size(disk['total'])}"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import human_since, human_size, table
+from .._format import human_since, human_size, speed_figures, table
 from .common import (
     UsageError,
     connect,
@@ -76,6 +76,11 @@ def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", metavar="MODEL", help="smollm2:135m, hf.co/<user>/<repo>[:<quant>]"
     )
+    parser.add_argument(
+        "--quant",
+        metavar="QUANT",
+        help="which quantization of an hf.co repository (default: the best that fits here)",
+    )
     parser.add_argument("--quantize", "-q", metavar="QUANT", help="quantize after pulling")
     parser.add_argument("--insecure", action="store_true", help="allow plain HTTP to the registry")
 
@@ -96,6 +101,11 @@ def add_show_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--system", action="store_true", help="show the system message")
     group.add_argument("--license", action="store_true", help="show the license")
     parser.add_argument("--verbose", action="store_true", help="with --json: long metadata too")
+    parser.add_argument(
+        "--hub",
+        action="store_true",
+        help="hf.co names: the repository's quantizations on the Hub, even once pulled",
+    )
 
 
 def add_rm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -274,6 +284,7 @@ def render_plan(answer: Mapping[str, Any]) -> str:
     if plan.get("prefix_cache"):
         rows.append(("prefix cache", f"{_mib(int(plan['prefix_cache']))} of RAM at most"))
     rows.append(("processor", str(plan.get("processor", ""))))
+    rows.extend(speed_rows(answer.get("speed")))
     if answer.get("loaded"):
         rows.append(("loaded", "yes, by this plan"))
     rows.extend(("warning", str(w)) for w in plan.get("warnings") or [])
@@ -282,10 +293,30 @@ def render_plan(answer: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speed_rows(speed: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """``speed`` rows of ``show``'s plan: predicted beside measured tokens/s."""
+    figures, why = speed_figures(speed)
+    requests = ((speed or {}).get("measured") or {}).get("requests", 0)
+    rows = []
+    for kind, predicted, measured in figures:
+        parts = [f"predicted {predicted:.0f} tokens/s"] if predicted else []
+        if measured:
+            parts.append(f"measured {measured:.0f} ({requests} requests)")
+        rows.append((kind, ", ".join(parts)))
+    if why:
+        rows.append(("speed", f"not predicted: {why}"))
+    return rows
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """``show MODEL``: details and the memory plan on this machine, or one part
-    (``--modelfile``, ``--template``...), or JSON."""
+    (``--modelfile``, ``--template``...), or JSON; for ``hf.co/<user>/<repo>`` not in the
+    store (or with ``--hub``), its quantizations on the Hub with their fit and speed here."""
+    from .search import is_hub_name, show_hub
+
     with connect() as client:
+        if is_hub_name(args.model) and (shown := show_hub(client, args)) is not None:
+            return shown
         data = client.show(args.model, verbose=args.verbose)
         plan: dict[str, Any] | None = None
         if not args.json and not any(
@@ -439,14 +470,31 @@ def pull_model(client: Client, name: str, *, insecure: bool = False) -> None:
     show_progress(client.pull(name, insecure=insecure))
 
 
+def _with_quant(name: str, quant: str | None) -> str:
+    """``hf.co/user/repo`` with ``--quant Q8_0`` → ``hf.co/user/repo:Q8_0``."""
+    if quant is None:
+        return name
+    from ..names import parse_name
+
+    parsed = parse_name(name)
+    if not parsed.is_huggingface:
+        raise UsageError("--quant picks a quantization of a Hugging Face repository (hf.co/...)")
+    if parsed.tag not in ("latest", quant) and parsed.tag.lower() != quant.lower():
+        raise UsageError(f"{name} already names {parsed.tag}; give the tag or --quant, not both")
+    return parsed.with_tag(quant).short
+
+
 def cmd_pull(args: argparse.Namespace) -> int:
-    """``pull MODEL``: download through the daemon; ``--quantize`` then converts it."""
+    """``pull MODEL``: download through the daemon; ``--quant`` picks a Hugging Face
+    repository's quantization (else the daemon picks the best that fits); ``--quantize``
+    then converts it."""
     quant = _check_quant(args.quantize)
+    name = _with_quant(args.model, getattr(args, "quant", None))
     with connect() as client:
-        pull_model(client, args.model, insecure=args.insecure)
+        pull_model(client, name, insecure=args.insecure)
         if quant is not None:
             # /api/pull has no quantize field: quantize the pulled model in place.
-            show_progress(client.create(args.model, from_=args.model, quantize=quant))
+            show_progress(client.create(name, from_=name, quantize=quant))
     return 0
 
 

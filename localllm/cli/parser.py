@@ -91,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             word.startswith("-") for word in extra
         ):
             args.prompt += extra
+        elif isinstance(getattr(args, "extra", None), list) and extra[0] == "--":
+            # argparse fills ``launch``'s TOOL and ARGS together, before ``--``: the words
+            # after it are the tool's own arguments
+            args.extra += extra[1:]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     spec = "daemon:cmd_version" if args.version else getattr(args, "handler", None)

@@ -6,6 +6,7 @@ refreshes until Ctrl-C); ``ps --all``: those of every worker behind the gateway 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from ..client import Client
 
 __all__ = [
+    "PS_HEADERS",
     "add_ps_arguments",
     "cmd_ps",
     "cmd_ps_all",
@@ -26,6 +28,7 @@ __all__ = [
     "merged_ps",
     "ps_row",
     "ps_rows",
+    "threads_line",
 ]
 
 
@@ -81,14 +84,47 @@ def merged_ps(client: Client) -> list[dict[str, Any]]:
             entry["busy_slots"] = sum(1 for s in slots if s.get("state") != "idle")
         entry["decode_tokens_per_s"] = live.get("decode_tokens_per_s")
         entry["prefill_tokens_per_s"] = live.get("prefill_tokens_per_s")
+        if isinstance(live.get("threads"), dict):
+            entry["threads"] = live["threads"]
     return loaded
 
 
+# A change of thread count this recent still gets its line in ``ps`` after it was undone.
+_RECENT_CHANGE_S = 60.0
+
+
+def _threads(entry: Mapping[str, Any]) -> str:
+    """``2/2``: the CPU threads decode steps use now, of the runner's own count."""
+    threads = entry.get("threads")
+    if not isinstance(threads, dict):
+        return "-"
+    return f"{threads.get('decode', '?')}/{threads.get('max', '?')}"
+
+
+def threads_line(entry: Mapping[str, Any]) -> str | None:
+    """``NAME threads 1/2: CPU busy (...); last 2 → 1 ...`` when the governor holds threads
+    back or has changed them; None when it runs with all of them and never changed."""
+    threads = entry.get("threads")
+    if not isinstance(threads, dict):
+        return None
+    decode, most = threads.get("decode"), threads.get("max")
+    last, last_at = threads.get("last_change"), threads.get("last_change_at")
+    recent = isinstance(last_at, int | float) and time.time() - last_at < _RECENT_CHANGE_S
+    if decode == most and not (last and recent):
+        return None
+    line = f"{entry.get('name', '')} threads {decode}/{most}: {threads.get('reason', '')}"
+    if last:
+        line += f" (last change {last})"
+    return line
+
+
 def ps_row(entry: Mapping[str, Any]) -> list[str]:
-    """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
+    """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S
+    PREDICTED (the speed model's decode tokens/s for one stream) UNTIL."""
     busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
     total = entry.get("slots")
     rate = entry.get("decode_tokens_per_s")
+    predicted = ((entry.get("speed") or {}).get("predicted") or {}).get("decode")
     return [
         str(entry.get("name", "")),
         str(entry.get("digest", ""))[:12],
@@ -97,15 +133,26 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
         or processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
         str(entry.get("context_length", "")),
         f"{busy}/{total}" if total else "",
+        _threads(entry),
         f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
+        f"{predicted:.0f}" if isinstance(predicted, int | float) and predicted > 0 else "-",
         _until(entry.get("expires_at"), bool(entry.get("pinned"))),
     ]
 
 
+PS_HEADERS = (
+    "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
+    "UNTIL",
+)  # fmt: skip
+"""The ``ps`` table's columns, one per cell of :func:`ps_row`."""
+
+
 def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
-    """The ``ps`` table: NAME ID SIZE PROCESSOR CONTEXT SLOTS TOKENS/S UNTIL."""
-    headers = ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
-    spans = [line for entry in loaded if (line := device_line(entry)) is not None]
+    """The ``ps`` table (:data:`PS_HEADERS`), then a line per model whose governor holds
+    threads back and per model split across RPC workers."""
+    headers = list(PS_HEADERS)
+    spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
+    spans += [line for entry in loaded if (line := device_line(entry)) is not None]
     return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
         f"\n{line}" for line in spans
     )
@@ -169,7 +216,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- ps --all ----------------------------------------------------------------------------------
+# -- ps --all ---------------------------------------------------------------------------------
 
 
 def _fleet(
@@ -208,14 +255,15 @@ def _fleet(
 
 def fleet_rows(fleet: list[dict[str, Any]]) -> str:
     """The ``ps --all`` table: the ``ps`` columns with the worker (and its state) first."""
-    headers = ["WORKER", "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "TOKENS/S", "UNTIL"]
+    headers = ["WORKER", *PS_HEADERS]
+    blank = [""] * (len(PS_HEADERS) - 1)
     rows = []
     for entry in fleet:
         worker = entry["worker"] if entry["healthy"] else f"{entry['worker']} (down)"
         if entry.get("error"):
-            rows.append([worker, f"({entry['error']})", *[""] * 7])
+            rows.append([worker, f"({entry['error']})", *blank])
         elif not entry["models"]:
-            rows.append([worker, "(no model loaded)", *[""] * 7])
+            rows.append([worker, "(no model loaded)", *blank])
         for model in entry["models"]:
             rows.append([worker, *ps_row(model)])
     return table(headers, rows)

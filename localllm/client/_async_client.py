@@ -14,6 +14,7 @@ from ..settings import Settings
 from ._async_transport import AsyncTransport, in_thread, sleep
 from ._core import (
     CUT_SHORT,
+    HUB_TIMEOUT,
     NO_READ_TIMEOUT,
     PROBE_TIMEOUT,
     Config,
@@ -30,6 +31,7 @@ from ._core import (
     parse_ndjson,
     parse_sse,
     payload,
+    search_path,
 )
 
 if TYPE_CHECKING:  # annotations only; defining the typed dicts costs the CLI's start
@@ -242,6 +244,24 @@ class AsyncClient:
             body["options"] = options
         data = await self._json("POST", "/api/plan", body)
         return dict(data)
+
+    async def speed(self, model: str) -> dict[str, Any]:
+        """A stored model's ``predicted`` and ``measured`` tokens/s (``/api/speed``)."""
+        return dict(await self._json("POST", "/api/speed", {"model": model}))
+
+    async def search(
+        self, query: str, *, sort: str = "downloads", limit: int = 20, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """GGUF models on the Hugging Face Hub (``/api/search``, localllm's own): ``models``
+        (``name``, downloads, likes, parameters...) and the ``next_cursor`` of the next page."""
+        path = search_path(query, sort, limit, cursor)
+        return dict(await self._json("GET", path, timeout=HUB_TIMEOUT))
+
+    async def hub_show(self, model: str) -> dict[str, Any]:
+        """A Hub repository's quantizations on the daemon's machine before any download
+        (``/api/hub/show``): size, fit, context and predicted speed of each."""
+        body = {"model": model}
+        return dict(await self._json("POST", "/api/hub/show", body, timeout=HUB_TIMEOUT))
 
     async def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""

@@ -88,6 +88,9 @@ class Timeout(NamedTuple):
 # Generation can wait minutes for a model to load and then stream for long: no read timeout.
 NO_READ_TIMEOUT = Timeout(connect=5.0, read=None)
 PROBE_TIMEOUT = Timeout(connect=2.0, read=2.0)
+# The daemon bounds each Hub request (LOCALLLM_HUB_TIMEOUT); a first look at a repository may
+# also wait for the speed probe (seconds, once per machine).
+HUB_TIMEOUT = Timeout(connect=5.0, read=180.0)
 _IDENTITY = "localllm"
 
 
@@ -154,6 +157,16 @@ def _candidates(
 # -- requests ----------------------------------------------------------------------------------
 
 _RENAMES = {"from_": "from", "input_": "input"}
+
+
+def search_path(query: str, sort: str, limit: int, cursor: str | None) -> str:
+    """``/api/search?...`` for a page of the Hub's search."""
+    from urllib.parse import urlencode
+
+    params: dict[str, Any] = {"q": query, "sort": sort, "limit": limit}
+    if cursor:
+        params["cursor"] = cursor
+    return f"/api/search?{urlencode(params)}"
 
 
 def payload(values: Mapping[str, Any], **fixed: Any) -> dict[str, Any]:

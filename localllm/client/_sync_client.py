@@ -17,6 +17,7 @@ from .._exceptions import APIError, DaemonUnavailableError
 from ..settings import Settings
 from ._core import (
     CUT_SHORT,
+    HUB_TIMEOUT,
     NO_READ_TIMEOUT,
     PROBE_TIMEOUT,
     Config,
@@ -33,6 +34,7 @@ from ._core import (
     parse_ndjson,
     parse_sse,
     payload,
+    search_path,
 )
 from ._sync_transport import SyncTransport, in_thread, sleep
 
@@ -243,6 +245,24 @@ class Client:
             body["options"] = options
         data = self._json("POST", "/api/plan", body)
         return dict(data)
+
+    def speed(self, model: str) -> dict[str, Any]:
+        """A stored model's ``predicted`` and ``measured`` tokens/s (``/api/speed``)."""
+        return dict(self._json("POST", "/api/speed", {"model": model}))
+
+    def search(
+        self, query: str, *, sort: str = "downloads", limit: int = 20, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """GGUF models on the Hugging Face Hub (``/api/search``, localllm's own): ``models``
+        (``name``, downloads, likes, parameters...) and the ``next_cursor`` of the next page."""
+        path = search_path(query, sort, limit, cursor)
+        return dict(self._json("GET", path, timeout=HUB_TIMEOUT))
+
+    def hub_show(self, model: str) -> dict[str, Any]:
+        """A Hub repository's quantizations on the daemon's machine before any download
+        (``/api/hub/show``): size, fit, context and predicted speed of each."""
+        body = {"model": model}
+        return dict(self._json("POST", "/api/hub/show", body, timeout=HUB_TIMEOUT))
 
     def copy(self, source: str, destination: str) -> None:
         """Give ``source`` a second name."""

@@ -42,6 +42,7 @@ from ..store import ModelEntry, Store
 from .assemble import assemble_model
 from .gguf_files import HubFile, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status
+from .hub_errors import hub_error, hub_files
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
 
@@ -52,37 +53,15 @@ def _hub_error(exc: BaseException, repo: str, endpoint: str) -> BaseException:
     """The localllm error for a huggingface_hub failure (TransientError if worth retrying)."""
     from huggingface_hub import errors
 
-    where = f"hf.co/{repo}"
-    if isinstance(exc, errors.GatedRepoError):
-        return AuthRequiredError(
-            f"{where} is gated: accept its conditions at {endpoint}/{repo} and set HF_TOKEN "
-            "to an access token of that account"
-        )
-    if isinstance(exc, errors.RepositoryNotFoundError):
-        return RemoteNotFoundError(
-            f"{where} was not found on Hugging Face (check the name; a private repository "
-            "needs HF_TOKEN)"
-        )
-    if isinstance(exc, errors.RevisionNotFoundError):
-        return RemoteNotFoundError(f"{where}: the revision was not found on Hugging Face")
-    if isinstance(exc, errors.EntryNotFoundError):
-        return RemoteNotFoundError(f"{where}: the file was not found on Hugging Face")
-    if isinstance(exc, errors.OfflineModeIsEnabled):
-        return NetworkError("HF_HUB_OFFLINE is set, so huggingface_hub will not reach the Hub")
-    if isinstance(exc, errors.HfHubHTTPError):
-        response = getattr(exc, "response", None)
-        status = getattr(response, "status_code", 0)
-        if status in (401, 403):
-            return AuthRequiredError(
-                f"{where} needs authentication (HTTP {status}): set HF_TOKEN to an access "
-                "token that can read it"
-            )
+    if isinstance(exc, errors.HfHubHTTPError) and not isinstance(
+        exc, errors.RepositoryNotFoundError | errors.GatedRepoError
+    ):
+        status = getattr(getattr(exc, "response", None), "status_code", 0)
         if transient_status(status):
             return TransientError(f"Hugging Face answered HTTP {status}")
-        return PullError(f"Hugging Face answered HTTP {status} for {where}")
     if is_transport_error(exc):
         return TransientError(f"{type(exc).__name__}: {exc}")
-    return exc
+    return hub_error(exc, f"hf.co/{repo}", endpoint)
 
 
 @dataclass(frozen=True)
@@ -105,8 +84,9 @@ class HubFileSource:
         """``hf.co/user/repo/file.gguf``."""
         return f"hf.co/{self.repo_id}/{self.path}"
 
-    def open(self, client: httpx.Client, offset: int) -> httpx.Response:
-        """Ask the Hub where the file lives, then GET it from there from byte ``offset``."""
+    def open(self, client: httpx.Client, offset: int, end: int | None = None) -> httpx.Response:
+        """Ask the Hub where the file lives, then GET it from there from byte ``offset`` (up to
+        byte ``end``, excluded, when given: a header read)."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
@@ -123,8 +103,8 @@ class HubFileSource:
         if on_hub:
             # The token goes to the Hub only, never to a CDN.
             headers.update(build_hf_headers())
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
+        if offset or end is not None:
+            headers["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
         request = client.build_request("GET", location, headers=headers)
         response = client.send(request, stream=True, follow_redirects=True)
         status = response.status_code
@@ -161,15 +141,7 @@ def _list_files(name: ModelName, settings: Settings) -> tuple[str, list[HubFile]
                 "network connection"
             ) from None
         raise error from None
-    files = [
-        HubFile(
-            path=sibling.rfilename,
-            size=int(sibling.lfs.size if sibling.lfs else sibling.size or 0),
-            sha256=sibling.lfs.sha256 if sibling.lfs else None,
-        )
-        for sibling in info.siblings or []
-    ]
-    return info.sha or "main", files
+    return info.sha or "main", hub_files(info)
 
 
 def plan_huggingface(
@@ -177,11 +149,14 @@ def plan_huggingface(
     name: ModelName,
     settings: Settings,
     emit: Callable[[PullProgress], None],
+    *,
+    file_tag: str | None = None,
 ) -> PullPlan:
-    """Resolve ``name`` on the Hub: which file(s), their digests, how to write the model."""
+    """Resolve ``name`` on the Hub: which file(s), their digests, how to write the model;
+    ``file_tag`` chooses the file in place of the name's tag."""
     emit(PullProgress(STATUS_MANIFEST))
     revision, files = _list_files(name, settings)
-    choice = choose_gguf(files, name.tag, name.repo_id)
+    choice = choose_gguf(files, file_tag or name.tag, name.repo_id)
     emit(PullProgress(choice.note))
     wanted = list(choice.files)
     projector = choose_projector(files, choice)

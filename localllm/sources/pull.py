@@ -36,6 +36,7 @@ def pull(
     cancel: threading.Event | None = None,
     quantize: str | None = None,
     insecure: bool = False,
+    file_tag: str | None = None,
 ) -> ModelEntry:
     """Download the model ``name`` into ``store`` and return its entry. Blocking; thread-safe.
 
@@ -62,6 +63,9 @@ def pull(
     Resuming and sharing: interrupted downloads resume with Range requests, also after a restart;
     concurrent pulls of a blob (threads or processes) share one download. Blobs already in the
     store are not fetched again, so pulling an existing model only refreshes its manifest.
+
+    ``file_tag`` (Hugging Face only) picks the file as a tag would while the model is stored
+    under ``name``: the daemon's choice for a name without a tag (:mod:`localllm.daemon.discover`).
 
     ``quantize`` (``q4_K_M``...): once pulled, the model is quantized and stored under ``name``
     in place of the download, whose blobs are then garbage-collected. The source must be F32,
@@ -92,7 +96,9 @@ def pull(
         assert entry is not None
     else:
         with store.writing():
-            plan = _plan(store, model, settings, emit, insecure=insecure, cancel=cancel)
+            plan = _plan(
+                store, model, settings, emit, insecure=insecure, cancel=cancel, file_tag=file_tag
+            )
             if target_quant is not None:
                 from ..quantize import check_quantizable
 
@@ -140,9 +146,10 @@ def _plan(
     *,
     insecure: bool,
     cancel: threading.Event | None,
+    file_tag: str | None = None,
 ) -> PullPlan:
     if model.is_huggingface:
-        return plan_huggingface(store, model, settings, emit)
+        return plan_huggingface(store, model, settings, emit, file_tag=file_tag)
     return plan_registry(store, model, settings, emit, insecure=insecure, cancel=cancel)
 
 

@@ -2,8 +2,13 @@
 
 Routes, as huggingface.co answers them:
 
+* ``GET /api/models?search=&filter=gguf&sort=&limit=&expand[]=&cursor=``: the search, one page
+  per request, the next page's cursor in a ``Link: <...>; rel="next"`` header; with
+  ``expand[]`` only the fields asked for (and ``id``).
 * ``GET /api/models/<user>/<repo>[/revision/<rev>]`` (``?blobs=true`` adds sizes and LFS
-  metadata): model info with ``sha`` (the commit), ``gated``, ``siblings``.
+  metadata): model info with ``sha`` (the commit), ``gated``, ``siblings``, ``downloads``,
+  ``likes``, ``cardData`` and ``gguf`` (parameters, architecture and context length, read
+  from the repository's first GGUF model file as the Hub reads them).
 * ``GET /api/models/<user>/<repo>/tree/<rev>[/<path>]``: the file tree, LFS ``oid`` included.
 * ``HEAD|GET /<user>/<repo>/resolve/<rev>/<path>``: LFS files answer ``302`` to the CDN with
   ``X-Repo-Commit``, ``ETag`` (the pointer's git oid), ``X-Linked-Etag`` (the sha256) and
@@ -13,20 +18,35 @@ Routes, as huggingface.co answers them:
 
 The CDN is a second server on another loopback address (127.0.0.2 where it can be bound), so it
 is another origin, as on the real Hub: the client must not send it the token. Fault switches
-(drop, stall, pause, corrupt) live on the CDN (:class:`~tests.fakes.server.LoopbackServer`).
+(drop, stall, pause, corrupt) live on the CDN (:class:`~tests.fakes.server.LoopbackServer`);
+the API's own are :attr:`FakeHub.api_failure` (a status and headers for every API request: a
+429 with ``RateLimit`` headers, a 503) and :attr:`FakeHub.api_stall` (accept, never answer).
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import secrets
 from dataclasses import dataclass, field
-from urllib.parse import unquote
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlencode
+
+from localllm.gguf_info import GGUFError, inspect_gguf_header
 
 from .server import LoopbackServer, RequestHandler, bind_host
 
 __all__ = ["FakeCDN", "FakeHub", "HubRepo"]
+
+# The Hub's sort keys and the fields they sort by here.
+_SORTS = {
+    "downloads": "downloads",
+    "likes": "likes",
+    "lastModified": "last_modified",
+    "trendingScore": "downloads",
+    "createdAt": "last_modified",
+}
 
 # Files up to this size are stored in git itself (no LFS), like a README.
 _LFS_THRESHOLD = 10 * 1024
@@ -57,9 +77,76 @@ class HubRepo:
     gated: bool = False
     """When set, downloads need ``Authorization: Bearer <FakeHub.token>``."""
     sha: str = field(default_factory=lambda: secrets.token_hex(20))
+    downloads: int = 0
+    likes: int = 0
+    last_modified: str = "2026-01-01T00:00:00.000Z"
+    card: dict[str, Any] | None = None
+    """The model card's YAML data (``cardData``)."""
 
     def is_lfs(self, path: str) -> bool:
         return len(self.files[path]) > _LFS_THRESHOLD or path.endswith(".gguf")
+
+    def gguf(self) -> dict[str, Any] | None:
+        """The Hub's ``gguf`` summary: from the first GGUF model file (projectors aside)."""
+        for path, data in sorted(self.files.items()):
+            name = path.rsplit("/", 1)[-1].lower()
+            if not name.endswith(".gguf") or "mmproj" in name:
+                continue
+            try:
+                info = inspect_gguf_header(data, len(data), name)
+            except GGUFError:
+                return None
+            summary: dict[str, Any] = {
+                "total": info.parameter_count,
+                "architecture": info.architecture,
+            }
+            if info.context_length is not None:
+                summary["context_length"] = info.context_length
+            return summary
+        return None
+
+    def has_gguf(self) -> bool:
+        return any(p.lower().endswith(".gguf") for p in self.files)
+
+    def summary(self, blobs: bool) -> dict[str, Any]:
+        """Model info as ``GET /api/models/<repo>`` answers it."""
+        siblings = []
+        for path, data in sorted(self.files.items()):
+            sibling: dict[str, object] = {"rfilename": path}
+            if blobs:
+                # As on the Hub: the blob id is the git object (the LFS pointer for LFS files),
+                # the size is the real file's.
+                sibling["size"] = len(data)
+                sibling["blobId"] = _git_oid(_lfs_pointer(data) if self.is_lfs(path) else data)
+                if self.is_lfs(path):
+                    sibling["lfs"] = {
+                        "sha256": _sha256(data),
+                        "size": len(data),
+                        "pointerSize": len(_lfs_pointer(data)),
+                    }
+            siblings.append(sibling)
+        info: dict[str, Any] = {
+            "_id": secrets.token_hex(12),
+            "id": self.repo_id,
+            "modelId": self.repo_id,
+            "author": self.repo_id.split("/")[0],
+            "sha": self.sha,
+            "private": False,
+            "gated": "manual" if self.gated else False,
+            "disabled": False,
+            "downloads": self.downloads,
+            "likes": self.likes,
+            "tags": ["gguf"] if self.has_gguf() else [],
+            "library_name": "gguf" if self.has_gguf() else None,
+            "siblings": siblings,
+            "lastModified": self.last_modified,
+            "createdAt": "2026-01-01T00:00:00.000Z",
+        }
+        if self.card is not None:
+            info["cardData"] = self.card
+        if (gguf := self.gguf()) is not None:
+            info["gguf"] = gguf
+        return info
 
 
 class FakeCDN(LoopbackServer):
@@ -92,10 +179,17 @@ class FakeHub(LoopbackServer):
         self.companions.append(self.cdn)
         self.repos: dict[str, HubRepo] = {}
         self.token = "hf_" + secrets.token_hex(8)
+        self.api_failure: tuple[int, dict[str, str]] | None = None
+        """When set, every API request (search, model info, resolve) gets this status and
+        these headers."""
+        self.api_stall = False
+        """When set, API requests are accepted and never answered (until the server stops)."""
 
-    def add_repo(self, repo_id: str, files: dict[str, bytes], *, gated: bool = False) -> HubRepo:
-        """Publish a repository."""
-        repo = HubRepo(repo_id, dict(files), gated=gated)
+    def add_repo(
+        self, repo_id: str, files: dict[str, bytes], *, gated: bool = False, **meta: Any
+    ) -> HubRepo:
+        """Publish a repository (``meta``: downloads, likes, last_modified, card)."""
+        repo = HubRepo(repo_id, dict(files), gated=gated, **meta)
         self.repos[repo_id] = repo
         for path, data in repo.files.items():
             if repo.is_lfs(path):
@@ -107,7 +201,17 @@ class FakeHub(LoopbackServer):
     def route(self, handler: RequestHandler) -> None:
         path = unquote(handler.path.split("?", 1)[0])
         query = handler.path.split("?", 1)[1] if "?" in handler.path else ""
-        if path.startswith("/api/models/"):
+        if self.api_stall:
+            self.stopped.wait(60)
+            handler.close_connection = True
+            return
+        if self.api_failure is not None:
+            status, headers = self.api_failure
+            handler.send_json(status, {"error": f"HTTP {status}"}, headers)
+            return
+        if path == "/api/models":
+            self._search(handler, parse_qs(query))
+        elif path.startswith("/api/models/"):
             self._api(handler, path.removeprefix("/api/models/"), "blobs=true" in query)
         elif "/resolve/" in path:
             self._resolve(handler, path)
@@ -141,41 +245,43 @@ class FakeHub(LoopbackServer):
                 {"X-Error-Code": "RevisionNotFound", "X-Error-Message": "Invalid rev id"},
             )
             return
-        siblings = []
-        for path, data in sorted(repo.files.items()):
-            sibling: dict[str, object] = {"rfilename": path}
-            if blobs:
-                # As on the Hub: the blob id is the git object (the LFS pointer for LFS files),
-                # the size is the real file's.
-                sibling["size"] = len(data)
-                sibling["blobId"] = _git_oid(_lfs_pointer(data) if repo.is_lfs(path) else data)
-                if repo.is_lfs(path):
-                    sibling["lfs"] = {
-                        "sha256": _sha256(data),
-                        "size": len(data),
-                        "pointerSize": len(_lfs_pointer(data)),
-                    }
-            siblings.append(sibling)
-        handler.send_json(
-            200,
-            {
-                "_id": secrets.token_hex(12),
-                "id": repo.repo_id,
-                "modelId": repo.repo_id,
-                "author": repo.repo_id.split("/")[0],
-                "sha": repo.sha,
-                "private": False,
-                "gated": "manual" if repo.gated else False,
-                "disabled": False,
-                "downloads": 0,
-                "likes": 0,
-                "tags": ["gguf"],
-                "library_name": "gguf",
-                "siblings": siblings,
-                "lastModified": "2026-01-01T00:00:00.000Z",
-                "createdAt": "2026-01-01T00:00:00.000Z",
-            },
-        )
+        handler.send_json(200, repo.summary(blobs))
+
+    def _search(self, handler: RequestHandler, query: dict[str, list[str]]) -> None:
+        """``/api/models``: GGUF repositories whose id contains ``search``, sorted, paged."""
+        text = query.get("search", [""])[0].lower()
+        repos = [
+            r
+            for r in self.repos.values()
+            if text in r.repo_id.lower() and ("gguf" not in query.get("filter", []) or r.has_gguf())
+        ]
+        key = _SORTS.get(query.get("sort", ["downloads"])[0], "downloads")
+        repos.sort(key=lambda r: (getattr(r, key), r.repo_id), reverse=True)
+        try:
+            limit = int(query.get("limit", ["1000"])[0])
+            cursor = query.get("cursor", [""])[0]
+            start = int(base64.urlsafe_b64decode(cursor).decode()) if cursor else 0
+        except ValueError:
+            handler.send_json(400, {"error": "Invalid limit or cursor"})
+            return
+        page = repos[start : start + limit]
+        expand = query.get("expand[]", [])
+        items = []
+        for repo in page:
+            full = repo.summary(blobs=False)
+            if expand:
+                item = {"_id": full["_id"], "id": full["id"]}
+                item |= {k: full[k] for k in expand if k in full}
+            else:
+                item = {k: full[k] for k in ("_id", "id", "downloads", "likes", "tags")}
+            items.append(item)
+        headers = {}
+        if start + limit < len(repos):
+            following = {k: v for k, v in query.items() if k != "cursor"}
+            following["cursor"] = [base64.urlsafe_b64encode(str(start + limit).encode()).decode()]
+            url = f"{self.url}/api/models?{urlencode(following, doseq=True)}"
+            headers["Link"] = f'<{url}>; rel="next"'
+        handler.send_json(200, items, headers)
 
     def _tree(self, handler: RequestHandler, repo: HubRepo, prefix: str) -> None:
         entries = []

@@ -39,7 +39,7 @@ _SWEEPS = {
     "concurrency": ("Concurrency", "1,2,4,8"),
     "prompt": ("Prompt length", "128,512,1024,2048"),
 }
-# The chart of each sweep: (index in bench_report's charts, title, x label, y label).
+# The chart of each sweep: (index in the report's charts, title, x label, y label).
 _CHARTS = {
     "concurrency": (0, "throughput vs latency", "TTFT p50 (ms)", "aggregate tok/s"),
     "prompt": (2, "TTFT vs prompt length", "prompt tokens", "TTFT p50 (ms)"),

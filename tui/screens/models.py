@@ -1,6 +1,7 @@
 """The models screen: the store's models, details of one, delete, copy, pull with live progress
-(several at once, each cancellable), quantization to a chosen type, and the import of an Ollama
-store found on this machine with models localllm does not have."""
+(several at once, each cancellable), quantization to a chosen type, the import of an Ollama
+store found on this machine with models localllm does not have, and the Discover view of the
+Hugging Face Hub (:mod:`.discover`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from textual.widgets import DataTable, Footer, Markdown
 from textual.worker import Worker
 
 from localllm._exceptions import APIError, DaemonError, LocalLLMError
-from localllm._format import human_size
+from localllm._format import human_size, speed_figures
 from localllm.client import ModelSummary, ShowResponse
 from localllm.ollama_import import ImportReport, OllamaModel
 from localllm.quantize import QUANT_TYPES
@@ -29,7 +30,7 @@ from ..widgets.transfer import TransferPanel
 from .base import MainScreen
 from .dialogs import ConfirmDialog, NameDialog, QuantizeDialog
 
-__all__ = ["ModelsScreen", "details_markdown"]
+__all__ = ["ModelsScreen", "details_markdown", "speed_markdown"]
 
 _COLUMNS = ("Name", "Size", "Quantization", "Parameters", "Modified")
 _TEMPLATE_LINES = 8
@@ -76,6 +77,20 @@ def details_markdown(name: str, show: ShowResponse) -> str:
     return "\n".join(lines)
 
 
+def speed_markdown(speed: dict[str, Any]) -> str:
+    """The predicted and measured speed of ``/api/speed``, as a Markdown paragraph."""
+    figures, why = speed_figures(speed)
+    parts = []
+    for kind, predicted, measured in figures:
+        said = [f"predicted **{predicted:,.0f}**"] if predicted else []
+        if measured:
+            said.append(f"measured **{measured:,.0f}**")
+        parts.append(f"{kind} {' / '.join(said)} tok/s")
+    if not parts and not why:
+        return ""
+    return "**Speed here** " + " · ".join(parts) + (f" ({why})" if why else "")
+
+
 class ModelsScreen(MainScreen):
     """Manage the model store."""
 
@@ -84,6 +99,7 @@ class ModelsScreen(MainScreen):
     RELOAD_ON_RESUME = True
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("p", "pull", "Pull", id="models.pull"),
+        Binding("s", "discover", "Search Hub", id="models.discover"),
         Binding("c", "copy", "Copy", id="models.copy"),
         Binding("d,delete", "delete", "Delete", id="models.delete"),
         Binding("q", "quantize", "Quantize", id="models.quantize"),
@@ -210,10 +226,14 @@ class ModelsScreen(MainScreen):
         """Fetch and show what ``/api/show`` says about ``name``."""
         try:
             show = await self.llm.client.show(name)
+            speed = await self.llm.client.speed(name)
         except DaemonError as exc:
             self.report(exc, f"Could not show {name}")
             return
-        await settle(self.query_one("#details", Markdown).update(details_markdown(name, show)))
+        # The speed goes under the facts line, above the long parts (template, license).
+        head, _, rest = details_markdown(name, show).partition("\n\n")
+        text = "\n\n".join(p for p in (head, speed_markdown(speed), rest) if p)
+        await settle(self.query_one("#details", Markdown).update(text))
 
     # -- actions --------------------------------------------------------------------------
 
@@ -256,6 +276,12 @@ class ModelsScreen(MainScreen):
         )
         if name:
             await self.start_pull(name)
+
+    def action_discover(self) -> None:
+        """Search the Hugging Face Hub: quantizations, fit here, predicted speed; pull one."""
+        from .discover import DiscoverScreen
+
+        self.app.push_screen(DiscoverScreen(self.start_pull))
 
     @work(exclusive=True, group="dialog")
     async def action_quantize(self) -> None:

@@ -1,8 +1,9 @@
-"""The dashboard's card for one loaded model: slots, queue, KV cache, keep-alive countdown,
-sparklines of decode and prefill tokens/s over the last minute, TTFT of recent requests, and
-TTFT and decode rate of the requests since the daemon started (the daemon keeps that history:
-``models[i].history`` of the stats stream, see ``daemon/history.py``; a daemon that does not
-send it simply shows no such row)."""
+"""The dashboard's card for one loaded model: slots, queue, CPU threads (and why fewer, when
+the CPU governor holds some back), KV cache, keep-alive countdown, sparklines of decode and
+prefill tokens/s over the last minute, TTFT of recent requests, and TTFT and decode rate of the
+requests since the daemon started (the daemon keeps that history: ``models[i].history`` of the
+stats stream, see ``daemon/history.py``; a daemon that does not send it simply shows no such
+row)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from textual.widgets import Button, Label, ProgressBar, Sparkline
 
 from ..format import countdown, duration_ms, rate
 
-__all__ = ["LoadedModelCard", "slot_text"]
+__all__ = ["LoadedModelCard", "slot_text", "threads_text"]
 
 _SLOT_STYLE = {"decode": "bold green", "prefill": "bold yellow", "idle": "dim"}
 _SLOT_GLYPH = {"decode": "●", "prefill": "◐", "idle": "○"}
@@ -41,6 +42,20 @@ def slot_text(slots: list[dict[str, Any]]) -> Text:
         else:
             text.append("idle", style=style)
         text.append("  ")
+    return text
+
+
+def threads_text(threads: Any) -> Text:
+    """``CPU threads 2 of 2``, or ``CPU threads 1 of 2 · CPU busy: ...`` (in the warning
+    color) while the runner's CPU governor holds threads back: why its rates are lower."""
+    if not isinstance(threads, dict):
+        return Text("")
+    decode, most = threads.get("decode"), threads.get("max")
+    text = Text(f"CPU threads {decode} of {most}")
+    if isinstance(decode, int) and isinstance(most, int) and decode < most:
+        text.append(f" · {threads.get('reason', '')}", style="bold yellow")
+    elif threads.get("mode") == "fixed":
+        text.append(" (fixed)", style="dim")
     return text
 
 
@@ -94,6 +109,7 @@ class LoadedModelCard(Vertical, can_focus=True):
         """Prefill tokens/s in the latest update."""
         self._slots = Label("", classes="slots")
         self._requests = Label("", classes="requests")
+        self._threads = Label("", classes="threads")
         self._kv = ProgressBar(total=1, show_eta=False, classes="kv")
         self._kv_cells = Label("", classes="kv-cells")
         self._decode = Sparkline(list(self.decode_history), classes="decode")
@@ -114,6 +130,7 @@ class LoadedModelCard(Vertical, can_focus=True):
             yield self._slots
             yield Button("Unload", classes="unload", compact=True)
         yield self._requests
+        yield self._threads
         with Horizontal(classes="card-row"):
             yield Label("KV cache", classes="row-name")
             yield self._kv
@@ -151,6 +168,7 @@ class LoadedModelCard(Vertical, can_focus=True):
             f"{entry.get('requests_total', 0)} done · "
             f"context {entry.get('context_length', 0):,} per slot"
         )
+        self._threads.update(threads_text(entry.get("threads")))
         used = int(entry.get("kv_cells_used") or 0)
         total = int(entry.get("kv_cells_total") or 0)
         self._kv.update(total=max(total, 1), progress=used)

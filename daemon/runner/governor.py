@@ -1,0 +1,603 @@
+"""The CPU governor: how many threads each llama.cpp decode of a runner gets, decided between
+steps from what the machine gives now.
+
+Why it exists: llama.cpp's CPU backend (built with OpenMP, as pip builds it) computes a graph
+with a team of threads that meet at a barrier after every operation, hundreds of times per
+token, and OpenMP's threads spin while they wait there. When another program takes a core
+from one of the team, the others spin until the scheduler runs it again. On 2 cores beside one
+busy process, decoding SmolLM2-135M with 2 threads fell from ~110 to ~1 token/s, while one
+thread kept ~70: a thread too many costs a hundred times more than one too few. A nice 19
+process did the same harm (the scheduler still gives it slices), so niced time counts as busy.
+
+The count is the smallest of three things:
+
+1. **The most this runner may use**: its thread count (the cores it may run on, or what the
+   settings or the request asked for) and the share the daemon gives it while other runners
+   work at the same time (:meth:`Governor.set_budget`).
+2. **What the machine gives now**: the CPU time other processes (and the hypervisor's steal)
+   took over the last half second on the CPUs this process may run on, read from
+   ``/proc/stat`` less this process's own CPU time. The cores left, plus an allowance of
+   ``_ALLOWANCE`` of a core, rounded down. Measured on 2 cores: beside a process busy half
+   the time one thread decoded faster than two (69 against 56-62 tok/s), beside one busy a
+   fifth of the time two were faster (76-81 against 67-69). A count goes down at once and up
+   only after ``_RAISE_AFTER`` readings in a row agree, so a moment of quiet does not bring
+   back a count the next burst punishes.
+3. **What runs fastest**: where the first two leave room, an online tuner compares the time
+   per token at the current count against one fewer (or one more, when it had chosen fewer
+   than allowed) in short trials whose steps alternate between the two counts, and keeps the
+   faster. On a many-core machine decode is bound by memory bandwidth and all cores are often
+   slower than fewer; on this 2-core machine the trials keep 2 and back off (a trial every
+   64, 128 ... 4,096 steps, ended after one step when the other count is clearly slower), so
+   they cost nothing measurable. Steps several times slower than the best seen at the same
+   count start a trial at once: contention the CPU readings cannot see (another container,
+   no ``/proc/stat``) is found that way.
+
+Decode steps (only generating tokens) and batch steps (with prompt tokens) are governed apart:
+prefill is compute-bound and gains from threads that decode may not.
+
+Everything here runs on the engine thread and does no I/O but reading ``/proc/stat`` at most
+every ``_SAMPLE_S``; the readers and the clock are injectable for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from .protocol import ThreadStats
+
+__all__ = [
+    "CpuReading",
+    "Governor",
+    "Kind",
+    "ThreadChange",
+    "allowed_cpus",
+    "demand",
+    "openmp_build",
+    "others_now",
+    "pin_process",
+    "read_cpu",
+]
+
+Kind = Literal["decode", "batch"]
+KINDS: tuple[Kind, ...] = ("decode", "batch")
+
+_SAMPLE_S = 0.25
+"""How often the CPU readings are taken while the engine works."""
+_WINDOW = 2
+"""Readings a decision spans (the last half second)."""
+_ALLOWANCE: dict[str, float] = {"decode": 0.45, "batch": 0.85}
+"""Of a core, by kind of step: how much other processes may need of the cores a count takes
+and still leave that count faster than one fewer. Measured on 2 cores (SmolLM2-135M, a load
+busy a share of every 10 ms): two threads decoded faster than one beside loads of 0.2-0.4
+(1.16-1.18x) and slower from 0.5 (0.86x; 0.03x beside a full busy process); prefill with two
+threads stayed faster up to 0.7 (1.29x) and fell behind only beside a full one (0.54x)."""
+_RAISE_MARGIN = 0.15
+"""Going up needs this much more room than staying, so that a count does not flap."""
+_RAISE_AFTER = 2
+"""Readings in a row that must allow more threads before the count goes up."""
+_TRIAL_PAIRS = 4
+"""Steps at each count in a tuner trial."""
+_FIRST_TRIAL = 64
+"""Steps before the first trial of each direction; doubled after each trial that loses."""
+_LAST_TRIAL = 4096
+"""The longest wait between trials of one direction."""
+_MARGIN = 0.04
+"""How much faster per token the other count must be, over a whole trial, to be kept."""
+_ABANDON = 1.5
+"""A trial ends at once when the other count's step is this much slower than the current."""
+_SLOW = 3.0
+"""A step this many times slower than the best seen at its count and size is suspect..."""
+_SLOW_STEPS = 2
+"""...and this many in a row start a trial of one thread fewer at once."""
+_BEST_DRIFT = 1.002
+"""The best time seen rises this much per step, so that it follows a context that grows."""
+
+
+class CpuReading(NamedTuple):
+    """CPU time counters at one moment, in seconds: ``at`` on the monotonic clock, ``busy``
+    spent busy on the CPUs this process may use by everything (steal included), ``own`` used
+    by this process."""
+
+    at: float
+    busy: float
+    own: float
+
+
+@dataclass(frozen=True)
+class ThreadChange:
+    """One change of a kind's thread count, for ``ps``, ``/metrics`` and the dashboard."""
+
+    kind: Kind
+    before: int
+    after: int
+    why: str
+    """``CPU busy: other processes use 1.0 of 2 cores``, ``sharing the cores with ...``,
+    ``CPU free again``, ``faster: 8.1 against 9.0 ms per token``."""
+    at: float
+    """Wall-clock time (seconds since the epoch)."""
+
+    def describe(self) -> str:
+        """``2 → 1: CPU busy (other processes use 1.0 of 2 cores)``."""
+        return f"{self.before} → {self.after}: {self.why}"
+
+
+# -- the machine's readings -----------------------------------------------------------------
+
+
+def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+_TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def busy_seconds(lines: Iterable[str], cpus: frozenset[int]) -> float | None:
+    """CPU time spent busy on ``cpus`` according to ``/proc/stat``'s per-CPU lines: user,
+    nice, system, irq, softirq and steal (guest time is inside user); None when no line
+    names one of them."""
+    total = 0
+    seen = False
+    for line in lines:
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, _, rest = line.partition(" ")
+        try:
+            index = int(name[3:])
+        except ValueError:
+            continue
+        if index not in cpus:
+            continue
+        values = [int(v) for v in rest.split()]
+        if len(values) < 4:
+            continue
+        seen = True
+        # user nice system idle iowait irq softirq steal ...
+        total += values[0] + values[1] + values[2] + sum(values[5:8])
+    return total * _TICK if seen else None
+
+
+def read_cpu(cpus: frozenset[int], path: str = "/proc/stat") -> CpuReading | None:
+    """The counters now, or None where ``/proc/stat`` cannot be read (not Linux)."""
+    try:
+        with open(path) as stat:
+            busy = busy_seconds(stat, cpus)
+    except OSError:
+        return None
+    if busy is None:
+        return None
+    return CpuReading(at=time.monotonic(), busy=busy, own=time.process_time())
+
+
+def pin_process(cpus: Iterable[int]) -> bool:
+    """Let every thread of this process (OpenMP's workers included) run only on ``cpus``;
+    threads started later inherit it from the thread that starts them. False where the
+    system has no per-thread affinity or refuses it."""
+    wanted = set(cpus)
+    if not wanted or not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        tasks = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:
+        tasks = [0]
+    pinned = False
+    for task in tasks:
+        try:
+            os.sched_setaffinity(task, wanted)
+            pinned = True
+        except OSError:  # a thread that just ended, or CPUs this process may not use
+            continue
+    return pinned
+
+
+def demand(used: float, ours: float, cpus: int) -> float:
+    """How many cores other processes would use if they got all they wanted, from what they
+    used (``used``) while this runner had ``ours`` threads runnable on average.
+
+    While the runnable threads of everyone fit the CPUs, the others got what they wanted. Once
+    they do not, the scheduler shares the CPUs among the runnable threads (and OpenMP's spin
+    keeps ours runnable): the others get about ``demand x cpus / (ours + demand)``, which is
+    solved for the demand. A busy process beside two spinning threads on 2 cores uses 0.67 of
+    a core and needs 1.0.
+    """
+    if ours + used <= cpus - 0.05 or used >= cpus - 0.1:
+        return min(used, float(cpus))
+    return min(used * ours / (cpus - used), float(cpus))
+
+
+def openmp_build(system_info: str) -> bool | None:
+    """Whether llama.cpp was built with OpenMP, from its system info (``OPENMP = 1``); None
+    when the info does not say."""
+    for part in system_info.split("|"):
+        name, _, value = part.partition("=")
+        if name.strip().upper() == "OPENMP":
+            return value.strip() == "1"
+    return None
+
+
+def others_now(cpus: frozenset[int] | None = None, seconds: float = 0.25) -> float | None:
+    """Cores other processes use over ``seconds`` (this one sleeps meanwhile); None where it
+    cannot be read."""
+    cpu_set = cpus if cpus is not None else allowed_cpus()
+    first = read_cpu(cpu_set)
+    time.sleep(seconds)
+    last = read_cpu(cpu_set)
+    if first is None or last is None or last.at <= first.at:
+        return None
+    used = (last.busy - first.busy) - (last.own - first.own)
+    return max(0.0, used / (last.at - first.at))
+
+
+# -- the tuner --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Trial:
+    """Steps alternating between the current count and another one."""
+
+    base: int
+    other: int
+    other_next: bool = True
+    base_seconds: float = 0.0
+    base_tokens: int = 0
+    other_seconds: float = 0.0
+    other_tokens: int = 0
+    base_steps: int = 0
+    other_steps: int = 0
+    tokens: int = 0
+    """The first step's batch size: steps far from it end the trial (not comparable)."""
+
+    def count(self) -> int:
+        return self.other if self.other_next else self.base
+
+
+@dataclass
+class _Tuner:
+    """One kind's preferred count and its trials."""
+
+    preferred: int
+    trial: _Trial | None = None
+    wait: dict[int, int] = field(default_factory=lambda: {-1: _FIRST_TRIAL, 1: _FIRST_TRIAL})
+    """Steps between trials, by direction (doubled after each trial that loses)."""
+    due: dict[int, int] = field(default_factory=lambda: {-1: _FIRST_TRIAL, 1: _FIRST_TRIAL})
+    """Steps left before the next trial, by direction."""
+    best: dict[tuple[int, int], float] = field(default_factory=dict)
+    """Least seconds per token seen, by (threads, batch size class)."""
+    slow: int = 0
+    """Suspect steps in a row."""
+    latest: float = 0.0
+    """Seconds per token of the latest step outside trials (what a trial first compares)."""
+
+
+def _size_class(tokens: int) -> int:
+    return max(tokens, 1).bit_length()
+
+
+# -- the governor -----------------------------------------------------------------------------
+
+
+class Governor:
+    """Decides each step's thread count; see the module docstring.
+
+    ``fixed`` keeps ``max_threads`` whatever happens (a thread count the user asked for, or
+    the governor turned off), but the budget and readings are still reported.
+    """
+
+    def __init__(
+        self,
+        max_threads: int,
+        *,
+        fixed: bool = False,
+        fixed_reason: str = "",
+        cpus: frozenset[int] | None = None,
+        reader: Callable[[], CpuReading | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.max_threads = max(1, max_threads)
+        self.fixed = fixed
+        self._fixed_reason = fixed_reason or "fixed"
+        cpu_set = cpus if cpus is not None else allowed_cpus()
+        self.cpus = max(1, len(cpu_set))
+        """CPUs this process may run on (what the readings span)."""
+        self._reader = reader if reader is not None else (lambda: read_cpu(cpu_set))
+        self._clock = clock
+        self._wall = wall_clock
+        # One tuple, so that a reader on another thread never pairs a share with another
+        # share's reason.
+        self._budget: tuple[int, str] = (self.max_threads, "working alone")
+        self._readings: list[CpuReading] = []
+        self._next_sample = 0.0
+        self.others: float | None = None
+        self._cpu_cap: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
+        self._raise_votes: dict[Kind, int] = dict.fromkeys(KINDS, 0)
+        self._cap_why = ""
+        self._thread_seconds = 0.0
+        """Threads x seconds of the decodes since the last reading (how many threads were
+        runnable meanwhile, on average)."""
+        self._window_threads: list[float] = []
+        """That, for each interval between the readings kept."""
+        self._binding: dict[Kind, str] = dict.fromkeys(KINDS, "max")
+        self._tuners = {kind: _Tuner(preferred=self.max_threads) for kind in KINDS}
+        self._current: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
+        self._why: dict[Kind, str] = dict.fromkeys(KINDS, "all cores")
+        self.last_change: ThreadChange | None = None
+        self.changes = 0
+        self.on_change: Callable[[ThreadChange], None] | None = None
+        """Called on the engine thread when a count changes (logging)."""
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def set_budget(self, threads: int, reason: str) -> None:
+        """The daemon's share of the cores for this runner (at least 1); safe to call from any
+        thread (it applies from the next step)."""
+        self._budget = (max(1, threads), reason)
+
+    @property
+    def budget(self) -> int:
+        """The daemon's share of the cores for this runner."""
+        return self._budget[0]
+
+    @property
+    def budget_reason(self) -> str:
+        """Why the daemon gave that share."""
+        return self._budget[1]
+
+    def observe(self, kind: Kind, threads: int, tokens: int, seconds: float) -> None:
+        """One decode of ``tokens`` tokens took ``seconds`` with ``threads`` threads."""
+        if self.fixed or tokens <= 0 or seconds <= 0:
+            return
+        self._thread_seconds += threads * seconds
+        tuner = self._tuners[kind]
+        per_token = seconds / tokens
+        key = (threads, _size_class(tokens))
+        best = tuner.best.get(key)
+        if best is None or per_token < best:
+            tuner.best[key] = per_token
+        else:
+            tuner.best[key] = best * _BEST_DRIFT
+        trial = tuner.trial
+        if trial is not None:
+            self._trial_step(kind, tuner, trial, threads, tokens, seconds)
+            return
+        tuner.latest = per_token
+        if best is not None and per_token > best * _SLOW and threads > 1:
+            tuner.slow += 1
+            if tuner.slow >= _SLOW_STEPS:
+                tuner.slow = 0
+                tuner.due[-1] = 0
+        else:
+            tuner.slow = 0
+        for direction in (-1, 1):
+            tuner.due[direction] -= 1
+
+    # -- the decision ------------------------------------------------------------------------
+
+    def threads(self, kind: Kind) -> int:
+        """The thread count for the next decode of ``kind``."""
+        if self.fixed:
+            return self.max_threads
+        now = self._clock()
+        if now >= self._next_sample:
+            self._sample(now)
+        cap = self.cap(kind)
+        tuner = self._tuners[kind]
+        count = min(tuner.preferred, cap)
+        trial = tuner.trial
+        if trial is not None:
+            if trial.base == count and trial.other <= cap:
+                return trial.count()
+            tuner.trial = None  # the cap moved under it: no verdict
+        if (other := self._due_trial(tuner, count, cap)) is not None:
+            tuner.trial = _Trial(base=count, other=other)
+            return other
+        self._set(kind, count)
+        return count
+
+    def cap(self, kind: Kind) -> int:
+        """The most threads a step of ``kind`` may use now: the runner's own count, the
+        daemon's budget and what other processes leave."""
+        return max(1, min(self.max_threads, self.budget, self._cpu_cap[kind]))
+
+    def _due_trial(self, tuner: _Tuner, count: int, cap: int) -> int | None:
+        if tuner.due[-1] <= 0 and count > 1:
+            return count - 1
+        if tuner.due[1] <= 0 and count < cap:
+            # One more than the tuner chose (the caps allow more, so the tuner holds it).
+            return count + 1
+        return None
+
+    def _trial_step(
+        self, kind: Kind, tuner: _Tuner, trial: _Trial, threads: int, tokens: int, seconds: float
+    ) -> None:
+        if threads not in (trial.base, trial.other):
+            tuner.trial = None
+            return
+        if trial.tokens == 0:
+            trial.tokens = tokens
+        elif not trial.tokens / 2 <= tokens <= trial.tokens * 2:
+            tuner.trial = None  # a batch of another size: not comparable; try again later
+            for direction in (-1, 1):
+                tuner.due[direction] = min(tuner.due[direction], _FIRST_TRIAL)
+            return
+        if threads == trial.other:
+            trial.other_seconds += seconds
+            trial.other_tokens += tokens
+            trial.other_steps += 1
+            # Against the current count's steps in this trial, or the step just before it.
+            reference = (
+                trial.base_seconds / trial.base_tokens if trial.base_tokens else tuner.latest
+            )
+            if reference > 0 and seconds / tokens > reference * _ABANDON:
+                self._end_trial(kind, tuner, trial, won=False)
+                return
+        else:
+            trial.base_seconds += seconds
+            trial.base_tokens += tokens
+            trial.base_steps += 1
+        trial.other_next = not trial.other_next
+        if trial.base_steps >= _TRIAL_PAIRS and trial.other_steps >= _TRIAL_PAIRS:
+            base = trial.base_seconds / trial.base_tokens
+            other = trial.other_seconds / trial.other_tokens
+            self._end_trial(
+                kind, tuner, trial, won=other < base * (1 - _MARGIN), times=(other, base)
+            )
+
+    def _end_trial(
+        self,
+        kind: Kind,
+        tuner: _Tuner,
+        trial: _Trial,
+        won: bool,
+        times: tuple[float, float] | None = None,
+    ) -> None:
+        tuner.trial = None
+        direction = 1 if trial.other > trial.base else -1
+        if won:
+            tuner.preferred = trial.other
+            tuner.wait = {-1: _FIRST_TRIAL, 1: _FIRST_TRIAL}
+            tuner.due = dict(tuner.wait)
+            other, base = times if times is not None else (0.0, 0.0)
+            self._set(
+                kind,
+                trial.other,
+                f"faster: {other * 1000:.1f} against {base * 1000:.1f} ms per token",
+            )
+            return
+        tuner.wait[direction] = min(tuner.wait[direction] * 2, _LAST_TRIAL)
+        tuner.due[direction] = tuner.wait[direction]
+
+    def _sample(self, now: float) -> None:
+        self._next_sample = now + _SAMPLE_S
+        reading = self._reader()
+        if reading is None:
+            self.others = None
+            self._cpu_cap = dict.fromkeys(KINDS, self.max_threads)
+            return
+        readings, threads = self._readings, self._window_threads
+        if readings and reading.at - readings[-1].at > 4 * _SAMPLE_S:
+            # The engine was idle: the span since says what happened meanwhile, on average;
+            # only the last reading of it is kept.
+            del readings[:-1]
+            threads.clear()
+        if readings:
+            threads.append(self._thread_seconds)
+        self._thread_seconds = 0.0
+        readings.append(reading)
+        if len(readings) < 2:
+            return
+        del readings[: -(_WINDOW + 1)]
+        del threads[:-_WINDOW]
+        # Down on the latest interval alone (a busy process costs most at once), up on the
+        # whole window.
+        latest = self._others(readings[-2], readings[-1], threads[-1])
+        window = self._others(readings[0], readings[-1], sum(threads))
+        if latest is None or window is None:
+            return
+        self.others = window
+        for kind in KINDS:
+            self._cap_kind(kind, latest, window)
+
+    def _others(self, first: CpuReading, last: CpuReading, thread_seconds: float) -> float | None:
+        span = last.at - first.at
+        if span <= 0:
+            return None
+        used = max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / span)
+        return demand(used, thread_seconds / span, self.cpus)
+
+    def _cap_kind(self, kind: Kind, latest: float, window: float) -> None:
+        cap = max(1, min(self.max_threads, math.floor(self.cpus - latest + _ALLOWANCE[kind])))
+        if cap < self._cpu_cap[kind]:
+            self._cpu_cap[kind] = cap
+            self._raise_votes[kind] = 0
+            self._cap_why = f"CPU busy: other processes need {latest:.1f} of {self.cpus} cores"
+            return
+        room = self.cpus - window + _ALLOWANCE[kind] - _RAISE_MARGIN
+        raise_to = max(1, min(self.max_threads, math.floor(room)))
+        if raise_to > self._cpu_cap[kind]:
+            self._raise_votes[kind] += 1
+            if self._raise_votes[kind] >= _RAISE_AFTER:
+                self._cpu_cap[kind] = raise_to
+                self._raise_votes[kind] = 0
+        else:
+            self._raise_votes[kind] = 0
+
+    def _set(self, kind: Kind, count: int, why: str | None = None) -> None:
+        before = self._current[kind]
+        binding = "tuner" if why is not None else self._binding_limit(kind, count)
+        if count == before:
+            self._binding[kind] = binding
+            if binding == "cpu" and self.others is not None:
+                self._why[kind] = (  # the latest reading
+                    f"CPU busy: other processes need {self.others:.1f} of {self.cpus} cores"
+                )
+            return
+        if why is None:
+            why = self._limit_reason(binding, self._binding[kind])
+        self._binding[kind] = binding
+        self._current[kind] = count
+        self._why[kind] = why
+        change = ThreadChange(kind=kind, before=before, after=count, why=why, at=self._wall())
+        self.last_change = change
+        self.changes += 1
+        if self.on_change is not None:
+            self.on_change(change)
+
+    def _binding_limit(self, kind: Kind, count: int) -> str:
+        """What holds the count where it is: ``max``, ``budget``, ``cpu`` or ``tuner``."""
+        if count >= self.max_threads:
+            return "max"
+        if count == self._cpu_cap[kind] and self._cpu_cap[kind] <= self.budget:
+            return "cpu"
+        if count == self.budget:
+            return "budget"
+        return "tuner"
+
+    def _limit_reason(self, binding: str, before: str) -> str:
+        if binding == "cpu":
+            return self._cap_why
+        if binding == "budget":
+            return self.budget_reason
+        if binding == "tuner":
+            return "fewer threads ran faster"
+        # Back to all of them: say what let go.
+        if before == "budget":
+            return self.budget_reason
+        if before == "cpu":
+            return "CPU free again"
+        return "all cores"
+
+    # -- reports -----------------------------------------------------------------------------
+
+    def explain(self, kind: Kind, count: int) -> str:
+        """Why a step of ``kind`` ran with ``count`` threads (the current reason, or a
+        tuner's trial)."""
+        if self.fixed or count == self._current[kind]:
+            return self._fixed_reason if self.fixed else self._why[kind]
+        return f"a tuning trial of {count} threads"
+
+    def state(self) -> ThreadStats:
+        """A snapshot for stats."""
+        last = self.last_change
+        fixed = self.fixed
+        return ThreadStats(
+            decode=self.max_threads if fixed else self._current["decode"],
+            batch=self.max_threads if fixed else self._current["batch"],
+            max=self.max_threads,
+            budget=self.budget,
+            budget_reason=self.budget_reason,
+            others=None if self.others is None else round(self.others, 2),
+            mode="fixed" if fixed else "auto",
+            reason=self._fixed_reason if fixed else self._why["decode"],
+            limit="fixed" if fixed else self._binding["decode"],  # type: ignore[arg-type]
+            last_change=None if last is None else last.describe(),
+            last_change_at=None if last is None else last.at,
+            changes=self.changes,
+        )

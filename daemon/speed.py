@@ -1,0 +1,440 @@
+"""The speed model: how many tokens per second a model will decode and prefill on this machine,
+before it is loaded or even downloaded.
+
+Decode is bound by memory: every generated token reads each weight of every layer once, the
+output head, and the KV cache of the context so far. Prefill is bound by compute: a batch of
+prompt tokens reuses each weight for every token, two floating-point operations (a multiply and
+an add) per weight per token. So, per decode step::
+
+    seconds = fixed + layers × per_layer + Σ_type weight_bytes[type] / rate[type]
+              + kv_bytes(context) / rate[kv type]
+
+and per prefill batch of ``B`` tokens::
+
+    seconds = fixed_batch + layers × per_layer_batch + Σ_type 2 × B × weights[type] / flops[type]
+              + attention (4 × heads × head size × B × positions, at the probe's pace)
+
+The rates are not constants: ggml's kernels unpack each weight type at their own pace, so
+:mod:`.runner.speedprobe` measures them on this machine (:class:`Calibration`): bytes per
+second a decode step reads, operations per second a batch does, and the fixed costs of a step
+and of a layer. What the probe cannot see (the runner's own work around each step: sampling,
+detokenizing, the event hand-over; another program's load) is learned from the models the
+runner serves (:mod:`.speedbook`): seconds added to (or taken off) each decode step and each
+prompt token. Added, not multiplied: what a 100 MB model teaches about a step's own costs says
+little about the bytes a 5 GB model reads.
+
+Mixture-of-experts layers read only the experts a token is routed to
+(``expert_used_count`` of ``expert_count``); a model whose output head is its token embedding
+(tied) reads that whole matrix per token. Layers offloaded to a GPU are not predicted: the
+probe measures the CPU only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from localllm.gguf_info import GGUFInfo
+
+__all__ = [
+    "PREFILL_TOKENS",
+    "Calibration",
+    "ModelCost",
+    "Prediction",
+    "TypeRate",
+    "corrected",
+    "model_cost",
+    "predict",
+]
+
+PREFILL_TOKENS = 512
+"""The prompt length a predicted prefill rate is for (one batch of the runner's default size)."""
+_KV_RATE_TYPE = {"f16": "F16", "bf16": "BF16", "f32": "F32", "q8_0": "Q8_0", "q4_0": "Q4_0"}
+# A timing less than this share of a step left after the fixed costs is noise, not a rate.
+_FLOOR = 0.2
+
+
+@dataclass(frozen=True)
+class TypeRate:
+    """How fast ggml's CPU kernels go through weights of one type."""
+
+    decode: float
+    """Bytes of weights a decode step reads per second."""
+    prefill: float
+    """Floating-point operations per second of a batch (two per weight per token)."""
+
+
+@dataclass
+class Calibration:
+    """This machine's figures, measured by the speed probe for one thread count."""
+
+    key: str
+    """The llama.cpp build, CPU, threads and OpenMP wait policy they hold for."""
+    threads: int
+    """CPU threads the probe used (the runner's)."""
+    repack: bool
+    """Whether weight repacking was on (as the runner loads)."""
+    bandwidth: float
+    """Bytes per second numpy reads from memory, for reference."""
+    decode_fixed: float
+    """Seconds of a decode step besides its layers."""
+    decode_layer: float
+    """Seconds each layer adds to a decode step besides reading its weights."""
+    batch_fixed: float
+    """Seconds of a batch besides its layers."""
+    batch_layer: float
+    """Seconds each layer adds to a batch besides its multiply-adds."""
+    batch: int
+    """Tokens in the probe's batch."""
+    types: dict[str, TypeRate]
+    """Rates per ggml weight type."""
+    attention: float = 0.0
+    """Floating-point operations per second of a batch's attention over earlier tokens (0:
+    not measured; the F16 weights' rate stands in)."""
+    seconds: float = 0.0
+    """How long the probe took (the last part of it, when types were added later)."""
+    measured_at: float = field(default_factory=time.time)
+    """When (seconds since the epoch)."""
+
+    @classmethod
+    def from_probe(cls, report: Mapping[str, Any], key: str, seconds: float) -> Calibration:
+        """Rates from the probe child's timings (see :mod:`.runner.speedprobe`): each type's
+        time beyond the fixed costs, divided into the bytes it read or the work it did."""
+        bandwidth = float(report["bandwidth"])
+        tiny = report["tiny"]
+        layers_a, layers_b = tiny["layers"]
+        step_a, step_b = tiny["decode_s"]
+        batch_a, batch_b = tiny["batch_s"]
+        batch = int(report["batch"])
+        raw = report["types"]
+        raw_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
+        raw_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
+        # A tiny model's step is its fixed cost and, per layer, the overhead and its weights.
+        fixed = max(step_a - layers_a * raw_layer, 0.0)
+        batch_fixed = max(batch_a - layers_a * raw_batch_layer, 0.0)
+        per_layer, per_batch_layer = raw_layer, raw_batch_layer
+        rates: dict[str, TypeRate] = {}
+        # The tiny layers' own weights (Q8_0) are part of their per-layer time: once a Q8_0
+        # rate is known, take them out and work everything out again (a fixed point, reached
+        # in a few rounds as those weights are a small part).
+        for _ in range(8 if "Q8_0" in raw else 1):
+            for name, entry in raw.items():
+                layers = int(entry["layers"])
+                step = float(entry["decode_s"])
+                spent = step - fixed - layers * per_layer - entry.get("output_bytes", 0) / bandwidth
+                weights = layers * int(entry["layer_bytes"])
+                work = 2 * batch * layers * int(entry["layer_params"])
+                batch_spent = float(entry["batch_s"]) - batch_fixed - layers * per_batch_layer
+                rates[name] = TypeRate(
+                    decode=weights / max(spent, _FLOOR * step),
+                    prefill=work / max(batch_spent, _FLOOR * float(entry["batch_s"])),
+                )
+            if "Q8_0" in rates:
+                q8 = rates["Q8_0"]
+                per_layer = max(raw_layer - tiny["layer_bytes"] / q8.decode, 0.0)
+                per_batch_layer = max(
+                    raw_batch_layer - 2 * batch * tiny["layer_params"] / q8.prefill, 0.0
+                )
+        attention = 0.0
+        if (late := report.get("attention")) is not None:
+            extra = float(late["late_batch_s"]) - float(late["batch_s"])
+            work = 4 * late["width"] * batch * late["positions"] * late["layers"]
+            attention = work / extra if extra > 0 else 0.0
+        return cls(
+            key=key,
+            attention=attention,
+            threads=int(report["threads"]),
+            repack=bool(report["repack"]),
+            bandwidth=bandwidth,
+            decode_fixed=fixed,
+            decode_layer=per_layer,
+            batch_fixed=batch_fixed,
+            batch_layer=per_batch_layer,
+            batch=batch,
+            types=rates,
+            seconds=seconds,
+        )
+
+    def merged(self, newer: Calibration) -> Calibration:
+        """These figures with ``newer``'s added (a probe of more types); the newer fixed costs
+        win, having been measured closer to now."""
+        return Calibration(
+            **{**asdict(newer), "types": {**self.types, **newer.types}},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the cache file, ``localllm doctor --json``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        """The inverse of :meth:`to_dict` (raises KeyError/TypeError/ValueError on bad data)."""
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "types"}
+        types = {
+            str(name): TypeRate(float(rate["decode"]), float(rate["prefill"]))
+            for name, rate in data["types"].items()
+        }
+        return cls(**fields, types=types)
+
+    def describe(self) -> str:
+        """One line: memory bandwidth, a few types' rates, the fixed costs."""
+        parts = [f"memory {self.bandwidth / 1e9:.1f} GB/s"]
+        for name in ("F16", "Q8_0", "Q4_K"):
+            if (rate := self.types.get(name)) is not None:
+                parts.append(
+                    f"{name} decode {rate.decode / 1e9:.1f} GB/s, "
+                    f"prefill {rate.prefill / 1e9:.0f} GFLOP/s"
+                )
+        parts.append(
+            f"per step {self.decode_fixed * 1e3:.2f} ms + {self.decode_layer * 1e6:.0f} us a layer"
+        )
+        return f"{self.threads} threads: " + "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one token costs a model, by weight type: the bytes a decode step reads and the
+    weights a batch multiplies, from its GGUF header."""
+
+    n_layer: int
+    """Repeating layers."""
+    layer_bytes: tuple[dict[str, int], ...]
+    """Per layer: bytes read per decode step, by type (routed experts only)."""
+    layer_params: tuple[dict[str, int], ...]
+    """Per layer: weights multiplied per token, by type (routed experts only)."""
+    output_bytes: dict[str, int]
+    """The output head's bytes read per decoded token, by type."""
+    output_params: dict[str, int]
+    """The output head's weights (multiplied for the last token of a batch only)."""
+    kv_per_cell: tuple[int, ...]
+    """KV bytes per cell of each layer."""
+    attention_width: int
+    """Query heads × head size (the attention's work per position, per layer)."""
+
+    @property
+    def types(self) -> set[str]:
+        """Every weight type a token reads."""
+        found = set(self.output_bytes)
+        for layer in self.layer_bytes:
+            found |= set(layer)
+        return found
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads."""
+        return sum(sum(layer.values()) for layer in self.layer_bytes) + sum(
+            self.output_bytes.values()
+        )
+
+    def scaled(self, factor: float) -> ModelCost:
+        """The same shapes at ``factor`` times the bytes (another quantization of the model,
+        when only its file size is known)."""
+        return ModelCost(
+            n_layer=self.n_layer,
+            layer_bytes=tuple(
+                {t: round(b * factor) for t, b in layer.items()} for layer in self.layer_bytes
+            ),
+            layer_params=self.layer_params,
+            output_bytes={t: round(b * factor) for t, b in self.output_bytes.items()},
+            output_params=self.output_params,
+            kv_per_cell=self.kv_per_cell,
+            attention_width=self.attention_width,
+        )
+
+    def retyped(self, mapping: Mapping[str, str]) -> ModelCost:
+        """The same model with weight types renamed (``{"Q4_K": "Q6_K"}``): another
+        quantization whose header was not read, priced at the rates of its main type."""
+
+        def rename(values: Mapping[str, int]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for name, value in values.items():
+                target = mapping.get(name, name)
+                out[target] = out.get(target, 0) + value
+            return out
+
+        return ModelCost(
+            n_layer=self.n_layer,
+            layer_bytes=tuple(rename(layer) for layer in self.layer_bytes),
+            layer_params=tuple(rename(layer) for layer in self.layer_params),
+            output_bytes=rename(self.output_bytes),
+            output_params=rename(self.output_params),
+            kv_per_cell=self.kv_per_cell,
+            attention_width=self.attention_width,
+        )
+
+
+def _add(values: dict[str, int], name: str, amount: int) -> None:
+    values[name] = values.get(name, 0) + amount
+
+
+def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCost:
+    """The :class:`ModelCost` of a model from its GGUF headers (one unless split) and its KV
+    bytes per cell per layer (:attr:`~.memlayout.ModelLayout.kv_per_cell`)."""
+    info = parts[0]
+    meta = info.metadata
+    arch = info.architecture
+    n_layer = info.block_count or 0
+    experts = meta.get(f"{arch}.expert_count")
+    used = meta.get(f"{arch}.expert_used_count")
+    routed = used / experts if isinstance(experts, int) and isinstance(used, int) and experts else 1
+    layer_bytes: list[dict[str, int]] = [{} for _ in range(n_layer)]
+    layer_params: list[dict[str, int]] = [{} for _ in range(n_layer)]
+    output_bytes: dict[str, int] = {}
+    output_params: dict[str, int] = {}
+    embedding: tuple[str, int, int] | None = None
+    has_output = False
+    for part in parts:
+        for tensor in part.tensors:
+            name = tensor.name
+            if name.startswith("blk."):
+                index = name.split(".", 2)[1]
+                if not index.isdigit() or int(index) >= n_layer:
+                    continue
+                share = routed if "_exps." in name else 1.0
+                _add(layer_bytes[int(index)], tensor.type, round(tensor.n_bytes * share))
+                if len(tensor.shape) >= 2:
+                    _add(layer_params[int(index)], tensor.type, round(tensor.n_elements * share))
+            elif name.startswith(("output.", "output_norm.")):
+                has_output = has_output or name == "output.weight"
+                _add(output_bytes, tensor.type, tensor.n_bytes)
+                if len(tensor.shape) >= 2:
+                    _add(output_params, tensor.type, tensor.n_elements)
+            elif name == "token_embd.weight":
+                embedding = (tensor.type, tensor.n_bytes, tensor.n_elements)
+    if not has_output and embedding is not None:
+        # Tied: the token embedding is the output head, read whole for every token.
+        _add(output_bytes, embedding[0], embedding[1])
+        _add(output_params, embedding[0], embedding[2])
+    heads = info.head_count or 0
+    key_length = meta.get(f"{arch}.attention.key_length")
+    head_size = (
+        key_length if isinstance(key_length, int) else (info.embedding_length or 0) // max(heads, 1)
+    )
+    return ModelCost(
+        n_layer=n_layer,
+        layer_bytes=tuple(layer_bytes),
+        layer_params=tuple(layer_params),
+        output_bytes=output_bytes,
+        output_params=output_params,
+        kv_per_cell=tuple(kv_per_cell),
+        attention_width=heads * head_size,
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted speed of one model on this machine."""
+
+    decode: float | None
+    """Tokens per second of one stream at the start of a conversation (None: not predicted)."""
+    decode_full: float | None
+    """Tokens per second of one stream with ``context`` tokens already in its KV cache."""
+    prefill: float | None
+    """Prompt tokens per second of a :data:`PREFILL_TOKENS`-token prompt."""
+    context: int
+    """The context ``decode_full`` is for."""
+    why: str = ""
+    """Why nothing is predicted, when it is not."""
+    correction: tuple[float, float] = (0.0, 0.0)
+    """Seconds learned from served models that were added to a decode step and to a prompt
+    token ((0, 0): none)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, rates rounded to 0.1 token/s."""
+        data = asdict(self)
+        for key in ("decode", "decode_full", "prefill"):
+            if data[key] is not None:
+                data[key] = round(data[key], 1)
+        return data
+
+
+def _seconds(amounts: Mapping[str, float], calibration: Calibration, prefill: bool) -> float | None:
+    total = 0.0
+    for name, amount in amounts.items():
+        if not amount:
+            continue
+        rate = calibration.types.get(name)
+        if rate is None:
+            return None
+        total += amount / (rate.prefill if prefill else rate.decode)
+    return total
+
+
+def _missing(cost: ModelCost, calibration: Calibration) -> list[str]:
+    return sorted(t for t in cost.types if t not in calibration.types)
+
+
+def predict(
+    cost: ModelCost,
+    calibration: Calibration,
+    *,
+    context: int,
+    gpu_layers: int = 0,
+    kv_cache_type: str = "f16",
+    n_batch: int = PREFILL_TOKENS,
+    correction: tuple[float, float] = (0.0, 0.0),
+) -> Prediction:
+    """Predicted decode and prefill rates of one stream on the CPU (see the module docstring).
+
+    ``context`` is the KV the full-context decode figure reads; ``correction`` adds seconds to
+    each decode step and each prompt token (what served models taught,
+    :class:`~.speedbook.SpeedBook`), never taking off more than three quarters of either.
+    """
+    if gpu_layers > 0:
+        return Prediction(
+            None, None, None, context, "layers on a GPU: the speed probe measures the CPU only"
+        )
+    missing = _missing(cost, calibration)
+    if missing:
+        return Prediction(None, None, None, context, f"no figures for {', '.join(missing)}")
+    weights: dict[str, float] = {}
+    for layer in cost.layer_bytes:
+        for name, amount in layer.items():
+            weights[name] = weights.get(name, 0) + amount
+    for name, amount in cost.output_bytes.items():
+        weights[name] = weights.get(name, 0) + amount
+    kv_type = _KV_RATE_TYPE.get(kv_cache_type, "F16")
+    # The KV cache is read through the attention's kernels at its element type's rate (the
+    # memory's own pace where the probe has none for it).
+    kv_rate = calibration.types.get(kv_type) or calibration.types.get("F16")
+    read = _seconds(weights, calibration, prefill=False) or 0.0
+    step = calibration.decode_fixed + cost.n_layer * calibration.decode_layer + read
+    kv_bytes = sum(cost.kv_per_cell) * context
+    step_full = step + kv_bytes / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
+
+    tokens = min(n_batch, PREFILL_TOKENS)
+    work: dict[str, float] = {}
+    for layer in cost.layer_params:
+        for name, amount in layer.items():
+            work[name] = work.get(name, 0) + 2 * tokens * amount
+    for name, amount in cost.output_params.items():
+        work[name] = work.get(name, 0) + 2 * amount  # the last token's logits only
+    compute = _seconds(work, calibration, prefill=True) or 0.0
+    chunks = math.ceil(PREFILL_TOKENS / tokens)
+    stand_in = calibration.types.get("F16") or next(iter(calibration.types.values()))
+    attention_rate = calibration.attention or stand_in.prefill
+
+    # Each token attends to the positions before it: PREFILL_TOKENS²/2 pairs in all, two
+    # products (scores and values) of attention_width each, per layer.
+    attention = 2 * 2 * cost.attention_width * cost.n_layer * PREFILL_TOKENS**2 / 2
+    batch_seconds = (
+        chunks * (calibration.batch_fixed + cost.n_layer * calibration.batch_layer + compute)
+        + attention / attention_rate
+    )
+    step_extra, token_extra = correction
+    per_token = batch_seconds / PREFILL_TOKENS
+    return Prediction(
+        decode=1 / corrected(step, step_extra),
+        decode_full=1 / corrected(step_full, step_extra),
+        prefill=1 / corrected(per_token, token_extra),
+        context=context,
+        correction=correction,
+    )
+
+
+def corrected(seconds: float, extra: float) -> float:
+    """``seconds`` with a learned ``extra`` added, at least a quarter of what it was."""
+    return max(seconds + extra, seconds / 4)

@@ -1,0 +1,39 @@
+"""Made-up speed figures for the tests (the probe itself is tested in test_speed.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from localllm.daemon.speed import Calibration, TypeRate
+
+__all__ = ["make_calibration", "seed_calibration"]
+
+
+def make_calibration(key: str = "test", threads: int = 2, **rates: TypeRate) -> Calibration:
+    """Figures with these rates per type, 20 GB/s of memory and small fixed costs."""
+    return Calibration(
+        key=key,
+        threads=threads,
+        repack=True,
+        bandwidth=20e9,
+        decode_fixed=0.5e-3,
+        decode_layer=0.1e-3,
+        batch_fixed=2e-3,
+        batch_layer=0.2e-3,
+        batch=64,
+        types=dict(rates),
+    )
+
+
+def seed_calibration(cache: Path, threads: int) -> Calibration:
+    """Fixed figures (every base type at 10 GB/s and 50 GFLOP/s) where a daemon with
+    ``threads`` threads and ``XDG_CACHE_HOME=cache`` looks for this machine's: no probe runs."""
+    from localllm.daemon.runner.speedprobe import BASE_TYPES, probe_key
+
+    rates = {t: TypeRate(decode=10e9, prefill=50e9) for t in BASE_TYPES}
+    figures = make_calibration(probe_key(threads), threads, **rates)
+    folder = cache / "localllm" / "speed-probe"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{figures.key}.json").write_text(json.dumps(figures.to_dict()))
+    return figures

@@ -1,0 +1,248 @@
+"""The CPU governor's decisions, from injected CPU readings and step times (no llama.cpp)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from localllm.daemon.cpubudget import shares
+from localllm.daemon.runner.governor import (
+    CpuReading,
+    Governor,
+    busy_seconds,
+    demand,
+)
+
+SAMPLE_S = 0.25
+
+
+@dataclass
+class Machine:
+    """A clock and CPU counters the test moves: other processes want ``others`` cores; the
+    runner's threads spin, so the scheduler shares the CPUs among everyone runnable."""
+
+    cpus: int = 2
+    now: float = 1000.0
+    busy: float = 0.0
+    own_total: float = 0.0
+    others: float = 0.0
+    readable: bool = True
+
+    def clock(self) -> float:
+        return self.now
+
+    def read(self) -> CpuReading | None:
+        return (
+            CpuReading(at=self.now, busy=self.busy, own=self.own_total) if self.readable else None
+        )
+
+    def advance(self, seconds: float, threads: int) -> None:
+        self.now += seconds
+        wanted = threads + self.others
+        share = min(1.0, self.cpus / wanted) if wanted else 1.0
+        self.busy += (self.others * share + threads * share) * seconds
+        self.own_total += threads * share * seconds
+
+
+def governor(machine: Machine, max_threads: int = 2, **kwargs: object) -> Governor:
+    return Governor(
+        max_threads,
+        cpus=frozenset(range(machine.cpus)),
+        reader=machine.read,
+        clock=machine.clock,
+        wall_clock=machine.clock,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def step(
+    gov: Governor,
+    machine: Machine,
+    seconds_at: dict[int, float],
+    kind: str = "decode",
+    tokens: int = 1,
+) -> int:
+    """One step: the count the governor picks, timed as ``seconds_at`` says for it."""
+    threads = gov.threads(kind)  # type: ignore[arg-type]
+    seconds = seconds_at[threads] * tokens
+    machine.advance(seconds, threads)
+    gov.observe(kind, threads, tokens, seconds)  # type: ignore[arg-type]
+    return threads
+
+
+# Per-token step time by thread count on an idle 2-core machine (2 threads faster), and beside
+# a busy process (2 threads wait at every barrier).
+IDLE = {1: 0.014, 2: 0.009}
+BUSY = {1: 0.015, 2: 0.5}
+
+
+def run_for(gov: Governor, machine: Machine, seconds: float, times: dict[int, float]) -> list[int]:
+    end = machine.now + seconds
+    counts = []
+    while machine.now < end:
+        counts.append(step(gov, machine, times))
+    return counts
+
+
+def test_an_idle_machine_keeps_every_thread_and_trials_cost_little() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    counts = run_for(gov, machine, 60.0, IDLE)
+    assert gov.state().decode == 2
+    assert gov.state().limit == "max"
+    # The tuner tried one thread now and then and gave up at once each time, less and less often.
+    trials = counts.count(1)
+    assert 1 <= trials <= 12
+    assert gov.changes == 0
+
+
+def test_a_busy_process_takes_a_thread_away_and_its_end_gives_it_back() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    run_for(gov, machine, 2.0, IDLE)
+    machine.others = 1.0  # python -c 'while True: pass' beside the runner
+    counts = run_for(gov, machine, 3.0, BUSY)
+    state = gov.state()
+    assert state.decode == 1
+    assert state.limit == "cpu"
+    assert state.reason == "CPU busy: other processes need 1.0 of 2 cores"
+    # The change says what the reading that made it said (half a second, half of it busy).
+    assert state.last_change is not None
+    assert state.last_change.startswith("2 → 1: CPU busy: other processes need ")
+    # At most one slow step at 2 threads before the next reading (a quarter second) noticed.
+    assert counts[:3].count(2) <= 1 and set(counts[3:]) == {1}
+    machine.others = 0.0
+    counts = run_for(gov, machine, 2.0, IDLE)
+    state = gov.state()
+    assert state.decode == 2
+    assert state.last_change == "1 → 2: CPU free again"
+    # Up only once two readings in a row agree: the first quiet quarter second stays at 1.
+    assert counts[0] == 1 and counts[-1] == 2
+
+
+@pytest.mark.parametrize(
+    ("others", "decode", "batch"),
+    [
+        (0.0, 2, 2),  # idle
+        (0.2, 2, 2),  # 2 threads still decoded 1.18x faster than 1 (measured)
+        (0.3, 2, 2),  # 1.17x
+        (0.6, 1, 2),  # decode: 0.86x with 2 threads beside 0.5; prefill still 1.12x
+        (0.7, 1, 2),  # prefill 1.29x
+        (1.0, 1, 1),  # a busy process: decode 0.03x, prefill 0.54x with 2 threads
+        (3.0, 1, 1),  # more than the machine: never below one
+    ],
+)
+def test_the_cores_other_processes_need_decide_each_kinds_count(
+    others: float, decode: int, batch: int
+) -> None:
+    machine = Machine(others=others)
+    gov = governor(machine)
+    for _ in range(200):
+        step(gov, machine, {1: 0.01, 2: 0.01})
+        step(gov, machine, {1: 0.001, 2: 0.001}, kind="batch", tokens=10)
+    state = gov.state()
+    assert (state.decode, state.batch) == (decode, batch)
+    # What they need, though beside two spinning threads they got less of it.
+    assert state.others == pytest.approx(min(others, 2.0), abs=0.08)
+
+
+def test_what_others_need_is_told_from_what_they_got_beside_spinning_threads() -> None:
+    assert demand(0.67, 2.0, 2) == pytest.approx(1.0, abs=0.01)
+    assert demand(1.0, 1.0, 2) == 1.0  # everyone fit: they got what they wanted
+    assert demand(0.3, 0.2, 2) == 0.3
+    assert demand(0.94, 16.0, 16) == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_many_core_machine_finds_the_fastest_count_when_fewer_threads_are_faster() -> None:
+    # Decode bound by memory bandwidth: 6 threads beat 8 (barriers cost, bandwidth is spent).
+    times = {8: 0.0115, 7: 0.0107, 6: 0.0100, 5: 0.0106, 4: 0.0118, 3: 0.015, 2: 0.02, 1: 0.04}
+    machine = Machine(cpus=8)
+    gov = governor(machine, max_threads=8)
+    run_for(gov, machine, 120.0, times)
+    state = gov.state()
+    assert state.decode == 6
+    assert state.limit == "tuner"
+    assert state.last_change is not None and state.last_change.startswith(
+        "7 → 6: faster: 10.0 against 10.7"
+    )
+    # Prefill is governed apart: it was never tried, it keeps all 8.
+    assert state.batch == 8
+
+
+def test_the_daemons_share_caps_the_count_and_its_end_lifts_it() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    run_for(gov, machine, 1.0, IDLE)
+    gov.set_budget(1, "sharing 2 cores with smollm2:135m-q8")
+    step(gov, machine, IDLE)
+    state = gov.state()
+    assert (state.decode, state.budget, state.limit) == (1, 1, "budget")
+    assert state.last_change == "2 → 1: sharing 2 cores with smollm2:135m-q8"
+    gov.set_budget(2, "working alone")
+    step(gov, machine, IDLE)
+    assert gov.state().decode == 2
+    assert gov.state().last_change == "1 → 2: working alone"
+
+
+def test_contention_the_readings_cannot_see_is_found_from_the_step_times() -> None:
+    machine = Machine(readable=False)  # no /proc/stat (or another container's load)
+    gov = governor(machine)
+    run_for(gov, machine, 2.0, IDLE)
+    assert gov.state().decode == 2 and gov.state().others is None
+    run_for(gov, machine, 10.0, BUSY)
+    state = gov.state()
+    assert state.decode == 1
+    assert state.limit == "tuner"
+    assert state.last_change is not None and "faster" in state.last_change
+
+
+def test_batch_steps_and_decode_steps_are_governed_apart() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    machine.others = 1.0
+    for _ in range(20):
+        step(gov, machine, BUSY, kind="batch", tokens=64)
+    assert gov.state().batch == 1
+    assert gov.state().decode == 2  # no decode step ran yet: nothing decided for it
+    step(gov, machine, BUSY)
+    assert gov.state().decode == 1
+
+
+def test_a_fixed_count_never_moves_but_the_readings_are_reported() -> None:
+    machine = Machine(others=1.0)
+    gov = governor(machine, fixed=True, fixed_reason="fixed at 2 (num_thread)")
+    assert {step(gov, machine, BUSY) for _ in range(10)} == {2}
+    gov.set_budget(1, "sharing")
+    assert step(gov, machine, BUSY) == 2
+    state = gov.state()
+    assert (state.mode, state.limit, state.reason) == ("fixed", "fixed", "fixed at 2 (num_thread)")
+
+
+def test_proc_stat_lines_of_the_allowed_cpus_count_every_busy_column() -> None:
+    lines = [
+        "cpu  900 900 900 900 900 900 900 900 0 0",
+        "cpu0 100 10 20 5000 7 3 2 5 40 0",  # user nice system idle iowait irq softirq steal
+        "cpu1 200 0 0 6000 0 0 0 0 0 0",
+        "cpu2 999 0 0 0 0 0 0 0 0 0",  # not ours
+        "intr 12345",
+    ]
+    ticks = busy_seconds(lines, frozenset({0, 1}))
+    assert ticks is not None
+    assert ticks * 100 == pytest.approx(100 + 10 + 20 + 3 + 2 + 5 + 200)
+    assert busy_seconds(lines, frozenset({7})) is None
+
+
+def test_cores_are_shared_evenly_with_cpus_of_their_own() -> None:
+    assert shares(["a"], 2, [0, 1], pin=True)[0].cpus is None
+    a, b = shares(["a", "b"], 2, [0, 1], pin=True)
+    assert (a.threads, a.cpus, b.threads, b.cpus) == (1, (0,), 1, (1,))
+    assert a.reason == "sharing 2 cores with b" and b.reason == "sharing 2 cores with a"
+    # SMT: 4 physical cores on 8 CPUs; three models
+    x, y, z = shares(["x", "y", "z"], 4, list(range(8)), pin=True)
+    assert (x.threads, y.threads, z.threads) == (2, 1, 1)
+    assert (x.cpus, y.cpus, z.cpus) == ((0, 1, 2, 3), (4, 5), (6, 7))
+    # More models than cores: one thread each, no CPUs of their own.
+    many = shares(["a", "b", "c"], 2, [0, 1], pin=True)
+    assert [s.threads for s in many] == [1, 1, 1] and {s.cpus for s in many} == {None}
+    assert {s.cpus for s in shares(["a", "b"], 2, [0, 1], pin=False)} == {None}

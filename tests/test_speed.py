@@ -1,0 +1,241 @@
+"""The speed model: what a token costs a model by weight type, the arithmetic of a prediction,
+rates recovered from the probe's timings, the probe child itself, and the speed book learning
+from served requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from speed_support import make_calibration
+
+from localllm.daemon.memlayout import layout_from_gguf
+from localllm.daemon.runner import speedprobe
+from localllm.daemon.speed import PREFILL_TOKENS, Calibration, TypeRate, model_cost, predict
+from localllm.daemon.speedbook import MIN_DECODED, SpeedBook
+from localllm.gguf_info import GGUFInfo, TensorInfo, inspect_gguf
+from localllm.settings import Settings
+
+
+def test_a_token_costs_the_layers_and_the_tied_output_head(smollm2_gguf: Path) -> None:
+    info = inspect_gguf(smollm2_gguf)
+    layout = layout_from_gguf([info])
+    cost = model_cost([info], layout.kv_per_cell)
+    assert cost.n_layer == 30 and cost.types == {"Q4_1", "Q8_0", "F32"}
+    blocks = sum(t.n_bytes for t in info.tensors if t.name.startswith("blk."))
+    embedding = next(t for t in info.tensors if t.name == "token_embd.weight")
+    norm = next(t for t in info.tensors if t.name == "output_norm.weight")
+    # SmolLM2 has no output.weight: its token embedding is the head, read whole per token
+    assert cost.weight_bytes == blocks + embedding.n_bytes + norm.n_bytes
+    assert cost.output_params == {"Q8_0": embedding.n_elements}
+    assert cost.kv_per_cell == layout.kv_per_cell and cost.attention_width == 576
+
+
+def test_experts_cost_only_what_a_token_is_routed_to() -> None:
+    def tensor(name: str, shape: tuple[int, ...], n_bytes: int) -> TensorInfo:
+        return TensorInfo(name, shape, "Q8_0", 0, n_bytes)
+
+    info = GGUFInfo(
+        path=Path("moe.gguf"),
+        file_size=0,
+        version=3,
+        metadata={
+            "general.architecture": "qwen3moe",
+            "qwen3moe.block_count": 1,
+            "qwen3moe.expert_count": 8,
+            "qwen3moe.expert_used_count": 2,
+            "qwen3moe.attention.head_count": 4,
+            "qwen3moe.embedding_length": 64,
+        },
+        tensors=(
+            tensor("blk.0.attn_q.weight", (64, 64), 1000),
+            tensor("blk.0.ffn_up_exps.weight", (64, 128, 8), 8000),
+            tensor("output.weight", (64, 100), 500),
+        ),
+    )
+    cost = model_cost([info], (0,))
+    assert cost.layer_bytes == ({"Q8_0": 1000 + 2000},)
+    assert cost.output_bytes == {"Q8_0": 500}
+
+
+def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) -> None:
+    info = inspect_gguf(smollm2_gguf)
+    cost = model_cost([info], layout_from_gguf([info]).kv_per_cell)
+    figures = make_calibration(
+        Q4_1=TypeRate(5e9, 40e9), Q8_0=TypeRate(10e9, 60e9), F32=TypeRate(20e9, 80e9)
+    )
+    guess = predict(cost, figures, context=2048)
+    per_type: dict[str, int] = {}
+    for layer in (*cost.layer_bytes, cost.output_bytes):
+        for name, amount in layer.items():
+            per_type[name] = per_type.get(name, 0) + amount
+    step = 0.5e-3 + 30 * 0.1e-3 + sum(b / figures.types[t].decode for t, b in per_type.items())
+    assert guess.decode == pytest.approx(1 / step)
+    kv = sum(cost.kv_per_cell) * 2048 / figures.bandwidth  # no F16 figure: memory's pace
+    assert guess.decode_full == pytest.approx(1 / (step + kv))
+    assert guess.prefill and guess.prefill > guess.decode  # a batch reuses its weights
+    assert guess.context == 2048
+    slower = predict(cost, figures, context=2048, correction=(1e-3, 1e-4))
+    assert slower.decode == pytest.approx(1 / (step + 1e-3))
+    assert slower.prefill == pytest.approx(1 / (1 / guess.prefill + 1e-4))
+    # a correction never takes off more than three quarters of a step
+    faster = predict(cost, figures, context=2048, correction=(-1.0, -1.0))
+    assert faster.decode == pytest.approx(4 * guess.decode)
+    assert faster.prefill == pytest.approx(4 * guess.prefill)
+    missing = predict(cost, make_calibration(Q4_1=TypeRate(5e9, 40e9)), context=2048)
+    assert missing.decode is None and "no figures for F32, Q8_0" in missing.why
+    offloaded = predict(cost, figures, context=2048, gpu_layers=31)
+    assert offloaded.decode is None and "GPU" in offloaded.why
+    assert guess.to_dict()["decode"] == round(guess.decode, 1)
+    assert PREFILL_TOKENS == 512
+
+
+def test_rates_come_back_from_the_probes_timings() -> None:
+    """Timings made from known rates and fixed costs give those rates back."""
+    fixed, layer, batch_fixed, batch_layer, batch = 0.4e-3, 0.15e-3, 1e-3, 0.9e-3, 64
+    rates = {"Q4_K": TypeRate(15e9, 80e9), "Q8_0": TypeRate(12e9, 60e9)}
+    tiny_bytes, tiny_params = 174080, 163840
+    q8 = rates["Q8_0"]
+
+    def tiny(layers: int) -> tuple[float, float]:
+        return (
+            fixed + layers * (layer + tiny_bytes / q8.decode),
+            batch_fixed + layers * (batch_layer + 2 * batch * tiny_params / q8.prefill),
+        )
+
+    types = {}
+    for name, rate in rates.items():
+        layers, layer_bytes, params, output = 6, 7_225_344, 12_845_056, 1_146_880
+        types[name] = {
+            "layers": layers,
+            "layer_bytes": layer_bytes,
+            "layer_params": params,
+            "output_bytes": output,
+            "decode_s": fixed + layers * layer + layers * layer_bytes / rate.decode + output / 20e9,
+            "batch_s": batch_fixed
+            + layers * batch_layer
+            + 2 * batch * layers * params / rate.prefill,
+        }
+    (step_a, batch_a), (step_b, batch_b) = tiny(2), tiny(26)
+    report = {
+        "threads": 2,
+        "repack": True,
+        "batch": batch,
+        "bandwidth": 20e9,
+        "tiny": {
+            "layers": [2, 26],
+            "layer_bytes": tiny_bytes,
+            "layer_params": tiny_params,
+            "decode_s": [step_a, step_b],
+            "batch_s": [batch_a, batch_b],
+        },
+        "types": types,
+    }
+    figures = Calibration.from_probe(report, "key", 1.0)
+    assert figures.decode_fixed == pytest.approx(fixed, rel=0.02)
+    assert figures.decode_layer == pytest.approx(layer, rel=0.02)
+    for name, rate in rates.items():
+        assert figures.types[name].decode == pytest.approx(rate.decode, rel=0.02)
+        assert figures.types[name].prefill == pytest.approx(rate.prefill, rel=0.02)
+    again = Calibration.from_dict(json.loads(json.dumps(figures.to_dict())))
+    assert again == figures
+    merged = figures.merged(make_calibration(IQ2_XXS=TypeRate(1e9, 10e9)))
+    assert set(merged.types) == {"Q4_K", "Q8_0", "IQ2_XXS"}
+
+
+def test_the_probe_measures_this_machine(tmp_path: Path) -> None:
+    """The child runs llama.cpp on a synthetic model of each type asked for and reports timings
+    the parent turns into positive rates (one type here, to keep the suite short)."""
+    report = speedprobe._run_child(1, True, ["Q4_0"], timeout=120)
+    figures = Calibration.from_probe(report, "key", 0.0)
+    assert set(figures.types) == {"Q4_0"}
+    assert figures.types["Q4_0"].decode > 0 and figures.types["Q4_0"].prefill > 0
+    assert figures.bandwidth > 0 and figures.threads == 1
+
+
+def test_cached_figures_are_found_again_and_completed_per_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # repacking fixed by the setting: no CPU probe in a cache dir of its own
+    settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path), "LOCALLLM_CPU_REPACK": "on"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    asked: list[list[str]] = []
+    base = make_calibration(**{t: TypeRate(1e9, 1e9) for t in speedprobe.BASE_TYPES})
+
+    def child(threads: int, repack: bool, types: list[str], timeout: float) -> dict[str, object]:
+        asked.append(list(types))
+        return {"types": types}
+
+    def from_probe(report: dict[str, list[str]], key: str, seconds: float) -> Calibration:
+        figures = make_calibration(**{t: TypeRate(2e9, 2e9) for t in report["types"]})
+        figures.key = key
+        return figures
+
+    monkeypatch.setattr(speedprobe, "_run_child", child)
+    monkeypatch.setattr(Calibration, "from_probe", staticmethod(from_probe))
+    assert speedprobe.cached_calibration(settings, 1) is None
+    first = speedprobe.calibrate(settings, threads=1)
+    assert asked == [list(speedprobe.BASE_TYPES)] and set(first.types) == set(base.types)
+    assert speedprobe.cached_calibration(settings, 1) == first
+    speedprobe.calibrate(settings, threads=1)
+    assert len(asked) == 1  # cached
+    more = speedprobe.calibrate(settings, threads=1, types=["IQ2_XXS"])
+    assert asked[-1] == ["IQ2_XXS"] and "IQ2_XXS" in more.types and "Q4_K" in more.types
+    speedprobe.calibrate(settings, threads=1, fresh=True)
+    assert len(asked[-1]) == len(speedprobe.BASE_TYPES) + 1
+
+
+def test_the_speed_book_learns_from_requests_that_ran_alone(
+    tmp_path: Path, smollm2_gguf: Path
+) -> None:
+    book = SpeedBook(tmp_path / "observed", lambda: "key")
+    paths = [str(smollm2_gguf)]
+
+    def observe(digest: str, rate: float, alone: bool = True, decoded: int = 64) -> bool:
+        return book.observe(
+            digest,
+            "smollm2:135m",
+            paths,
+            alone=alone,
+            decoded=decoded,
+            decode_rate=rate,
+            prefilled=200,
+            prefill_rate=10 * rate,
+            context=300,
+        )
+
+    assert not observe("a", 50.0, alone=False)
+    assert not book.observe(
+        "a",
+        "m",
+        paths,
+        alone=True,
+        decoded=MIN_DECODED - 1,
+        decode_rate=50.0,
+        prefilled=10,
+        prefill_rate=500.0,
+        context=10,
+    )
+    for rate in (40.0, 50.0, 60.0):
+        assert observe("a", rate)
+    entry = book.measured("a")
+    assert entry is not None and entry.measured_decode == 50.0 and entry.measured_prefill == 500.0
+    again = SpeedBook(tmp_path / "observed", lambda: "key")
+    assert again.measured("a") == entry  # kept on disk
+
+    info = inspect_gguf(smollm2_gguf)
+    figures = make_calibration(
+        Q4_1=TypeRate(5e9, 40e9),
+        Q8_0=TypeRate(10e9, 60e9),
+        F32=TypeRate(20e9, 80e9),
+        F16=TypeRate(20e9, 80e9),
+    )
+    cost = model_cost([info], layout_from_gguf([info]).kv_per_cell)
+    guess = predict(cost, figures, context=300)
+    assert guess.decode_full and guess.prefill
+    step_gap, token_gap = book.correction(figures)
+    assert step_gap == pytest.approx(1 / 50.0 - 1 / guess.decode_full)
+    assert token_gap == pytest.approx(1 / 500.0 - 1 / guess.prefill)
+    # left out, the only model measured teaches nothing about itself
+    assert book.correction(figures, exclude="a") == (0.0, 0.0)
