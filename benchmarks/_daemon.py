@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from localllm._process import free_port
 
 if TYPE_CHECKING:
     from localllm.daemon.runner import RunnerClient, RunnerConfig
@@ -31,13 +32,6 @@ __all__ = [
     "stop",
     "wait_http",
 ]
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def daemon_env(home: str | Path, **settings: Any) -> tuple[dict[str, str], str]:

@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import free_port, start_daemon, stop
 
 from localllm.daemon.runner.cpu import default_threads
 from localllm.starter import starter_gguf_path
@@ -61,12 +60,6 @@ from localllm.starter import starter_gguf_path
 STARTER = "smollm2:135m"
 QUANTIZED = "smollm2:135m-q8"
 BUSY = "while True: pass"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait(url: str, path: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
@@ -108,7 +101,7 @@ class Daemon:
 
     def __init__(self, name: str, home: str, threads: int, governor: bool) -> None:
         self.name = name
-        port = _free_port()
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
         env.update(
             LOCALLLM_HOME=home,
@@ -218,7 +211,7 @@ class LlamaServer:
 
     def __init__(self, binary: str, threads: int) -> None:
         self.name = "llama-server"
-        port = _free_port()
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         command = [
             binary, "-m", str(starter_gguf_path()), "--host", "127.0.0.1", "--port", str(port),

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from localllm._process import free_port
 from localllm.client import Client
 from localllm.settings import Settings
 
@@ -32,13 +32,6 @@ __all__ = [
     "start_daemon",
     "wait_for_stats",
 ]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Daemon:

@@ -12,7 +12,6 @@ import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import BenchError
+from .._process import free_port
 from ..client import AsyncClient
 from ..settings import Settings
 from .drivers import LocalllmDriver
@@ -130,9 +130,7 @@ class SpawnedDaemon:
         from ..autostart import _log_tail
 
         self.home = await asyncio.to_thread(self._make_home)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("LOCALLLM_HOME", "LOCALLLM_HOST")}
         env.update(self.env)
         env["LOCALLLM_HOME"] = str(self.home)
