@@ -56,9 +56,11 @@ def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+def wait_http(
+    url: str, process: subprocess.Popen[bytes], timeout: float = 120, path: str = "/v1/models"
+) -> None:
     """Wait until the server at ``url`` (a daemon, llama-server, llama-cpp-python's server)
-    answers ``/v1/models``; an error when its process exits first or time runs out."""
+    answers ``path`` below 500; an error when its process exits first or time runs out."""
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -66,7 +68,7 @@ def wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) 
         if process.poll() is not None:
             raise RuntimeError(f"the server at {url} exited with {process.returncode}")
         try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code < 500:
+            if httpx.get(f"{url}{path}", timeout=2).status_code < 500:
                 return
         except httpx.HTTPError:
             pass

@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from _daemon import free_port, start_daemon, stop
+from _daemon import free_port, start_daemon, stop, wait_http
 
 from localllm.daemon.runner.cpu import default_threads
 from localllm.starter import starter_gguf_path
@@ -60,18 +60,6 @@ from localllm.starter import starter_gguf_path
 STARTER = "smollm2:135m"
 QUANTIZED = "smollm2:135m-q8"
 BUSY = "while True: pass"
-
-
-def _wait(url: str, path: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + path, timeout=2).status_code < 500:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
 
 
 @contextlib.contextmanager
@@ -117,7 +105,7 @@ class Daemon:
         self.process = start_daemon(env)
 
     def ready(self, models: list[str]) -> None:
-        _wait(self.url, "/api/version", self.process)
+        wait_http(self.url, self.process, 180, "/api/version")
         if QUANTIZED in models:
             body = {
                 "model": QUANTIZED,
@@ -222,7 +210,7 @@ class LlamaServer:
         )
 
     def ready(self, models: list[str]) -> None:
-        _wait(self.url, "/health", self.process)
+        wait_http(self.url, self.process, 180, "/health")
         self._complete("Hello", 8)
 
     def _complete(self, prompt: str, tokens: int) -> dict[str, Any]:
