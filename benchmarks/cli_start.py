@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _daemon import free_port, start_daemon, stop
+from _daemon import daemon_env, start_daemon, stop
 
 from localllm.client import Client
 from localllm.settings import Settings
@@ -56,20 +55,15 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="localllm-cli-start-") as tmp:
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("LOCALLLM_") and k != "PYTHONDONTWRITEBYTECODE"
-        }
-        base["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
-        host = f"127.0.0.1:{free_port()}"
-        daemon_env = {**base, "LOCALLLM_HOME": str(Path(tmp) / "home"), "LOCALLLM_HOST": host}
-        env = dict(daemon_env)
+        served, _ = daemon_env(Path(tmp) / "home")
+        served.update(PYTHONPYCACHEPREFIX=str(Path(tmp) / "pycache"))
+        served.pop("PYTHONDONTWRITEBYTECODE", None)
+        env = dict(served)
         if not args.tcp:
             del env["LOCALLLM_HOST"]  # then the commands look for this home's socket only
-        daemon = start_daemon(daemon_env)
+        daemon = start_daemon(served)
         try:
-            with Client(Settings.from_env(daemon_env), use_tcp=True) as client:
+            with Client(Settings.from_env(served), use_tcp=True) as client:
                 if not client.wait_ready(60):
                     raise SystemExit("the daemon did not start")
             commands = {

@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import free_port, start_daemon, stop, wait_http
 
 from localllm.daemon.runner.cpu import default_threads
 from localllm.starter import starter_gguf_path
@@ -61,24 +60,6 @@ from localllm.starter import starter_gguf_path
 STARTER = "smollm2:135m"
 QUANTIZED = "smollm2:135m-q8"
 BUSY = "while True: pass"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(url: str, path: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + path, timeout=2).status_code < 500:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in {timeout:.0f} s")
 
 
 @contextlib.contextmanager
@@ -108,7 +89,7 @@ class Daemon:
 
     def __init__(self, name: str, home: str, threads: int, governor: bool) -> None:
         self.name = name
-        port = _free_port()
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
         env.update(
             LOCALLLM_HOME=home,
@@ -124,7 +105,7 @@ class Daemon:
         self.process = start_daemon(env)
 
     def ready(self, models: list[str]) -> None:
-        _wait(self.url, "/api/version", self.process)
+        wait_http(self.url, self.process, 180, "/api/version")
         if QUANTIZED in models:
             body = {
                 "model": QUANTIZED,
@@ -218,7 +199,7 @@ class LlamaServer:
 
     def __init__(self, binary: str, threads: int) -> None:
         self.name = "llama-server"
-        port = _free_port()
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         command = [
             binary, "-m", str(starter_gguf_path()), "--host", "127.0.0.1", "--port", str(port),
@@ -229,7 +210,7 @@ class LlamaServer:
         )
 
     def ready(self, models: list[str]) -> None:
-        _wait(self.url, "/health", self.process)
+        wait_http(self.url, self.process, 180, "/health")
         self._complete("Hello", 8)
 
     def _complete(self, prompt: str, tokens: int) -> dict[str, Any]:

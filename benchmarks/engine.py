@@ -47,18 +47,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import llama_cpp
+from _daemon import model_parser, model_path, runner_process
 
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
     RunnerConfig,
-    RunnerProcess,
     SamplingOptions,
     TokenChunk,
     cpu,
 )
 from localllm.daemon.runner.model import default_threads, route_llama_log
-from localllm.starter import starter_gguf_path
 
 _WORD_TEXT = (
     "sky blue light river stone garden window music paper table winter summer mountain "
@@ -259,19 +258,13 @@ async def fresh_runner(
     """A new runner process, so each measurement starts from an empty KV cache, like the raw
     side (which clears its memory before every run). With ``kv_dir`` it has the prefix
     cache's RAM and disk tiers there."""
-    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as scratch:
-        config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
-        if kv_dir is not None:
-            config.kv_cache_dir = str(kv_dir)
-            config.kv_cache_ram = 1 << 30
-            config.kv_cache_disk = 1 << 30
-        process = RunnerProcess(config, Path(scratch) / "runner.sock", Path(scratch) / "runner.log")
-        client = await process.start()
-        try:
-            yield client
-        finally:
-            await client.close()
-            await process.stop()
+    config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
+    if kv_dir is not None:
+        config.kv_cache_dir = str(kv_dir)
+        config.kv_cache_ram = 1 << 30
+        config.kv_cache_disk = 1 << 30
+    async with runner_process(config) as client:
+        yield client
 
 
 def batched_bench(path: str, model: str, threads: int, streams: int, tokens: int) -> float:
@@ -412,7 +405,7 @@ SECTIONS = ("prefill", "decode", "ttft", "idle", "restart")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, float]:
-    model = args.model or str(starter_gguf_path())
+    model = args.model
     threads = args.threads or default_threads()
     raw = RawLlama(model, threads, n_seq=8, n_ctx_per_seq=2048)
     results: dict[str, float] = {"threads": threads, "tokens": args.tokens}
@@ -496,15 +489,13 @@ async def ttft_section(model: str, threads: int) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = model_parser(
+        __doc__,
+        threads=0,
+        threads_help="threads for both sides (default: physical cores)",
+        tokens=128,
+        repeat=4,
     )
-    parser.add_argument("--model", help="GGUF to use (default: the bundled SmolLM2-135M)")
-    parser.add_argument(
-        "--threads", type=int, default=0, help="threads for both sides (default: physical cores)"
-    )
-    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per stream")
-    parser.add_argument("--repeat", type=int, default=4, help="repetitions; the best is kept")
     parser.add_argument(
         "--batched-bench",
         metavar="PATH",
@@ -516,6 +507,7 @@ def main() -> int:
         help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})",
     )
     args = parser.parse_args()
+    args.model = model_path(parser, args)
     with open(os.devnull, "w") as quiet:
         route_llama_log(quiet)  # the raw side's loading chatter would bury the figures
         results = asyncio.run(main_async(args))

@@ -32,8 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -44,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop
 
 from localllm.bench import percentile
 from localllm.client import Client
@@ -54,31 +52,22 @@ from localllm.settings import Settings
 MODEL = "smollm2:135m"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def daemons(args: argparse.Namespace, root: Path) -> Iterator[list[str]]:
     """``--daemons`` daemons on fresh homes, with SmolLM2 loaded; their URLs."""
     processes, urls = [], []
     try:
         for i in range(args.daemons):
-            port = _free_port()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-            env.update(
-                LOCALLLM_HOME=str(root / f"d{i}"),
-                LOCALLLM_HOST=f"127.0.0.1:{port}",
-                LOCALLLM_NUM_PARALLEL=str(args.slots),
-                LOCALLLM_NUM_THREADS=str(args.threads),
-                LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
+            env, url = daemon_env(
+                root / f"d{i}",
+                num_parallel=args.slots,
+                num_threads=args.threads,
+                context_length=args.ctx,
             )
             if not args.keep_prefixes:
                 env.update(LOCALLLM_KV_CACHE_RAM="0", LOCALLLM_KV_CACHE_DISK="0")
             processes.append(start_daemon(env))
-            urls.append(f"http://127.0.0.1:{port}")
+            urls.append(url)
         for url, process in zip(urls, processes, strict=True):
             with Client(Settings.from_env({}), base_url=url) as client:
                 if not client.wait_ready(60):
@@ -147,8 +136,8 @@ def run_policy(args: argparse.Namespace, policy: str) -> dict[str, Any]:
             raise RuntimeError(describe_problems(checks))
         config = GatewayConfig(
             workers=tuple(urls),
-            port=_free_port(),
-            metrics_port=_free_port(),
+            port=free_port(),
+            metrics_port=free_port(),
             policy=policy,
             health_interval=5,
             load_interval=2,

@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import free_port, start_daemon, stop
 
 STARTER = "smollm2:135m"
 QUANTIZED = {"smollm2:q8_0": "q8_0", "smollm2:f16": "f16"}
@@ -51,12 +50,6 @@ _WORDS = [
     "mountain", "ocean", "forest", "city", "road", "bridge", "castle", "dragon", "robot",
     "planet", "silver", "golden", "quiet", "bright", "ancient", "modern", "gentle", "wild",
 ]  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _prompt(seed: int, words: int = 380) -> str:
@@ -115,7 +108,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
     env.update(
         LOCALLLM_HOME=str(home),
-        LOCALLLM_HOST=f"127.0.0.1:{_free_port()}",
+        LOCALLLM_HOST=f"127.0.0.1:{free_port()}",
         LOCALLLM_SPECULATIVE="off",
         LOCALLLM_GOVERNOR="off",
         LOCALLLM_NUM_PARALLEL="1",

@@ -31,26 +31,17 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from _daemon import free_port, model_parser, model_path, runner_process
 from engine import timed_decode, words  # benchmarks/ is the script's folder, on sys.path
 
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
     RunnerConfig,
-    RunnerProcess,
     SamplingOptions,
     TokenChunk,
 )
 from localllm.daemon.runner.workers import probe
-from localllm.starter import starter_gguf_path
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -62,7 +53,7 @@ def workers(count: int, threads: int, home: Path) -> Iterator[list[str]]:
     env["LOCALLLM_HOME"] = str(home)
     try:
         for _ in range(count):
-            port = _free_port()
+            port = free_port()
             command = [sys.executable, "-m", "localllm", "worker", "--port", str(port)]
             processes.append(
                 subprocess.Popen(
@@ -88,21 +79,13 @@ def workers(count: int, threads: int, home: Path) -> Iterator[list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def runner(
-    model: str, threads: int, scratch: Path, rpc_workers: list[str]
-) -> AsyncIterator[RunnerClient]:
+async def runner(model: str, threads: int, rpc_workers: list[str]) -> AsyncIterator[RunnerClient]:
     """A runner process for ``model``, split onto ``rpc_workers`` when any."""
-    name = "split" if rpc_workers else "local"
     config = RunnerConfig(
         model_path=model, n_slots=4, n_ctx_per_slot=2048, n_threads=threads, rpc_workers=rpc_workers
     )
-    process = RunnerProcess(config, scratch / f"{name}.sock", scratch / f"{name}.log")
-    client = await process.start()
-    try:
+    async with runner_process(config) as client:
         yield client
-    finally:
-        await client.close()
-        await process.stop()
 
 
 async def prefill_rate(client: RunnerClient, seed: int) -> float:
@@ -139,8 +122,8 @@ async def measure(args: argparse.Namespace, model: str) -> dict[str, float]:
         scratch = Path(folder)
         with workers(2, args.threads, scratch / "home") as endpoints:
             async with (
-                runner(model, args.threads, scratch, []) as local,
-                runner(model, args.threads, scratch, endpoints) as split,
+                runner(model, args.threads, []) as local,
+                runner(model, args.threads, endpoints) as split,
             ):
                 for attempt in range(args.repeat):
                     sides = [("local", local), ("split", split)]
@@ -160,17 +143,11 @@ async def measure(args: argparse.Namespace, model: str) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = model_parser(
+        __doc__, threads=1, threads_help="threads per process (default 1)", tokens=64, repeat=3
     )
-    parser.add_argument("--model", help="GGUF to use (default: the bundled SmolLM2-135M)")
-    parser.add_argument("--threads", type=int, default=1, help="threads per process (default 1)")
-    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per stream")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
     args = parser.parse_args()
-    model = args.model or str(starter_gguf_path() or "")
-    if not model:
-        parser.error("no --model and the starter model is not installed (pip install .[starter])")
+    model = model_path(parser, args)
     results = asyncio.run(measure(args, model))
     for key in ("prefill_tok_s", "decode_1_tok_s", "decode_4_tok_s"):
         local, split = results[f"local_{key}"], results[f"split_{key}"]

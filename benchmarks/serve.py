@@ -58,21 +58,20 @@ import collections
 import ctypes
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 
-from localllm.bench import OpenAIDriver, Sample, _Final, _openai_final, percentile, run_level
+from localllm.bench import OpenAIDriver, Sample, percentile, run_level
+from localllm.bench.drivers import Completion, Final, TextSink
 from localllm.starter import starter_gguf_path
 
 DAEMON_MODEL = "smollm2:135m"
@@ -81,12 +80,6 @@ BENCH_MODEL = "smollm2-bench"
 
 # Where the daemon's engine thread spends its time (``localllm_engine_seconds`` parts).
 ENGINE_PARTS = ("decode", "step", "idle", "other")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _prompt(index: int) -> str:
@@ -108,51 +101,25 @@ class StreamDriver(OpenAIDriver):
         self.finishes: list[tuple[int, str]] = []
         """(tokens, finish_reason) of every stream completed so far."""
 
-    async def complete(
-        self,
-        model: str,
-        prompt: str,
-        max_tokens: int,
-        options: Mapping[str, Any],
-        on_text: Callable[[str], None],
-    ) -> _Final:
+    async def complete(self, request: Completion, on_text: TextSink) -> Final:
         """One streamed greedy request; returns the server's figures."""
-        body: dict[str, Any] = {
-            "model": model,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        chunks = 0
+
+        def counted(text: str) -> None:
+            nonlocal chunks
+            chunks += 1
+            on_text(text)
+
+        body = self.stream_body(request)
         if self.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = [{"role": "user", "content": request.prompt}]
             path = "/v1/chat/completions"
         else:
-            body["prompt"] = prompt
+            body["prompt"] = request.prompt
             path = "/v1/completions"
-        final = _Final()
-        reason = "none"
-        chunks = 0
-        async with self.http.stream("POST", path, json=body) as response:
-            await self._check(response)
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                data = json.loads(payload)
-                if data.get("error"):
-                    raise RuntimeError(str(data["error"]))
-                for choice in data.get("choices") or []:
-                    text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                    if text:
-                        chunks += 1
-                        on_text(text)
-                    if choice.get("finish_reason"):
-                        reason = choice["finish_reason"]
-                _openai_final(data, final)
-        self.finishes.append((final.tokens if final.tokens is not None else chunks, reason))
+        final = await self.stream(path, body, counted)
+        tokens = final.tokens if final.tokens is not None else chunks
+        self.finishes.append((tokens, final.finish_reason or "none"))
         return final
 
 
@@ -198,20 +165,6 @@ async def _level(
         await driver.http.aclose()
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("server did not answer in time")
-
-
 class Server:
     """A server process under test and how to talk to it."""
 
@@ -230,7 +183,7 @@ class Server:
         """Wait until it answers, then load the model and warm up with short streams on
         every slot (llama-server's first run on slots it had not used yet was 14-17 % slower
         than its next ones, in every run: a one-time cost the levels must not measure)."""
-        _wait_http(self.url, self.process)
+        wait_http(self.url, self.process, timeout=180)
         if self.name == "daemon":
             # The same sampling on both servers: Ollama's default repeat_penalty (1.1, which
             # the daemon applies to OpenAI requests too) ends some counting streams early and
@@ -303,16 +256,9 @@ def _engine_shares(engine: dict[str, float]) -> str:
 
 def start_daemon_server(args: argparse.Namespace, home: str) -> Server:
     """The localllm daemon on a temporary home."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-    env.update(
-        LOCALLLM_HOME=home,
-        LOCALLLM_HOST=f"127.0.0.1:{port}",
-        LOCALLLM_NUM_PARALLEL=str(args.slots),
-        LOCALLLM_NUM_THREADS=str(args.threads),
-        LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
+    env, url = daemon_env(
+        home, num_parallel=args.slots, num_threads=args.threads, context_length=args.ctx
     )
-    url = f"http://127.0.0.1:{port}"
     return Server("daemon", start_daemon(env), url, DAEMON_MODEL, args.endpoint)
 
 
@@ -320,7 +266,7 @@ def start_peer_server(args: argparse.Namespace, model: Path) -> Server | None:
     """The peer server, as ``--peer`` says (None with ``--skip-peer``)."""
     if args.skip_peer:
         return None
-    port = _free_port()
+    port = free_port()
     kind, *rest = args.peer
     if kind == "llama-server":
         if len(rest) != 1:

@@ -28,9 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,15 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
 
 MODEL = "smollm2:135m"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rss_mib(pid: int | None) -> float | None:
@@ -201,20 +192,6 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the daemon exited with {process.returncode}")
-        try:
-            if httpx.get(f"{url}/api/version", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the daemon did not answer in time")
-
-
 def _runner_pid(url: str) -> int | None:
     models = httpx.get(f"{url}/api/ps", timeout=10).json()["models"]
     return next((m.get("runner_pid") for m in models), None)
@@ -234,23 +211,19 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="localllm-soak-") as home:
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-        env.update(
-            LOCALLLM_HOME=home,
-            LOCALLLM_HOST=f"127.0.0.1:{port}",
-            LOCALLLM_NUM_PARALLEL=str(args.slots),
-            LOCALLLM_NUM_THREADS=str(args.threads),
-            LOCALLLM_CONTEXT_LENGTH=str(args.ctx),
-            LOCALLLM_MAX_QUEUE=str(args.max_queue),
+        env, url = daemon_env(
+            home,
+            num_parallel=args.slots,
+            num_threads=args.threads,
+            context_length=args.ctx,
+            max_queue=args.max_queue,
             # nothing of a soak may leave this machine
-            LOCALLLM_REGISTRY=f"http://127.0.0.1:{_free_port()}",
-            HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}",
+            registry=f"http://127.0.0.1:{free_port()}",
         )
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
         process = start_daemon(env)
-        url = f"http://127.0.0.1:{port}"
         try:
-            _wait_http(url, process)
+            wait_http(url, process)
             warm = httpx.post(
                 f"{url}/api/generate",
                 json={

@@ -38,8 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import socket
 import statistics
 import tempfile
 import time
@@ -49,13 +47,12 @@ from typing import Any
 
 import httpx
 import llama_cpp
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, model_parser, model_path, runner_process, start_daemon, stop
 
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
     RunnerConfig,
-    RunnerProcess,
     SamplingOptions,
     cpu,
 )
@@ -102,18 +99,12 @@ async def runner(
 ) -> AsyncIterator[RunnerClient]:
     """A fresh runner process with speculation on (``num_draft`` > 0) or off, drafting with
     ``draft_model`` when given (n-gram lookup otherwise)."""
-    with tempfile.TemporaryDirectory(prefix="localllm-spec-") as scratch:
-        config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
-        config.num_draft = num_draft
-        if num_draft and draft_model:
-            config.draft_model = draft_model
-        process = RunnerProcess(config, Path(scratch) / "r.sock", Path(scratch) / "r.log")
-        client = await process.start()
-        try:
-            yield client
-        finally:
-            await client.close()
-            await process.stop()
+    config = RunnerConfig(model_path=model, n_slots=8, n_ctx_per_slot=2048, n_threads=threads)
+    config.num_draft = num_draft
+    if num_draft and draft_model:
+        config.draft_model = draft_model
+    async with runner_process(config) as client:
+        yield client
 
 
 async def decode_rate(
@@ -240,7 +231,7 @@ def ngram_bound(
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
-    model = args.model or str(starter_gguf_path())
+    model = args.model
     threads = args.threads or default_threads()
     draft_model = (args.draft_model or model) if args.drafter == "draft" else None
     results: dict[str, object] = {
@@ -281,26 +272,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
 # -- through the public API ------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ApiDaemon:
     """A daemon on a temporary home with speculation set as ``LOCALLLM_SPECULATIVE`` says."""
 
     def __init__(self, home: str, threads: int, speculative: str) -> None:
         self.speculative = speculative
-        port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-        env.update(
-            LOCALLLM_HOME=home,
-            LOCALLLM_HOST=f"127.0.0.1:{port}",
-            LOCALLLM_NUM_THREADS=str(threads),
-            LOCALLLM_SPECULATIVE=speculative,
-        )
-        self.url = f"http://127.0.0.1:{port}"
+        env, self.url = daemon_env(home, num_threads=threads, speculative=speculative)
         self.process = start_daemon(env)
 
     async def ready(self) -> None:
@@ -466,13 +443,9 @@ async def api_main(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = model_parser(
+        __doc__, threads=0, threads_help="threads (default: cores)", tokens=256, repeat=3
     )
-    parser.add_argument("--model", help="GGUF to use (default: the bundled SmolLM2-135M)")
-    parser.add_argument("--threads", type=int, default=0, help="threads (default: cores)")
-    parser.add_argument("--tokens", type=int, default=256, help="tokens generated per stream")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions; the best is kept")
     parser.add_argument(
         "--drafter",
         choices=["ngram", "draft"],
@@ -499,6 +472,7 @@ def main() -> int:
         help="with --api: also a q8_0 target drafted for by its own q4_0 quantization",
     )
     args = parser.parse_args()
+    args.model = model_path(parser, args)
     if args.api and args.tokens == parser.get_default("tokens"):
         args.tokens = 300  # the issue's request
     with open("/dev/null", "w") as quiet:

@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,27 +39,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _daemon import start_daemon, stop
+from _daemon import daemon_env, start_daemon, stop
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm, with a few headings and lists."
 MODEL = "stream-bench"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _env(home: Path, threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
-    env.update(
-        LOCALLLM_HOME=str(home),
-        LOCALLLM_HOST=f"127.0.0.1:{_free_port()}",
-        LOCALLLM_NUM_PARALLEL="1",
-        LOCALLLM_NUM_THREADS=str(threads),
-        LOCALLLM_KEEP_ALIVE="-1",
-    )
+    env, _ = daemon_env(home, num_parallel=1, num_threads=threads, keep_alive=-1)
     return env
 
 

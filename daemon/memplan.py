@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from localllm._format import processor
+
 __all__ = [
     "AUTO_HEADROOM",
     "CONTEXT_STEPS",
@@ -209,13 +211,7 @@ class MemoryPlan:
 
     def processor(self) -> str:
         """Where it runs, as ``ollama ps`` says it: ``100% CPU``, ``38%/62% CPU/GPU``."""
-        size, vram = self.size, self.size_vram
-        if size <= 0 or vram <= 0:
-            return "100% CPU"
-        if vram >= size:
-            return "100% GPU"
-        cpu = round(100 * (size - vram) / size)
-        return f"{cpu}%/{100 - cpu}% CPU/GPU"
+        return processor(self.size, self.size_vram)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the runner's health and ``/api/plan`` carry it)."""

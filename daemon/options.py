@@ -28,6 +28,7 @@ are honoured at that value and refused with the reason at any other. A ``null`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "draft_for",
     "drafter_label",
     "merge_options",
+    "named_options",
     "runner_config",
     "sampling_options",
 ]
@@ -146,6 +148,19 @@ def _check(key: str, value: Any, prefix: str) -> Any:
         bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise HTTPProblem(400, f"{where} must be {bounds}, got {value!r}", param=where)
     return value
+
+
+def named_options(
+    body: Any, names: Iterable[str], num_predict: int | None = None
+) -> dict[str, Any]:
+    """Request options from the fields of an API's request ``body`` that carry Ollama's
+    option of the same name (those given: not None), and ``num_predict`` when given."""
+    options: dict[str, Any] = {} if num_predict is None else {"num_predict": num_predict}
+    for name in names:
+        value = getattr(body, name)
+        if value is not None:
+            options[name] = value
+    return options
 
 
 def merge_options(

@@ -15,6 +15,7 @@ predictions improve with use across restarts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import statistics
@@ -73,15 +74,7 @@ class Observation:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
-            "name": self.name,
-            "paths": self.paths,
-            "kv_cache_type": self.kv_cache_type,
-            "gpu_layers": self.gpu_layers,
-            "decode": self.decode,
-            "prefill": self.prefill,
-            "contexts": self.contexts,
-        }
+        return dataclasses.asdict(self)
 
 
 def _keep(values: list[Any], value: Any) -> None:

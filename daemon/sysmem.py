@@ -157,28 +157,34 @@ def _ancestors(mount: _Mount, group: str) -> list[tuple[str, Path]]:
     ]
 
 
+# Each cgroup version's files: limit, usage, and the ``memory.stat`` keys of clean page cache
+# (v1 sums a group's descendants under ``total_*``; its own figure is the fallback).
+_FILES = {
+    "v2": ("memory.max", "memory.current", ("inactive_file",)),
+    "v1": (
+        "memory.limit_in_bytes",
+        "memory.usage_in_bytes",
+        ("total_inactive_file", "inactive_file"),
+    ),
+}
+
+
 def _cgroup_room(root: Path) -> tuple[int, int, str] | None:
     """(room, limit, group) of the tightest memory cgroup over this process, or None."""
-    mount_v2, mount_v1 = _mounts(root)
-    group_v2, group_v1 = _groups(root)
+    mounts = dict(zip(("v2", "v1"), _mounts(root), strict=True))
+    groups = dict(zip(("v2", "v1"), _groups(root), strict=True))
     candidates: list[tuple[int, int, str]] = []
-    if mount_v2 is not None and group_v2 is not None:
-        for name, folder in _ancestors(mount_v2, group_v2):
-            limit = _int(_read(folder / "memory.max"))
-            usage = _int(_read(folder / "memory.current"))
+    for version, (limit_file, usage_file, cache_keys) in _FILES.items():
+        mount, group = mounts[version], groups[version]
+        if mount is None or group is None:
+            continue
+        for name, folder in _ancestors(mount, group):
+            limit = _int(_read(folder / limit_file))
+            usage = _int(_read(folder / usage_file))
             if limit is None or usage is None or limit >= _UNLIMITED:
                 continue
-            cache = _stat_value(_read(folder / "memory.stat"), "inactive_file")
-            candidates.append((limit - max(usage - cache, 0), limit, f"v2:{name}"))
-    if mount_v1 is not None and group_v1 is not None:
-        for name, folder in _ancestors(mount_v1, group_v1):
-            limit = _int(_read(folder / "memory.limit_in_bytes"))
-            usage = _int(_read(folder / "memory.usage_in_bytes"))
-            if limit is None or usage is None or limit >= _UNLIMITED:
-                continue
-            stat = _read(folder / "memory.stat")
-            cache = _stat_value(stat, "total_inactive_file", "inactive_file")
-            candidates.append((limit - max(usage - cache, 0), limit, f"v1:{name}"))
+            cache = _stat_value(_read(folder / "memory.stat"), *cache_keys)
+            candidates.append((limit - max(usage - cache, 0), limit, f"{version}:{name}"))
     if not candidates:
         return None
     room, limit, name = min(candidates)

@@ -6,59 +6,10 @@ HTTP client. The daemon (``localllm.daemon``) and the terminal UI (``localllm.tu
 
 from __future__ import annotations
 
-from ._exceptions import (
-    APIError,
-    AuthRequiredError,
-    BlobNotFoundError,
-    DaemonError,
-    DaemonTimeoutError,
-    DaemonUnavailableError,
-    DamagedModelError,
-    DigestMismatchError,
-    DiskFullError,
-    GGUFError,
-    InvalidDigestError,
-    InvalidNameError,
-    LaunchError,
-    LocalLLMError,
-    ModelNotFoundError,
-    NetworkError,
-    OperationCancelledError,
-    PullError,
-    QuantizeError,
-    RemoteNotFoundError,
-    SettingsError,
-    StoreBusyError,
-    StoreError,
-    StoreUnwritableError,
-)
+from . import _exceptions
+from ._exceptions import *  # noqa: F403 (every error: _exceptions.__all__)
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "APIError",
-    "AuthRequiredError",
-    "BlobNotFoundError",
-    "DaemonError",
-    "DaemonTimeoutError",
-    "DaemonUnavailableError",
-    "DamagedModelError",
-    "DigestMismatchError",
-    "DiskFullError",
-    "GGUFError",
-    "InvalidDigestError",
-    "InvalidNameError",
-    "LaunchError",
-    "LocalLLMError",
-    "ModelNotFoundError",
-    "NetworkError",
-    "OperationCancelledError",
-    "PullError",
-    "QuantizeError",
-    "RemoteNotFoundError",
-    "SettingsError",
-    "StoreBusyError",
-    "StoreError",
-    "StoreUnwritableError",
-    "__version__",
-]
+__all__ = ["__version__"]
+__all__ += _exceptions.__all__

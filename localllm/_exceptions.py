@@ -22,6 +22,7 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   └── NetworkError           the source could not be reached
     │       └── RateLimitedError   the source refuses for now (HTTP 429); ``retry_after`` seconds
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
+    ├── BenchError                 a benchmark that cannot run as asked (``localllm bench``)
     ├── LaunchError                ``localllm launch`` cannot set up or start a coding tool
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
@@ -36,6 +37,7 @@ from __future__ import annotations
 __all__ = [
     "APIError",
     "AuthRequiredError",
+    "BenchError",
     "BlobNotFoundError",
     "DaemonError",
     "DaemonTimeoutError",
@@ -164,6 +166,10 @@ class RateLimitedError(NetworkError):
 
 class OperationCancelledError(LocalLLMError):
     """The caller set the cancel event of a pull or quantization; partial downloads are kept."""
+
+
+class BenchError(LocalLLMError):
+    """A benchmark that cannot run as asked (a bad option, an unknown compare key...)."""
 
 
 class LaunchError(LocalLLMError):

@@ -14,6 +14,7 @@ __all__ = [
     "human_since",
     "human_size",
     "human_until",
+    "processor",
     "speed_figures",
     "table",
 ]
@@ -115,6 +116,17 @@ def human_until(timestamp: float | None, now: float | None = None) -> str:
     if remaining <= 0:
         return "Stopping..."
     return f"{human_duration(remaining)} from now"
+
+
+def processor(size: int, size_vram: int) -> str:
+    """Where a model of ``size`` bytes with ``size_vram`` of them on GPUs runs, as ``ollama ps``
+    says it: ``100% CPU``, ``100% GPU`` or ``38%/62% CPU/GPU``."""
+    if size <= 0 or size_vram <= 0:
+        return "100% CPU"
+    if size_vram >= size:
+        return "100% GPU"
+    cpu = round(100 * (size - size_vram) / size)
+    return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

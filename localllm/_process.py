@@ -1,17 +1,19 @@
-"""Questions about other processes on this machine, and files they share."""
+"""Questions about other processes on this machine (is it alive, what did it report, which
+loopback port is free), and files they share."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from ._format import exit_status
 
-__all__ = ["child_report", "pid_alive", "write_json"]
+__all__ = ["child_report", "free_port", "pid_alive", "write_json"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -23,6 +25,14 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (another process may take it before the
+    caller binds it: good enough for starting a server of one's own)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def child_report(done: subprocess.CompletedProcess[bytes]) -> tuple[dict[str, Any] | None, str]:

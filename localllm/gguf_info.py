@@ -113,6 +113,10 @@ class GGUFInfo:
     def _arch_value(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
+    def _text(self, key: str) -> str | None:
+        value = self.metadata.get(key)
+        return value if isinstance(value, str) else None
+
     def require_model(self) -> None:
         """Raise :class:`GGUFError` unless this file can be a model llama.cpp loads (or the
         first part of one): a GGUF of metadata alone, or one naming no architecture, is not."""
@@ -153,8 +157,7 @@ class GGUFInfo:
     @property
     def name(self) -> str | None:
         """``general.name``."""
-        value = self.metadata.get("general.name")
-        return value if isinstance(value, str) else None
+        return self._text("general.name")
 
     @property
     def parameter_count(self) -> int:
@@ -187,20 +190,17 @@ class GGUFInfo:
     @property
     def context_length(self) -> int | None:
         """Context length the model was trained for."""
-        value = self._arch_value("context_length")
-        return int(value) if isinstance(value, int) else None
+        return _whole(self._arch_value("context_length"))
 
     @property
     def embedding_length(self) -> int | None:
         """Hidden size (n_embd)."""
-        value = self._arch_value("embedding_length")
-        return int(value) if isinstance(value, int) else None
+        return _whole(self._arch_value("embedding_length"))
 
     @property
     def block_count(self) -> int | None:
         """Number of layers."""
-        value = self._arch_value("block_count")
-        return int(value) if isinstance(value, int) else None
+        return _whole(self._arch_value("block_count"))
 
     @property
     def head_count(self) -> int | None:
@@ -225,14 +225,12 @@ class GGUFInfo:
             return tokens.length
         if isinstance(tokens, list):
             return len(tokens)
-        value = self._arch_value("vocab_size")
-        return int(value) if isinstance(value, int) else None
+        return _whole(self._arch_value("vocab_size"))
 
     @property
     def tokenizer_model(self) -> str | None:
         """``tokenizer.ggml.model``: ``gpt2`` (byte-level BPE), ``llama`` (SentencePiece)..."""
-        value = self.metadata.get("tokenizer.ggml.model")
-        return value if isinstance(value, str) else None
+        return self._text("tokenizer.ggml.model")
 
     @property
     def tokenizer_kind(self) -> str:
@@ -253,14 +251,12 @@ class GGUFInfo:
     @property
     def chat_template(self) -> str | None:
         """``tokenizer.chat_template`` (a Jinja template), if present."""
-        value = self.metadata.get("tokenizer.chat_template")
-        return value if isinstance(value, str) else None
+        return self._text("tokenizer.chat_template")
 
     @property
     def license(self) -> str | None:
         """``general.license`` (an SPDX id or the license text)."""
-        value = self.metadata.get("general.license")
-        return value if isinstance(value, str) else None
+        return self._text("general.license")
 
     @property
     def is_embedding_only(self) -> bool:
@@ -340,6 +336,10 @@ def draft_incompatibility(target: GGUFInfo, draft: GGUFInfo) -> str | None:
     if size_t is None or size_d is None or abs(size_t - size_d) > MAX_DRAFT_VOCAB_DIFFERENCE:
         return f"vocabulary sizes differ ({size_t} vs {size_d} tokens)"
     return None
+
+
+def _whole(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) else None
 
 
 def _first_int(value: Any) -> int | None:

@@ -12,7 +12,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,6 +182,8 @@ def _fallback_runtime_dir() -> Path:
         import platformdirs
 
         return Path(platformdirs.user_runtime_dir("localllm", appauthor=False))
+    import tempfile  # only without XDG_RUNTIME_DIR: not on every command's path
+
     candidate = Path(tempfile.gettempdir()) / f"localllm-{os.getuid()}"
     if _private_dir(candidate):
         return candidate

@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -16,6 +17,12 @@ from tiny_gguf import write_tiny_gguf
 from localllm.settings import Settings
 from localllm.starter import starter_gguf_path
 from localllm.store import Store
+
+if TYPE_CHECKING:
+    import httpx
+    import ollama
+    import openai
+    from test_daemon_support import Daemon
 
 
 @pytest.fixture(scope="session")
@@ -60,3 +67,30 @@ def settings(home: Path) -> Settings:
 def store(settings: Settings) -> Store:
     """An empty store in the temporary home."""
     return Store(settings.data_dir)
+
+
+# A test module's daemon through the clients people use: each module that asks for these
+# defines its own ``daemon`` fixture (module scope).
+
+
+@pytest.fixture(scope="module")
+def http(daemon: Daemon) -> Iterator[httpx.Client]:
+    """Plain HTTP to the module's daemon (TCP)."""
+    with daemon.http() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def oai(daemon: Daemon) -> openai.OpenAI:
+    """The official OpenAI client on the module's daemon."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oll(daemon: Daemon) -> ollama.Client:
+    """The official Ollama client on the module's daemon."""
+    import ollama
+
+    return ollama.Client(host=daemon.url)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from localllm.daemon.runner import (
     GenerationRequest,
@@ -19,9 +20,25 @@ from localllm.daemon.runner import (
     TokenChunk,
 )
 
+if TYPE_CHECKING:
+    from localllm.daemon.runner.model import LlamaModel
+
 T = TypeVar("T")
 
-__all__ = ["RunnerHarness", "greedy", "load_failure"]
+__all__ = ["RunnerHarness", "greedy", "load_failure", "loaded_model"]
+
+
+@contextlib.contextmanager
+def loaded_model(path: Path, **config: Any) -> Iterator[LlamaModel]:
+    """The model at ``path`` loaded in this process (``config``: :class:`RunnerConfig`'s
+    fields), closed when the block ends."""
+    from localllm.daemon.runner.model import LlamaModel
+
+    model = LlamaModel(RunnerConfig(model_path=str(path), **config))
+    try:
+        yield model
+    finally:
+        model.close()
 
 
 def greedy(num_predict: int = 24, **options: Any) -> SamplingOptions:

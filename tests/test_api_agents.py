@@ -30,7 +30,6 @@ from test_api_tools import ASK, HERMES_TEMPLATE, TOOLS, _valid
 from test_daemon_support import Daemon, running_daemon, wait_for_stats
 from tiny_gguf import write_tiny_gguf
 
-from localllm.client import Client
 from localllm.daemon.api.llamaserver import _EarlyStop
 
 pytestmark = pytest.mark.slow
@@ -69,31 +68,14 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     with running_daemon(
         tmp_path_factory.mktemp("agents") / "home", num_parallel=2, num_threads=1
     ) as d:
-        client = Client(d.settings)
         for name, template in (
             (PLAIN, tiny_gguf.CHATML_TEMPLATE),
             (THINKER, THINKER_TEMPLATE),
             (HERMES, HERMES_TEMPLATE),
         ):
             path = _write(models / f"{name.split(':')[1]}.gguf", template)
-            list(client.create(name, from_=str(path)))
+            d.create(name, path)
         yield d
-
-
-@pytest.fixture(scope="module")
-def oai(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def oll(daemon: Daemon) -> ollama.Client:
-    return ollama.Client(host=daemon.url)
-
-
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=120) as client:
-        yield client
 
 
 def _tokens(http: httpx.Client, model: str, text: str, **flags: Any) -> list[int]:

@@ -197,14 +197,21 @@ def test_forced_tool_use_whole_and_streamed(
     ]
 
 
-def test_named_tool_without_parallel_calls(claude: anthropic.Anthropic) -> None:
-    answer = claude.messages.create(
+def ask_with_tools(claude: anthropic.Anthropic, tool_choice: dict[str, Any]) -> Any:
+    """:data:`ASK` with the tools, greedy, as ``tool_choice`` says."""
+    return claude.messages.create(
         model=HERMES,
         max_tokens=120,
         messages=ASK,
         tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
-        tool_choice={"type": "tool", "name": "set_alarm", "disable_parallel_tool_use": True},
+        tool_choice=tool_choice,  # type: ignore[arg-type]
         extra_body=GREEDY,
+    )
+
+
+def test_named_tool_without_parallel_calls(claude: anthropic.Anthropic) -> None:
+    answer = ask_with_tools(
+        claude, {"type": "tool", "name": "set_alarm", "disable_parallel_tool_use": True}
     )
     calls = [b for b in answer.content if b.type == "tool_use"]
     assert len(calls) == 1 and calls[0].name == "set_alarm"
@@ -213,14 +220,7 @@ def test_named_tool_without_parallel_calls(claude: anthropic.Anthropic) -> None:
 
 
 def test_multi_turn_with_tool_use_and_result(claude: anthropic.Anthropic) -> None:
-    first = claude.messages.create(
-        model=HERMES,
-        max_tokens=120,
-        messages=ASK,
-        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
-        tool_choice={"type": "any", "disable_parallel_tool_use": True},
-        extra_body=GREEDY,
-    )
+    first = ask_with_tools(claude, {"type": "any", "disable_parallel_tool_use": True})
     (call,) = [b for b in first.content if b.type == "tool_use"]
     history: list[Any] = [
         *ASK,

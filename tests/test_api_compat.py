@@ -34,12 +34,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield d
 
 
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=120) as client:
-        yield client
-
-
 def _error(response: httpx.Response) -> Any:
     return response.json()["error"]
 

@@ -18,7 +18,6 @@ import pytest
 from test_daemon_support import Daemon, running_daemon
 from tiny_gguf import write_tiny_gguf
 
-from localllm.client import Client
 from localllm.daemon.runner import cpu
 
 pytestmark = pytest.mark.slow
@@ -39,16 +38,9 @@ def daemon(
     tmp_path_factory: pytest.TempPathFactory, reranker_gguf: Path, tiny_gguf: Path
 ) -> Iterator[Daemon]:
     with running_daemon(tmp_path_factory.mktemp("rerank") / "home", num_threads=1) as d:
-        client = Client(d.settings)
-        list(client.create(RERANKER, from_=str(reranker_gguf)))
-        list(client.create(PLAIN, from_=str(tiny_gguf)))
+        d.create(RERANKER, reranker_gguf)
+        d.create(PLAIN, tiny_gguf)
         yield d
-
-
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=120) as client:
-        yield client
 
 
 def reference_scores(path: Path, query: str, documents: list[str]) -> list[float]:

@@ -105,28 +105,23 @@ def test_instructions_and_message_items(oai: openai.OpenAI) -> None:
         assert answer.usage is not None
         return answer.usage.input_tokens
 
+    def message(role: str, part: str, text: str) -> dict[str, Any]:
+        return {"type": "message", "role": role, "content": [{"type": part, "text": text}]}
+
     bare = prompt_tokens(input="Hello there")
     instructed = prompt_tokens(input="Hello there", instructions="You answer in French.")
     assert instructed > bare + 5
     as_items = prompt_tokens(
         input=[
             {"role": "developer", "content": "You answer in French."},
-            {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "Hello there"}],
-            },
+            message("user", "input_text", "Hello there"),
         ]
     )
     assert as_items == instructed
     history = prompt_tokens(
         input=[
             {"role": "user", "content": "Hello there"},
-            {
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": "Bonjour!"}],
-            },
+            message("assistant", "output_text", "Bonjour!"),
             {"role": "user", "content": "How are you?"},
         ]
     )

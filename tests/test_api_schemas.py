@@ -27,8 +27,6 @@ from test_api_tools import HERMES_TEMPLATE, TOOLS
 from test_daemon_support import Daemon, running_daemon
 from tiny_gguf import write_tiny_gguf
 
-from localllm.client import Client
-
 pytestmark = pytest.mark.slow
 
 HERMES = "tiny:hermes"
@@ -51,16 +49,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     hermes = write_tiny_gguf(models / "hermes.gguf", chat_template=HERMES_TEMPLATE)
     think = write_tiny_gguf(models / "think.gguf", chat_template=THINK_TEMPLATE)
     with running_daemon(tmp_path_factory.mktemp("schemas") / "home", num_parallel=2) as d:
-        client = Client(d.settings)
-        list(client.create(HERMES, from_=str(hermes)))
-        list(client.create(THINK, from_=str(think)))
+        d.create(HERMES, hermes)
+        d.create(THINK, think)
         yield d
-
-
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=120) as client:
-        yield client
 
 
 def sse(http: httpx.Client, path: str, body: dict[str, Any], **kwargs: Any) -> list[Any]:

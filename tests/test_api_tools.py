@@ -23,8 +23,6 @@ import pytest
 from test_daemon_support import Daemon, running_daemon
 from tiny_gguf import write_tiny_gguf
 
-from localllm.client import Client
-
 SMOL = "smollm2:135m"
 HERMES = "tiny:hermes"
 JSONTOOLS = "tiny:jsontools"
@@ -90,27 +88,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: Path) -> Iterato
         tmp_path_factory.mktemp("models") / "hermes.gguf", chat_template=HERMES_TEMPLATE
     )
     with running_daemon(home, num_parallel=2, num_threads=1) as d:
-        client = Client(d.settings)
-        list(client.create(HERMES, from_=str(hermes)))
+        d.create(HERMES, hermes)
         # a Modelfile TEMPLATE that renders tools gives the plain tiny model the capability
-        list(client.create(JSONTOOLS, from_=str(tiny_gguf), template=GENERIC_TEMPLATE))
+        d.create(JSONTOOLS, tiny_gguf, template=GENERIC_TEMPLATE)
         yield d
-
-
-@pytest.fixture(scope="module")
-def oai(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def oll(daemon: Daemon) -> ollama.Client:
-    return ollama.Client(host=daemon.url)
-
-
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=120) as client:
-        yield client
 
 
 def _valid(name: str, arguments: dict[str, Any]) -> bool:

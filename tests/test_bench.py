@@ -10,14 +10,14 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from loopback import serving
 from test_daemon_support import Daemon, running_daemon
 
 from localllm.bench import (
@@ -34,7 +34,7 @@ from localllm.bench import (
     run_bench,
     summarize,
 )
-from localllm.bench_report import terminal_plot, write_report
+from localllm.bench.report import terminal_plot, write_report
 from localllm.client import AsyncClient
 
 MODEL = "tiny:bench"
@@ -164,14 +164,8 @@ class _Refuser(BaseHTTPRequestHandler):
 @pytest.fixture
 def refusing_url() -> Iterator[str]:
     """A loopback server that refuses every request."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Refuser)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_Refuser) as url:
+        yield url
 
 
 def test_a_refusing_server_is_reported_not_a_traceback(
@@ -198,15 +192,18 @@ def test_a_refusing_server_is_reported_not_a_traceback(
     assert len(failed) == 3 and all(s["status"] == 503 for s in failed)
 
 
-def test_compare_a_request_option(daemon: Daemon, tmp_path: Path) -> None:
-    out = tmp_path / "options.json"
+def compare(daemon: Daemon, spec: str, out: Path) -> tuple[str, dict[str, Any]]:
+    """``localllm bench --compare SPEC`` at one short level: its output and JSON document."""
     result = bench(
         daemon, "--levels", "1", "--answer-tokens", "4", "--prompt-tokens", "16",
-        "--prompt-lengths", "none", "--compare", "num_draft=0,4", "--json", str(out),
-        "--no-plot",
+        "--prompt-lengths", "none", "--compare", spec, "--json", str(out), "--no-plot",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    document = json.loads(out.read_text())
+    return result.stdout, dict(json.loads(out.read_text()))
+
+
+def test_compare_a_request_option(daemon: Daemon, tmp_path: Path) -> None:
+    _, document = compare(daemon, "num_draft=0,4", tmp_path / "options.json")
     assert [t["label"] for t in document["targets"]] == ["num_draft=0", "num_draft=4"]
     assert [t["options"] for t in document["targets"]] == [{"num_draft": 0}, {"num_draft": 4}]
     assert len(document["ratios"]) == 1
@@ -215,14 +212,7 @@ def test_compare_a_request_option(daemon: Daemon, tmp_path: Path) -> None:
 def test_compare_kv_cache_types_starts_a_daemon_each_and_shows_kv_bytes(
     daemon: Daemon, tmp_path: Path
 ) -> None:
-    out = tmp_path / "kv.json"
-    result = bench(
-        daemon, "--levels", "1", "--answer-tokens", "4", "--prompt-tokens", "16",
-        "--prompt-lengths", "none", "--compare", "kv_cache_type=f16,q8_0", "--json", str(out),
-        "--no-plot",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    document = json.loads(out.read_text())
+    stdout, document = compare(daemon, "kv_cache_type=f16,q8_0", tmp_path / "kv.json")
     targets = {t["label"]: t for t in document["targets"]}
     f16, q8 = targets["kv_cache_type=f16"], targets["kv_cache_type=q8_0"]
     # each ran on its own daemon (not the one under test), which is gone now
@@ -230,7 +220,7 @@ def test_compare_kv_cache_types_starts_a_daemon_each_and_shows_kv_bytes(
     assert f16["memory"]["kv_cache_type"] == "f16" and q8["memory"]["kv_cache_type"] == "q8_0"
     assert not f16["memory"]["kv_cache_type_assumed"]
     assert q8["memory"]["kv_bytes"] < f16["memory"]["kv_bytes"]
-    assert "Memory" in result.stdout and "q8_0" in result.stdout
+    assert "Memory" in stdout and "q8_0" in stdout
     assert all(s["ok"] for s in document["samples"])
 
 

@@ -39,17 +39,7 @@ def test_a_command_starts_a_detached_daemon_that_outlives_it(tmp_path: Path) -> 
 
 def test_racing_commands_start_one_daemon(tmp_path: Path) -> None:
     with cli_home(tmp_path / "home") as cli:
-        commands = [
-            subprocess.Popen(
-                [sys.executable, "-m", "localllm", "list"],
-                env=cli.env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(4)
-        ]
+        commands = [cli.popen("list", stdout=subprocess.PIPE) for _ in range(4)]
         results = [(c.wait(120), *c.communicate()) for c in commands]
         for status, out, err in results:
             assert status == 0, err

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from test_daemon_support import free_port
+
 from localllm.client import Client
 from localllm.settings import Settings
 
@@ -31,15 +33,6 @@ __all__ = [
     "free_port",
     "wait_for_stats",
 ]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def closed_port_url() -> str:
@@ -118,16 +111,20 @@ class CliHome:
             dimensions=(40, columns),
         )
 
-    def serve(self) -> subprocess.Popen[str]:
-        """``localllm serve`` in the foreground, as a child of the test (stderr piped)."""
+    def popen(self, *args: str, stdout: int = subprocess.DEVNULL) -> subprocess.Popen[str]:
+        """``localllm ARGS`` started, as a child of the test (stderr piped, text)."""
         return subprocess.Popen(
-            [sys.executable, "-m", "localllm", "serve"],
+            [sys.executable, "-m", "localllm", *args],
             env=self.env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=stdout,
             stderr=subprocess.PIPE,
             text=True,
         )
+
+    def serve(self) -> subprocess.Popen[str]:
+        """``localllm serve`` in the foreground, as a child of the test (stderr piped)."""
+        return self.popen("serve")
 
     def client(self) -> Client:
         """A client of this home's daemon (TCP, as the CLI's LOCALLLM_HOST says)."""

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from localllm.cli.models import ps_rows, render_plan, render_show
+from localllm.cli.models import render_plan, render_show
+from localllm.cli.ps import ps_rows
 from localllm.cli.repl import Repl
 from localllm.cli.session import ChatConfig
 from localllm.modelfile import (

@@ -34,12 +34,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield d
 
 
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with daemon.http() as client:
-        yield client
-
-
 # -- Host and Origin --------------------------------------------------------------------------
 
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from localllm._process import free_port
 from localllm.client import Client
 from localllm.settings import Settings
 
@@ -32,13 +32,6 @@ __all__ = [
     "start_daemon",
     "wait_for_stats",
 ]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Daemon:
@@ -55,6 +48,14 @@ class Daemon:
         """A localllm client over the Unix socket (or TCP with ``use_tcp=True``)."""
         kwargs.setdefault("use_tcp", False)
         return Client(self.settings, **kwargs)
+
+    def create(self, name: str, path: Path | None = None, **fields: Any) -> None:
+        """Create model ``name`` from the GGUF file at ``path`` (the daemon reads it) and the
+        other ``fields`` :meth:`Client.create` takes, to the end."""
+        if path is not None:
+            fields["from_"] = str(path)
+        with self.client() as client:
+            list(client.create(name, **fields))
 
     def http(self, **kwargs: Any) -> httpx.Client:
         """A plain httpx client on TCP."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runner_harness import RunnerHarness, greedy
+from runner_harness import RunnerHarness, greedy, loaded_model
 from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.runner import EmbeddingRequest, GenerationRequest, RunnerConfig, TokenChunk
@@ -34,11 +34,8 @@ def endless_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def model(endless_gguf: Path) -> Iterator[LlamaModel]:
     """The tiny model loaded in this process, three slots."""
-    llama = LlamaModel(
-        RunnerConfig(model_path=str(endless_gguf), n_slots=3, n_ctx_per_slot=256, n_threads=2)
-    )
-    yield llama
-    llama.close()
+    with loaded_model(endless_gguf, n_slots=3, n_ctx_per_slot=256, n_threads=2) as llama:
+        yield llama
 
 
 class BatchRecorder:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from test_daemon_support import Daemon, running_daemon
-from test_fault_support import create_from_file
+from test_fault_support import create_from_file, short_answer
 from tiny_gguf import write_tiny_gguf
 
 pytestmark = pytest.mark.slow
@@ -68,17 +68,7 @@ def _assert_ends_with_error(status: int, lines: list[Any], fragment: str) -> Non
 
 
 def _serves(http: httpx.Client) -> None:
-    answer = http.post(
-        "/api/generate",
-        json={
-            "model": MODEL,
-            "prompt": "still there?",
-            "stream": False,
-            "options": {"num_predict": 3},
-        },
-    )
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["done"] is True
+    assert short_answer(http, MODEL, "still there?")["done"] is True
 
 
 def test_chat_with_a_schema_the_grammar_converter_rejects(http: httpx.Client) -> None:

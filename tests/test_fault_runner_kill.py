@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from test_daemon_support import Daemon, running_daemon
-from test_fault_support import StreamEnd, create_from_file, ollama_stream, openai_stream
+from test_fault_support import StreamEnd, create_from_file, read_stream
 from tiny_gguf import write_tiny_gguf
 
 pytestmark = pytest.mark.slow
@@ -74,10 +74,10 @@ async def _killed_stream(url: str, family: str, pid: int, signum: int) -> Stream
                 "messages": MESSAGES,
                 "options": {"num_predict": 100000},
             }
-            end = await ollama_stream(http, "/api/chat", body, kill_on_first_text)
+            end = await read_stream(http, "/api/chat", body, kill_on_first_text)
         else:
             body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 100000, "stream": True}
-            end = await openai_stream(http, "/v1/chat/completions", body, kill_on_first_text)
+            end = await read_stream(http, "/v1/chat/completions", body, kill_on_first_text)
     assert killed, "no text streamed before the end"
     return end
 

@@ -3,8 +3,8 @@
 * :func:`is_json_prefix`: whether a text can still be completed into one JSON value (what a
   grammar-constrained answer cut off by ``num_predict`` must be);
 * :func:`rss_bytes`: a process's resident memory, from ``/proc/<pid>/status``;
-* :func:`ollama_stream` / :func:`openai_stream`: read one NDJSON or SSE stream to its end and
-  say how it ended (final chunk, error event, or neither);
+* :func:`read_stream`: read one NDJSON or SSE stream to its end and say how it ended (final
+  chunk, error event, or neither);
 * :func:`create_from_file`: register a GGUF file under a name through ``/api/create``.
 """
 
@@ -23,9 +23,9 @@ __all__ = [
     "StreamEnd",
     "create_from_file",
     "is_json_prefix",
-    "ollama_stream",
-    "openai_stream",
+    "read_stream",
     "rss_bytes",
+    "short_answer",
 ]
 
 # -- JSON prefixes --------------------------------------------------------------------------------
@@ -157,6 +157,16 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError(f"no VmRSS for process {pid}")
 
 
+def short_answer(http: httpx.Client, model: str, prompt: str) -> dict[str, Any]:
+    """A three-token ``/api/generate`` answer, which must come (the daemon still serves)."""
+    answer = http.post(
+        "/api/generate",
+        json={"model": model, "prompt": prompt, "stream": False, "options": {"num_predict": 3}},
+    )
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
 def create_from_file(http: httpx.Client, name: str, path: Path) -> None:
     """``/api/create`` ``name`` from a GGUF file the daemon can read."""
     response = http.post("/api/create", json={"model": name, "from": str(path), "stream": False})
@@ -207,14 +217,28 @@ class StreamEnd:
         return self.events[-1] if self.events else None
 
 
-async def ollama_stream(
+def _ndjson(line: str) -> tuple[Any, bool]:
+    event = json.loads(line)
+    return event, event.get("done") is True
+
+
+def _sse(line: str) -> tuple[Any, bool]:
+    assert line.startswith("data: "), line
+    payload = line.removeprefix("data: ")
+    if payload.strip() == "[DONE]":
+        return None, True
+    return json.loads(payload), False
+
+
+async def read_stream(
     http: httpx.AsyncClient,
     path: str,
     body: dict[str, Any],
     on_event: Callable[[Any], None] | None = None,
 ) -> StreamEnd:
-    """POST an Ollama streaming request and read its NDJSON to the end; ``on_event`` sees
-    each event as it arrives."""
+    """POST a streaming request and read it to the end: server-sent events for OpenAI's
+    routes (``/v1/...``), NDJSON for Ollama's; ``on_event`` sees each event as it arrives."""
+    parse = _sse if path.startswith("/v1/") else _ndjson
     async with http.stream("POST", path, json=body) as response:
         end = StreamEnd(response.status_code, {k.lower(): v for k, v in response.headers.items()})
         if response.status_code != 200:
@@ -227,46 +251,14 @@ async def ollama_stream(
             if ended:
                 end.after_end.append(line)
                 continue
-            event = json.loads(line)
-            end.events.append(event)
-            if on_event is not None:
-                on_event(event)
-            if "error" in event:
-                end.error, ended = event["error"], True
-            elif event.get("done") is True:
+            event, final = parse(line)
+            if event is not None:
+                end.events.append(event)
+                if on_event is not None:
+                    on_event(event)
+                if "error" in event:
+                    end.error, ended = event["error"], True
+                    continue
+            if final:
                 end.finished, ended = True, True
-        return end
-
-
-async def openai_stream(
-    http: httpx.AsyncClient,
-    path: str,
-    body: dict[str, Any],
-    on_event: Callable[[Any], None] | None = None,
-) -> StreamEnd:
-    """POST an OpenAI streaming request and read its server-sent events to the end;
-    ``on_event`` sees each event as it arrives."""
-    async with http.stream("POST", path, json=body) as response:
-        end = StreamEnd(response.status_code, {k.lower(): v for k, v in response.headers.items()})
-        if response.status_code != 200:
-            end.body = (await response.aread()).decode(errors="replace")
-            return end
-        ended = False
-        async for line in response.aiter_lines():
-            if not line.strip():
-                continue
-            if ended:
-                end.after_end.append(line)
-                continue
-            assert line.startswith("data: "), line
-            payload = line.removeprefix("data: ")
-            if payload.strip() == "[DONE]":
-                end.finished, ended = True, True
-                continue
-            event = json.loads(payload)
-            end.events.append(event)
-            if on_event is not None:
-                on_event(event)
-            if "error" in event:
-                end.error, ended = event["error"], True
         return end

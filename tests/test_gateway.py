@@ -20,10 +20,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from loopback import serving
 from test_daemon_support import Daemon, free_port, running_daemon, start_daemon
 from test_fault_support import create_from_file
 from tiny_gguf import write_tiny_gguf
@@ -305,18 +305,6 @@ class _Ollama(BaseHTTPRequestHandler):
         pass
 
 
-@contextlib.contextmanager
-def ollama_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ollama)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def cli_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
     env["LOCALLLM_HOME"] = str(home)
@@ -329,7 +317,7 @@ def test_cli_names_workers_down_or_not_localllm_and_ps_all_lists_the_fleet(
     env = cli_env(tmp_path / "home")
     down = f"http://127.0.0.1:{free_port()}"
     port = free_port()
-    with ollama_server() as foreign:
+    with serving(_Ollama) as foreign:
         command = [sys.executable, "-m", "localllm", "gateway", "--health-interval", "1"]
         command += ["--shutdown-grace", "1"]
         for url in (fleet[0].url, down, foreign):

@@ -9,7 +9,7 @@ import pytest
 from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner import GenerationRequest, RunnerConfig
+from localllm.daemon.runner import GenerationRequest, GenerationResult, RunnerConfig
 from localllm.daemon.runner.kvcache import PrefixCache, layout_folder
 
 # -- the tiers, without llama.cpp ------------------------------------------------------------
@@ -139,6 +139,17 @@ def ask(prompt: str) -> GenerationRequest:
     return GenerationRequest(id="", prompt=prompt, raw=True, options=greedy(16))
 
 
+def answer_alone(
+    model: Path, kv_dir: Path, workdir: Path, prompt: str
+) -> tuple[str, GenerationResult]:
+    """One answer from a runner started for it; closing it saves its idle prefix."""
+    runner = runner_for(model, kv_dir, workdir)
+    try:
+        return runner.generate(ask(prompt))
+    finally:
+        runner.close()
+
+
 @pytest.fixture
 def kv_dir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "kvcache"
@@ -166,46 +177,26 @@ def test_a_restored_prefix_answers_as_a_cold_prefill(
 def test_saved_prefixes_survive_a_runner_restart_and_never_cross_models(
     endless: Path, kv_dir: Path, tmp_path: Path
 ) -> None:
-    first = runner_for(endless, kv_dir, tmp_path / "r1")
-    try:
-        cold_text, cold = first.generate(ask(SYSTEM + "question two"))
-    finally:
-        first.close()  # saves its idle prefix to disk
+    cold_text, cold = answer_alone(endless, kv_dir, tmp_path / "r1", SYSTEM + "question two")
     assert list(kv_dir.glob("*/*.kv"))
-    second = runner_for(endless, kv_dir, tmp_path / "r2")
-    try:
-        warm_text, warm = second.generate(ask(SYSTEM + "question two"))
-    finally:
-        second.close()
+    warm_text, warm = answer_alone(endless, kv_dir, tmp_path / "r2", SYSTEM + "question two")
     assert warm.timings.cached_tokens >= cold.timings.prompt_tokens - 16
     assert warm_text == cold_text
     # Another model (other weights) never sees those states.
     other_model = write_tiny_gguf(tmp_path / "other.gguf", never_ends=True, seed=7)
-    other = runner_for(other_model, kv_dir, tmp_path / "r3")
-    try:
-        _, fresh = other.generate(ask(SYSTEM + "question two"))
-    finally:
-        other.close()
+    _, fresh = answer_alone(other_model, kv_dir, tmp_path / "r3", SYSTEM + "question two")
     assert fresh.timings.cached_tokens == 0
 
 
 def test_a_corrupt_saved_prefix_is_removed_and_the_answer_is_unchanged(
     endless: Path, kv_dir: Path, tmp_path: Path
 ) -> None:
-    first = runner_for(endless, kv_dir, tmp_path / "r1")
-    try:
-        cold_text, _ = first.generate(ask(SYSTEM + "question three"))
-    finally:
-        first.close()
+    cold_text, _ = answer_alone(endless, kv_dir, tmp_path / "r1", SYSTEM + "question three")
     (path,) = kv_dir.glob("*/*.kv")
     data = bytearray(path.read_bytes())
     data[-100] ^= 0xFF
     path.write_bytes(bytes(data))
-    second = runner_for(endless, kv_dir, tmp_path / "r2")
-    try:
-        text, result = second.generate(ask(SYSTEM + "question three"))
-    finally:
-        second.close()
+    text, result = answer_alone(endless, kv_dir, tmp_path / "r2", SYSTEM + "question three")
     assert result.timings.cached_tokens == 0
     assert text == cold_text
     assert not path.exists() or path.read_bytes() != bytes(data)

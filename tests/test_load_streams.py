@@ -19,7 +19,13 @@ from typing import Any
 import httpx
 import pytest
 from test_daemon_support import Daemon, running_daemon
-from test_fault_support import StreamEnd, create_from_file, ollama_stream, openai_stream, rss_bytes
+from test_fault_support import (
+    StreamEnd,
+    create_from_file,
+    read_stream,
+    rss_bytes,
+    short_answer,
+)
 from tiny_gguf import write_tiny_gguf
 
 pytestmark = pytest.mark.slow
@@ -76,10 +82,8 @@ def _request(index: int) -> tuple[str, str, dict[str, Any], int]:
 
 
 async def _one(http: httpx.AsyncClient, index: int) -> tuple[int, StreamEnd]:
-    family, path, body, tokens = _request(index)
-    if family == "ollama":
-        return tokens, await ollama_stream(http, path, body)
-    return tokens, await openai_stream(http, path, body)
+    _, path, body, tokens = _request(index)
+    return tokens, await read_stream(http, path, body)
 
 
 async def _round(url: str, clients: int) -> list[tuple[int, StreamEnd]]:
@@ -155,13 +159,4 @@ def test_a_full_queue_answers_well_formed_503s(
                 assert error["type"] == "server_busy" and "busy" in error["message"], end.body
         # The daemon serves again once the burst is over.
         with small.http() as http:
-            answer = http.post(
-                "/api/generate",
-                json={
-                    "model": MODEL,
-                    "prompt": "after",
-                    "stream": False,
-                    "options": {"num_predict": 3},
-                },
-            )
-            assert answer.status_code == 200 and answer.json()["eval_count"] == 3
+            assert short_answer(http, MODEL, "after")["eval_count"] == 3

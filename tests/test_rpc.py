@@ -26,10 +26,10 @@ import pytest
 from rpc_support import NEEDS_RPC, Worker
 from runner_harness import RunnerHarness, greedy
 from test_daemon_support import Daemon, running_daemon
-from test_fault_support import create_from_file, ollama_stream
+from test_fault_support import create_from_file, read_stream
 from tiny_gguf import write_tiny_gguf
 
-from localllm.cli.models import ps_rows
+from localllm.cli.ps import ps_rows
 from localllm.daemon.runner import GenerationRequest, RunnerConfig
 from localllm.daemon.runner.rpc import doctor_line
 
@@ -123,7 +123,7 @@ def _stream_killing(daemon: Daemon, model: str, victim: Worker) -> Any:
                 "messages": [{"role": "user", "content": "a long answer"}],
                 "options": {"num_predict": 100000},
             }
-            return await ollama_stream(http, "/api/chat", body, kill_at_first_text)
+            return await read_stream(http, "/api/chat", body, kill_at_first_text)
 
     return asyncio.run(run())
 

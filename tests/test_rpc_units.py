@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from localllm._exceptions import LocalLLMError, SettingsError
-from localllm.cli.models import device_line, ps_rows
+from localllm.cli.ps import device_line, ps_rows
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.options import merge_options, runner_config
 from localllm.daemon.runner.backends import Device

@@ -6,20 +6,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from runner_harness import loaded_model
 
 from localllm.daemon.runner.model import LlamaModel
-from localllm.daemon.runner.protocol import GenerationRequest, RunnerConfig, SamplingOptions
+from localllm.daemon.runner.protocol import GenerationRequest, SamplingOptions
 from localllm.daemon.runner.server import PromptError, prepare_prompt
 from localllm.daemon.runner.text import TextStream
 
 
 @pytest.fixture(scope="module")
 def model(tiny_gguf: Path) -> Iterator[LlamaModel]:
-    loaded = LlamaModel(
-        RunnerConfig(model_path=str(tiny_gguf), n_slots=1, n_ctx_per_slot=256, n_threads=1)
-    )
-    yield loaded
-    loaded.close()
+    with loaded_model(tiny_gguf, n_slots=1, n_ctx_per_slot=256, n_threads=1) as loaded:
+        yield loaded
 
 
 def tokens_of(model: LlamaModel, text: str) -> list[int]:

@@ -6,71 +6,51 @@ import json
 
 import pytest
 
-from localllm.daemon.runner.protocol import (
-    CancelOp,
-    DetokenizeOp,
-    DoneEvent,
-    EmbeddingEvent,
-    EmbeddingRequest,
-    EmbeddingResult,
-    EmbedOp,
-    ErrorEvent,
-    GenerateOp,
-    GenerationRequest,
-    GenerationResult,
-    HealthEvent,
-    HealthOp,
-    PromptReadyEvent,
-    ProtocolError,
-    SamplingOptions,
-    SlotStats,
-    Stats,
-    StatsEvent,
-    StatsOp,
-    TextEvent,
-    Timings,
-    TokenEvent,
-    TokenizeOp,
-    TokensEvent,
-    decode,
-    encode,
-)
+from localllm.daemon.runner import protocol
 
 MESSAGES = [
-    GenerateOp(
+    protocol.GenerateOp(
         id="g1",
-        request=GenerationRequest(
+        request=protocol.GenerationRequest(
             id="g1",
             messages=[{"role": "user", "content": "hi \ud800"}],
-            options=SamplingOptions(temperature=0, stop=["\n"], json_schema={"type": "object"}),
+            options=protocol.SamplingOptions(
+                temperature=0, stop=["\n"], json_schema={"type": "object"}
+            ),
             tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
             template_kwargs={"enable_thinking": False},
         ),
     ),
-    EmbedOp(id="e1", request=EmbeddingRequest(id="e1", inputs=["a", "b"], truncate=False)),
-    CancelOp(id="g1"),
-    HealthOp(id="h1"),
-    StatsOp(id="s1"),
-    TokenizeOp(id="t1", text="<|im_start|>", add_special=True, parse_special=True),
-    DetokenizeOp(id="d1", tokens=[1, 2, 3]),
-    PromptReadyEvent(id="g1", prompt_tokens=12),
-    TokenEvent(id="g1", text="héllo"),
-    DoneEvent(
+    protocol.EmbedOp(
+        id="e1", request=protocol.EmbeddingRequest(id="e1", inputs=["a", "b"], truncate=False)
+    ),
+    protocol.CancelOp(id="g1"),
+    protocol.HealthOp(id="h1"),
+    protocol.StatsOp(id="s1"),
+    protocol.TokenizeOp(id="t1", text="<|im_start|>", add_special=True, parse_special=True),
+    protocol.DetokenizeOp(id="d1", tokens=[1, 2, 3]),
+    protocol.PromptReadyEvent(id="g1", prompt_tokens=12),
+    protocol.TokenEvent(id="g1", text="héllo"),
+    protocol.DoneEvent(
         id="g1",
-        result=GenerationResult(
-            id="g1", text="x", done_reason="length", timings=Timings(ttft_ms=1.5, prompt_tokens=3)
+        result=protocol.GenerationResult(
+            id="g1",
+            text="x",
+            done_reason="length",
+            timings=protocol.Timings(ttft_ms=1.5, prompt_tokens=3),
         ),
     ),
-    EmbeddingEvent(
-        id="e1", result=EmbeddingResult(id="e1", embeddings=[[0.5]], prompt_tokens=1, total_ms=2)
+    protocol.EmbeddingEvent(
+        id="e1",
+        result=protocol.EmbeddingResult(id="e1", embeddings=[[0.5]], prompt_tokens=1, total_ms=2),
     ),
-    ErrorEvent(id="g1", message="no", code="context_overflow"),
-    ErrorEvent(id=None, message="unreadable", code="bad_request"),
-    HealthEvent(id="h1", health={"status": "ok"}),
-    StatsEvent(
+    protocol.ErrorEvent(id="g1", message="no", code="context_overflow"),
+    protocol.ErrorEvent(id=None, message="unreadable", code="bad_request"),
+    protocol.HealthEvent(id="h1", health={"status": "ok"}),
+    protocol.StatsEvent(
         id="s1",
-        stats=Stats(
-            slots=[SlotStats(id=0, state="decode", request_id="g1")],
+        stats=protocol.Stats(
+            slots=[protocol.SlotStats(id=0, state="decode", request_id="g1")],
             waiting=0,
             kv_cells_used=1,
             kv_cells_total=2,
@@ -78,29 +58,29 @@ MESSAGES = [
             prefill_tokens_per_s=2.0,
         ),
     ),
-    TokensEvent(id="t1", tokens=[5]),
-    TextEvent(id="d1", text="abc"),
+    protocol.TokensEvent(id="t1", tokens=[5]),
+    protocol.TextEvent(id="d1", text="abc"),
 ]
 
 
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_every_message_round_trips_with_its_id_at_the_top(message: object) -> None:
-    line = encode(message)  # type: ignore[arg-type]
+    line = protocol.encode(message)  # type: ignore[arg-type]
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     data = json.loads(line)
     assert "id" in data and data["id"] == message.id  # type: ignore[attr-defined]
-    assert decode(line) == message
+    assert protocol.decode(line) == message
 
 
 def test_nested_dataclasses_are_rebuilt() -> None:
-    op = decode(encode(MESSAGES[0]))
-    assert isinstance(op, GenerateOp)
-    assert isinstance(op.request, GenerationRequest)
-    assert isinstance(op.request.options, SamplingOptions)
+    op = protocol.decode(protocol.encode(MESSAGES[0]))
+    assert isinstance(op, protocol.GenerateOp)
+    assert isinstance(op.request, protocol.GenerationRequest)
+    assert isinstance(op.request.options, protocol.SamplingOptions)
     assert op.request.options.stop == ["\n"]
-    stats = decode(encode(MESSAGES[-3]))
-    assert isinstance(stats, StatsEvent)
-    assert isinstance(stats.stats.slots[0], SlotStats)
+    stats = protocol.decode(protocol.encode(MESSAGES[-3]))
+    assert isinstance(stats, protocol.StatsEvent)
+    assert isinstance(stats.stats.slots[0], protocol.SlotStats)
 
 
 @pytest.mark.parametrize(
@@ -119,11 +99,11 @@ def test_nested_dataclasses_are_rebuilt() -> None:
 def test_malformed_lines_raise_with_the_id_when_readable(
     line: bytes, request_id: str | None, reason: str
 ) -> None:
-    with pytest.raises(ProtocolError, match=reason) as caught:
-        decode(line)
+    with pytest.raises(protocol.ProtocolError, match=reason) as caught:
+        protocol.decode(line)
     assert caught.value.id == request_id
 
 
 def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
     line = b'{"event": "token", "id": "g1", "text": "a", "logprob": -0.5}\n'
-    assert decode(line) == TokenEvent(id="g1", text="a")
+    assert protocol.decode(line) == protocol.TokenEvent(id="g1", text="a")

@@ -18,8 +18,9 @@ from typing import Any
 import llama_cpp
 import numpy as np
 import pytest
+from runner_harness import loaded_model
 
-from localllm.daemon.runner import RunnerConfig, SamplingOptions
+from localllm.daemon.runner import SamplingOptions
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.sampling import Sampler, logits_at
 
@@ -27,11 +28,8 @@ from localllm.daemon.runner.sampling import Sampler, logits_at
 @pytest.fixture(scope="module")
 def model(smollm2_gguf: Path) -> Iterator[LlamaModel]:
     """SmolLM2 loaded in this process, one slot."""
-    llama = LlamaModel(
-        RunnerConfig(model_path=str(smollm2_gguf), n_slots=1, n_ctx_per_slot=512, n_threads=2)
-    )
-    yield llama
-    llama.close()
+    with loaded_model(smollm2_gguf, n_slots=1, n_ctx_per_slot=512, n_threads=2) as llama:
+        yield llama
 
 
 def _decode_every_position(model: LlamaModel, text: str) -> tuple[list[int], list[int]]:

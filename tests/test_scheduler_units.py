@@ -102,13 +102,16 @@ def config(**changes: Any) -> RunnerConfig:
     return replace(RunnerConfig(model_path="/nonexistent.gguf", n_slots=1), **changes)
 
 
-def run(test: Callable[[Scheduler, Factory], Coroutine[Any, Any, T]], **settings: Any) -> T:
-    """Run ``test`` with a scheduler of fakes, closing it afterwards."""
+F = TypeVar("F", bound="Factory")
+
+
+def run_with(
+    test: Callable[[Scheduler, F], Coroutine[Any, Any, T]], factory: F, settings: Settings
+) -> T:
+    """Run ``test`` with a scheduler of ``factory``'s runners, closing it afterwards."""
 
     async def main() -> T:
-        factory = Factory()
-        base = Settings(num_parallel=1, keep_alive=300.0, max_loaded_models=3, max_queue=8)
-        scheduler = Scheduler(base.replace(**settings), runner_factory=factory)
+        scheduler = Scheduler(settings, runner_factory=factory)
         try:
             async with asyncio.timeout(DEADLINE_S):
                 return await test(scheduler, factory)
@@ -116,6 +119,12 @@ def run(test: Callable[[Scheduler, Factory], Coroutine[Any, Any, T]], **settings
             await scheduler.close()
 
     return asyncio.run(main())
+
+
+def run(test: Callable[[Scheduler, Factory], Coroutine[Any, Any, T]], **settings: Any) -> T:
+    """Run ``test`` with a scheduler of fakes, closing it afterwards."""
+    base = Settings(num_parallel=1, keep_alive=300.0, max_loaded_models=3, max_queue=8)
+    return run_with(test, Factory(), base.replace(**settings))
 
 
 async def closed(runner: FakeRunner) -> bool:
@@ -386,17 +395,8 @@ def run_memory(
     capacity: int,
     sizes: dict[str, int],
 ) -> T:
-    async def main() -> T:
-        factory = MemoryFactory(capacity, sizes)
-        settings = Settings(num_parallel=1, keep_alive=300.0, max_loaded_models=8, max_queue=8)
-        scheduler = Scheduler(settings, runner_factory=factory)
-        try:
-            async with asyncio.timeout(DEADLINE_S):
-                return await test(scheduler, factory)
-        finally:
-            await scheduler.close()
-
-    return asyncio.run(main())
+    settings = Settings(num_parallel=1, keep_alive=300.0, max_loaded_models=8, max_queue=8)
+    return run_with(test, MemoryFactory(capacity, sizes), settings)
 
 
 def planned() -> RunnerConfig:

@@ -21,16 +21,28 @@ def tree(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_without_a_cgroup_limit_it_is_mem_available(tmp_path: Path) -> None:
-    root = tree(
-        tmp_path,
+V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"
+
+
+def cgroup_v2(root: Path, group: str, files: dict[str, str]) -> Path:
+    """A process in cgroup v2 group ``group``, the hierarchy mounted at /sys/fs/cgroup;
+    ``files`` are named from that mount."""
+    return tree(
+        root,
         {
             "proc/meminfo": MEMINFO,
-            "proc/self/cgroup": "0::/user.slice\n",
-            "proc/self/mountinfo": "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
-            "sys/fs/cgroup/user.slice/memory.max": "max\n",
-            "sys/fs/cgroup/user.slice/memory.current": "123\n",
+            "proc/self/cgroup": f"0::/{group}\n",
+            "proc/self/mountinfo": V2_MOUNT,
+            **{f"sys/fs/cgroup/{name}": text for name, text in files.items()},
         },
+    )
+
+
+def test_without_a_cgroup_limit_it_is_mem_available(tmp_path: Path) -> None:
+    root = cgroup_v2(
+        tmp_path,
+        "user.slice",
+        {"user.slice/memory.max": "max\n", "user.slice/memory.current": "123\n"},
     )
     memory = host_memory(root)
     assert memory.available == memory.mem_available == 20000000 * 1024
@@ -39,18 +51,16 @@ def test_without_a_cgroup_limit_it_is_mem_available(tmp_path: Path) -> None:
 
 
 def test_a_cgroup_v2_limit_binds_with_its_cache_counted_free(tmp_path: Path) -> None:
-    group = "sys/fs/cgroup/system.slice/localllm.service"
-    root = tree(
+    group = "system.slice/localllm.service"
+    root = cgroup_v2(
         tmp_path,
+        group,
         {
-            "proc/meminfo": MEMINFO,
-            "proc/self/cgroup": "0::/system.slice/localllm.service\n",
-            "proc/self/mountinfo": "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
             f"{group}/memory.max": f"{900 * MIB}\n",
             f"{group}/memory.current": f"{300 * MIB}\n",
             f"{group}/memory.stat": f"anon {200 * MIB}\ninactive_file {100 * MIB}\n",
-            "sys/fs/cgroup/system.slice/memory.max": "max\n",
-            "sys/fs/cgroup/system.slice/memory.current": f"{5000 * MIB}\n",
+            "system.slice/memory.max": "max\n",
+            "system.slice/memory.current": f"{5000 * MIB}\n",
         },
     )
     memory = host_memory(root)
@@ -107,15 +117,8 @@ def test_a_containers_mount_root_is_its_own_group(tmp_path: Path) -> None:
 
 
 def test_a_group_over_its_limit_has_no_room(tmp_path: Path) -> None:
-    root = tree(
-        tmp_path,
-        {
-            "proc/meminfo": MEMINFO,
-            "proc/self/cgroup": "0::/a\n",
-            "proc/self/mountinfo": "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
-            "sys/fs/cgroup/a/memory.max": f"{100 * MIB}\n",
-            "sys/fs/cgroup/a/memory.current": f"{130 * MIB}\n",
-        },
+    root = cgroup_v2(
+        tmp_path, "a", {"a/memory.max": f"{100 * MIB}\n", "a/memory.current": f"{130 * MIB}\n"}
     )
     assert host_memory(root).available == 0
 

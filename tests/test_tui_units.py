@@ -153,3 +153,26 @@ def test_a_removal_awaited_by_a_cancelled_task_still_completes() -> None:
             return len(box.children), task.done()
 
     assert asyncio.run(scenario()) == (0, True)
+
+
+def test_the_app_is_what_the_screens_take_it_for(tmp_path: Path) -> None:
+    """The screens are typed against the ``Host`` protocol, not the app class: the app must
+    keep offering every member the protocol names."""
+    import inspect
+
+    from localllm.settings import Settings
+    from localllm.tui.app import LocalLLMApp
+    from localllm.tui.host import Host
+
+    members = set(Host.__annotations__) | {
+        name for name, _ in inspect.getmembers(Host) if not name.startswith("_")
+    }
+    assert {"client", "chats", "connection", "daemon_lost"} <= members
+    app = LocalLLMApp(Settings.from_env({"LOCALLLM_HOME": str(tmp_path)}), autostart=False)
+    try:
+        for name in members:
+            assert hasattr(app, name), name
+        assert callable(app.daemon_lost)
+    finally:
+        app.chats.close()
+        asyncio.run(app.client.close())

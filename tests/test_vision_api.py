@@ -72,14 +72,8 @@ def daemon(
             "mmproj.gguf": client.upload_blob(projector),
         }
         list(client.create(VISION, files=files))
-        list(client.create(TEXT, from_=str(tiny_gguf)))
+        d.create(TEXT, tiny_gguf)
         yield d
-
-
-@pytest.fixture(scope="module")
-def http(daemon: Daemon) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=daemon.url, timeout=120) as client:
-        yield client
 
 
 # -- one request per route, with the images given as base64 ---------------------------------

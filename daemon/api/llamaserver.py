@@ -17,11 +17,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from localllm.models import LocalModel
+from localllm.models import OPTION_TYPES, LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import context_length, resolve_model, until_disconnect
-from ..options import merge_options, runner_config
+from ..options import merge_options, named_options, runner_config
 from ..runner.protocol import SamplingOptions
 from ..state import DaemonState, StateDep
 from .core import Ask, Done, Reply, TextCut, plan
@@ -204,26 +204,19 @@ def _metadata_int(model: LocalModel, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+# The infill fields that mean what Ollama's option of the same name means (repeat_last_n has an
+# alias and stop a default of its own: both are read below).
+_SAME_AS_OLLAMA = tuple(
+    key
+    for key in InfillRequest.model_fields
+    if key in OPTION_TYPES and key not in ("repeat_last_n", "stop")
+)
+
+
 def _infill_sampling(model: LocalModel, body: InfillRequest) -> tuple[dict[str, Any], int]:
     """Merged options and the n_predict of an infill request."""
-    overrides: dict[str, Any] = {}
     n_predict = body.n_predict if body.n_predict is not None else body.max_tokens
-    if n_predict is not None:
-        overrides["num_predict"] = n_predict
-    for key in (
-        "temperature",
-        "top_k",
-        "top_p",
-        "min_p",
-        "typical_p",
-        "repeat_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-        "seed",
-    ):
-        value = getattr(body, key)
-        if value is not None:
-            overrides[key] = value
+    overrides = named_options(body, _SAME_AS_OLLAMA, n_predict)
     last_n = body.repeat_last_n if body.repeat_last_n is not None else body.penalty_last_n
     if last_n is not None:
         overrides["repeat_last_n"] = last_n

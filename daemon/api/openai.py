@@ -27,7 +27,7 @@ from localllm.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, resolve_model
-from ..options import merge_options, runner_config
+from ..options import merge_options, named_options, runner_config
 from ..runner.protocol import TokenLogprob
 from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
@@ -141,13 +141,7 @@ def _ask(
     model = resolve_model(state, body.model)
     if "completion" not in model.capabilities():
         raise HTTPProblem(400, f"{model.name.short} cannot generate text", param="model")
-    overrides: dict[str, Any] = {}
-    if max_tokens is not None:
-        overrides["num_predict"] = max_tokens
-    for key in _SAMPLING_FIELDS:
-        value = getattr(body, key)
-        if value is not None:
-            overrides[key] = value
+    overrides = named_options(body, _SAMPLING_FIELDS, max_tokens)
     if body.stop is not None:
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop)
         if len(stops) > 16:

@@ -23,24 +23,12 @@ from localllm.models import LocalModel
 from ..errors import HTTPProblem
 from ..runner.chat import is_go_template
 from ..runner.protocol import GenerationRequest, SamplingOptions
-from ..toolcalls import (
-    HarmonyParser,
-    OutputParser,
-    Parsed,
-    ThinkingSplitter,
-    ThinkingStyle,
-    ToolCall,
-    ToolGrammarError,
-    detect_family,
-    grammar_syntax,
-    lazy_triggers,
-    new_call_id,
-    parser_for,
-    starts_thinking,
-    template_supports_tools,
-    thinking_style,
-    tool_call_grammar,
-)
+from ..toolcalls.core import Parsed, ToolCall, new_call_id
+from ..toolcalls.detect import detect_family, grammar_syntax, parser_for, template_supports_tools
+from ..toolcalls.grammar import ToolGrammarError, lazy_triggers, tool_call_grammar
+from ..toolcalls.harmony import HarmonyParser
+from ..toolcalls.output import OutputParser
+from ..toolcalls.thinking import ThinkingSplitter, ThinkingStyle, starts_thinking, thinking_style
 
 __all__ = [
     "THINK_LEVELS",

@@ -27,39 +27,7 @@ from typing import Any
 
 from localllm._format import exit_status
 
-from .protocol import (
-    CancelOp,
-    DetokenizeOp,
-    DoneEvent,
-    EmbeddingEvent,
-    EmbeddingRequest,
-    EmbeddingResult,
-    EmbedOp,
-    ErrorEvent,
-    Event,
-    GenerateOp,
-    GenerationRequest,
-    GenerationResult,
-    HealthEvent,
-    HealthOp,
-    PromptReadyEvent,
-    ProtocolError,
-    Request,
-    RunnerConfig,
-    Stats,
-    StatsEvent,
-    StatsOp,
-    TextEvent,
-    ThreadsEvent,
-    ThreadsOp,
-    ThreadStats,
-    TokenEvent,
-    TokenizeOp,
-    TokenLogprob,
-    TokensEvent,
-    decode,
-    encode,
-)
+from . import protocol
 from .workers import probe_all
 
 __all__ = [
@@ -134,7 +102,7 @@ class TokenChunk:
 
     text: str
     """The new text (always whole UTF-8 characters)."""
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[protocol.TokenLogprob] | None = None
     """Log probabilities of the tokens since the previous chunk, when the request asked."""
 
 
@@ -146,13 +114,13 @@ class _Died:
     returncode: int | None = None
 
 
-_Item = Event | _Died
+_Item = protocol.Event | _Died
 
 
 def _raise_for(event: _Item) -> None:
     if isinstance(event, _Died):
         raise RunnerDiedError(event.message, event.returncode)
-    if isinstance(event, ErrorEvent):
+    if isinstance(event, protocol.ErrorEvent):
         raise RunnerError(event.message, event.code)
 
 
@@ -169,7 +137,7 @@ class GenerationStream:
         client: RunnerClient,
         request_id: str,
         queue: asyncio.Queue[_Item],
-        on_cancelled: Callable[[GenerationResult], None] | None,
+        on_cancelled: Callable[[protocol.GenerationResult], None] | None,
     ) -> None:
         self.request_id = request_id
         """The runner request's id."""
@@ -184,40 +152,40 @@ class GenerationStream:
         self._client = client
         self._queue = queue
         self._on_cancelled = on_cancelled
-        self._early: DoneEvent | None = None
+        self._early: protocol.DoneEvent | None = None
         self._over = False
         self._closing: asyncio.Future[None] | None = None
 
     async def _accepted(self) -> None:
         """Wait for the runner to accept or refuse the prompt (refusal raises)."""
         event = await self._queue.get()
-        if isinstance(event, PromptReadyEvent):
+        if isinstance(event, protocol.PromptReadyEvent):
             self.prompt_tokens = event.prompt_tokens
             self.prompt_tail = event.prompt_tail
             self.dropped_messages = event.dropped_messages
             self.dropped_tokens = event.dropped_tokens
-        elif isinstance(event, DoneEvent):  # cancelled while the prompt was being prepared
+        elif isinstance(event, protocol.DoneEvent):  # cancelled while the prompt was being prepared
             self._early = event
         else:
             self._over = True
             _raise_for(event)
             raise RunnerError(f"unexpected {event.event!r} event before the prompt was ready")
 
-    def __aiter__(self) -> AsyncIterator[TokenChunk | GenerationResult]:
+    def __aiter__(self) -> AsyncIterator[TokenChunk | protocol.GenerationResult]:
         return self._events()
 
-    async def _events(self) -> AsyncIterator[TokenChunk | GenerationResult]:
+    async def _events(self) -> AsyncIterator[TokenChunk | protocol.GenerationResult]:
         try:
             while True:
                 event = self._early or await self._queue.get()
                 self._early = None
-                if isinstance(event, TokenEvent):
+                if isinstance(event, protocol.TokenEvent):
                     yield TokenChunk(text=event.text, logprobs=event.logprobs)
-                elif isinstance(event, DoneEvent):
+                elif isinstance(event, protocol.DoneEvent):
                     self._over = True
                     yield event.result
                     return
-                elif isinstance(event, PromptReadyEvent):
+                elif isinstance(event, protocol.PromptReadyEvent):
                     continue
                 else:
                     self._over = True
@@ -243,13 +211,14 @@ class GenerationStream:
 
     async def _cancel(self) -> None:
         with contextlib.suppress(RunnerError, ConnectionError, TimeoutError):
-            await self._client._send(CancelOp(id=self.request_id))
+            await self._client._send(protocol.CancelOp(id=self.request_id))
             async with asyncio.timeout(_CANCEL_CONFIRM_S):
                 while not isinstance(
-                    event := await self._queue.get(), DoneEvent | ErrorEvent | _Died
+                    event := await self._queue.get(),
+                    protocol.DoneEvent | protocol.ErrorEvent | _Died,
                 ):
                     pass
-            if isinstance(event, DoneEvent) and self._on_cancelled is not None:
+            if isinstance(event, protocol.DoneEvent) and self._on_cancelled is not None:
                 self._on_cancelled(event.result)
 
 
@@ -344,24 +313,24 @@ class RunnerClient:
     def _route(self, line: bytes) -> None:
         """Put the event on one line on its request's queue."""
         try:
-            event: _Item = decode(line)  # type: ignore[assignment]
-        except ProtocolError as exc:
+            event: _Item = protocol.decode(line)  # type: ignore[assignment]
+        except protocol.ProtocolError as exc:
             # The runner is ours; a line we cannot read is a bug, but it must still
             # end the request it names rather than leave it waiting.
             log.error("unreadable message from the runner: %s", exc)
             if exc.id is None:
                 return
-            event = ErrorEvent(id=exc.id, message=str(exc), code="internal")
+            event = protocol.ErrorEvent(id=exc.id, message=str(exc), code="internal")
         queue = self._queues.get(str(getattr(event, "id", None)))
         if queue is not None:
             queue.put_nowait(event)
         else:
             log.debug("runner event for an unknown request: %s", line[:200])
 
-    async def _send(self, message: Request) -> None:
+    async def _send(self, message: protocol.Request) -> None:
         if self._closed_reason is not None:
             raise RunnerDiedError(self._closed_reason)
-        data = encode(message)
+        data = protocol.encode(message)
         async with self._write_lock:
             try:
                 self._writer.write(data)
@@ -369,7 +338,7 @@ class RunnerClient:
             except (ConnectionError, RuntimeError) as exc:
                 raise RunnerDiedError(f"lost the connection to the runner ({exc})") from exc
 
-    async def _call(self, message: Request) -> asyncio.Queue[_Item]:
+    async def _call(self, message: protocol.Request) -> asyncio.Queue[_Item]:
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         if message.id in self._queues:
             raise RunnerError(f"request id {message.id!r} is already in flight", "bad_request")
@@ -384,7 +353,7 @@ class RunnerClient:
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
 
-    async def _single(self, message: Request) -> Event:
+    async def _single(self, message: protocol.Request) -> protocol.Event:
         queue = await self._call(message)
         try:
             event = await queue.get()
@@ -395,8 +364,8 @@ class RunnerClient:
 
     async def open_generation(
         self,
-        request: GenerationRequest,
-        on_cancelled: Callable[[GenerationResult], None] | None = None,
+        request: protocol.GenerationRequest,
+        on_cancelled: Callable[[protocol.GenerationResult], None] | None = None,
     ) -> GenerationStream:
         """Send a generation and wait until the runner accepts its prompt.
 
@@ -405,7 +374,7 @@ class RunnerClient:
         """
         if not request.id:
             request.id = self._next_id("gen")
-        queue = await self._call(GenerateOp(id=request.id, request=request))
+        queue = await self._call(protocol.GenerateOp(id=request.id, request=request))
         stream = GenerationStream(self, request.id, queue, on_cancelled)
         try:
             await stream._accepted()
@@ -416,9 +385,9 @@ class RunnerClient:
 
     async def generate(
         self,
-        request: GenerationRequest,
-        on_cancelled: Callable[[GenerationResult], None] | None = None,
-    ) -> AsyncIterator[TokenChunk | GenerationResult]:
+        request: protocol.GenerationRequest,
+        on_cancelled: Callable[[protocol.GenerationResult], None] | None = None,
+    ) -> AsyncIterator[TokenChunk | protocol.GenerationResult]:
         """Stream a generation: :class:`TokenChunk` items, then one :class:`GenerationResult`.
 
         Leaving the iteration early (``aclose()``, or cancelling the task) cancels the request
@@ -432,51 +401,53 @@ class RunnerClient:
         finally:
             await stream.aclose()
 
-    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+    async def embed(self, request: protocol.EmbeddingRequest) -> protocol.EmbeddingResult:
         """Embed texts with the runner's embedding context."""
         if not request.id:
             request.id = self._next_id("emb")
-        event = await self._single(EmbedOp(id=request.id, request=request))
-        assert isinstance(event, EmbeddingEvent)
+        event = await self._single(protocol.EmbedOp(id=request.id, request=request))
+        assert isinstance(event, protocol.EmbeddingEvent)
         return event.result
 
-    async def stats(self) -> Stats:
+    async def stats(self) -> protocol.Stats:
         """The runner's gauges."""
-        event = await self._single(StatsOp(id=self._next_id("stats")))
-        assert isinstance(event, StatsEvent)
+        event = await self._single(protocol.StatsOp(id=self._next_id("stats")))
+        assert isinstance(event, protocol.StatsEvent)
         return event.stats
 
     async def set_threads(
         self, threads: int, reason: str, cpus: list[int] | None = None
-    ) -> ThreadStats:
+    ) -> protocol.ThreadStats:
         """Give the runner its share of the cores (see :class:`ThreadsOp`); its governor's
         state as it stands."""
-        op = ThreadsOp(id=self._next_id("threads"), threads=threads, reason=reason, cpus=cpus)
+        op = protocol.ThreadsOp(
+            id=self._next_id("threads"), threads=threads, reason=reason, cpus=cpus
+        )
         event = await self._single(op)
-        assert isinstance(event, ThreadsEvent)
+        assert isinstance(event, protocol.ThreadsEvent)
         return event.threads
 
     async def health(self) -> dict[str, Any]:
         """Model facts and readiness: ``{status, n_slots, n_ctx_per_slot, gpu_layers, ...}``."""
-        event = await self._single(HealthOp(id=self._next_id("health")))
-        assert isinstance(event, HealthEvent)
+        event = await self._single(protocol.HealthOp(id=self._next_id("health")))
+        assert isinstance(event, protocol.HealthEvent)
         return event.health
 
     async def tokenize(
         self, text: str, *, add_special: bool = False, parse_special: bool = False
     ) -> list[int]:
         """Token ids of ``text`` (by default no special-token parsing and no BOS)."""
-        op = TokenizeOp(
+        op = protocol.TokenizeOp(
             id=self._next_id("tok"), text=text, add_special=add_special, parse_special=parse_special
         )
         event = await self._single(op)
-        assert isinstance(event, TokensEvent)
+        assert isinstance(event, protocol.TokensEvent)
         return list(event.tokens)
 
     async def detokenize(self, tokens: list[int]) -> str:
         """The text of token ids."""
-        event = await self._single(DetokenizeOp(id=self._next_id("detok"), tokens=tokens))
-        assert isinstance(event, TextEvent)
+        event = await self._single(protocol.DetokenizeOp(id=self._next_id("detok"), tokens=tokens))
+        assert isinstance(event, protocol.TextEvent)
         return event.text
 
     async def close(self) -> None:
@@ -550,7 +521,7 @@ def _read_line(fd: int) -> bytes:
 class RunnerProcess:
     """A runner child process for one model."""
 
-    def __init__(self, config: RunnerConfig, socket_path: Path, log_path: Path) -> None:
+    def __init__(self, config: protocol.RunnerConfig, socket_path: Path, log_path: Path) -> None:
         self.config = config
         """How the model is loaded."""
         self.socket_path = socket_path
@@ -734,7 +705,9 @@ class RunnerProcess:
             self.process.wait()
 
 
-async def plan_only(config: RunnerConfig, log_path: Path, timeout: float = 120.0) -> dict[str, Any]:
+async def plan_only(
+    config: protocol.RunnerConfig, log_path: Path, timeout: float = 120.0
+) -> dict[str, Any]:
     """The memory plan a runner would load ``config`` by, without loading it:
     ``{"plan": MemoryPlan}`` or ``{"nofit": NoFitReport}`` (as dicts); raises
     :class:`RunnerStartError` when the runner cannot say."""
@@ -815,7 +788,11 @@ class ProcessRunner:
 
     @classmethod
     async def start(
-        cls, config: RunnerConfig, socket_path: Path, log_path: Path, timeout: float = 300.0
+        cls,
+        config: protocol.RunnerConfig,
+        socket_path: Path,
+        log_path: Path,
+        timeout: float = 300.0,
     ) -> ProcessRunner:
         """Start a runner for ``config`` and wait until it serves."""
         process = RunnerProcess(config, socket_path, log_path)
@@ -844,23 +821,23 @@ class ProcessRunner:
 
     async def open_generation(
         self,
-        request: GenerationRequest,
-        on_cancelled: Callable[[GenerationResult], None] | None = None,
+        request: protocol.GenerationRequest,
+        on_cancelled: Callable[[protocol.GenerationResult], None] | None = None,
     ) -> GenerationStream:
         """See :meth:`RunnerClient.open_generation`."""
         return await self.client.open_generation(request, on_cancelled)
 
-    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+    async def embed(self, request: protocol.EmbeddingRequest) -> protocol.EmbeddingResult:
         """See :meth:`RunnerClient.embed`."""
         return await self.client.embed(request)
 
-    async def stats(self) -> Stats:
+    async def stats(self) -> protocol.Stats:
         """See :meth:`RunnerClient.stats`."""
         return await self.client.stats()
 
     async def set_threads(
         self, threads: int, reason: str, cpus: list[int] | None = None
-    ) -> ThreadStats:
+    ) -> protocol.ThreadStats:
         """See :meth:`RunnerClient.set_threads`."""
         return await self.client.set_threads(threads, reason, cpus)
 

@@ -155,16 +155,7 @@ class CpuPaths:
 
     def to_json(self) -> dict[str, Any]:
         """The decision as JSON (the cache file, ``localllm doctor --json``)."""
-        return {
-            "repack": self.repack,
-            "usable": self.usable,
-            "reason": self.reason,
-            "source": self.source,
-            "key": self.key,
-            "fell_back": self.fell_back,
-            "runs": [dataclasses.asdict(run) for run in self.runs],
-            "cache_file": self.cache_file,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str, cache_file: str) -> CpuPaths:

@@ -6,12 +6,12 @@ runs one command from the module that holds it with its arguments, imported only
 command (the one place to add one) and the exit statuses:
 
 - :mod:`~localllm.cli.daemon`: ``serve``, ``version``;
-- :mod:`~localllm.cli.models`: ``list``, ``show``, ``ps``, ``rm``, ``cp``, ``create``, ``pull``,
+- :mod:`~localllm.cli.models`: ``list``, ``show``, ``rm``, ``cp``, ``create``, ``pull``,
   ``quantize``, ``stop``;
+- :mod:`~localllm.cli.ps`: ``ps``, and ``ps --all`` (every worker behind the gateway);
 - :mod:`~localllm.cli.run`: ``run``, with the interactive chat of :mod:`~localllm.cli.repl`;
   both go through the chat session of :mod:`~localllm.cli.session`;
-- :mod:`~localllm.cli.gateway`: ``gateway`` (many daemons behind one endpoint) and
-  ``ps --all``;
+- :mod:`~localllm.cli.gateway`: ``gateway`` (many daemons behind one endpoint);
 - :mod:`~localllm.cli.worker`: ``worker`` (this machine's devices for another's models);
 - :mod:`~localllm.cli.tui`: ``tui``;
 - :mod:`~localllm.cli.doctor`: ``doctor``.

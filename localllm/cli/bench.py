@@ -6,7 +6,7 @@ Progress on stderr while it runs (a progress bar at a terminal), then the result
 the charts on stdout; ``--json FILE`` writes every sample, ``--report FILE`` an SVG, PNG or
 HTML report (matplotlib). Requests that fail are counted in the tables and make the command
 exit with status 1 after everything was shown and written. The measuring itself is
-:mod:`localllm.bench`; the tables and charts are :mod:`localllm.bench_report`.
+:mod:`localllm.bench`; the tables and charts are :mod:`localllm.bench.report`.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..bench import BenchError
-    from ..bench_report import print_tables, terminal_plot, write_report
+    from ..bench.report import print_tables, terminal_plot, write_report
     from .session import ensure_model
 
     workload = _workload(args)

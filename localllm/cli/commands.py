@@ -65,7 +65,7 @@ COMMANDS: tuple[Command, ...] = (
         "search:add_search_arguments",
     ),
     Command("list", "List models", "models:cmd_list", "models:add_list_arguments", aliases=("ls",)),
-    Command("ps", "List running models", "models:cmd_ps", "models:add_ps_arguments"),
+    Command("ps", "List running models", "ps:cmd_ps", "ps:add_ps_arguments"),
     Command("show", "Show information for a model", "models:cmd_show", "models:add_show_arguments"),
     Command("rm", "Remove one or more models", "models:cmd_rm", "models:add_rm_arguments"),
     Command("cp", "Copy a model", "models:cmd_cp", "models:add_cp_arguments"),

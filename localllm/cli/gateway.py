@@ -1,9 +1,8 @@
-"""The fleet commands: ``gateway`` (many daemons behind one endpoint) and ``ps --all``.
+"""``localllm gateway``: many daemons behind one endpoint.
 
 ``localllm gateway --worker URL ...`` checks the workers, starts the Shepherd Model Gateway in
 front of them (see :mod:`localllm.gateway`) and runs until Ctrl-C or SIGTERM. ``localllm ps
---all`` asks that gateway (the one started here, or ``--gateway URL``) for its workers and
-shows each worker's loaded models and slots.
+--all`` (:mod:`~localllm.cli.ps`) asks that gateway for its workers.
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
-from .._exceptions import APIError, DaemonUnavailableError
 from .commands import EXIT_OK
-from .common import UsageError, load_settings, print_json
+from .common import UsageError, load_settings
 
-__all__ = ["add_gateway_arguments", "cmd_gateway", "cmd_ps_all", "fleet_rows"]
+__all__ = ["add_gateway_arguments", "cmd_gateway"]
 
 
 def add_gateway_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,82 +150,3 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         gateway.stop()
         if path is not None:
             state_path(settings).unlink(missing_ok=True)
-
-
-# -- ps --all ----------------------------------------------------------------------------------
-
-
-def _fleet(
-    gateway_url: str, api_key: str | None, given: tuple[str, ...] = ()
-) -> list[dict[str, Any]]:
-    """Each worker of the gateway with its health and loaded models (``/api/ps`` plus
-    live slots), or the error that kept them from being read. ``given`` are the workers it
-    was started with: smg lists a worker only once it registered it, so one that has been
-    down since the start is added here as not healthy."""
-    from ..client import Client, GatewayClient
-    from .models import merged_ps
-
-    with GatewayClient(gateway_url, api_key=api_key) as gateway:
-        workers = gateway.workers()
-    listed = {str(w.get("url")) for w in workers}
-    workers += [{"url": url, "is_healthy": False, "status": "not registered"} for url in given]
-    workers = [w for w in workers if w.get("status") != "not registered" or w["url"] not in listed]
-    fleet = []
-    for worker in sorted(workers, key=lambda w: str(w.get("url"))):
-        url = str(worker.get("url", ""))
-        entry: dict[str, Any] = {
-            "worker": url,
-            "healthy": bool(worker.get("is_healthy")),
-            "status": worker.get("status"),
-            "gateway_requests": worker.get("load"),
-            "models": [],
-        }
-        if worker.get("status") != "not registered":
-            try:
-                with Client(base_url=url, api_key=api_key, timeout=5.0) as client:
-                    entry["models"] = merged_ps(client)
-            except (DaemonUnavailableError, APIError) as exc:
-                entry["error"] = str(exc)
-        fleet.append(entry)
-    return fleet
-
-
-def fleet_rows(fleet: list[dict[str, Any]]) -> str:
-    """The ``ps --all`` table: the ``ps`` columns with the worker (and its state) first."""
-    from .._format import table
-    from .models import PS_HEADERS, ps_row
-
-    headers = ["WORKER", *PS_HEADERS]
-    blank = [""] * (len(PS_HEADERS) - 1)
-    rows = []
-    for entry in fleet:
-        worker = entry["worker"] if entry["healthy"] else f"{entry['worker']} (down)"
-        if entry.get("error"):
-            rows.append([worker, f"({entry['error']})", *blank])
-        elif not entry["models"]:
-            rows.append([worker, "(no model loaded)", *blank])
-        for model in entry["models"]:
-            rows.append([worker, *ps_row(model)])
-    return table(headers, rows)
-
-
-def cmd_ps_all(args: argparse.Namespace) -> int:
-    """``ps --all``: every worker of the gateway, with its loaded models and slots."""
-    from ..gateway import read_gateway_state
-
-    settings = load_settings()
-    url, given = args.gateway, ()
-    if url is None:
-        state = read_gateway_state(settings)
-        if state is None:
-            raise UsageError(
-                "no gateway runs here: start one with `localllm gateway --worker URL ...`, "
-                "or name it with --gateway URL"
-            )
-        url, given = state.url, state.workers
-    fleet = _fleet(url, settings.api_key, given)
-    if args.json:
-        print_json(fleet)
-    else:
-        print(fleet_rows(fleet))
-    return EXIT_OK

@@ -1,4 +1,5 @@
-"""The CLI's model commands: list, show, ps, rm, cp, create, pull, quantize, stop.
+"""The CLI's model commands: list, show, rm, cp, create, pull, quantize, stop (``ps`` is in
+:mod:`~localllm.cli.ps`).
 
 Each goes through the daemon (:func:`~localllm.cli.common.connect`), which owns the store, as
 Ollama's CLI does. Tables and sizes are for people; ``--json`` prints what scripts want.
@@ -7,12 +8,11 @@ Ollama's CLI does. Tables and sizes are for people; ``--json`` prints what scrip
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import human_since, human_size, human_until, speed_figures, table
+from .._format import human_since, human_size, speed_figures, table
 from .common import (
     UsageError,
     connect,
@@ -30,7 +30,6 @@ __all__ = [
     "add_cp_arguments",
     "add_create_arguments",
     "add_list_arguments",
-    "add_ps_arguments",
     "add_pull_arguments",
     "add_quantize_arguments",
     "add_rm_arguments",
@@ -39,16 +38,11 @@ __all__ = [
     "cmd_cp",
     "cmd_create",
     "cmd_list",
-    "cmd_ps",
     "cmd_pull",
     "cmd_quantize",
     "cmd_rm",
     "cmd_show",
     "cmd_stop",
-    "device_line",
-    "merged_ps",
-    "ps_row",
-    "ps_rows",
     "pull_model",
     "render_plan",
     "render_show",
@@ -94,18 +88,6 @@ def add_pull_arguments(parser: argparse.ArgumentParser) -> None:
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``list`` command's arguments."""
     _add_json(parser)
-
-
-def add_ps_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``ps`` command's arguments."""
-    _add_json(parser)
-    parser.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
-    parser.add_argument(
-        "--all", action="store_true", help="every worker behind the gateway (localllm gateway)"
-    )
-    parser.add_argument(
-        "--gateway", metavar="URL", help="with --all: this gateway (default: the one started here)"
-    )
 
 
 def add_show_arguments(parser: argparse.ArgumentParser) -> None:
@@ -361,189 +343,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- ps and stop -------------------------------------------------------------------------------
-
-
-def _processor(size: int, size_vram: int) -> str:
-    if size <= 0 or size_vram <= 0:
-        return "100% CPU"
-    if size_vram >= size:
-        return "100% GPU"
-    cpu = round(100 * (size - size_vram) / size)
-    return f"{cpu}%/{100 - cpu}% CPU/GPU"
-
-
-def _split_processor(devices: list[Any]) -> str | None:
-    """``40%/60% local/RPC`` for a model split across workers, by layers (output included)."""
-    units = {"local": 0, "rpc": 0}
-    for device in devices:
-        if isinstance(device, dict):
-            count = int(device.get("layers") or 0) + (1 if device.get("output") else 0)
-            units["rpc" if device.get("kind") == "rpc" else "local"] += count
-    total = units["local"] + units["rpc"]
-    if not units["rpc"] or not total:
-        return None
-    local = round(100 * units["local"] / total)
-    return f"{local}%/{100 - local}% local/RPC" if local else "100% RPC"
-
-
-def _until(expires_at: str | None, pinned: bool = False) -> str:
-    if pinned:
-        return "Forever (pinned)"
-    timestamp = parse_time(expires_at)
-    if timestamp is None or (expires_at or "").startswith("9999"):
-        return "Forever"
-    return human_until(timestamp)
-
-
-def merged_ps(client: Client) -> list[dict[str, Any]]:
-    """``/api/ps`` entries with the live rates and slot states of ``/api/stats`` added."""
-    loaded = [dict(entry) for entry in client.ps()]
-    from .._exceptions import APIError
-
-    try:
-        stats = {m.get("name"): m for m in client.stats().get("models", [])}
-    except APIError:  # a daemon without the stats route: ps alone still helps
-        stats = {}
-    for entry in loaded:
-        live = stats.get(entry.get("name"), {})
-        slots = live.get("slots")
-        if isinstance(slots, list):
-            entry["busy_slots"] = sum(1 for s in slots if s.get("state") != "idle")
-        entry["decode_tokens_per_s"] = live.get("decode_tokens_per_s")
-        entry["prefill_tokens_per_s"] = live.get("prefill_tokens_per_s")
-        if isinstance(live.get("threads"), dict):
-            entry["threads"] = live["threads"]
-    return loaded
-
-
-# A change of thread count this recent still gets its line in ``ps`` after it was undone.
-_RECENT_CHANGE_S = 60.0
-
-
-def _threads(entry: Mapping[str, Any]) -> str:
-    """``2/2``: the CPU threads decode steps use now, of the runner's own count."""
-    threads = entry.get("threads")
-    if not isinstance(threads, dict):
-        return "-"
-    return f"{threads.get('decode', '?')}/{threads.get('max', '?')}"
-
-
-def threads_line(entry: Mapping[str, Any]) -> str | None:
-    """``NAME threads 1/2: CPU busy (...); last 2 → 1 ...`` when the governor holds threads
-    back or has changed them; None when it runs with all of them and never changed."""
-    threads = entry.get("threads")
-    if not isinstance(threads, dict):
-        return None
-    decode, most = threads.get("decode"), threads.get("max")
-    last, last_at = threads.get("last_change"), threads.get("last_change_at")
-    recent = isinstance(last_at, int | float) and time.time() - last_at < _RECENT_CHANGE_S
-    if decode == most and not (last and recent):
-        return None
-    line = f"{entry.get('name', '')} threads {decode}/{most}: {threads.get('reason', '')}"
-    if last:
-        line += f" (last change {last})"
-    return line
-
-
-def ps_row(entry: Mapping[str, Any]) -> list[str]:
-    """One loaded model's ``ps`` cells: NAME ID SIZE PROCESSOR CONTEXT SLOTS THREADS TOKENS/S
-    PREDICTED (the speed model's decode tokens/s for one stream) UNTIL."""
-    busy = entry.get("busy_slots", entry.get("active_requests", 0)) or 0
-    total = entry.get("slots")
-    rate = entry.get("decode_tokens_per_s")
-    predicted = ((entry.get("speed") or {}).get("predicted") or {}).get("decode")
-    return [
-        str(entry.get("name", "")),
-        str(entry.get("digest", ""))[:12],
-        human_size(entry.get("size", 0) or 0),
-        _split_processor(entry.get("devices") or [])
-        or _processor(int(entry.get("size", 0) or 0), int(entry.get("size_vram", 0) or 0)),
-        str(entry.get("context_length", "")),
-        f"{busy}/{total}" if total else "",
-        _threads(entry),
-        f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
-        f"{predicted:.0f}" if isinstance(predicted, int | float) and predicted > 0 else "-",
-        _until(entry.get("expires_at"), bool(entry.get("pinned"))),
-    ]
-
-
-PS_HEADERS = (
-    "NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "THREADS", "TOKENS/S", "PREDICTED",
-    "UNTIL",
-)  # fmt: skip
-"""The ``ps`` table's columns, one per cell of :func:`ps_row`."""
-
-
-def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
-    """The ``ps`` table (:data:`PS_HEADERS`), then a line per model whose governor holds
-    threads back and per model split across RPC workers."""
-    headers = list(PS_HEADERS)
-    spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
-    spans += [line for entry in loaded if (line := device_line(entry)) is not None]
-    return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
-        f"\n{line}" for line in spans
-    )
-
-
-def device_line(entry: Mapping[str, Any]) -> str | None:
-    """``NAME spans CPU (local): layers 0-1, RPC0 (host:port): layers 2-3 + output`` for a
-    model split across RPC workers; None for one on this machine alone."""
-    devices = entry.get("devices")
-    if not isinstance(devices, list) or not devices:
-        return None
-    parts = []
-    for device in devices:
-        where = device.get("endpoint") or "local"
-        layers = int(device.get("layers") or 0)
-        first = device.get("first_layer")
-        if layers and isinstance(first, int):
-            span = f"layer {first}" if layers == 1 else f"layers {first}-{first + layers - 1}"
-        else:
-            span = "no layers"
-        if device.get("output"):
-            span = "output" if span == "no layers" else f"{span} + output"
-        parts.append(f"{device.get('name', '?')} ({where}): {span}")
-    line = f"{entry.get('name', '')} spans " + ", ".join(parts)
-    dropped = entry.get("rpc_dropped")
-    if dropped:
-        line += f"; going without lost worker {', '.join(map(str, dropped))}"
-    return line
-
-
-def _watch_ps(client: Client) -> int:
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    console = Console(highlight=False)
-    # Ctrl-C is the way out, and it can land while Live is still starting (after the first
-    # render is on screen), so the whole block is inside the handler, not just the loop.
-    try:
-        with Live(Text(ps_rows(merged_ps(client))), console=console, auto_refresh=False) as live:
-            for _ in client.stats_stream(interval=0.5):
-                live.update(Text(ps_rows(merged_ps(client))), refresh=True)
-    except KeyboardInterrupt:
-        pass
-    return 0
-
-
-def cmd_ps(args: argparse.Namespace) -> int:
-    """``ps``: loaded models with their slots, live decode tokens/s and expiry (``--all``:
-    those of every worker behind the gateway)."""
-    if args.all:
-        from .gateway import cmd_ps_all
-
-        return cmd_ps_all(args)
-    with connect() as client:
-        if args.watch and not args.json:
-            return _watch_ps(client)
-        loaded = merged_ps(client)
-    if args.json:
-        print_json(loaded)
-    else:
-        print(ps_rows(loaded))
-    return 0
+# -- stop ------------------------------------------------------------------------------------
 
 
 def _same_model(a: str, b: str) -> bool:

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Target, Tool
-from .configfile import Change, set_key, update_json, update_yaml
+from .base import OPENAI_CHAT, Target, Tool
+from .configfile import Change, set_key, set_keys, update_json, update_yaml
 
 __all__ = ["Aider"]
 
@@ -31,7 +31,7 @@ class Aider(Tool):
     name = "aider"
     title = "Aider"
     commands = ("aider",)
-    api = "OpenAI chat completions (/v1/chat/completions)"
+    api = OPENAI_CHAT
     needs_tools = False
 
     def _model(self, target: Target) -> str:
@@ -84,9 +84,6 @@ class Aider(Tool):
         }
 
         def edit(data: Any) -> list[str]:
-            lines: list[str] = []
-            for key, value in values.items():
-                lines += set_key(data, [key], value)
-            return lines
+            return set_keys(data, [], values)
 
         return [update_yaml(conf, edit), update_json(metadata, self._metadata_edit(target))]

@@ -23,10 +23,13 @@ from typing import ClassVar
 
 from .configfile import Change
 
-__all__ = ["PROVIDER", "Target", "Tool"]
+__all__ = ["OPENAI_CHAT", "PROVIDER", "Target", "Tool"]
 
 PROVIDER = "localllm"
 """The provider name every tool's config gets for the daemon."""
+
+OPENAI_CHAT = "OpenAI chat completions (/v1/chat/completions)"
+""":attr:`Tool.api` of the tools that speak OpenAI's chat completions."""
 
 
 @dataclass(frozen=True)

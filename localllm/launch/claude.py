@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .base import Target, Tool
-from .configfile import Change, set_key, update_json
+from .configfile import Change, set_keys, update_json
 
 __all__ = ["ClaudeCode"]
 
@@ -62,9 +62,6 @@ class ClaudeCode(Tool):
         variables = self.environment(target)
 
         def edit(data: dict[str, object]) -> list[str]:
-            lines: list[str] = []
-            for key, value in variables.items():
-                lines += set_key(data, ["env", key], value)
-            return lines
+            return set_keys(data, ["env"], variables)
 
         return [update_json(self.config_files(target)[0], edit)]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import PROVIDER, Target, Tool
-from .configfile import Change, set_key, update_toml
+from .configfile import Change, set_keys, update_toml
 
 __all__ = ["Codex"]
 
@@ -85,11 +85,7 @@ class Codex(Tool):
         settings = self._settings(target)
 
         def edit(document: Any) -> list[str]:
-            lines: list[str] = []
-            for key, value in settings.items():
-                lines += set_key(document, [key], value)
-            for key, value in provider.items():
-                lines += set_key(document, ["model_providers", PROVIDER, key], value)
-            return lines
+            lines = set_keys(document, [], settings)
+            return lines + set_keys(document, ["model_providers", PROVIDER], provider)
 
         return [update_toml(self.config_files(target)[0], edit)]

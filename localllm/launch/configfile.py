@@ -20,14 +20,14 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._exceptions import LaunchError
 
-__all__ = ["Change", "set_key", "update_json", "update_toml", "update_yaml"]
+__all__ = ["Change", "set_key", "set_keys", "update_json", "update_toml", "update_yaml"]
 
 Edit = Callable[[Any], list[str]]
 """Changes a parsed document in place and says what it changed (one line each)."""
@@ -90,6 +90,16 @@ def set_key(table: MutableMapping[str, Any], path: list[str], value: Any) -> lis
         return [f"{dotted}: {_show(old)} -> {_show(value)}"]
     node[key] = value
     return [f"{dotted} = {_show(value)}"]
+
+
+def set_keys(
+    table: MutableMapping[str, Any], path: list[str], values: Mapping[str, Any]
+) -> list[str]:
+    """:func:`set_key` for each of ``values`` under ``path``; the changes as lines."""
+    lines: list[str] = []
+    for key, value in values.items():
+        lines += set_key(table, [*path, key], value)
+    return lines
 
 
 def _write(path: Path, text: str, original: str | None, change: Change) -> Change:

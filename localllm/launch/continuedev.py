@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Target, Tool
+from .base import OPENAI_CHAT, Target, Tool
 from .configfile import Change, update_yaml
 
 __all__ = ["Continue"]
@@ -32,7 +32,7 @@ class Continue(Tool):
     name = "continue"
     title = "Continue"
     commands = ("cn",)
-    api = "OpenAI chat completions (/v1/chat/completions)"
+    api = OPENAI_CHAT
 
     def _entry(self, target: Target) -> dict[str, Any]:
         entry: dict[str, Any] = {

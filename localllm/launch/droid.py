@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import LaunchError
-from .base import Target, Tool
+from .base import OPENAI_CHAT, Target, Tool
 from .configfile import Change, update_json
 
 __all__ = ["Droid"]
@@ -28,7 +28,7 @@ class Droid(Tool):
     name = "droid"
     title = "Droid (Factory)"
     commands = ("droid",)
-    api = "OpenAI chat completions (/v1/chat/completions)"
+    api = OPENAI_CHAT
 
     def config_files(self, target: Target) -> list[Path]:
         """``~/.factory/settings.json``."""

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import PROVIDER, Target, Tool
-from .configfile import Change, set_key, update_json
+from .base import OPENAI_CHAT, PROVIDER, Target, Tool
+from .configfile import Change, set_key, set_keys, update_json
 
 __all__ = ["OpenCode"]
 
@@ -32,7 +32,7 @@ class OpenCode(Tool):
     name = "opencode"
     title = "OpenCode"
     commands = ("opencode",)
-    api = "OpenAI chat completions (/v1/chat/completions)"
+    api = OPENAI_CHAT
 
     def _provider(self, target: Target) -> dict[str, Any]:
         model: dict[str, Any] = {
@@ -84,10 +84,8 @@ class OpenCode(Tool):
                 else []
             )
             base = ["provider", PROVIDER]
-            for key in ("npm", "name", "options"):
-                lines += set_key(data, [*base, key], provider[key])
-            for name, model in provider["models"].items():
-                lines += set_key(data, [*base, "models", name], model)
+            lines += set_keys(data, base, {k: provider[k] for k in ("npm", "name", "options")})
+            lines += set_keys(data, [*base, "models"], provider["models"])
             lines += set_key(data, ["model"], self._qualified(target))
             return lines
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import LaunchError
-from .base import PROVIDER, Target, Tool
+from .base import OPENAI_CHAT, PROVIDER, Target, Tool
 from .configfile import Change, set_key, update_json
 
 __all__ = ["Zed"]
@@ -32,7 +32,7 @@ class Zed(Tool):
     name = "zed"
     title = "Zed"
     commands = ("zed", "zeditor")
-    api = "OpenAI chat completions (/v1/chat/completions)"
+    api = OPENAI_CHAT
 
     def config_files(self, target: Target) -> list[Path]:
         """``settings.json``."""

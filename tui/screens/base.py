@@ -3,16 +3,18 @@ coming and going, and reporting errors."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, cast
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from textual.messages import Prune
 from textual.screen import Screen
+from textual.widgets import Select
 
 from localllm._exceptions import DaemonError, DaemonUnavailableError
 from localllm.client import ModelSummary
 
 if TYPE_CHECKING:
-    from ..app import LocalLLMApp
+    from ..host import Host
 
 __all__ = ["MainScreen"]
 
@@ -35,9 +37,10 @@ class MainScreen(Screen[None]):
         self._connected: bool | None = None
 
     @property
-    def llm(self) -> LocalLLMApp:
-        """The app, typed (client, chat store, clock, connection state)."""
-        return cast("LocalLLMApp", self.app)
+    def llm(self) -> Host:
+        """The app, typed as what the screens need of it (client, chat store, clock,
+        connection state)."""
+        return cast("Host", self.app)
 
     def on_mount(self) -> None:
         """Start watching the daemon connection."""
@@ -94,6 +97,28 @@ class MainScreen(Screen[None]):
             return None
         self._shown = ticket
         return models
+
+    async def offer_models(self, select: Select[str]) -> list[str] | None:
+        """Put the store's model names in ``select`` (without a ``Changed`` message) and
+        return them; ``None`` as :meth:`list_models` says."""
+        models = await self.list_models()
+        if models is None:
+            return None
+        names = [m["name"] for m in models]
+        with select.prevent(Select.Changed):
+            select.set_options((name, name) for name in names)
+        return names
+
+    async def daemon_does(self, call: Awaitable[Any], failure: str, success: str) -> bool:
+        """Await a daemon ``call``: True, with ``success`` shown, when it went through; False
+        when the daemon refused or failed (reported, led by ``failure``)."""
+        try:
+            await call
+        except DaemonError as exc:
+            self.report(exc, failure)
+            return False
+        self.notify(success)
+        return True
 
     def report(self, exc: Exception, doing: str) -> None:
         """Tell the user what failed; a vanished daemon also starts the reconnection."""

@@ -26,11 +26,9 @@ from localllm.bench import (
     Point,
     Target,
     Workload,
-    marker,
-    point_rows,
     run_bench,
 )
-from localllm.bench_report import chart_series
+from localllm.bench.report import chart_series, marker, point_rows
 
 from ..widgets.status import StatusBar
 from .base import MainScreen
@@ -41,7 +39,7 @@ _SWEEPS = {
     "concurrency": ("Concurrency", "1,2,4,8"),
     "prompt": ("Prompt length", "128,512,1024,2048"),
 }
-# The chart of each sweep: (index in bench_report's charts, title, x label, y label).
+# The chart of each sweep: (index in the report's charts, title, x label, y label).
 _CHARTS = {
     "concurrency": (0, "throughput vs latency", "TTFT p50 (ms)", "aggregate tok/s"),
     "prompt": (2, "TTFT vs prompt length", "prompt tokens", "TTFT p50 (ms)"),
@@ -119,14 +117,13 @@ class BenchScreen(MainScreen):
 
     async def on_daemon_connected(self) -> None:
         """Offer the store's models (the ones that can generate)."""
-        models = await self.list_models()
-        if models is None:
-            return
-        self.models = [m["name"] for m in models]
         select = self.query_one("#bench-model", Select)
         current = select.value
+        names = await self.offer_models(select)
+        if names is None:
+            return
+        self.models = names
         with select.prevent(Select.Changed):
-            select.set_options((name, name) for name in self.models)
             if isinstance(current, str) and current in self.models:
                 select.value = current
             elif self.models:

@@ -152,13 +152,10 @@ class ChatScreen(MainScreen):
 
     async def on_daemon_connected(self) -> None:
         """Offer the store's models in the picker."""
-        models = await self.list_models()
-        if models is None:
+        names = await self.offer_models(self.query_one("#model", Select))
+        if names is None:
             return
-        self.models = [m["name"] for m in models]
-        select = self.query_one("#model", Select)
-        with select.prevent(Select.Changed):
-            select.set_options((name, name) for name in self.models)
+        self.models = names
         if self.current is not None:
             if self.current.model is None and self.models:
                 self.current.model = self.models[0]

@@ -112,9 +112,5 @@ class DashboardScreen(MainScreen):
     @work(group="unload")
     async def unload(self, model: str) -> None:
         """Ask the daemon to unload ``model`` (once its running requests end)."""
-        try:
-            await self.llm.client.unload(model)
-        except DaemonError as exc:
-            self.report(exc, f"Could not unload {model}")
-            return
-        self.notify(f"Unloaded {model}")
+        unloading = self.llm.client.unload(model)
+        await self.daemon_does(unloading, f"Could not unload {model}", f"Unloaded {model}")

@@ -27,7 +27,7 @@ from localllm._format import human_count, human_size
 from ..format import modified
 
 if TYPE_CHECKING:
-    from ..app import LocalLLMApp
+    from ..host import Host
 
 __all__ = ["FIT_BADGES", "DiscoverScreen", "fit_badge"]
 
@@ -81,9 +81,9 @@ class DiscoverScreen(Screen[None]):
         """``/api/hub/show``'s answer for the chosen repository."""
 
     @property
-    def llm(self) -> LocalLLMApp:
-        """The app, typed."""
-        return cast("LocalLLMApp", self.app)
+    def llm(self) -> Host:
+        """The app, typed as what the screens need of it."""
+        return cast("Host", self.app)
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""

@@ -249,13 +249,9 @@ class ModelsScreen(MainScreen):
             return
         if not await self.app.push_screen_wait(ConfirmDialog(f"Delete {name}?", "Delete")):
             return
-        try:
-            await self.llm.client.delete(name)
-        except DaemonError as exc:
-            self.report(exc, f"Could not delete {name}")
-            return
-        self.notify(f"Deleted {name}")
-        await self.refresh_models()
+        deleting = self.llm.client.delete(name)
+        if await self.daemon_does(deleting, f"Could not delete {name}", f"Deleted {name}"):
+            await self.refresh_models()
 
     @work(exclusive=True, group="dialog")
     async def action_copy(self) -> None:
@@ -268,13 +264,9 @@ class ModelsScreen(MainScreen):
         target = await self.app.push_screen_wait(NameDialog(f"Copy {name} to", suggestion))
         if not target:
             return
-        try:
-            await self.llm.client.copy(name, target)
-        except DaemonError as exc:
-            self.report(exc, f"Could not copy {name}")
-            return
-        self.notify(f"Copied {name} to {target}")
-        await self.refresh_models(select=target)
+        copying = self.llm.client.copy(name, target)
+        if await self.daemon_does(copying, f"Could not copy {name}", f"Copied {name} to {target}"):
+            await self.refresh_models(select=target)
 
     @work(exclusive=True, group="dialog")
     async def action_pull(self) -> None:

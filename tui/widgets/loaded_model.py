@@ -131,18 +131,16 @@ class LoadedModelCard(Vertical, can_focus=True):
             yield Button("Unload", classes="unload", compact=True)
         yield self._requests
         yield self._threads
-        with Horizontal(classes="card-row"):
-            yield Label("KV cache", classes="row-name")
-            yield self._kv
-            yield self._kv_cells
-        with Horizontal(classes="card-row"):
-            yield Label("decode", classes="row-name")
-            yield self._decode
-            yield self._decode_rate
-        with Horizontal(classes="card-row"):
-            yield Label("prefill", classes="row-name")
-            yield self._prefill
-            yield self._prefill_rate
+        gauges = (
+            ("KV cache", self._kv, self._kv_cells),
+            ("decode", self._decode, self._decode_rate),
+            ("prefill", self._prefill, self._prefill_rate),
+        )
+        for name, graph, figure in gauges:
+            with Horizontal(classes="card-row"):
+                yield Label(name, classes="row-name")
+                yield graph
+                yield figure
         yield self._ttfts
         with self._history_row:
             yield Label("since start", classes="row-name")

@@ -1,4 +1,5 @@
-"""How a :class:`~localllm.bench.BenchResult` is shown: results tables (rich), plots drawn in
+"""How a :class:`~localllm.bench.BenchResult` is shown: results tables (rows for the CLI and
+the TUI alike, drawn with rich for the CLI), plots drawn in
 the terminal (``plotext``, a dependency) and a self-contained SVG, PNG or HTML report
 (matplotlib, the optional ``report`` extra: ``pip install "localllm[report]"``).
 
@@ -14,17 +15,29 @@ from __future__ import annotations
 
 import html
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ._format import human_size
-from .bench import BenchError, BenchResult, Point, marker, point_rows
+from .._exceptions import BenchError
+from .._format import human_size
+from .run import BenchResult
+from .stats import Point
 
-__all__ = ["Series", "chart_series", "print_tables", "terminal_plot", "write_report"]
+__all__ = [
+    "Series",
+    "chart_series",
+    "marker",
+    "point_rows",
+    "print_tables",
+    "terminal_plot",
+    "write_report",
+]
+
+_MARKERS = ("•", "x", "+", "o", "*", "#", "@", "%")
 
 Series = tuple[str, list[float], list[float], list[str]]
 """``(label, xs, ys, tags)`` of one line of a chart; a tag names each point's level."""
@@ -35,6 +48,106 @@ _CHARTS: tuple[tuple[str, str, str], ...] = (
     ("TTFT vs prompt length", "prompt tokens", "TTFT p50 (ms)"),
     ("prefill vs prompt length", "prompt tokens", "prefill tok/s"),
 )
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{_num(value, 0)} ms"
+
+
+def _ratio_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def point_rows(
+    result_points: Sequence[Point], ratios: Sequence[Mapping[str, Any]], sweep: str
+) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the results table of one sweep (``concurrency`` or ``prompt``),
+    the same for the CLI and the TUI. Failed requests show as ``ok/sent`` and the first
+    error; ratios (``vs ref``) as this target ÷ the reference: aggregate tok/s and TTFT p50 in
+    the concurrency sweep, prefill tok/s and TTFT p50 in the prompt sweep."""
+    by_key = {
+        (r["target"], r["sweep"], r["clients"], r["prompt_tokens"], r["cache"]): r for r in ratios
+    }
+    show_ratio = bool(ratios)
+    if sweep == "concurrency":
+        headers = [
+            "target",
+            "clients",
+            "ok",
+            "TTFT p50",
+            "TTFT p95",
+            "stream tok/s",
+            "agg tok/s",
+            "queue p50",
+            "prefill tok/s",
+            "cached",
+        ]
+    else:
+        headers = ["target", "prompt", "cache", "ok", "TTFT p50", "prefill tok/s", "cached"]
+    if show_ratio:
+        headers.append("vs ref")
+    rows = []
+    points = [p for p in result_points if p.sweep == sweep]
+    order = {"cold": 0, "warm": 1}
+    points.sort(key=lambda p: (p.clients, p.prompt_tokens, order.get(p.cache, 2)))
+    for point in points:
+        ok = f"{point.requests - point.failed}/{point.requests}"
+        if sweep == "concurrency":
+            row = [
+                point.target,
+                str(point.clients),
+                ok,
+                _ms(point.ttft_p50_ms),
+                _ms(point.ttft_p95_ms),
+                _num(point.stream_tps_p50),
+                _num(point.aggregate_tps),
+                _ms(point.queue_ms_p50),
+                _num(point.prefill_tps_p50),
+                _num(point.cached_tokens_mean, 0),
+            ]
+        else:
+            row = [
+                point.target,
+                f"{point.prompt_tokens:,}",
+                point.cache,
+                ok,
+                _ms(point.ttft_p50_ms),
+                _num(point.prefill_tps_p50),
+                _num(point.cached_tokens_mean, 0),
+            ]
+        if show_ratio:
+            ratio = by_key.get(point.key)
+            if ratio is None:
+                row.append("ref" if not any(r["target"] == point.target for r in ratios) else "-")
+            elif sweep == "concurrency":
+                row.append(
+                    f"{_ratio_text(ratio['aggregate_tps'])} / {_ratio_text(ratio['ttft_p50_ms'])}"
+                )
+            else:
+                row.append(
+                    f"{_ratio_text(ratio['prefill_tps_p50'])} / {_ratio_text(ratio['ttft_p50_ms'])}"
+                )
+        rows.append(row)
+    return headers, rows
+
+
+def marker(index: int) -> str:
+    """The plot marker of the ``index``-th series (distinct without colour too)."""
+    return _MARKERS[index % len(_MARKERS)]
+
+
+# -- charts ------------------------------------------------------------------------------------
 
 
 def _series(
