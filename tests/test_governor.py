@@ -170,6 +170,50 @@ def test_a_many_core_machine_finds_the_fastest_count_when_fewer_threads_are_fast
     assert state.batch == 8
 
 
+def idle(gov: Governor, machine: Machine, seconds: float) -> None:
+    """The engine waits for work: it wakes when the governor wants a reading."""
+    end = machine.now + seconds
+    while machine.now < end:
+        wait = gov.idle_wait()
+        assert wait is not None
+        machine.advance(max(wait, 0.001), 0)
+        gov.tick()
+
+
+def test_readings_go_on_while_idle_so_a_late_request_starts_on_current_ones() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    machine.others = 1.0
+    run_for(gov, machine, 2.0, BUSY)
+    assert gov.state().decode == 1
+    idle(gov, machine, 5.0)  # the busy process runs on a while, then ends
+    machine.others = 0.0
+    idle(gov, machine, 60.0)
+    # The first step of the next request already has every thread back.
+    assert step(gov, machine, IDLE) == 2
+    assert gov.state().last_change == "1 → 2: CPU free again"
+    # And the other way round: a process that started while the engine was idle.
+    machine.others = 1.0
+    idle(gov, machine, 3.0)
+    assert step(gov, machine, BUSY) == 1
+
+
+def test_idle_readings_slow_down_after_a_while() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    run_for(gov, machine, 1.0, IDLE)
+    waits = []
+    for _ in range(60):
+        wait = gov.idle_wait()
+        assert wait is not None
+        waits.append(wait)
+        machine.advance(max(wait, 0.001), 0)
+        gov.tick()
+    assert max(waits[:10]) <= SAMPLE_S  # the working pace at first
+    assert waits[-1] == pytest.approx(1.0)  # then once a second
+    assert governor(machine, fixed=True).idle_wait() is None
+
+
 def test_the_daemons_share_caps_the_count_and_its_end_lifts_it() -> None:
     machine = Machine()
     gov = governor(machine)

@@ -310,9 +310,13 @@ class Engine:
     def _drain_inbox(self, block: bool) -> bool:
         """Handle queued commands; returns False when asked to stop."""
         while True:
+            # While idle the governor's readings go on (see Governor.idle_wait).
+            wait = self.governor.idle_wait() if block else None
             try:
-                kind, payload = self._inbox.get(block=block)
+                kind, payload = self._inbox.get(block=block, timeout=wait)
             except queue.Empty:
+                if block:
+                    self.governor.tick()
                 return True
             block = False
             if kind == "generate":

@@ -14,14 +14,17 @@ The count is the smallest of three things:
 1. **The most this runner may use**: its thread count (the cores it may run on, or what the
    settings or the request asked for) and the share the daemon gives it while other runners
    work at the same time (:meth:`Governor.set_budget`).
-2. **What the machine gives now**: the CPU time other processes (and the hypervisor's steal)
-   took over the last half second on the CPUs this process may run on, read from
-   ``/proc/stat`` less this process's own CPU time. The cores left, plus an allowance of
-   ``_ALLOWANCE`` of a core, rounded down. Measured on 2 cores: beside a process busy half
-   the time one thread decoded faster than two (69 against 56-62 tok/s), beside one busy a
-   fifth of the time two were faster (76-81 against 67-69). A count goes down at once and up
-   only after ``_RAISE_AFTER`` readings in a row agree, so a moment of quiet does not bring
-   back a count the next burst punishes.
+2. **What the machine gives now**: the cores other processes need, from the CPU time they
+   (and the hypervisor's steal) took on the CPUs this process may run on (``/proc/stat`` less
+   this process's own CPU time), read every quarter second while the engine works and every
+   second while it waits for work (so that a request arriving after a quiet minute starts on
+   the last second, not on the minute's average). Beside threads that spin, others get less
+   than they want (a busy process beside two spinning threads on 2 cores gets 0.67 of a core):
+   what they need is solved from what they got (:func:`demand`). The count is the cores left
+   plus an allowance, by kind of step (``_ALLOWANCE``: decode 0.45, prefill 0.85 of a core,
+   measured), rounded down. It goes down on the latest reading alone, and up only once half a
+   second of readings allows it, with a margin, so that a moment of quiet does not bring back
+   a count the next burst punishes.
 3. **What runs fastest**: where the first two leave room, an online tuner compares the time
    per token at the current count against one fewer (or one more, when it had chosen fewer
    than allowed) in short trials whose steps alternate between the two counts, and keeps the
@@ -70,6 +73,12 @@ _SAMPLE_S = 0.25
 """How often the CPU readings are taken while the engine works."""
 _WINDOW = 2
 """Readings a decision spans (the last half second)."""
+_IDLE_SAMPLE_S = 1.0
+"""How often the readings go on while the engine has been idle a while: a request arriving
+after a quiet minute is decided on the last second, not on what the minute averaged (a busy
+process that ended during it would otherwise hold a thread back for its first half second)."""
+_IDLE_FAST_S = 10.0
+"""For this long after the last step, readings go on at the working pace."""
 _ALLOWANCE: dict[str, float] = {"decode": 0.45, "batch": 0.85}
 """Of a core, by kind of step: how much other processes may need of the cores a count takes
 and still leave that count faster than one fewer. Measured on 2 cores (SmolLM2-135M, a load
@@ -78,8 +87,8 @@ busy a share of every 10 ms): two threads decoded faster than one beside loads o
 threads stayed faster up to 0.7 (1.29x) and fell behind only beside a full one (0.54x)."""
 _RAISE_MARGIN = 0.15
 """Going up needs this much more room than staying, so that a count does not flap."""
-_RAISE_AFTER = 2
-"""Readings in a row that must allow more threads before the count goes up."""
+_RAISE_SPAN = 0.5
+"""Seconds of readings that must allow more threads before the count goes up."""
 _TRIAL_PAIRS = 4
 """Steps at each count in a tuner trial."""
 _FIRST_TRIAL = 64
@@ -315,9 +324,10 @@ class Governor:
         self._budget: tuple[int, str] = (self.max_threads, "working alone")
         self._readings: list[CpuReading] = []
         self._next_sample = 0.0
+        self._last_sample = 0.0
+        self._last_step = 0.0
         self.others: float | None = None
         self._cpu_cap: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
-        self._raise_votes: dict[Kind, int] = dict.fromkeys(KINDS, 0)
         self._cap_why = ""
         self._thread_seconds = 0.0
         """Threads x seconds of the decodes since the last reading (how many threads were
@@ -375,8 +385,11 @@ class Governor:
                 tuner.due[-1] = 0
         else:
             tuner.slow = 0
-        for direction in (-1, 1):
-            tuner.due[direction] -= 1
+        # Only a trial that could run comes closer: none below one thread, none above the cap.
+        if threads > 1:
+            tuner.due[-1] -= 1
+        if threads < self.cap(kind):
+            tuner.due[1] -= 1
 
     # -- the decision ------------------------------------------------------------------------
 
@@ -385,6 +398,7 @@ class Governor:
         if self.fixed:
             return self.max_threads
         now = self._clock()
+        self._last_step = now
         if now >= self._next_sample:
             self._sample(now)
         cap = self.cap(kind)
@@ -400,6 +414,23 @@ class Governor:
             return other
         self._set(kind, count)
         return count
+
+    def idle_wait(self) -> float | None:
+        """While the engine waits for work: seconds until the next reading is due (None:
+        none is needed), so that a request arriving later starts on current readings."""
+        if self.fixed:
+            return None
+        now = self._clock()
+        pace = _SAMPLE_S if now - self._last_step < _IDLE_FAST_S else _IDLE_SAMPLE_S
+        return max(0.0, self._last_sample + pace - now)
+
+    def tick(self) -> None:
+        """Take a reading while idle, when one is due (see :meth:`idle_wait`)."""
+        if self.fixed:
+            return
+        wait = self.idle_wait()
+        if wait is not None and wait <= 0.001:  # a timer may wake a hair early
+            self._sample(self._clock())
 
     def cap(self, kind: Kind) -> int:
         """The most threads a step of ``kind`` may use now: the runner's own count, the
@@ -476,6 +507,7 @@ class Governor:
 
     def _sample(self, now: float) -> None:
         self._next_sample = now + _SAMPLE_S
+        self._last_sample = now
         reading = self._reader()
         if reading is None:
             self.others = None
@@ -502,8 +534,9 @@ class Governor:
         if latest is None or window is None:
             return
         self.others = window
+        span = readings[-1].at - readings[0].at
         for kind in KINDS:
-            self._cap_kind(kind, latest, window)
+            self._cap_kind(kind, latest, window, span)
 
     def _others(self, first: CpuReading, last: CpuReading, thread_seconds: float) -> float | None:
         span = last.at - first.at
@@ -512,22 +545,20 @@ class Governor:
         used = max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / span)
         return demand(used, thread_seconds / span, self.cpus)
 
-    def _cap_kind(self, kind: Kind, latest: float, window: float) -> None:
+    def _cap_kind(self, kind: Kind, latest: float, window: float, span: float) -> None:
         cap = max(1, min(self.max_threads, math.floor(self.cpus - latest + _ALLOWANCE[kind])))
         if cap < self._cpu_cap[kind]:
             self._cpu_cap[kind] = cap
-            self._raise_votes[kind] = 0
             self._cap_why = f"CPU busy: other processes need {latest:.1f} of {self.cpus} cores"
+            # The readings explain the slow steps: no trial is owed for them.
+            tuner = self._tuners[kind]
+            tuner.slow = 0
+            tuner.due[-1] = max(tuner.due[-1], tuner.wait[-1])
             return
         room = self.cpus - window + _ALLOWANCE[kind] - _RAISE_MARGIN
         raise_to = max(1, min(self.max_threads, math.floor(room)))
-        if raise_to > self._cpu_cap[kind]:
-            self._raise_votes[kind] += 1
-            if self._raise_votes[kind] >= _RAISE_AFTER:
-                self._cpu_cap[kind] = raise_to
-                self._raise_votes[kind] = 0
-        else:
-            self._raise_votes[kind] = 0
+        if raise_to > self._cpu_cap[kind] and span >= _RAISE_SPAN:
+            self._cpu_cap[kind] = raise_to
 
     def _set(self, kind: Kind, count: int, why: str | None = None) -> None:
         before = self._current[kind]
