@@ -60,17 +60,21 @@ from localllm.starter import starter_gguf_path
 STARTER = "smollm2:135m"
 QUANTIZED = "smollm2:135m-q8"
 BUSY = "while True: pass"
+IDLE_SETTLE_S = 2.0
 
 
 @contextlib.contextmanager
 def busy(count: int) -> Iterator[None]:
     """``count`` processes spinning a core each, in sessions of their own, while the block
-    runs (given a moment to start spinning first)."""
+    runs (given a moment to start spinning first). With none, the block starts after the
+    machine has been quiet for a moment: an idle machine is one that has been idle a while,
+    not one whose last busy process ended a millisecond ago (how fast the governor takes the
+    cores back after that is a transition of its own, logged by the runner)."""
     spinners = [
         subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True) for _ in range(count)
     ]
     try:
-        time.sleep(0.5 if spinners else 0)
+        time.sleep(0.5 if spinners else IDLE_SETTLE_S)
         yield
     finally:
         for spinner in spinners:

@@ -168,6 +168,17 @@ def _private_dir(path: Path) -> bool:
     return True
 
 
+def _writable_place(path: Path) -> bool:
+    """Whether ``path`` is, or could be made, a folder this user can write in: its nearest
+    existing ancestor is a folder we may write (a read-only file system answers no)."""
+    probe = path
+    while not os.path.lexists(probe):
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+
+
 def _fallback_runtime_dir() -> Path:
     """The runtime dir when ``XDG_RUNTIME_DIR`` is unset (sudo, cron, some ssh and containers).
 
@@ -598,19 +609,35 @@ class Settings:
 
     @property
     def log_dir(self) -> Path:
-        """Daemon and runner logs."""
-        return self.home / "logs" if self.home is not None else _default_state_dir() / "logs"
+        """Daemon and runner logs: ``<home>/logs`` with ``LOCALLLM_HOME`` (see
+        :meth:`_in_home` for a home that cannot be written), else the platform's state dir."""
+        return self._in_home("logs") if self.home is not None else _default_state_dir() / "logs"
+
+    def _in_home(self, name: str) -> Path:
+        """``<home>/<name>``; where the home cannot be written (a read-only or missing data
+        root, whose models the daemon still serves), a private folder for this home in the
+        temp dir instead. The daemon and its clients decide alike, so they meet at the same
+        socket."""
+        assert self.home is not None
+        natural = self.home / name
+        if _writable_place(natural):
+            return natural
+        import hashlib  # rarely needed; it loads OpenSSL, on the path of every CLI command
+
+        tag = hashlib.sha256(os.fsencode(self.home)).hexdigest()[:16]
+        return _fallback_runtime_dir() / f"home-{tag}" / name
 
     @property
     def runtime_dir(self) -> Path:
         """Per-user runtime files: the socket and the daemon's lock/pid file.
 
-        ``<home>/run`` with ``LOCALLLM_HOME``; else ``$XDG_RUNTIME_DIR/localllm``; else a
-        private ``localllm-<uid>`` folder in the temp dir. Only without ``LOCALLLM_HOME`` does
-        it depend on the environment, which is why clients then also try the TCP address.
+        ``<home>/run`` with ``LOCALLLM_HOME`` (unless it cannot be written); else
+        ``$XDG_RUNTIME_DIR/localllm``; else a private ``localllm-<uid>`` folder in the temp dir.
+        Only without ``LOCALLLM_HOME`` does it depend on the environment, which is why clients
+        then also try the TCP address.
         """
         if self.home is not None:
-            return self.home / "run"
+            return self._in_home("run")
         if self.xdg_runtime_dir is not None:
             return self.xdg_runtime_dir / "localllm"
         return _fallback_runtime_dir()
