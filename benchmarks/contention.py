@@ -33,7 +33,10 @@ busy/idle. The last line is one JSON object with every figure.
 Usage::
 
     python benchmarks/contention.py [--repeat 3] [--tokens 96] [--threads N]
-        [--llama-server PATH] [--only decode,prefill,two,clients]
+        [--llama-server PATH] [--only decode,prefill,two,clients | idle]
+
+``--only idle`` measures only the idle machine (decode and prefill, each after 2 s of quiet), the
+A/B that says whether the governor costs anything there; use more ``--repeat`` for it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -218,7 +222,15 @@ class LlamaServer:
         self._complete("Hello", 8)
 
     def _complete(self, prompt: str, tokens: int) -> dict[str, Any]:
-        body = {"prompt": prompt, "n_predict": tokens, "temperature": 0, "cache_prompt": False}
+        # ignore_eos: the raw prompt (no chat template here) often ends at once, and a decode
+        # rate needs the tokens the daemons make.
+        body = {
+            "prompt": prompt,
+            "n_predict": tokens,
+            "temperature": 0,
+            "cache_prompt": False,
+            "ignore_eos": True,
+        }
         response = httpx.post(self.url + "/completion", json=body, timeout=600)
         response.raise_for_status()
         timings: dict[str, Any] = response.json()["timings"]
@@ -259,10 +271,15 @@ def main() -> int:
     parser.add_argument("--llama-server", help="a llama-server binary to measure as a peer")
     parser.add_argument("--only", default="decode,prefill,two,clients")
     args = parser.parse_args()
+    # A SIGTERM unwinds like Ctrl-C, so that no busy process or server outlives the script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     threads = args.threads or default_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else threads
     only = set(args.only.split(","))
-    levels = sorted({0, 1, max(1, cores // 2)})
+    if "idle" in only:
+        only |= {"decode", "prefill"}
+    levels = [0] if "idle" in only else sorted({0, 1, max(1, cores // 2)})
+    prefill_levels = (0,) if "idle" in only else (0, 1)
     models = [STARTER, QUANTIZED] if "two" in only else [STARTER]
 
     with tempfile.TemporaryDirectory() as on_home, tempfile.TemporaryDirectory() as off_home:
@@ -299,7 +316,7 @@ def main() -> int:
                             + (f" (threads {seen})" if seen else ""),
                             flush=True,
                         )
-                for level in (0, 1) if "prefill" in only else ():
+                for level in prefill_levels if "prefill" in only else ():
                     for server in order:
                         with busy(level):
                             rate = server.prefill_rate(args.prompt_tokens)
@@ -353,7 +370,12 @@ def main() -> int:
                 results[f"{name}_decode_busy{level}_vs_idle"] = pairs[0]
                 goal = "≥ 0.5" if name == "on" and level == 1 else ""
                 _show(f"{name}: decode beside {level} busy / idle", pairs, goal)
-    if "prefill" in only:
+    if "prefill" in only and "idle" in only:
+        _show(
+            "idle prefill, governor on / off",
+            _ratio(runs["on_prefill_busy0"], runs["off_prefill_busy0"]),
+        )
+    elif "prefill" in only:
         for name in names:
             pairs = _ratio(runs[f"{name}_prefill_busy1"], runs[f"{name}_prefill_busy0"])
             results[f"{name}_prefill_busy1_vs_idle"] = pairs[0]
