@@ -97,8 +97,10 @@ _LAST_TRIAL = 4096
 """The longest wait between trials of one direction."""
 _MARGIN = 0.04
 """How much faster per token the other count must be, over a whole trial, to be kept."""
-_ABANDON = 1.5
-"""A trial ends at once when the other count's step is this much slower than the current."""
+_ABANDON = 1.3
+"""A trial ends at once when the other count's step is this much slower than the current: a
+count that much slower cannot win (it must be faster by ``_MARGIN``), and on 2 idle cores one
+thread decodes ~1.4x slower than two, so a trial there costs one slow step, not four."""
 _SLOW = 3.0
 """A step this many times slower than the best seen at its count and size is suspect..."""
 _SLOW_STEPS = 2
