@@ -308,8 +308,9 @@ class Discovery:
     """The speed probe's figures with these weight types measured (None: no predictions)."""
     cached: Callable[[], Calibration | None] = lambda: None
     """The figures measured so far, without probing."""
-    correction: Callable[[], tuple[float, float]] = lambda: (0.0, 0.0)
-    """Seconds learned from served models: per decode step and per prompt token."""
+    correction: Callable[[str | None], tuple[float, float]] = lambda main_type: (0.0, 0.0)
+    """Seconds learned from served models, per decode step and per prompt token, for a model
+    of the given main weight type."""
 
     def _request(self, layout: ModelLayout) -> PlanRequest:
         settings = self.settings
@@ -391,10 +392,8 @@ class Discovery:
         first = quants[0] if tag else default_quant(listing)
         shapes, header_error = self._shapes(listing, first)
         calibration, speed_error = self._calibration(shapes, quants, probe)
-        correction = self.correction() if calibration is not None else (0.0, 0.0)
         reports = [
-            self._quant_report(listing, quant, shapes, devices, calibration, correction)
-            for quant in quants
+            self._quant_report(listing, quant, shapes, devices, calibration) for quant in quants
         ]
         return RepoReport(
             listing=listing,
@@ -412,7 +411,6 @@ class Discovery:
         shapes: _Shapes | None,
         devices: Sequence[Device],
         calibration: Calibration | None,
-        correction: tuple[float, float],
     ) -> QuantReport:
         layout, cost, origin = _shapes_for(shapes, quant)
         if layout is None:
@@ -437,7 +435,7 @@ class Discovery:
                 context=report.plan.n_ctx_per_slot,
                 gpu_layers=report.plan.n_gpu_layers,
                 kv_cache_type=self.settings.kv_cache_type,
-                correction=correction,
+                correction=self.correction(cost.main_type),
             )
         return report
 
@@ -518,9 +516,11 @@ def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook
     def calibration(types: Sequence[str]) -> Calibration:
         return calibrate(settings, threads=threads, types=types)
 
-    def correction() -> tuple[float, float]:
+    def correction(main_type: str | None) -> tuple[float, float]:
         figures = cached_calibration(settings)
-        return book.correction(figures) if figures is not None else (0.0, 0.0)
+        if figures is None:
+            return (0.0, 0.0)
+        return book.correction(figures, main_type=main_type)
 
     discovery = Discovery(
         settings,

@@ -223,6 +223,16 @@ class ModelCost:
         return found
 
     @property
+    def main_type(self) -> str | None:
+        """The weight type that holds most of the weights a batch multiplies (what decides a
+        prefill's pace), None for a model without layers."""
+        totals: dict[str, int] = {}
+        for layer in self.layer_params:
+            for kind, count in layer.items():
+                totals[kind] = totals.get(kind, 0) + count
+        return max(totals, key=lambda kind: totals[kind]) if totals else None
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of weights one decode step reads."""
         return sum(sum(layer.values()) for layer in self.layer_bytes) + sum(

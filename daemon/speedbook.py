@@ -9,6 +9,11 @@ Against each served model's prediction from the probe alone, the measured rates 
 correction: the median over models of the seconds the prediction missed per decode step and
 per prompt token (measured less predicted). It carries what the probe cannot see (the
 runner's own work around each step, the machine's usual load) to models not served yet. The
+decode step's miss is mostly work of the runner that no weight type changes, so every served
+model teaches it; a prompt token's miss is mostly the matrix kernels' pace at the model's own
+shapes, which differs by weight type and in either direction (measured here: the probe alone
+put a Q4_1 model's prefill 11 % too slow and an F16 one's 16 % too fast), so it is learned
+only from models whose main weight type is the predicted model's. The
 records are kept per machine and thread count (the probe's key) in the user's cache dir, so
 predictions improve with use across restarts.
 """
@@ -23,7 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from localllm._process import write_json
 from localllm.gguf_info import inspect_gguf
@@ -31,7 +36,7 @@ from localllm.gguf_info import inspect_gguf
 from .memlayout import layout_from_gguf
 from .speed import Calibration, ModelCost, model_cost, predict
 
-__all__ = ["KEPT", "MIN_DECODED", "MIN_PREFILLED", "Observation", "SpeedBook"]
+__all__ = ["KEPT", "MIN_DECODED", "MIN_PREFILLED", "Gap", "Observation", "SpeedBook"]
 
 log = logging.getLogger("localllm.speedbook")
 
@@ -41,6 +46,18 @@ MIN_DECODED = 16
 """Generated tokens a request needs for its decode rate to count."""
 MIN_PREFILLED = 64
 """Prompt tokens evaluated (not from the cache) a request needs for its prefill rate to count."""
+
+
+class Gap(NamedTuple):
+    """What the probe alone missed for one served model, in seconds (measured less
+    predicted; None where not measured)."""
+
+    decode: float | None
+    """Per decode step."""
+    prefill: float | None
+    """Per prompt token."""
+    main_type: str | None
+    """The model's main weight type (:attr:`~.speed.ModelCost.main_type`)."""
 
 
 @dataclass
@@ -165,14 +182,12 @@ class SpeedBook:
                 self._costs[key] = None
         return self._costs[key]
 
-    def gaps(
-        self, calibration: Calibration, exclude: str | None = None
-    ) -> dict[str, tuple[float | None, float | None]]:
+    def gaps(self, calibration: Calibration, exclude: str | None = None) -> dict[str, Gap]:
         """Per served model (by digest): measured less predicted-from-the-probe seconds per
         decode step and per prompt token (None where not measured or not predicted)."""
         with self._lock:
             entries = dict(self._load())
-        found: dict[str, tuple[float | None, float | None]] = {}
+        found: dict[str, Gap] = {}
         for digest, entry in entries.items():
             if digest == exclude or entry.gpu_layers:
                 continue
@@ -183,21 +198,30 @@ class SpeedBook:
             guess = predict(cost, calibration, context=context, kv_cache_type=entry.kv_cache_type)
             decode = entry.measured_decode
             prefill = entry.measured_prefill
-            found[digest] = (
+            found[digest] = Gap(
                 1 / decode - 1 / guess.decode_full if decode and guess.decode_full else None,
                 1 / prefill - 1 / guess.prefill if prefill and guess.prefill else None,
+                cost.main_type,
             )
         return found
 
     def correction(
-        self, calibration: Calibration, exclude: str | None = None
+        self,
+        calibration: Calibration,
+        exclude: str | None = None,
+        main_type: str | None = None,
     ) -> tuple[float, float]:
-        """(seconds a decode step, seconds a prompt token) to add to predictions: the median
-        gap over served models, 0 where none was measured. ``exclude`` leaves one model out
-        (to predict that model honestly)."""
+        """(seconds a decode step, seconds a prompt token) to add to the predictions of a
+        model whose main weight type is ``main_type``: the median gap over served models (for
+        a prompt token, over those of the same main type; see the module docstring), 0 where
+        none was measured. ``exclude`` leaves one model out (to predict that model honestly)."""
         gaps = self.gaps(calibration, exclude).values()
-        decode = [d for d, _ in gaps if d is not None]
-        prefill = [p for _, p in gaps if p is not None]
+        decode = [gap.decode for gap in gaps if gap.decode is not None]
+        prefill = [
+            gap.prefill
+            for gap in gaps
+            if gap.prefill is not None and main_type is not None and gap.main_type == main_type
+        ]
         return (
             statistics.median(decode) if decode else 0.0,
             statistics.median(prefill) if prefill else 0.0,

@@ -234,8 +234,12 @@ def test_the_speed_book_learns_from_requests_that_ran_alone(
     cost = model_cost([info], layout_from_gguf([info]).kv_per_cell)
     guess = predict(cost, figures, context=300)
     assert guess.decode_full and guess.prefill
-    step_gap, token_gap = book.correction(figures)
+    assert cost.main_type == "Q4_1"
+    step_gap, token_gap = book.correction(figures, main_type="Q4_1")
     assert step_gap == pytest.approx(1 / 50.0 - 1 / guess.decode_full)
     assert token_gap == pytest.approx(1 / 500.0 - 1 / guess.prefill)
+    # a prompt token's pace is the kernels' for a weight type: another type learns only the
+    # decode step's gap
+    assert book.correction(figures, main_type="F16") == (pytest.approx(step_gap), 0.0)
     # left out, the only model measured teaches nothing about itself
     assert book.correction(figures, exclude="a") == (0.0, 0.0)

@@ -201,7 +201,7 @@ def local_speed(
         context=context,
         gpu_layers=plan.n_gpu_layers if plan is not None else 0,
         kv_cache_type=kv_type,
-        correction=book.correction(calibration, exclude=digest),
+        correction=book.correction(calibration, exclude=digest, main_type=cost.main_type),
     )
     answer["predicted"] = prediction.to_dict()
     return answer
