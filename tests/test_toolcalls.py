@@ -99,22 +99,13 @@ def check(
             assert marker not in out.content
 
 
-# Cases that are one output each: (id, parser, output, content, calls, thinking, forbidden),
-# checked by test_output_parses_the_same_however_it_is_cut below.
+# Cases that are one output each, checked by test_output_parses_the_same_however_it_is_cut.
 CASES: list[Any] = []
 
 
-def _case(
-    name: str,
-    make: Factory,
-    text: str,
-    content: str,
-    calls: list[ToolCall],
-    *,
-    thinking: str = "",
-    forbidden: tuple[str, ...] = (),
-) -> Any:
-    return pytest.param(make, text, content, calls, thinking, forbidden, id=name)
+def _case(name: str, *args: Any, **kwargs: Any) -> Any:
+    """A case named ``name``: the arguments of :func:`check`."""
+    return pytest.param(args, kwargs, id=name)
 
 
 # --- Hermes / Qwen ---------------------------------------------------------------------------
@@ -457,16 +448,11 @@ CASES += [
 ]
 
 
-@pytest.mark.parametrize(("make", "text", "content", "calls", "thinking", "forbidden"), CASES)
+@pytest.mark.parametrize(("args", "kwargs"), CASES)
 def test_output_parses_the_same_however_it_is_cut(
-    make: Factory,
-    text: str,
-    content: str,
-    calls: list[ToolCall],
-    thinking: str,
-    forbidden: tuple[str, ...],
+    args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
-    check(make, text, content, calls, thinking, forbidden)
+    check(*args, **kwargs)
 
 
 # --- detection -------------------------------------------------------------------------------
