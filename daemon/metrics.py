@@ -6,6 +6,8 @@ process do not share counters. Prefill and decode are measured apart, as are TTF
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -30,204 +32,160 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         """Everything this daemon exports."""
-        r = self.registry
-        self.http_requests = Counter(
+        self._per_model_gauges: list[Gauge] = []
+        """Gauges with labels: cleared at each scrape, since the models they name may be gone."""
+        self.http_requests = self._counter(
             "localllm_http_requests",
             "HTTP requests answered, by route and status code.",
             ["method", "route", "status"],
-            registry=r,
         )
-        self.requests = Counter(
+        self.requests = self._counter(
             "localllm_requests",
             "Generation requests finished, by model, API and done reason.",
             ["model", "api", "done_reason"],
-            registry=r,
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = self._counter(
             "localllm_prompt_tokens",
             "Prompt tokens, by model: evaluated (prefilled) or reused from the KV cache.",
             ["model", "kind"],
-            registry=r,
         )
-        self.generated_tokens = Counter(
-            "localllm_generated_tokens", "Tokens generated, by model.", ["model"], registry=r
+        self.generated_tokens = self._counter(
+            "localllm_generated_tokens", "Tokens generated, by model.", ["model"]
         )
-        self.draft_tokens = Counter(
+        self.draft_tokens = self._counter(
             "localllm_draft_tokens",
             "Speculative draft tokens verified, by model and outcome (accepted or rejected).",
             ["model", "outcome"],
-            registry=r,
         )
-        self.saved_prefix_bytes = Gauge(
+        self.saved_prefix_bytes = self._gauge(
             "localllm_saved_prefix_bytes",
             "KV state of idle prompt prefixes kept outside the context, by model and tier.",
             ["model", "tier"],
-            registry=r,
         )
-        self.prefix_restores = Gauge(
+        self.prefix_restores = self._gauge(
             "localllm_prefix_restores",
             "Saved prefixes restored into a slot since the model's runner started.",
             ["model"],
-            registry=r,
         )
-        self.engine_time = Gauge(
+        self.engine_time = self._gauge(
             "localllm_engine_seconds",
             "Seconds of each runner's engine thread since it started, by part: decode "
             "(llama_decode of generation batches), step (the rest of each step: batch building, "
             "sampling, detokenizing, stop checks, handing tokens over), idle (no work), other "
             "(admitting requests, the prefix cache's tiers, embeddings).",
             ["model", "part"],
-            registry=r,
         )
-        self.engine_decodes = Gauge(
+        self.engine_decodes = self._gauge(
             "localllm_engine_decodes",
             "Generation decodes (steps) each runner's engine ran since it started.",
             ["model"],
-            registry=r,
         )
-        self.embedded_tokens = Counter(
-            "localllm_embedding_tokens", "Tokens embedded, by model.", ["model"], registry=r
+        self.embedded_tokens = self._counter(
+            "localllm_embedding_tokens", "Tokens embedded, by model.", ["model"]
         )
-        self.ttft = Histogram(
+        self.ttft = self._latency(
             "localllm_time_to_first_token_seconds",
             "Time from arrival at the daemon to the first generated token.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
         )
-        self.queue_wait = Histogram(
-            "localllm_queue_wait_seconds",
-            "Time a request waited in the runner for a slot.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.queue_wait = self._latency(
+            "localllm_queue_wait_seconds", "Time a request waited in the runner for a slot."
         )
-        self.prefill = Histogram(
-            "localllm_prefill_duration_seconds",
-            "Time spent evaluating prompt tokens.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.prefill = self._latency(
+            "localllm_prefill_duration_seconds", "Time spent evaluating prompt tokens."
         )
-        self.decode = Histogram(
-            "localllm_decode_duration_seconds",
-            "Time from the first generated token to the last.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.decode = self._latency(
+            "localllm_decode_duration_seconds", "Time from the first generated token to the last."
         )
-        self.load = Histogram(
-            "localllm_model_load_seconds",
-            "Time to start a runner and load its model.",
-            ["model"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.load = self._latency(
+            "localllm_model_load_seconds", "Time to start a runner and load its model."
         )
-        self.queue_depth = Gauge(
+        self.queue_depth = self._gauge(
             "localllm_queue_depth",
             "Requests waiting for a slot, in the daemon and in the runners' queues.",
-            registry=r,
         )
-        self.loaded_models = Gauge("localllm_loaded_models", "Models loaded now.", registry=r)
-        self.busy_slots = Gauge(
-            "localllm_busy_slots", "Slots prefilling or decoding.", ["model"], registry=r
+        self.loaded_models = self._gauge("localllm_loaded_models", "Models loaded now.")
+        self.busy_slots = self._gauge(
+            "localllm_busy_slots", "Slots prefilling or decoding.", ["model"]
         )
-        self.total_slots = Gauge("localllm_slots", "Slots of each model.", ["model"], registry=r)
-        self.runner_waiting = Gauge(
-            "localllm_runner_waiting", "Requests waiting inside a runner.", ["model"], registry=r
+        self.total_slots = self._gauge("localllm_slots", "Slots of each model.", ["model"])
+        self.runner_waiting = self._gauge(
+            "localllm_runner_waiting", "Requests waiting inside a runner.", ["model"]
         )
-        self.kv_used = Gauge(
-            "localllm_kv_cells_used", "KV cache cells in use.", ["model"], registry=r
-        )
-        self.kv_total = Gauge("localllm_kv_cells", "KV cache size in cells.", ["model"], registry=r)
-        self.decode_rate = Gauge(
+        self.kv_used = self._gauge("localllm_kv_cells_used", "KV cache cells in use.", ["model"])
+        self.kv_total = self._gauge("localllm_kv_cells", "KV cache size in cells.", ["model"])
+        self.decode_rate = self._gauge(
             "localllm_decode_tokens_per_second",
             "Generated tokens per second over the last seconds, all slots.",
             ["model"],
-            registry=r,
         )
-        self.prefill_rate = Gauge(
+        self.prefill_rate = self._gauge(
             "localllm_prefill_tokens_per_second",
             "Prompt tokens per second over the last seconds.",
             ["model"],
-            registry=r,
         )
-        self.drafter = Gauge(
+        self.drafter = self._gauge(
             "localllm_drafter",
             "1 for the drafter of each loaded model's speculative decoding: ngram, "
             "draft:<draft model> or off.",
             ["model", "drafter"],
-            registry=r,
         )
-        self.memory_planned = Gauge(
+        self.memory_planned = self._gauge(
             "localllm_memory_planned_bytes",
             "Bytes the memory plan gives each loaded model per device, by part: weights, kv, "
             "compute, other (projector, draft), prefix_cache (RAM for saved prompts, at most).",
             ["model", "device", "part"],
-            registry=r,
         )
-        self.memory_used = Gauge(
+        self.memory_used = self._gauge(
             "localllm_memory_used_bytes",
             "Bytes each loaded model's runner holds now per device (the host's RAM: its "
             "resident set; GPU buffers are allocated whole at load, as planned).",
             ["model", "device"],
-            registry=r,
         )
-        self.device_memory = Gauge(
+        self.device_memory = self._gauge(
             "localllm_device_memory_bytes",
             "Memory of each device, free and total: the host's RAM as this daemon may use it "
             "(cgroup-aware), GPUs as llama.cpp reported them at the latest load.",
             ["device", "state"],
-            registry=r,
         )
-        self.threads = Gauge(
+        self.threads = self._gauge(
             "localllm_runner_threads",
             "CPU threads of each runner: what decode steps and batch steps (prefill, "
             "embeddings) use now, the runner's own count (max) and the daemon's share (budget).",
             ["model", "kind"],
-            registry=r,
         )
-        self.threads_limit = Gauge(
+        self.threads_limit = self._gauge(
             "localllm_runner_threads_limit",
             "1 for what holds each runner's decode thread count where it is: max (its own "
             "count), cpu (other processes use the cores), budget (shared with other working "
             "models), tuner (fewer threads ran faster) or fixed (num_thread, or the governor off).",
             ["model", "limit"],
-            registry=r,
         )
-        self.cpu_others = Gauge(
+        self.cpu_others = self._gauge(
             "localllm_cpu_others_cores",
             "Cores other processes used over the last half second, as each runner's governor "
             "read them (/proc/stat).",
             ["model"],
-            registry=r,
         )
-        self.thread_changes = Gauge(
+        self.thread_changes = self._gauge(
             "localllm_runner_thread_changes",
             "Changes of each runner's thread counts since it started.",
             ["model"],
-            registry=r,
         )
-        self._per_model_gauges = (
-            self.memory_planned,
-            self.memory_used,
-            self.device_memory,
-            self.drafter,
-            self.busy_slots,
-            self.total_slots,
-            self.runner_waiting,
-            self.kv_used,
-            self.kv_total,
-            self.decode_rate,
-            self.prefill_rate,
-            self.saved_prefix_bytes,
-            self.prefix_restores,
-            self.engine_time,
-            self.engine_decodes,
-            self.threads,
-            self.threads_limit,
-            self.cpu_others,
-            self.thread_changes,
+
+    def _counter(self, name: str, documentation: str, labels: Sequence[str]) -> Counter:
+        return Counter(name, documentation, labels, registry=self.registry)
+
+    def _gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        """A gauge set at each scrape; one with labels is also cleared first."""
+        gauge = Gauge(name, documentation, labels, registry=self.registry)
+        if labels:
+            self._per_model_gauges.append(gauge)
+        return gauge
+
+    def _latency(self, name: str, documentation: str) -> Histogram:
+        """Seconds per request, by model."""
+        return Histogram(
+            name, documentation, ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry
         )
 
     def observe_load(self, loaded: LoadedModel) -> None:

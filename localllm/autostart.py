@@ -15,7 +15,6 @@ per-home lock; ours then exits saying another one runs, and we wait for that one
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._exceptions import DaemonUnavailableError
+from ._locks import lock_exclusive
 from .client import Client, is_loopback
 from .settings import Settings
 
@@ -67,17 +67,16 @@ def _turn(settings: Settings, deadline: float) -> Iterator[None]:
     """Hold ``autostart.lock``: one command at a time may start a daemon for this home."""
     settings.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(settings.runtime_dir / "autostart.lock", os.O_RDWR | os.O_CREAT, 0o600)
+
+    def wait() -> None:
+        if time.monotonic() > deadline:
+            raise DaemonStartError(
+                "timed out waiting for another localllm command that is starting the daemon"
+            ) from None
+        time.sleep(_POLL)
+
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DaemonStartError(
-                        "timed out waiting for another localllm command that is starting the daemon"
-                    ) from None
-                time.sleep(_POLL)
+        lock_exclusive(fd, wait)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -157,10 +157,10 @@ class _Model:
         self.parameters: dict[str, Any] = {}
 
 
-def _answer(
-    tiny_gguf: Path, tmp_path: Path, probe: list[str], *, repack_crashes: bool
-) -> tuple[GenerationResult, _Runners]:
-    runners = _Runners(tmp_path, repack_crashes)
+def _answer(tiny_gguf: Path, tmp_path: Path, probe: list[str]) -> _Runners:
+    """Load the model (repacking crashes its runner) and ask for 4 tokens, which must come;
+    returns the runner factory, which knows what each runner was asked."""
+    runners = _Runners(tmp_path, repack_crashes=True)
 
     def decider(settings: Settings, threads: int) -> cpu.CpuPaths:
         return cpu.decide(settings, threads, cache_dir=tmp_path / "cache", probe_command=probe)
@@ -181,29 +181,33 @@ def _answer(
         finally:
             await scheduler.close()
 
-    return asyncio.run(main()), runners
+    assert asyncio.run(main()).timings.completion_tokens == 4
+    return runners
+
+
+@pytest.fixture
+def daemon_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """The daemon's warnings, captured."""
+    caplog.set_level(logging.WARNING, logger="localllm.daemon")
+    return caplog
 
 
 def test_a_probe_that_dies_in_repacking_leads_to_a_load_without_it_that_answers(
-    tiny_gguf: Path, tmp_path: Path, fake_probe: Any, caplog: pytest.LogCaptureFixture
+    tiny_gguf: Path, tmp_path: Path, fake_probe: Any, daemon_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="localllm.daemon")
-    result, runners = _answer(tiny_gguf, tmp_path, fake_probe("repack"), repack_crashes=True)
-    assert result.timings.completion_tokens == 4
+    runners = _answer(tiny_gguf, tmp_path, fake_probe("repack"))
     assert runners.asked == [False], "no runner was asked to repack"
-    warnings = [r.getMessage() for r in caplog.records if "repacking crashed" in r.getMessage()]
+    warnings = [r.getMessage() for r in daemon_log.records if "repacking crashed" in r.getMessage()]
     assert len(warnings) == 1 and "SIGILL" in warnings[0]
 
 
 def test_a_runner_that_dies_by_sigill_while_repacking_is_loaded_again_without_it(
-    tiny_gguf: Path, tmp_path: Path, fake_probe: Any, caplog: pytest.LogCaptureFixture
+    tiny_gguf: Path, tmp_path: Path, fake_probe: Any, daemon_log: pytest.LogCaptureFixture
 ) -> None:
     """The probe passed (its model lacks the weight type that faults), yet the runner died."""
-    caplog.set_level(logging.WARNING, logger="localllm.daemon")
-    result, runners = _answer(tiny_gguf, tmp_path, fake_probe(""), repack_crashes=True)
-    assert result.timings.completion_tokens == 4
+    runners = _answer(tiny_gguf, tmp_path, fake_probe(""))
     assert runners.asked == [True, False]
-    said = " | ".join(r.getMessage() for r in caplog.records)
+    said = " | ".join(r.getMessage() for r in daemon_log.records)
     assert "repacking crashed" in said and "was killed by SIGILL" in said
     # Remembered like a probe's decision: the next daemon starts with repacking off.
     remembered = cpu.decide(
@@ -220,7 +224,7 @@ def test_when_both_paths_die_a_load_fails_in_one_line_and_no_runner_starts(
     tiny_gguf: Path, tmp_path: Path, fake_probe: Any
 ) -> None:
     with pytest.raises(RunnerStartError) as failure:
-        _answer(tiny_gguf, tmp_path, fake_probe("repack,plain"), repack_crashes=True)
+        _answer(tiny_gguf, tmp_path, fake_probe("repack,plain"))
     message = str(failure.value)
     assert "\n" not in message and "SIGILL" in message and REBUILD_FOR_THIS_CPU in message
 

@@ -83,9 +83,9 @@ def test_policy_knows_when_even_perfect_drafts_cannot_pay() -> None:
     policy = DraftPolicy(max_draft=8, acceptance=0.1)
     cost = BatchCost({1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4})
     assert policy.length(8, 1, 1.0, cost) == 0  # the acceptance is too low ...
-    assert policy.could_pay(8, 1, 1.0, cost)  # ... but a better one would pay
+    assert policy.best_case.length(8, 1, 1.0, cost) > 0  # ... but a better one would pay
     # A draft model costing nearly a target decode per token never pays on this curve.
-    assert not policy.could_pay(8, 1, 1.0, cost, draft_cost=0.9)
+    assert policy.best_case.length(8, 1, 1.0, cost, draft_cost=0.9) == 0
 
 
 def test_policy_probes_now_and_then_while_drafts_would_be_accepted() -> None:

@@ -126,14 +126,16 @@ def fresh(baseline: Path, tmp_path: Path) -> Iterator[Callable[[], Path]]:
     yield copy
 
 
+@pytest.fixture
+def run(operation: str, files: dict[str, Path], ollama_root: Path) -> Operation:
+    """The test's ``operation`` (it is parametrised over them), ready to run on a store."""
+    return _operations(files, ollama_root)[operation]
+
+
 @pytest.mark.parametrize("operation", OPERATIONS)
 def test_a_full_disk_at_any_step_leaves_the_store_as_it_was(
-    operation: str,
-    fresh: Callable[[], Path],
-    files: dict[str, Path],
-    ollama_root: Path,
+    operation: str, run: Operation, fresh: Callable[[], Path]
 ) -> None:
-    run = _operations(files, ollama_root)[operation]
     counting = FaultyOps()
     run(Store(fresh(), ops=counting))
     assert counting.calls > 0
@@ -163,12 +165,8 @@ def _fails_cleanly(
 
 @pytest.mark.parametrize("operation", ["create from a file", "import"])
 def test_a_disk_filling_up_midway_through_a_copy_leaves_nothing(
-    operation: str,
-    fresh: Callable[[], Path],
-    files: dict[str, Path],
-    ollama_root: Path,
+    operation: str, run: Operation, fresh: Callable[[], Path], files: dict[str, Path]
 ) -> None:
-    run = _operations(files, ollama_root)[operation]
     before = store_state(fresh())
     size = files["tiny"].stat().st_size
     # Hard links would write nothing: the import must copy (another file system).

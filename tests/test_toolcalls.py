@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,15 @@ def check(
             assert marker not in out.content
 
 
+# Cases that are one output each, checked by test_output_parses_the_same_however_it_is_cut.
+CASES: list[Any] = []
+
+
+def _case(name: str, *args: Any, **kwargs: Any) -> Any:
+    """A case named ``name``: the arguments of :func:`check`."""
+    return pytest.param(args, kwargs, id=name)
+
+
 # --- Hermes / Qwen ---------------------------------------------------------------------------
 
 QWEN_ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -107,21 +117,21 @@ QWEN_TWO = (
     "</tool_call>\n"
     '<tool_call>\n{"name": "get_time", "arguments": {"zone": "Europe/Paris"}}\n</tool_call>'
 )
+HERMES = partial(HermesParser, TOOLS)
+LOOKS_LIKE_A_CALL = "Use the <tool_call> tag like <tool_call>this</tool_call>, or write <tool_ca."
 
-
-def test_hermes_one_call() -> None:
-    check(
-        lambda: HermesParser(TOOLS),
+CASES += [
+    _case(
+        "hermes-one-call",
+        HERMES,
         QWEN_ONE,
         "",
         [ToolCall("get_weather", {"city": "Paris"})],
         forbidden=("<tool_call>",),
-    )
-
-
-def test_hermes_text_then_two_calls() -> None:
-    check(
-        lambda: HermesParser(TOOLS),
+    ),
+    _case(
+        "hermes-text-then-two-calls",
+        HERMES,
         QWEN_TWO,
         "I'll check both.",
         [
@@ -129,59 +139,72 @@ def test_hermes_text_then_two_calls() -> None:
             ToolCall("get_time", {"zone": "Europe/Paris"}),
         ],
         forbidden=("<tool", "</tool"),
-    )
-
-
-def test_hermes_plain_text_that_looks_like_a_call() -> None:
-    text = "Use the <tool_call> tag like <tool_call>this</tool_call>, or write <tool_ca."
-    check(lambda: HermesParser(TOOLS), text, text, [])
+    ),
+    _case(
+        "hermes-plain-text-that-looks-like-a-call", HERMES, LOOKS_LIKE_A_CALL, LOOKS_LIKE_A_CALL, []
+    ),
+    _case(
+        "hermes-braces-and-tags-inside-strings",
+        HERMES,
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "a}]</tool_call>\\"{"}}'
+        "</tool_call>",
+        "",
+        [ToolCall("get_weather", {"city": 'a}]</tool_call>"{'})],
+    ),
+    # generation stopped (EOS or a stop string) right after the JSON
+    _case(
+        "hermes-call-cut-off-without-closing-tag",
+        HERMES,
+        'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {}}',
+        "Sure.",
+        [ToolCall("get_time", {})],
+    ),
+    _case(
+        "hermes-text-after-a-call-is-content",
+        HERMES,
+        QWEN_ONE + "\nDone.",
+        "Done.",
+        [ToolCall("get_weather", {"city": "Paris"})],
+    ),
+    _case(
+        "qwen3-coder-xml-calls",
+        partial(Qwen3CoderParser, TOOLS),
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_time>\n<parameter=zone>\n42\n</parameter>\n</function>\n"
+        "</tool_call>",
+        "",
+        [
+            ToolCall("get_weather", {"city": "New York", "days": 3}),
+            ToolCall("get_time", {"zone": "42"}),  # the schema says string: kept as text
+        ],
+    ),
+    _case(
+        "qwen3-coder-still-reads-json-calls",
+        partial(Qwen3CoderParser, TOOLS),
+        QWEN_ONE,
+        "",
+        [ToolCall("get_weather", {"city": "Paris"})],
+    ),
+]
 
 
 def test_hermes_invalid_json_is_dropped_markup() -> None:
     text = (
         'Before <tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call> after'
     )
-    check(lambda: HermesParser(TOOLS), text, "Before after", [], forbidden=("<tool", "{"))
-    out = _run(lambda: HermesParser(TOOLS), [text])
+    check(HERMES, text, "Before after", [], forbidden=("<tool", "{"))
+    out = _run(HERMES, [text])
     assert "<tool_call>" in out.dropped and not out.cut
-
-
-def test_hermes_braces_and_tags_inside_strings() -> None:
-    text = (
-        '<tool_call>{"name": "get_weather", "arguments": {"city": "a}]</tool_call>\\"{"}}'
-        "</tool_call>"
-    )
-    check(
-        lambda: HermesParser(TOOLS),
-        text,
-        "",
-        [ToolCall("get_weather", {"city": 'a}]</tool_call>"{'})],
-    )
-
-
-def test_hermes_call_cut_off_without_closing_tag() -> None:
-    # generation stopped (EOS or a stop string) right after the JSON
-    text = 'Sure.\n<tool_call>\n{"name": "get_time", "arguments": {}}'
-    check(lambda: HermesParser(TOOLS), text, "Sure.", [ToolCall("get_time", {})])
 
 
 def test_hermes_unfinished_call_is_never_content() -> None:
     text = 'Sure.\n<tool_call>\n{"name": "get_time", "argu'
-    check(lambda: HermesParser(TOOLS), text, "Sure.", [], forbidden=("<tool",))
-    out = _run(lambda: HermesParser(TOOLS), [text])
+    check(HERMES, text, "Sure.", [], forbidden=("<tool",))
+    out = _run(HERMES, [text])
     assert out.dropped.startswith("<tool_call>") and not out.cut  # ended, not cut
-    cut = _run(lambda: HermesParser(TOOLS), [text], cut=True)
+    cut = _run(HERMES, [text], cut=True)
     assert cut.cut and cut.content == "Sure." and not cut.calls
-
-
-def test_hermes_text_after_a_call_is_content() -> None:
-    text = QWEN_ONE + "\nDone."
-    check(
-        lambda: HermesParser(TOOLS),
-        text,
-        "Done.",
-        [ToolCall("get_weather", {"city": "Paris"})],
-    )
 
 
 def test_hermes_streams_text_before_a_call_at_once() -> None:
@@ -193,83 +216,54 @@ def test_hermes_streams_text_before_a_call_at_once() -> None:
     assert not parser.finish()
 
 
-def test_qwen3_coder_xml_calls() -> None:
-    text = (
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
-        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n"
-        "<tool_call>\n<function=get_time>\n<parameter=zone>\n42\n</parameter>\n</function>\n"
-        "</tool_call>"
-    )
-    check(
-        lambda: Qwen3CoderParser(TOOLS),
-        text,
-        "",
-        [
-            ToolCall("get_weather", {"city": "New York", "days": 3}),
-            ToolCall("get_time", {"zone": "42"}),  # the schema says string: kept as text
-        ],
-    )
-
-
-def test_qwen3_coder_still_reads_json_calls() -> None:
-    check(
-        lambda: Qwen3CoderParser(TOOLS),
-        QWEN_ONE,
-        "",
-        [ToolCall("get_weather", {"city": "Paris"})],
-    )
-
-
 # --- Llama 3.x -------------------------------------------------------------------------------
 
+LLAMA3 = partial(Llama3Parser, TOOLS)
 
-def test_llama3_bare_json_call() -> None:
-    text = '{"name": "get_weather", "parameters": {"city": "Paris", "days": 1}}'
-    check(
-        lambda: Llama3Parser(TOOLS),
-        text,
+CASES += [
+    _case(
+        "llama3-bare-json-call",
+        LLAMA3,
+        '{"name": "get_weather", "parameters": {"city": "Paris", "days": 1}}',
         "",
         [ToolCall("get_weather", {"city": "Paris", "days": 1})],
-    )
-
-
-def test_llama3_with_type_and_python_tag() -> None:
-    text = '<|python_tag|>{"type": "function", "name": "get_time", "parameters": {"zone": "UTC"}}'
-    check(lambda: Llama3Parser(TOOLS), text, "", [ToolCall("get_time", {"zone": "UTC"})])
-
-
-def test_llama3_several_calls_separated_by_semicolons() -> None:
-    text = (
+    ),
+    _case(
+        "llama3-with-type-and-python-tag",
+        LLAMA3,
+        '<|python_tag|>{"type": "function", "name": "get_time", "parameters": {"zone": "UTC"}}',
+        "",
+        [ToolCall("get_time", {"zone": "UTC"})],
+    ),
+    _case(
+        "llama3-several-calls-separated-by-semicolons",
+        LLAMA3,
         '{"name": "get_weather", "parameters": {"city": "Oslo"}}; '
-        '{"name": "get_time", "parameters": {"zone": "CET"}}'
-    )
-    check(
-        lambda: Llama3Parser(TOOLS),
-        text,
+        '{"name": "get_time", "parameters": {"zone": "CET"}}',
         "",
         [ToolCall("get_weather", {"city": "Oslo"}), ToolCall("get_time", {"zone": "CET"})],
-    )
-
-
-def test_llama3_builtin_tool_in_python_syntax() -> None:
-    text = '<|python_tag|>brave_search.call(query="weather in Paris")'
-    check(
-        lambda: Llama3Parser(TOOLS),
-        text,
+    ),
+    _case(
+        "llama3-builtin-tool-in-python-syntax",
+        LLAMA3,
+        '<|python_tag|>brave_search.call(query="weather in Paris")',
         "",
         [ToolCall("brave_search", {"query": "weather in Paris"})],
+    ),
+]
+# JSON that is not a call is text.
+CASES += [
+    _case(f"llama3-not-a-call-{i}", LLAMA3, text, text, [])
+    for i, text in enumerate(
+        (
+            '{"name": "Alice", "age": 3}',  # no parameters and not a declared tool
+            '{"name": "unknown_tool", "parameters": {}}',
+            '{"city": "Paris"}',
+            "The set {1, 2} has two elements.\n{ not json",
+            'Here it is: {"name": "get_time", "parameters": {}} inline',  # mid-line: prose
+        )
     )
-
-
-def test_llama3_json_that_is_not_a_call_is_text() -> None:
-    for text in (
-        '{"name": "Alice", "age": 3}',  # no parameters and not a declared tool
-        '{"name": "unknown_tool", "parameters": {}}',
-        '{"city": "Paris"}',
-        "The set {1, 2} has two elements.\n{ not json",
-        'Here it is: {"name": "get_time", "parameters": {}} inline',  # mid-line: prose
-    ):
-        check(lambda: Llama3Parser(TOOLS), text, text, [])
+]
 
 
 def test_llama3_does_not_hold_prose_in_braces() -> None:
@@ -279,185 +273,186 @@ def test_llama3_does_not_hold_prose_in_braces() -> None:
 
 # --- Mistral ---------------------------------------------------------------------------------
 
+MISTRAL = partial(MistralParser, TOOLS)
 
-def test_mistral_array_with_ids() -> None:
-    text = (
+CASES += [
+    _case(
+        "mistral-array-with-ids",
+        MISTRAL,
         '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"},'
-        ' {"name": "get_time", "arguments": {}, "id": "f5g6h7i8j"}]'
-    )
-    check(
-        lambda: MistralParser(TOOLS),
-        text,
+        ' {"name": "get_time", "arguments": {}, "id": "f5g6h7i8j"}]',
         "",
         [
             ToolCall("get_weather", {"city": "Paris"}, "a1b2c3d4e"),
             ToolCall("get_time", {}, "f5g6h7i8j"),
         ],
-    )
-
-
-def test_mistral_args_syntax_with_call_ids() -> None:
-    text = (
+    ),
+    _case(
+        "mistral-args-syntax-with-call-ids",
+        MISTRAL,
         'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Lyon"}'
-        '[TOOL_CALLS]get_time[CALL_ID]abc123XYZ[ARGS]{"zone": "UTC"}'
-    )
-    check(
-        lambda: MistralParser(TOOLS),
-        text,
+        '[TOOL_CALLS]get_time[CALL_ID]abc123XYZ[ARGS]{"zone": "UTC"}',
         "Checking.",
         [
             ToolCall("get_weather", {"city": "Lyon"}),
             ToolCall("get_time", {"zone": "UTC"}, "abc123XYZ"),
         ],
-    )
-
-
-def test_mistral_marker_in_prose_is_text() -> None:
-    for text in ("Write [TOOL_CALLS] then the calls.", "a [TOOL_CALL] b [TOOL_CALLS]"):
-        check(lambda: MistralParser(TOOLS), text, text, [])
+    ),
+]
+# The marker in prose is text.
+CASES += [
+    _case(f"mistral-marker-in-prose-{i}", MISTRAL, text, text, [])
+    for i, text in enumerate(("Write [TOOL_CALLS] then the calls.", "a [TOOL_CALL] b [TOOL_CALLS]"))
+]
 
 
 # --- Granite / Phi-4-mini --------------------------------------------------------------------
 
-
-def test_granite_list() -> None:
-    text = (
+CASES += [
+    _case(
+        "granite-list",
+        partial(GraniteParser, TOOLS),
         '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Rome"}}, '
-        '{"name": "get_time", "arguments": {"zone": "CET"}}]'
-    )
-    check(
-        lambda: GraniteParser(TOOLS),
-        text,
+        '{"name": "get_time", "arguments": {"zone": "CET"}}]',
         "",
         [ToolCall("get_weather", {"city": "Rome"}), ToolCall("get_time", {"zone": "CET"})],
-    )
-
-
-def test_phi4_mini_object_with_closing_marker() -> None:
-    text = 'OK <|tool_call|>{"name": "get_time", "arguments": {"zone": "PST"}}<|/tool_call|>'
-    check(lambda: GraniteParser(TOOLS), text, "OK", [ToolCall("get_time", {"zone": "PST"})])
+    ),
+    _case(
+        "phi4-mini-object-with-closing-marker",
+        partial(GraniteParser, TOOLS),
+        'OK <|tool_call|>{"name": "get_time", "arguments": {"zone": "PST"}}<|/tool_call|>',
+        "OK",
+        [ToolCall("get_time", {"zone": "PST"})],
+    ),
+]
 
 
 # --- Gemma-style and generic JSON ------------------------------------------------------------
 
+GENERIC = partial(GenericJsonParser, TOOLS)
 
-def test_gemma_tool_code_python_call() -> None:
-    text = '```tool_code\nprint(default_api.get_weather(city="Paris", days=2))\n```'
-    check(
-        lambda: GemmaParser(TOOLS),
-        text,
+CASES += [
+    _case(
+        "gemma-tool-code-python-call",
+        partial(GemmaParser, TOOLS),
+        '```tool_code\nprint(default_api.get_weather(city="Paris", days=2))\n```',
         "",
         [ToolCall("get_weather", {"city": "Paris", "days": 2})],
-    )
-
-
-def test_gemma_json_fence_and_plain_json() -> None:
-    fenced = 'Sure!\n```json\n{"name": "get_time", "parameters": {"zone": "UTC"}}\n```'
-    check(lambda: GemmaParser(TOOLS), fenced, "Sure!", [ToolCall("get_time", {"zone": "UTC"})])
-    plain = (
+    ),
+    _case(
+        "gemma-json-fence",
+        partial(GemmaParser, TOOLS),
+        'Sure!\n```json\n{"name": "get_time", "parameters": {"zone": "UTC"}}\n```',
+        "Sure!",
+        [ToolCall("get_time", {"zone": "UTC"})],
+    ),
+    _case(
+        "generic-plain-json",
+        GENERIC,
         '[{"name": "get_time", "arguments": {}}, '
-        '{"name": "get_weather", "arguments": {"city": "Nice"}}]'
-    )
-    check(
-        lambda: GenericJsonParser(TOOLS),
-        plain,
+        '{"name": "get_weather", "arguments": {"city": "Nice"}}]',
         "",
         [ToolCall("get_time", {}), ToolCall("get_weather", {"city": "Nice"})],
+    ),
+]
+# Code and data stay text.
+CASES += [
+    _case(f"generic-json-code-and-data-{i}", GENERIC, text, text, [])
+    for i, text in enumerate(
+        (
+            "```python\nprint(get_weather(city='x'))\n```",  # an example, not a tool_code block
+            '```json\n{"city": "Paris"}\n```',
+            '{"name": "Bob", "parameters": {}}',  # not a declared tool
+            "[link](http://x)\n[1, 2]",
+            "```tool_code\nimport os\n```",  # tool_code, but not a call
+        )
     )
-
-
-def test_generic_json_code_and_data_stay_text() -> None:
-    for text in (
-        "```python\nprint(get_weather(city='x'))\n```",  # an example, not a tool_code block
-        '```json\n{"city": "Paris"}\n```',
-        '{"name": "Bob", "parameters": {}}',  # not a declared tool
-        "[link](http://x)\n[1, 2]",
-        "```tool_code\nimport os\n```",  # tool_code, but not a call
-    ):
-        check(lambda: GenericJsonParser(TOOLS), text, text, [])
+]
 
 
 # --- Harmony (GPT-OSS) -----------------------------------------------------------------------
 
+HARMONY = partial(HarmonyParser, TOOLS)
 
-def test_harmony_reasoning_then_answer() -> None:
-    text = (
+CASES += [
+    _case(
+        "harmony-reasoning-then-answer",
+        HARMONY,
         "<|channel|>analysis<|message|>User greets. Answer.<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>Hello there!"
-    )
-    check(lambda: HarmonyParser(TOOLS), text, "Hello there!", [], thinking="User greets. Answer.")
-
-
-def test_harmony_call_both_recipient_positions() -> None:
-    text = (
+        "<|start|>assistant<|channel|>final<|message|>Hello there!",
+        "Hello there!",
+        [],
+        thinking="User greets. Answer.",
+    ),
+    # the recipient after the channel, then before it
+    _case(
+        "harmony-call-recipient-after-channel",
+        HARMONY,
         "<|channel|>analysis<|message|>Need weather.<|end|>"
         "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-        '<|message|>{"city": "Paris"}<|call|>'
-    )
-    check(
-        lambda: HarmonyParser(TOOLS),
-        text,
+        '<|message|>{"city": "Paris"}<|call|>',
         "",
         [ToolCall("get_weather", {"city": "Paris"})],
         thinking="Need weather.",
-    )
-    text = "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}"
-    check(lambda: HarmonyParser(TOOLS), text, "", [ToolCall("get_time", {})])
-
-
-def test_harmony_plain_output_is_content() -> None:
-    check(lambda: HarmonyParser(TOOLS), "Just text <|x", "Just text <|x", [])
+    ),
+    _case(
+        "harmony-call-recipient-before-channel",
+        HARMONY,
+        "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}",
+        "",
+        [ToolCall("get_time", {})],
+    ),
+    _case("harmony-plain-output-is-content", HARMONY, "Just text <|x", "Just text <|x", []),
+]
 
 
 # --- thinking --------------------------------------------------------------------------------
 
+THINK = partial(ThinkingSplitter, "<think>", "</think>")
+TAGS_IN_PROSE = "Tags like <think> and </think> mark reasoning."
 
-def test_think_tags_split() -> None:
-    text = "<think>\nThe user wants 2+2.\n</think>\n\n4"
-    check(
-        lambda: ThinkingSplitter("<think>", "</think>"),
-        text,
+CASES += [
+    _case(
+        "think-tags-split",
+        THINK,
+        "<think>\nThe user wants 2+2.\n</think>\n\n4",
         "4",
         [],
         thinking="\nThe user wants 2+2.\n",
-    )
-
-
-def test_think_tag_later_in_the_answer_is_text() -> None:
-    text = "Tags like <think> and </think> mark reasoning."
-    check(lambda: ThinkingSplitter("<think>", "</think>"), text, text, [])
-
-
-def test_prompt_opened_thinking() -> None:
-    text = "Let me see.</think>The answer is 4."
-    check(
-        lambda: ThinkingSplitter("<think>", "</think>", starts_thinking=True),
-        text,
+    ),
+    _case("think-tag-later-in-the-answer-is-text", THINK, TAGS_IN_PROSE, TAGS_IN_PROSE, []),
+    _case(
+        "prompt-opened-thinking",
+        partial(ThinkingSplitter, "<think>", "</think>", starts_thinking=True),
+        "Let me see.</think>The answer is 4.",
         "The answer is 4.",
         [],
         thinking="Let me see.",
-    )
-
-
-def test_unfinished_thinking_stays_thinking() -> None:
-    check(
-        lambda: ThinkingSplitter("[THINK]", "[/THINK]"),
+    ),
+    _case(
+        "unfinished-thinking-stays-thinking",
+        partial(ThinkingSplitter, "[THINK]", "[/THINK]"),
         "[THINK]hmm, still going",
         "",
         [],
         thinking="hmm, still going",
-    )
-
-
-def test_thinking_then_tool_call() -> None:
-    text = "<think>I should call it.</think>\n\n" + QWEN_ONE
-    check(
+    ),
+    _case(
+        "thinking-then-tool-call",
         lambda: OutputParser(HermesParser(TOOLS), ThinkingSplitter("<think>", "</think>")),
-        text,
+        "<think>I should call it.</think>\n\n" + QWEN_ONE,
         "",
         [ToolCall("get_weather", {"city": "Paris"})],
         thinking="I should call it.",
-    )
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), CASES)
+def test_output_parses_the_same_however_it_is_cut(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    check(*args, **kwargs)
 
 
 # --- detection -------------------------------------------------------------------------------

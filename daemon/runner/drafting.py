@@ -168,7 +168,7 @@ class Speculation:
                 # Each probe also stays within a small share of the request's time.
                 if (
                     drafter.skipped < _PROBE_EVERY << drafter.misses
-                    or not policy.could_pay(room, tokens, outputs, cost, draft_cost)
+                    or not policy.best_case.length(room, tokens, outputs, cost, draft_cost)
                     or not drafter.may_probe(
                         self.draft.catch_up_cost(slot.seq_id, len(slot.cache) + 1),
                         time.perf_counter(),

@@ -545,71 +545,88 @@ class RunnerConfig:
     """Bytes of other runners' mapped weights, which MemAvailable counts as reclaimable."""
 
 
+# -- messages -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Message:
+    """What every message carries first: the ``id`` of the request it is about."""
+
+    id: str
+
+
+@dataclass
+class _Op(_Message):
+    """A request (daemon → runner); its class's ``op`` is its tag on the wire."""
+
+    op: ClassVar[str]
+
+
+@dataclass
+class _Event(_Message):
+    """An event (runner → daemon); its class's ``event`` is its tag on the wire."""
+
+    event: ClassVar[str]
+
+
 # -- messages: requests (daemon → runner) -------------------------------------------------------
 
 
 @dataclass
-class GenerateOp:
+class GenerateOp(_Op):
     """Start a generation: ``prompt_ready`` (or an error), ``token`` events, then ``done``."""
 
     op: ClassVar[str] = "generate"
-    id: str
     request: GenerationRequest
 
 
 @dataclass
-class EmbedOp:
+class EmbedOp(_Op):
     """Embed texts: one ``embedding`` event (or an error)."""
 
     op: ClassVar[str] = "embed"
-    id: str
     request: EmbeddingRequest
 
 
 @dataclass
-class CancelOp:
+class CancelOp(_Op):
     """Cancel request ``id``; it ends with a ``done`` event whose reason is ``cancel``."""
 
     op: ClassVar[str] = "cancel"
-    id: str
 
 
 @dataclass
-class HealthOp:
+class HealthOp(_Op):
     """Ask for the loaded model's facts: one ``health`` event."""
 
     op: ClassVar[str] = "health"
-    id: str
 
 
 @dataclass
-class StatsOp:
+class StatsOp(_Op):
     """Ask for the engine's gauges: one ``stats`` event."""
 
     op: ClassVar[str] = "stats"
-    id: str
 
 
 @dataclass
-class ThreadsOp:
+class ThreadsOp(_Op):
     """The daemon's share of the cores for this runner: one ``threads`` event.
 
     The runner's governor uses at most ``threads`` from its next step on; ``cpus`` (when
     given) are the CPUs its threads may run on, None leaving them as they are."""
 
     op: ClassVar[str] = "threads"
-    id: str
     threads: int
     reason: str
     cpus: list[int] | None = None
 
 
 @dataclass
-class TokenizeOp:
+class TokenizeOp(_Op):
     """Tokenize text: one ``tokens`` event."""
 
     op: ClassVar[str] = "tokenize"
-    id: str
     text: str
     add_special: bool = False
     """Add BOS (when the model wants one)."""
@@ -618,11 +635,10 @@ class TokenizeOp:
 
 
 @dataclass
-class DetokenizeOp:
+class DetokenizeOp(_Op):
     """Turn token ids back into text: one ``text`` event."""
 
     op: ClassVar[str] = "detokenize"
-    id: str
     tokens: list[int]
 
 
@@ -635,12 +651,11 @@ Request = (
 
 
 @dataclass
-class PromptReadyEvent:
+class PromptReadyEvent(_Event):
     """The prompt of a generation is rendered and tokenized and the request is queued: errors in
     the request itself (template, grammar, length) can no longer happen after this."""
 
     event: ClassVar[str] = "prompt_ready"
-    id: str
     prompt_tokens: int
     prompt_tail: str = ""
     """The end of the rendered prompt (up to 200 characters): whether it opens a reasoning
@@ -652,11 +667,10 @@ class PromptReadyEvent:
 
 
 @dataclass
-class TokenEvent:
+class TokenEvent(_Event):
     """New text of a generation: whole UTF-8 characters."""
 
     event: ClassVar[str] = "token"
-    id: str
     text: str
     logprobs: list[TokenLogprob] | None = None
     """When asked for: one entry per token generated since the previous event (text may lag
@@ -664,76 +678,69 @@ class TokenEvent:
 
 
 @dataclass
-class DoneEvent:
+class DoneEvent(_Event):
     """A generation ended (any reason, including ``cancel`` and ``error``)."""
 
     event: ClassVar[str] = "done"
-    id: str
     result: GenerationResult
 
 
 @dataclass
-class EmbeddingEvent:
+class EmbeddingEvent(_Event):
     """The vectors of an embedding request."""
 
     event: ClassVar[str] = "embedding"
-    id: str
     result: EmbeddingResult
 
 
 @dataclass
-class ErrorEvent:
+class ErrorEvent(_Event):
     """Request ``id`` failed before producing its result; it is over."""
 
     event: ClassVar[str] = "error"
-    id: str | None
+    id: str | None  # type: ignore[assignment]  # None: the line named no readable request
     message: str
     code: ErrorCode = "internal"
 
 
 @dataclass
-class HealthEvent:
+class HealthEvent(_Event):
     """The answer to :class:`HealthOp`."""
 
     event: ClassVar[str] = "health"
-    id: str
     health: dict[str, Any]
 
 
 @dataclass
-class StatsEvent:
+class StatsEvent(_Event):
     """The answer to :class:`StatsOp`."""
 
     event: ClassVar[str] = "stats"
-    id: str
     stats: Stats
 
 
 @dataclass
-class ThreadsEvent:
+class ThreadsEvent(_Event):
     """The answer to :class:`ThreadsOp`: the governor as it stands (the new share applies from
     the next step)."""
 
     event: ClassVar[str] = "threads"
-    id: str
     threads: ThreadStats
 
 
 @dataclass
-class TokensEvent:
+class TokensEvent(_Event):
     """The answer to :class:`TokenizeOp`."""
 
     event: ClassVar[str] = "tokens"
-    id: str
     tokens: list[int]
 
 
 @dataclass
-class TextEvent:
+class TextEvent(_Event):
     """The answer to :class:`DetokenizeOp`."""
 
     event: ClassVar[str] = "text"
-    id: str
     text: str
 
 
@@ -750,34 +757,9 @@ Event = (
     | TextEvent
 )
 
-_REQUESTS: dict[str, type] = {
-    cls.op: cls
-    for cls in (
-        GenerateOp,
-        EmbedOp,
-        CancelOp,
-        HealthOp,
-        StatsOp,
-        ThreadsOp,
-        TokenizeOp,
-        DetokenizeOp,
-    )
-}
-_EVENTS: dict[str, type] = {
-    cls.event: cls
-    for cls in (
-        PromptReadyEvent,
-        TokenEvent,
-        DoneEvent,
-        EmbeddingEvent,
-        ErrorEvent,
-        HealthEvent,
-        StatsEvent,
-        ThreadsEvent,
-        TokensEvent,
-        TextEvent,
-    )
-}
+# The unions above are the only lists of the message classes: the tags are read from them.
+_REQUESTS: dict[str, type] = {cls.op: cls for cls in typing.get_args(Request)}
+_EVENTS: dict[str, type] = {cls.event: cls for cls in typing.get_args(Event)}
 
 
 def _shallow(value: Any) -> dict[str, Any]:

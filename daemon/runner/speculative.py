@@ -187,17 +187,11 @@ class DraftPolicy:
     PROBE_ACCEPTANCE = 0.6
     PROBE_DRAFT = 4
 
-    def could_pay(
-        self,
-        proposal: int,
-        batch_tokens: int,
-        batch_outputs: float,
-        cost: BatchCost,
-        draft_cost: float = 0.0,
-    ) -> bool:
-        """Whether drafting would pay if every drafted token were accepted."""
-        best = DraftPolicy(max_draft=self.max_draft, acceptance=1.0)
-        return best.length(proposal, batch_tokens, batch_outputs, cost, draft_cost) > 0
+    @property
+    def best_case(self) -> DraftPolicy:
+        """This policy if every drafted token were accepted: drafting can pay at all only
+        where the best case's :meth:`length` is above 0."""
+        return DraftPolicy(max_draft=self.max_draft, acceptance=1.0)
 
     def explore(self, proposal: int) -> int:
         """The draft length of a probe, or 0: decode costs are learnt only from decodes that

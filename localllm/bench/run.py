@@ -21,7 +21,7 @@ from .._exceptions import BenchError
 from ..models import LOAD_OPTIONS
 from .drivers import Completion, Driver, describe_error
 from .load import PromptMaker, run_level
-from .schema import SCHEMA_ID
+from .schema import RATIO_FIGURES, SCHEMA_ID
 from .stats import Point, Sample, summarize
 
 __all__ = [
@@ -178,10 +178,7 @@ class BenchResult:
                     "clients": point.clients,
                     "prompt_tokens": point.prompt_tokens,
                     "cache": point.cache,
-                    "aggregate_tps": ratio("aggregate_tps"),
-                    "stream_tps_p50": ratio("stream_tps_p50"),
-                    "ttft_p50_ms": ratio("ttft_p50_ms"),
-                    "prefill_tps_p50": ratio("prefill_tps_p50"),
+                    **{name: ratio(name) for name in RATIO_FIGURES},
                 }
             )
         return rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["JSON_SCHEMA", "SCHEMA_ID"]
+__all__ = ["JSON_SCHEMA", "RATIO_FIGURES", "SCHEMA_ID"]
 
 SCHEMA_ID = "localllm-bench/1"
 """The ``schema`` field of the JSON document; bumped when its shape changes incompatibly."""
@@ -14,6 +14,9 @@ SCHEMA_ID = "localllm-bench/1"
 _NUM = {"type": ["number", "null"]}
 _INT = {"type": ["integer", "null"]}
 _STR = {"type": ["string", "null"]}
+
+RATIO_FIGURES = ("aggregate_tps", "stream_tps_p50", "ttft_p50_ms", "prefill_tps_p50")
+"""The figures of a point that a run compares with the reference's (``ratios`` rows)."""
 
 
 def _object(properties: dict[str, Any], required: Sequence[str] | None = None) -> dict[str, Any]:
@@ -107,12 +110,7 @@ JSON_SCHEMA: dict[str, Any] = _object(
         ),
         "ratios": _rows(
             {"reference": {"type": "string"}},
-            {
-                "aggregate_tps": _NUM,
-                "stream_tps_p50": _NUM,
-                "ttft_p50_ms": _NUM,
-                "prefill_tps_p50": _NUM,
-            },
+            dict.fromkeys(RATIO_FIGURES, _NUM),
         ),
         "samples": _rows(
             {"prompt_tokens_target": {"type": "integer"}},

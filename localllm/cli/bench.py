@@ -42,6 +42,13 @@ def _numbers(text: str, what: str) -> list[int]:
     return values
 
 
+def _count(sub: argparse.ArgumentParser, flag: str, default: int, what: str) -> None:
+    """A whole-number option whose help says its default."""
+    sub.add_argument(
+        flag, type=int, default=default, metavar="N", help=f"{what} (default {default})"
+    )
+
+
 def add_bench_arguments(sub: argparse.ArgumentParser) -> None:
     """The ``bench`` command's arguments."""
     sub.add_argument("model", metavar="MODEL")
@@ -53,21 +60,15 @@ def add_bench_arguments(sub: argparse.ArgumentParser) -> None:
         help="concurrent clients of the concurrency sweep (default 1,2,4,8,16, capped at "
         "twice the model's slots; none: skip)",
     )
-    sub.add_argument(
-        "--prompt-tokens", type=int, default=128, metavar="N", help="prompt length (default 128)"
-    )
-    sub.add_argument(
-        "--answer-tokens", type=int, default=64, metavar="N", help="answer length (default 64)"
-    )
+    _count(sub, "--prompt-tokens", 128, "prompt length")
+    _count(sub, "--answer-tokens", 64, "answer length")
     sub.add_argument(
         "--prompt-lengths",
         metavar="N,N,...",
         help="prompt lengths of the prefill sweep, each cold then cached (default "
         "128,512,1024,2048,4096, capped by the context; none: skip)",
     )
-    sub.add_argument(
-        "--rounds", type=int, default=1, metavar="N", help="runs of each level (default 1)"
-    )
+    _count(sub, "--rounds", 1, "runs of each level")
     sub.add_argument(
         "--compare",
         metavar="KEY=A,B",

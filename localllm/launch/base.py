@@ -58,6 +58,11 @@ class Target:
         return self.api_key or PROVIDER
 
     @property
+    def label(self) -> str:
+        """The model's name in a tool's model list: ``MODEL (localllm)``."""
+        return f"{self.model} ({PROVIDER})"
+
+    @property
     def openai_url(self) -> str:
         """The base URL of the OpenAI-compatible routes."""
         return f"{self.base_url}/v1"
@@ -96,6 +101,9 @@ class Tool(ABC):
     """Which of the daemon's APIs it speaks."""
     needs_tools: ClassVar[bool] = True
     """Whether it works by calling tools (agents do; Aider edits through plain text)."""
+    settings_only: ClassVar[bool] = False
+    """Whether it reads its models from its own config only, so that a launch must write it
+    too (:meth:`prepare` then does what :meth:`configure` does)."""
 
     def config_files(self, target: Target) -> list[Path]:
         """The files :meth:`configure` writes."""
@@ -106,9 +114,10 @@ class Tool(ABC):
         """Write the tool's own config so that it uses ``target`` when started plainly."""
 
     def prepare(self, target: Target) -> list[Change]:
-        """Files a launch must write before starting the tool (none for tools that take
-        everything from their environment and arguments)."""
-        return []
+        """Files a launch must write before starting the tool: none for tools that take
+        everything from their environment and arguments, the config for :attr:`settings_only`
+        ones."""
+        return self.configure(target) if self.settings_only else []
 
     def environment(self, target: Target) -> dict[str, str]:
         """Variables to start the tool with, on top of the launcher's environment."""

@@ -36,7 +36,7 @@ class Continue(Tool):
 
     def _entry(self, target: Target) -> dict[str, Any]:
         entry: dict[str, Any] = {
-            "name": f"{target.model} (localllm)",
+            "name": target.label,
             "provider": "openai",
             "model": target.model,
             "apiBase": target.openai_url,

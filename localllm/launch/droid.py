@@ -29,6 +29,7 @@ class Droid(Tool):
     title = "Droid (Factory)"
     commands = ("droid",)
     api = OPENAI_CHAT
+    settings_only = True
 
     def config_files(self, target: Target) -> list[Path]:
         """``~/.factory/settings.json``."""
@@ -38,7 +39,7 @@ class Droid(Tool):
         """This model's entry in ``customModels``."""
         entry = {
             "model": target.model,
-            "displayName": f"{target.model} (localllm)",
+            "displayName": target.label,
             "baseUrl": target.openai_url,
             "apiKey": target.token,
             "provider": "generic-chat-completion-api",
@@ -62,10 +63,6 @@ class Droid(Tool):
 
         return [update_json(self.config_files(target)[0], edit)]
 
-    def prepare(self, target: Target) -> list[Change]:
-        """Droid takes its custom models from its settings only."""
-        return self.configure(target)
-
     def after_configure(self, target: Target) -> str:
         """Where the model is picked."""
-        return f"droid, then /model and {target.model} (localllm)"
+        return f"droid, then /model and {target.label}"

@@ -36,7 +36,7 @@ class OpenCode(Tool):
 
     def _provider(self, target: Target) -> dict[str, Any]:
         model: dict[str, Any] = {
-            "name": f"{target.model} (localllm)",
+            "name": target.label,
             "tool_call": target.tools,
             "limit": {"context": target.context, "output": target.output_tokens},
         }

@@ -15,7 +15,6 @@ environment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ class Zed(Tool):
     title = "Zed"
     commands = ("zed", "zeditor")
     api = OPENAI_CHAT
+    settings_only = True
 
     def config_files(self, target: Target) -> list[Path]:
         """``settings.json``."""
@@ -42,7 +42,7 @@ class Zed(Tool):
         """The provider and its model (other models kept), and the agent's default model."""
         model = {
             "name": target.model,
-            "display_name": f"{target.model} (localllm)",
+            "display_name": target.label,
             "max_tokens": target.context,
             "max_output_tokens": target.output_tokens,
             "capabilities": {
@@ -74,17 +74,9 @@ class Zed(Tool):
 
         return [update_json(self.config_files(target)[0], edit)]
 
-    def prepare(self, target: Target) -> list[Change]:
-        """Zed takes its models from its settings only."""
-        return self.configure(target)
-
     def environment(self, target: Target) -> dict[str, str]:
         """The key Zed reads for the provider named ``localllm``."""
         return {"LOCALLLM_API_KEY": target.token}
-
-    def arguments(self, target: Target, extra: Sequence[str]) -> list[str]:
-        """The user's own arguments (paths to open)."""
-        return list(extra)
 
     def after_configure(self, target: Target) -> str:
         """Zed with the provider's key in its environment."""

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from .._exceptions import OperationCancelledError
 from ..manifest import Manifest
-from .transfer import BlobSource
+from .transfer import BlobSource, fetch_blob
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..store import Store
+    from .progress import ProgressCallback
 
 __all__ = ["PlannedBlob", "PullPlan"]
 
@@ -21,6 +29,27 @@ class PlannedBlob:
     """Bytes promised by the source."""
     source: BlobSource
     """Where to download it from."""
+
+    def fetch(
+        self,
+        store: Store,
+        settings: Settings,
+        on_progress: ProgressCallback | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        """Have the blob in ``store`` (:func:`.transfer.fetch_blob`); a pull cancelled before
+        it starts raises :class:`OperationCancelledError` here."""
+        if cancel is not None and cancel.is_set():
+            raise OperationCancelledError("pull cancelled")
+        fetch_blob(
+            store,
+            self.digest,
+            self.size,
+            self.source,
+            settings=settings,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .._exceptions import DiskFullError, OperationCancelledError
+from .._exceptions import DiskFullError
 from .._format import human_size
 from ..models import build_manifest, create_model
 from ..names import ModelName, parse_name
@@ -24,7 +24,7 @@ from .progress import (
     PullProgress,
 )
 from .registry import plan_registry
-from .transfer import fetch_blob, partial_path
+from .transfer import partial_path
 
 __all__ = ["pull"]
 
@@ -125,17 +125,7 @@ def pull(
             check_quantizable(plan.file_type, model.short)
         _check_space(store, model, plan)
         for blob in plan.blobs:
-            if cancel is not None and cancel.is_set():
-                raise OperationCancelledError("pull cancelled")
-            fetch_blob(
-                store,
-                blob.digest,
-                blob.size,
-                blob.source,
-                settings=settings,
-                on_progress=on_progress,
-                cancel=cancel,
-            )
+            blob.fetch(store, settings, on_progress, cancel)
         # Each blob was verified as it was published; the status keeps Ollama's sequence.
         emit(PullProgress(STATUS_VERIFYING))
         manifest = plan.build()

@@ -28,7 +28,6 @@ import httpx
 from .._exceptions import (
     AuthRequiredError,
     NetworkError,
-    OperationCancelledError,
     PullError,
     RemoteNotFoundError,
     StoreError,
@@ -40,7 +39,6 @@ from ..store import Store
 from .http import MAX_REDIRECTS, TransientError, same_host, shared_client, transient_status
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress
-from .transfer import fetch_blob
 
 __all__ = ["RegistryClient", "plan_registry", "registry_base_url"]
 
@@ -254,18 +252,9 @@ def plan_registry(
     config = manifest.config
     if config.size > _MAX_CONFIG:
         raise PullError(f"the config blob of {name} is {config.size} bytes; that is not a config")
-    if cancel is not None and cancel.is_set():
-        raise OperationCancelledError("pull cancelled")
     # The config says the model's file type: fetch it first so a doomed --quantize fails fast.
-    fetch_blob(
-        store,
-        config.digest,
-        config.size,
-        registry.blob_source(config.digest),
-        settings=settings,
-        on_progress=emit,
-        cancel=cancel,
-    )
+    config_blob = PlannedBlob(config.digest, config.size, registry.blob_source(config.digest))
+    config_blob.fetch(store, settings, emit, cancel)
     file_type = None
     try:
         document = json.loads(store.read_blob(config.digest, limit=_MAX_CONFIG))

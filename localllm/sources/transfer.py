@@ -23,7 +23,7 @@ resumes once space is freed; nothing complete is touched.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import hashlib
 import os
 import queue
@@ -43,6 +43,7 @@ from .._exceptions import (
     PullError,
 )
 from .._format import human_size
+from .._locks import lock_exclusive
 from ..manifest import normalize_digest
 from ..settings import Settings
 from ..storage import FileOps, disk_full
@@ -273,14 +274,7 @@ class _Transfer:
                 return None
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        # Another process is downloading this blob: show its progress.
-                        self._set_completed(min(os.fstat(fd).st_size, self.size))
-                        self._sleep(_LOCK_POLL)
+                lock_exclusive(fd, functools.partial(self._watch_holder, fd))
                 if self.store.has_blob(self.digest):
                     _unlink_if_same(fd, path)  # an empty leftover we created, if anything
                     os.close(fd)
@@ -293,6 +287,12 @@ class _Transfer:
             except BaseException:
                 os.close(fd)
                 raise
+
+    def _watch_holder(self, fd: int) -> None:
+        """While another process downloads this blob (it holds the lock of the partial file
+        ``fd``): show its progress, then wait a little."""
+        self._set_completed(min(os.fstat(fd).st_size, self.size))
+        self._sleep(_LOCK_POLL)
 
     def _fill(self, part: _PartialFile) -> None:
         """Append to ``part`` until it holds ``size`` bytes, resuming and retrying as needed."""
