@@ -26,6 +26,7 @@ smallest that fits at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -392,8 +393,11 @@ class Discovery:
         first = quants[0] if tag else default_quant(listing)
         shapes, header_error = self._shapes(listing, first)
         calibration, speed_error = self._calibration(shapes, quants, probe)
+        # Quantizations of one main type share one correction (each reads the speed book).
+        correction = functools.cache(self.correction)
         reports = [
-            self._quant_report(listing, quant, shapes, devices, calibration) for quant in quants
+            self._quant_report(listing, quant, shapes, devices, calibration, correction)
+            for quant in quants
         ]
         return RepoReport(
             listing=listing,
@@ -411,6 +415,7 @@ class Discovery:
         shapes: _Shapes | None,
         devices: Sequence[Device],
         calibration: Calibration | None,
+        correction: Callable[[str | None], tuple[float, float]],
     ) -> QuantReport:
         layout, cost, origin = _shapes_for(shapes, quant)
         if layout is None:
@@ -435,7 +440,7 @@ class Discovery:
                 context=report.plan.n_ctx_per_slot,
                 gpu_layers=report.plan.n_gpu_layers,
                 kv_cache_type=self.settings.kv_cache_type,
-                correction=self.correction(cost.main_type),
+                correction=correction(cost.main_type),
             )
         return report
 
