@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import logging.handlers
 import os
@@ -26,6 +25,7 @@ import uvicorn
 
 from localllm import __version__
 from localllm._exceptions import LocalLLMError, SettingsError
+from localllm._locks import claim
 from localllm.settings import Settings
 from localllm.starter import ensure_starter
 from localllm.store_check import check_store
@@ -83,19 +83,12 @@ def _daemon_lock(settings: Settings) -> Iterator[None]:
     except OSError as exc:
         raise _unusable(settings, runtime, exc) from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        holder = claim(fd, str(os.getpid()))
+        if holder is not None:
             raise DaemonLockedError(
-                f"another localllm daemon (pid {holder}) is already running for "
+                f"another localllm daemon (pid {holder or 'unknown'}) is already running for "
                 f"{settings.data_dir}; stop it first, or set LOCALLLM_HOME for a separate one"
             ) from None
-        # The pid is for the message above only: a full disk must not keep the daemon from
-        # serving what it holds.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -53,6 +53,7 @@ from ._exceptions import (
     StoreUnwritableError,
 )
 from ._format import human_size
+from ._locks import claim
 from .manifest import Layer, Manifest, normalize_digest
 from .names import ModelName, parse_name
 from .storage import FileOps, PauseHook, atomic_write, disk_full
@@ -343,19 +344,14 @@ class Store:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise self.write_error(exc, f"the lock of {key}") from exc
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another change"
+        holder = claim(fd, what, exclusive=exclusive)
+        if holder is not None:
             os.close(fd)
             short = parse_name(key).short
             raise StoreBusyError(
-                f"{short} is being changed by another request ({holder}); "
+                f"{short} is being changed by another request ({holder or 'another change'}); "
                 "try again when it finishes"
-            ) from None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, what.encode(), 0)
+            )
         return fd
 
     @contextlib.contextmanager

@@ -15,7 +15,6 @@ Both take the store's lock exclusively, without waiting, so they never touch wor
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from ._exceptions import StoreBusyError
 from ._format import human_size
+from ._locks import try_lock
 from .names import ModelName
 from .store import CORRUPT_PREFIX, ModelEntry, Store
 
@@ -262,12 +262,9 @@ def _in_use(path: Path) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not try_lock(fd)
     finally:
         os.close(fd)
-    return False
 
 
 def prune(store: Store) -> PruneReport:
