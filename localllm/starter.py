@@ -11,10 +11,10 @@ import importlib.util
 import json
 from pathlib import Path
 
-from .models import create_model
-from .names import ModelName, parse_name
-from .storage import atomic_write
-from .store import ModelEntry, Store
+from .store.models import create_model
+from .store.names import ModelName, parse_name
+from .store.storage import atomic_write
+from .store.store import ModelEntry, Store
 
 __all__ = ["STARTER_NAME", "ensure_starter", "import_starter", "is_starter", "starter_gguf_path"]
 

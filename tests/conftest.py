@@ -16,7 +16,7 @@ from tiny_gguf import write_tiny_gguf
 
 from localllm.settings import Settings
 from localllm.starter import starter_gguf_path
-from localllm.store import Store
+from localllm.store.store import Store
 
 if TYPE_CHECKING:
     import httpx

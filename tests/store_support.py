@@ -1,7 +1,7 @@
 """Helpers for the store's fault, kill and concurrency tests (no tests here).
 
 * :class:`FaultyOps`: the store's file operations, failing once with ``ENOSPC`` at the K-th
-  call or once N bytes were written (the seam is :class:`localllm.storage.FileOps`);
+  call or once N bytes were written (the seam is :class:`localllm.store.storage.FileOps`);
 * :func:`store_state`: what a store holds (names → manifest digests, blobs);
 * :func:`assert_consistent`: the store lists only whole models whose blobs hash to their
   digests, and no temporary file of a write is left;
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from localllm.names import ModelName
 from localllm.sources.blobfile import hash_file
-from localllm.storage import FileOps
-from localllm.store import ModelEntry, Store
+from localllm.store.names import ModelName
+from localllm.store.storage import FileOps
+from localllm.store.store import ModelEntry, Store
 
 __all__ = [
     "FaultyOps",

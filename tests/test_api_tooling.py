@@ -25,8 +25,8 @@ from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.runner.protocol import GenerationRequest
 from localllm.daemon.runner.reasoning import grammar_after
 from localllm.daemon.toolcalls import thinking_style
-from localllm.models import create_model, load_model
-from localllm.store import Store
+from localllm.store.models import create_model, load_model
+from localllm.store.store import Store
 
 MISTRAL_TEMPLATE = (
     "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"

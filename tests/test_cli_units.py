@@ -14,13 +14,13 @@ from localllm.cli.models import render_plan, render_show
 from localllm.cli.ps import ps_rows
 from localllm.cli.repl import Repl
 from localllm.cli.session import ChatConfig
-from localllm.modelfile import (
+from localllm.run_stats import format_duration, format_timings
+from localllm.store.modelfile import (
     ModelfileError,
     coerce_parameter,
     parse_modelfile,
     read_modelfile,
 )
-from localllm.run_stats import format_duration, format_timings
 from localllm.stream_wrap import StreamWrapper
 
 # -- Modelfile ---------------------------------------------------------------------------------

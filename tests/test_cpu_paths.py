@@ -24,8 +24,8 @@ from localllm.daemon.runner import cpu
 from localllm.daemon.runner.client import ProcessRunner, RunnerProcess, RunnerStartError
 from localllm.daemon.runner.protocol import GenerationRequest, GenerationResult, RunnerConfig
 from localllm.daemon.scheduler import Scheduler
-from localllm.names import parse_name
 from localllm.settings import Settings
+from localllm.store.names import parse_name
 
 DEADLINE_S = 120.0
 

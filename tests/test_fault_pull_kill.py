@@ -22,7 +22,7 @@ from test_daemon_support import Daemon, start_daemon
 
 from localllm.settings import Settings
 from localllm.sources.transfer import partial_path
-from localllm.store import Store
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 pytestmark = pytest.mark.slow

@@ -18,9 +18,11 @@ import pytest
 from test_cli_support import CliHome, cli_home
 from test_tui_support import wait_for
 
-from localllm import ollama_import
 from localllm._exceptions import OperationCancelledError
-from localllm.manifest import (
+from localllm.settings import Settings
+from localllm.sources.progress import PullProgress
+from localllm.store import ollama_import
+from localllm.store.manifest import (
     MEDIA_CONFIG,
     MEDIA_LICENSE,
     MEDIA_MANIFEST,
@@ -30,16 +32,14 @@ from localllm.manifest import (
     MEDIA_SYSTEM,
     MEDIA_TEMPLATE,
 )
-from localllm.models import load_model
-from localllm.ollama_import import (
+from localllm.store.models import load_model
+from localllm.store.ollama_import import (
     LinkMethod,
     OllamaImporter,
     find_ollama_store,
     missing_models,
 )
-from localllm.settings import Settings
-from localllm.sources.progress import PullProgress
-from localllm.store import Store
+from localllm.store.store import Store
 
 # What Ollama ships for llama3.2 (a Go template, which localllm keeps for show but never renders).
 GO_TEMPLATE = (
@@ -286,7 +286,7 @@ def test_copies_when_a_hard_link_is_impossible(
 def test_a_different_model_under_the_same_name_is_left_alone(
     ollama: OllamaStore, local: Store, tiny_gguf: Path
 ) -> None:
-    from localllm.models import create_model
+    from localllm.store.models import create_model
 
     mine = create_model(local, GOOD, gguf_file=tiny_gguf, system="mine")
     report = OllamaImporter(ollama.root, local).run([GOOD])

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from test_daemon_support import Daemon, running_daemon, wait_for_stats
 
-from localllm.modelfile import parse_modelfile
+from localllm.store.modelfile import parse_modelfile
 
 pytestmark = pytest.mark.slow
 

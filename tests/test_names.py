@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localllm import InvalidNameError
-from localllm.names import ModelName, parse_name
+from localllm.store.names import ModelName, parse_name
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from localllm import DiskFullError
 from localllm.settings import Settings
 from localllm.sources import pull
 from localllm.sources.transfer import partial_path
-from localllm.store import Store
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 

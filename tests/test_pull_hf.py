@@ -11,11 +11,11 @@ from fakes.hf_hub import FakeHub
 
 from localllm import AuthRequiredError, RemoteNotFoundError
 from localllm.daemon.runner import cpu
-from localllm.manifest import MEDIA_MODEL
-from localllm.models import load_model
 from localllm.settings import Settings
 from localllm.sources import linked_splits, model_paths, pull
-from localllm.store import Store
+from localllm.store.manifest import MEDIA_MODEL
+from localllm.store.models import load_model
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 

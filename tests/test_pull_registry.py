@@ -11,12 +11,12 @@ from fakes.helpers import PARAMS, EventLog, TinyModels, registry_config, registr
 from fakes.ollama_registry import FakeRegistry
 
 from localllm import NetworkError, PullError, QuantizeError, RemoteNotFoundError
-from localllm.manifest import Manifest
-from localllm.models import load_model
 from localllm.settings import Settings
 from localllm.sources import pull
 from localllm.starter import starter_gguf_path
-from localllm.store import Store
+from localllm.store.manifest import Manifest
+from localllm.store.models import load_model
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 

@@ -15,11 +15,11 @@ from fakes.helpers import EventLog
 
 from localllm import OperationCancelledError, QuantizeError
 from localllm.gguf_info import inspect_gguf
-from localllm.manifest import MEDIA_MODEL
-from localllm.models import create_model, load_model, quantize_model
-from localllm.names import parse_name
 from localllm.sources.assemble import assemble_manifest
-from localllm.store import Store
+from localllm.store.manifest import MEDIA_MODEL
+from localllm.store.models import create_model, load_model, quantize_model
+from localllm.store.names import parse_name
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 
@@ -118,7 +118,7 @@ def test_quantized_input_is_refused_without_the_flag(
     store: Store, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started = []
-    monkeypatch.setattr("localllm.quantize._child_command", lambda args: started.append(args))
+    monkeypatch.setattr("localllm.store.quantize._child_command", lambda args: started.append(args))
     with pytest.raises(QuantizeError) as info:
         quantize_model(store, smollm2_gguf, "smol:q8_0", "q8_0")
     assert str(info.value).startswith(
@@ -157,7 +157,7 @@ def test_a_crashing_child_is_an_error_not_a_crash(
 ) -> None:
     crash = f"import os, signal; os.kill(os.getpid(), signal.{signal_name})"
     monkeypatch.setattr(
-        "localllm.quantize._child_command", lambda args: [sys.executable, "-c", crash]
+        "localllm.store.quantize._child_command", lambda args: [sys.executable, "-c", crash]
     )
     with pytest.raises(QuantizeError, match=says):
         quantize_model(store, tiny_gguf, "tiny:q8_0", "q8_0")
@@ -190,7 +190,7 @@ def test_cancel_kills_the_child(
         "time.sleep(600)\n"
     )
     monkeypatch.setattr(
-        "localllm.quantize._child_command", lambda args: [sys.executable, "-c", child]
+        "localllm.store.quantize._child_command", lambda args: [sys.executable, "-c", child]
     )
     cancel = threading.Event()
 

@@ -22,9 +22,9 @@ from localllm.daemon.runner.placement import place_layers, split_units
 from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.daemon.runner.rpc import exposure_warning
 from localllm.daemon.runner.workers import expected_protocol, probe
-from localllm.models import LOAD_OPTIONS, create_model, load_model, parse_parameters
 from localllm.settings import Settings, parse_rpc_workers
-from localllm.store import Store
+from localllm.store.models import LOAD_OPTIONS, create_model, load_model, parse_parameters
+from localllm.store.store import Store
 
 # -- endpoint lists ------------------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ from localllm.daemon.errors import QueueFullError
 from localllm.daemon.runner.client import RunnerStartError
 from localllm.daemon.runner.protocol import RunnerConfig, Stats
 from localllm.daemon.scheduler import Scheduler
-from localllm.names import ModelName, parse_name
 from localllm.settings import Settings
+from localllm.store.names import ModelName, parse_name
 
 T = TypeVar("T")
 

@@ -32,11 +32,11 @@ from localllm.daemon.runner.draft import (
 )
 from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import RunnerConfig
-from localllm.manifest import MEDIA_DRAFT
-from localllm.modelfile import ModelfileError, parse_modelfile, read_modelfile
-from localllm.models import create_model, load_model, render_modelfile
 from localllm.settings import Settings
-from localllm.store import Store
+from localllm.store.manifest import MEDIA_DRAFT
+from localllm.store.modelfile import ModelfileError, parse_modelfile, read_modelfile
+from localllm.store.models import create_model, load_model, render_modelfile
+from localllm.store.store import Store
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ from localllm import (
     ModelNotFoundError,
     StoreBusyError,
 )
-from localllm.manifest import MEDIA_MODEL, Manifest
-from localllm.models import create_model, load_model
-from localllm.names import parse_name
-from localllm.store import Store
-from localllm.store_check import check_store, prune
+from localllm.store.check import check_store, prune
+from localllm.store.manifest import MEDIA_MODEL, Manifest
+from localllm.store.models import create_model, load_model
+from localllm.store.names import parse_name
+from localllm.store.store import Store
 
 
 def digest_of(data: bytes) -> str:
@@ -112,8 +112,8 @@ def test_verify_sets_corrupted_blobs_aside(store: Store) -> None:
 _SLOW_WRITER = """
 import sys, time
 from pathlib import Path
-from localllm.store import Store
-from localllm.store_check import check_store, prune
+from localllm.store.store import Store
+from localllm.store.check import check_store, prune
 store = Store(Path(sys.argv[1]))
 with store.blob_writer() as writer:
     writer.write(b"x" * 4096)

@@ -24,12 +24,12 @@ from test_cli_support import cli_home
 from test_daemon_support import Daemon, running_daemon
 
 from localllm.client import Client
-from localllm.manifest import MEDIA_MODEL, MEDIA_SYSTEM
-from localllm.models import create_model
-from localllm.names import parse_name
 from localllm.settings import Settings
 from localllm.starter import ensure_starter
-from localllm.store import Store
+from localllm.store.manifest import MEDIA_MODEL, MEDIA_SYSTEM
+from localllm.store.models import create_model
+from localllm.store.names import parse_name
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 pytestmark = pytest.mark.slow

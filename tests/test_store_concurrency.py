@@ -29,7 +29,7 @@ from test_daemon_support import Daemon, running_daemon
 from tiny_gguf import SPECIAL_TOKENS
 
 from localllm.gguf_info import inspect_gguf
-from localllm.store import Store
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 pytestmark = pytest.mark.slow

@@ -24,11 +24,11 @@ from fakes.ollama_registry import FakeRegistry
 from store_support import FaultyOps, StoreState, assert_consistent, store_state, temporaries
 
 from localllm import DiskFullError, ModelNotFoundError
-from localllm.models import create_model, load_model, quantize_model
-from localllm.ollama_import import OllamaImporter
 from localllm.settings import Settings
 from localllm.sources import pull
-from localllm.store import Store
+from localllm.store.models import create_model, load_model, quantize_model
+from localllm.store.ollama_import import OllamaImporter
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 

@@ -28,9 +28,9 @@ from fakes.ollama_registry import FakeRegistry
 from store_support import assert_consistent, fill_disk, temporaries
 from test_daemon_support import Daemon, running_daemon, start_daemon
 
-from localllm.models import load_model
 from localllm.starter import ensure_starter
-from localllm.store import Store
+from localllm.store.models import load_model
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 pytestmark = pytest.mark.slow

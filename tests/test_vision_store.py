@@ -21,12 +21,12 @@ from localllm.images import (
     decode_base64_image,
     parse_data_url,
 )
-from localllm.manifest import MEDIA_PROJECTOR
-from localllm.modelfile import parse_modelfile, read_modelfile
-from localllm.models import create_model, load_model, render_modelfile
 from localllm.settings import Settings
 from localllm.sources import pull
-from localllm.store import Store
+from localllm.store.manifest import MEDIA_PROJECTOR
+from localllm.store.modelfile import parse_modelfile, read_modelfile
+from localllm.store.models import create_model, load_model, render_modelfile
+from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
 
@@ -184,8 +184,8 @@ def test_base64_and_data_urls_are_strict() -> None:
 def test_import_ollama_keeps_the_projector(tmp_path: Path, tiny_gguf: Path) -> None:
     from test_import_ollama import OllamaStore
 
-    from localllm.manifest import MEDIA_MODEL
-    from localllm.ollama_import import OllamaImporter
+    from localllm.store.manifest import MEDIA_MODEL
+    from localllm.store.ollama_import import OllamaImporter
 
     ollama = OllamaStore(tmp_path / "ollama" / "models")
     projector = write_tiny_mmproj(tmp_path / "mmproj.gguf").read_bytes()

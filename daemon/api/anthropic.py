@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from localllm.models import LocalModel
+from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model

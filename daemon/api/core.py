@@ -58,7 +58,7 @@ from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 
-from localllm.models import LocalModel
+from localllm.store.models import LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import Generation, Job, Outcome, start, until_disconnect

@@ -25,8 +25,8 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from localllm._exceptions import LocalLLMError
-from localllm.names import ModelName, parse_name
 from localllm.sources.hub import SORTS, search_hub
+from localllm.store.names import ModelName, parse_name
 
 from ..discover import NothingFits, cached_calibration, pick_quant, probe_threads
 from ..errors import HTTPProblem, InsufficientMemoryError

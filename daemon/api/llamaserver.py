@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from localllm.models import OPTION_TYPES, LocalModel
+from localllm.store.models import OPTION_TYPES, LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import context_length, resolve_model, until_disconnect

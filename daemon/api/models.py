@@ -21,15 +21,15 @@ from starlette.concurrency import run_in_threadpool
 
 from localllm._exceptions import LocalLLMError, ModelNotFoundError, StoreError
 from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspect_gguf
-from localllm.manifest import normalize_digest
-from localllm.models import (
+from localllm.store.manifest import normalize_digest
+from localllm.store.models import (
     LocalModel,
     create_model,
     load_model,
     parse_parameters,
     render_modelfile,
 )
-from localllm.names import ModelName, parse_name
+from localllm.store.names import ModelName, parse_name
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
@@ -419,7 +419,7 @@ async def _require_llama_cpp(state: DaemonState) -> None:
 async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
     """Create a model from a blob digest (``files``), a GGUF path or a model (``from``),
     optionally quantizing it (``quantize``: q8_0, q4_K_M, ...)."""
-    from localllm.quantize import Quantize, check_quantizable, normalize_quant
+    from localllm.store.quantize import Quantize, check_quantizable, normalize_quant
 
     target = _new_name(body.model_name(), "model")
     # In a thread: telling a projector from a model reads GGUF headers.
@@ -487,7 +487,7 @@ async def prune_store(state: StateDep) -> JSONResponse:
     """Remove blobs no model references, partial downloads, corrupted blobs set aside and
     leftovers of killed writes; the answer says what went and how many bytes it freed. 409
     while a create, pull, copy or import is writing."""
-    from localllm.store_check import prune
+    from localllm.store.check import prune
 
     report = await run_in_threadpool(prune, state.store)
     return JSONResponse(report.to_json())
@@ -496,8 +496,8 @@ async def prune_store(state: StateDep) -> JSONResponse:
 @router.post("/api/pull", summary="Pull a model")
 async def pull(body: PullRequest, request: Request, state: StateDep) -> Response:
     """Download a model; NDJSON progress lines as Ollama sends them (``stream: false`` waits)."""
-    from localllm.quantize import normalize_quant
     from localllm.sources import pull as pull_model
+    from localllm.store.quantize import normalize_quant
 
     name = _new_name(body.model_name(), "model")
     quant = None

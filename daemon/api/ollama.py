@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from localllm import __version__
-from localllm.models import LocalModel
+from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, load_only, parse_keep_alive, resolve_model

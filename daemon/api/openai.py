@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from localllm.models import LocalModel
+from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, resolve_model

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from localllm.models import LocalModel
+from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
 from ..runner.chat import is_go_template
@@ -71,7 +71,7 @@ def jinja_override(text: str | None) -> str | None:
 def model_template(model: LocalModel) -> str | None:
     """A Modelfile ``TEMPLATE`` written in Jinja, which the runner renders instead of the
     GGUF's chat template; None when the model has none (or only a Go template)."""
-    from localllm.manifest import MEDIA_TEMPLATE
+    from localllm.store.manifest import MEDIA_TEMPLATE
 
     layer = model.entry.manifest.layer(MEDIA_TEMPLATE)
     return jinja_override(model.template) if layer is not None else None

@@ -17,8 +17,8 @@ from localllm.images import (
     encode_image,
     parse_data_url,
 )
-from localllm.models import LocalModel
 from localllm.settings import Settings
+from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
 from ..runner.protocol import IMAGE_MARKER

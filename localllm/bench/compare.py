@@ -56,7 +56,7 @@ def compare_plan(spec: str) -> tuple[str, str, list[str]]:
     """Parse ``KEY=V1,V2,...``: returns the key, ``option`` (a request option: the same
     daemon, sent with each request) or ``setting`` (a daemon setting: a daemon per value),
     and the values. Raises :class:`BenchError` naming what is wrong."""
-    from ..models import OPTION_TYPES
+    from ..store.models import OPTION_TYPES
 
     key, sep, values_text = spec.partition("=")
     key = key.strip().lower()
@@ -102,9 +102,9 @@ class SpawnedDaemon:
         """Its base URL once started."""
 
     def _make_home(self) -> Path:
-        from ..names import parse_name
         from ..starter import _MARKER
-        from ..store import Store
+        from ..store.names import parse_name
+        from ..store.store import Store
 
         store = Store(self.settings.data_dir)
         name = parse_name(self.model)

@@ -202,7 +202,7 @@ class LocalllmDriver(Driver):
         """Slots, context and memory of ``model`` from ``/api/ps``, ``/api/stats`` and
         ``/api/show``: KV bytes are the runner's cells times the model's bytes per cell for
         the KV cache type; the runner's resident memory when it runs on this machine."""
-        from ..names import parse_name
+        from ..store.names import parse_name
 
         try:
             wanted = parse_name(model).short

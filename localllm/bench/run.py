@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .._exceptions import BenchError
-from ..models import LOAD_OPTIONS
+from ..store.models import LOAD_OPTIONS
 from .drivers import Completion, Driver, describe_error
 from .load import PromptMaker, run_level
 from .schema import RATIO_FIGURES, SCHEMA_ID

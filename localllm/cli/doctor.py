@@ -113,11 +113,11 @@ def _describe_threads(threads: dict[str, Any]) -> list[str]:
 
 
 def _store(settings: Any, verify: bool) -> dict[str, Any]:
-    """The model store's check (see :mod:`localllm.store_check`); with ``verify``, every blob
+    """The model store's check (see :mod:`localllm.store.check`); with ``verify``, every blob
     is re-hashed and one whose bytes do not match its digest is set aside, so the daemon
     reports its model as damaged instead of serving it."""
-    from ..store import Store
-    from ..store_check import check_store
+    from ..store.check import check_store
+    from ..store.store import Store
 
     report = check_store(Store(settings.data_dir), digests=verify)
     return report.to_json() | {"summary": report.summary(), "lines": report.lines()}

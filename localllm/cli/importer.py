@@ -35,9 +35,9 @@ def add_import_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_import(args: argparse.Namespace) -> int:
     """``localllm import ollama [MODEL...] [--models DIR]``."""
     from ..autostart import is_local
-    from ..ollama_import import OllamaImporter, find_ollama_store
     from ..progress_display import ProgressView
-    from ..store import Store
+    from ..store.ollama_import import OllamaImporter, find_ollama_store
+    from ..store.store import Store
 
     settings = load_settings()
     if args.models_dir:

@@ -348,7 +348,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _same_model(a: str, b: str) -> bool:
     from .._exceptions import InvalidNameError
-    from ..names import parse_name
+    from ..store.names import parse_name
 
     try:
         return parse_name(a) == parse_name(b)
@@ -404,14 +404,14 @@ def _check_quant(quant: str | None) -> str | None:
     """A known quantization target, checked here so nothing is downloaded for a typo."""
     if quant is None:
         return None
-    from ..quantize import normalize_quant
+    from ..store.quantize import normalize_quant
 
     return normalize_quant(quant)
 
 
 def _source_fields(client: Client, value: str, base: Path | None = None) -> dict[str, Any]:
     """``/api/create`` source fields for a ``--from`` / ``FROM`` value: a file or a model."""
-    from ..modelfile import looks_like_path
+    from ..store.modelfile import looks_like_path
 
     settings = load_settings()
     path = Path(value).expanduser()
@@ -425,7 +425,7 @@ def _source_fields(client: Client, value: str, base: Path | None = None) -> dict
 def _draft_field(client: Client, value: str) -> str:
     """``/api/create``'s ``draft`` for a Modelfile's ``DRAFT`` value: a model name as is, a
     file as a path the daemon reads or, for a remote daemon, the digest of its upload."""
-    from ..modelfile import looks_like_path
+    from ..store.modelfile import looks_like_path
 
     path = Path(value).expanduser()
     if not (looks_like_path(value) or path.is_file()):
@@ -442,7 +442,7 @@ def _run_create(client: Client, name: str, fields: dict[str, Any]) -> None:
 def cmd_create(args: argparse.Namespace) -> int:
     """``create NAME`` from ``--from FILE|MODEL`` or ``-f Modelfile`` (``./Modelfile`` by
     default), optionally ``--quantize``."""
-    from ..modelfile import read_modelfile
+    from ..store.modelfile import read_modelfile
 
     quant = _check_quant(args.quantize)
     modelfile_path: Path | None = Path(args.file).expanduser() if args.file else None
@@ -485,7 +485,7 @@ def _with_quant(name: str, quant: str | None) -> str:
     """``hf.co/user/repo`` with ``--quant Q8_0`` → ``hf.co/user/repo:Q8_0``."""
     if quant is None:
         return name
-    from ..names import parse_name
+    from ..store.names import parse_name
 
     parsed = parse_name(name)
     if not parsed.is_huggingface:

@@ -350,7 +350,7 @@ class Repl:
             )
 
     def _set_parameter(self, text: str) -> None:
-        from ..modelfile import ModelfileError, coerce_parameter
+        from ..store.modelfile import ModelfileError, coerce_parameter
 
         try:
             parts = shlex.split(text)

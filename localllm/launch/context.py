@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import APIError, LaunchError
-from ..names import parse_name
+from ..store.names import parse_name
 
 if TYPE_CHECKING:
     from ..client import Client

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._exceptions import StoreError
-from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest
-from ..models import build_manifest
-from ..store import Store
+from ..store.manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest
+from ..store.models import build_manifest
+from ..store.store import Store
 
 __all__ = ["assemble_manifest"]
 

@@ -35,10 +35,10 @@ from .._exceptions import (
     RemoteNotFoundError,
 )
 from ..gguf_info import inspect_gguf
-from ..manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest, normalize_digest
-from ..names import ModelName
 from ..settings import Settings
-from ..store import Store
+from ..store.manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest, normalize_digest
+from ..store.names import ModelName
+from ..store.store import Store
 from .assemble import assemble_manifest
 from .gguf_files import HubFile, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status

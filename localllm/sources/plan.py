@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._exceptions import OperationCancelledError
-from ..manifest import Manifest
+from ..store.manifest import Manifest
 from .transfer import BlobSource, fetch_blob
 
 if TYPE_CHECKING:
     from ..settings import Settings
-    from ..store import Store
+    from ..store.store import Store
     from .progress import ProgressCallback
 
 __all__ = ["PlannedBlob", "PullPlan"]

@@ -7,12 +7,12 @@ import time
 
 from .._exceptions import DiskFullError
 from .._format import human_size
-from ..models import build_manifest, create_model
-from ..names import ModelName, parse_name
-from ..quantize import Quantize
 from ..settings import Settings
 from ..starter import import_starter, is_starter, starter_gguf_path
-from ..store import ModelEntry, Store
+from ..store.models import build_manifest, create_model
+from ..store.names import ModelName, parse_name
+from ..store.quantize import Quantize
+from ..store.store import ModelEntry, Store
 from .huggingface import plan_huggingface
 from .plan import PullPlan
 from .progress import (
@@ -88,7 +88,7 @@ def pull(
     model = parse_name(name) if isinstance(name, str) else name
     target_quant = None
     if quantize is not None:
-        from ..quantize import normalize_quant
+        from ..store.quantize import normalize_quant
 
         target_quant = normalize_quant(quantize)
 
@@ -120,7 +120,7 @@ def pull(
             store, model, settings, emit, insecure=insecure, cancel=cancel, file_tag=file_tag
         )
         if target_quant is not None:
-            from ..quantize import check_quantizable
+            from ..store.quantize import check_quantizable
 
             check_quantizable(plan.file_type, model.short)
         _check_space(store, model, plan)

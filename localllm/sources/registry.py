@@ -32,10 +32,10 @@ from .._exceptions import (
     RemoteNotFoundError,
     StoreError,
 )
-from ..manifest import MAX_MANIFEST_BYTES, MEDIA_MANIFEST, MEDIA_MODEL, Manifest
-from ..names import DEFAULT_HOST, ModelName
 from ..settings import Settings
-from ..store import Store
+from ..store.manifest import MAX_MANIFEST_BYTES, MEDIA_MANIFEST, MEDIA_MODEL, Manifest
+from ..store.names import DEFAULT_HOST, ModelName
+from ..store.store import Store
 from .http import MAX_REDIRECTS, TransientError, same_host, shared_client, transient_status
 from .plan import PlannedBlob, PullPlan
 from .progress import STATUS_MANIFEST, PullProgress

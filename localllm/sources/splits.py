@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .._exceptions import StoreError
-from ..manifest import MEDIA_MODEL, Manifest
-from ..store import Store
+from ..store.manifest import MEDIA_MODEL, Manifest
+from ..store.store import Store
 
 __all__ = ["linked_splits", "model_paths"]
 

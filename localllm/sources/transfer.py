@@ -44,10 +44,10 @@ from .._exceptions import (
 )
 from .._format import human_size
 from .._locks import lock_exclusive
-from ..manifest import normalize_digest
 from ..settings import Settings
-from ..storage import FileOps, disk_full
-from ..store import Store
+from ..store.manifest import normalize_digest
+from ..store.storage import FileOps, disk_full
+from ..store.store import Store
 from .http import TransientError, content_range, response_total, shared_client
 from .progress import ProgressCallback, PullProgress, RateMeter, pulling_status
 

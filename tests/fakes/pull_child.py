@@ -13,7 +13,7 @@ import sys
 from localllm._exceptions import LocalLLMError
 from localllm.settings import Settings
 from localllm.sources import PullProgress, pull
-from localllm.store import Store
+from localllm.store.store import Store
 
 
 def _show(event: PullProgress) -> None:

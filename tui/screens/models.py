@@ -20,8 +20,8 @@ from textual.worker import Worker
 from localllm._exceptions import APIError, DaemonError, LocalLLMError
 from localllm._format import human_size, speed_figures
 from localllm.client import ModelSummary, ShowResponse
-from localllm.ollama_import import ImportReport, OllamaModel
-from localllm.quantize import QUANT_TYPES
+from localllm.store.ollama_import import ImportReport, OllamaModel
+from localllm.store.quantize import QUANT_TYPES
 
 from ..dom import settle
 from ..format import modified
@@ -148,8 +148,8 @@ class ModelsScreen(MainScreen):
     async def look_for_ollama(self) -> None:
         """Find an Ollama store with models the store lacks; offer them once per session."""
         from localllm.autostart import is_local
-        from localllm.ollama_import import find_ollama_store, missing_models
-        from localllm.store import Store
+        from localllm.store.ollama_import import find_ollama_store, missing_models
+        from localllm.store.store import Store
 
         settings = self.llm.settings
         if not is_local(settings):
@@ -334,8 +334,8 @@ class ModelsScreen(MainScreen):
 
     async def _follow_import(self, panel: TransferPanel, root: Path, names: list[str]) -> None:
         """Run the import in a thread (hashing gigabytes), its progress shown by ``panel``."""
-        from localllm.ollama_import import OllamaImporter
-        from localllm.store import Store
+        from localllm.store.ollama_import import OllamaImporter
+        from localllm.store.store import Store
 
         loop = asyncio.get_running_loop()
         lines: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

@@ -18,8 +18,8 @@ A blob comes over by the cheapest means that works, tried in order:
 3. a **copy**, hashed while it is written.
 
 The linked or cloned file is assembled in ``partial/`` and hashed *there*, so what is verified
-is exactly what gets published (by an atomic rename), as :mod:`localllm.store` promises for every
-blob. The import holds the store's shared lock while its blobs are not yet referenced by a
+is exactly what gets published (by an atomic rename), as :mod:`localllm.store.store` promises for
+every blob. The import holds the store's shared lock while its blobs are not yet referenced by a
 manifest: a daemon deleting a model meanwhile skips its garbage collection instead of removing
 them, so importing while a daemon runs is safe.
 
@@ -47,18 +47,18 @@ from enum import Enum
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from ._exceptions import (
+from .._exceptions import (
     GGUFError,
     InvalidNameError,
     LocalLLMError,
     OperationCancelledError,
     StoreError,
 )
-from ._format import human_size
+from .._format import human_size
+from ..settings import Settings
+from ..sources.progress import PullProgress, RateMeter
 from .manifest import MAX_MANIFEST_BYTES, MEDIA_ADAPTER, MEDIA_MODEL, Layer, Manifest
 from .names import ModelName, parse_name
-from .settings import Settings
-from .sources.progress import PullProgress, RateMeter
 from .store import Store
 
 __all__ = [
@@ -432,7 +432,7 @@ class OllamaImporter:
     def _check_gguf(self, manifest: Manifest, pending: dict[str, Path]) -> None:
         """Read the GGUF's header defensively before anything may load it (from its verified
         file in ``pending`` when not yet published)."""
-        from .gguf_info import inspect_gguf
+        from ..gguf_info import inspect_gguf
 
         layer = manifest.layer(MEDIA_MODEL)
         assert layer is not None  # models without one were skipped when scanned

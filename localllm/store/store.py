@@ -14,7 +14,7 @@ What the store promises (the README's reliability section says it for users):
   atomically (temporary file, fsync, rename, fsync of the directory). A failure or a kill at any
   point leaves the old state or the whole new one, never a name pointing at other weights. The
   blobs a failed change published are removed again (if nothing else references them).
-* **Every write goes through one seam**, :class:`~localllm.storage.FileOps`, so tests can make
+* **Every write goes through one seam**, :class:`~localllm.store.storage.FileOps`, so tests can make
   any of them fail (``ENOSPC`` after N bytes, at the K-th call); a full disk is a
   :class:`DiskFullError`, a read-only folder a :class:`StoreUnwritableError`.
 * **Names are claimed**: a change holds a lock file per name it writes (exclusively) or reads
@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._exceptions import (
+from .._exceptions import (
     BlobNotFoundError,
     DamagedModelError,
     DigestMismatchError,
@@ -52,8 +52,8 @@ from ._exceptions import (
     StoreError,
     StoreUnwritableError,
 )
-from ._format import human_size
-from ._locks import claim
+from .._format import human_size
+from .._locks import claim
 from .manifest import Layer, Manifest, normalize_digest
 from .names import ModelName, parse_name
 from .storage import FileOps, PauseHook, atomic_write, disk_full
@@ -202,7 +202,7 @@ class Store:
     """Blobs and manifests under one root directory.
 
     ``ops`` is the file-operation seam (tests pass a failing one); ``pause`` the test hook that
-    stops a write at a named step (``LOCALLLM_TEST_PAUSE``; see :mod:`localllm.storage`).
+    stops a write at a named step (``LOCALLLM_TEST_PAUSE``; see :mod:`localllm.store.storage`).
     """
 
     def __init__(
@@ -229,7 +229,7 @@ class Store:
     # -- errors and test hooks ------------------------------------------------------------
 
     def checkpoint(self, step: str) -> None:
-        """A write reached ``step`` (one of :data:`~localllm.storage.PAUSE_STEPS`)."""
+        """A write reached ``step`` (one of :data:`~localllm.store.storage.PAUSE_STEPS`)."""
         if self._pause is not None:
             self._pause(step)
 

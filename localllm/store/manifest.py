@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._exceptions import InvalidDigestError, StoreError
+from .._exceptions import InvalidDigestError, StoreError
 
 __all__ = [
     "MEDIA_ADAPTER",

@@ -14,8 +14,9 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from ._exceptions import GGUFError, InvalidNameError, LocalLLMError, QuantizeError, StoreError
-from .gguf_info import GGUFInfo, inspect_gguf
+from .._exceptions import GGUFError, InvalidNameError, LocalLLMError, QuantizeError, StoreError
+from ..gguf_info import GGUFInfo, inspect_gguf
+from ..settings import parse_rpc_workers
 from .manifest import (
     MEDIA_CONFIG,
     MEDIA_DRAFT,
@@ -32,13 +33,12 @@ from .manifest import (
 )
 from .names import ModelName, parse_name
 from .quantize import Quantize, quantize_into_store
-from .settings import parse_rpc_workers
 from .store import ModelEntry, Store
 
 if TYPE_CHECKING:
     import threading
 
-    from .sources.progress import ProgressCallback
+    from ..sources.progress import ProgressCallback
 
 __all__ = [
     "FIXED_OPTIONS",
@@ -137,7 +137,7 @@ LOAD_OPTIONS = frozenset(
 
 def _keep_alive_parameter(value: Any) -> str | int | float:
     """A model's ``keep_alive`` (a duration; negative keeps it loaded forever), checked."""
-    from .settings import parse_duration
+    from ..settings import parse_duration
 
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise LocalLLMError(f"parameter 'keep_alive' must be a duration, got {value!r}")
@@ -215,7 +215,7 @@ class LocalModel:
     @property
     def gguf_paths(self) -> list[Path]:
         """Every part of the GGUF in order (one path unless the model is split)."""
-        from .sources.splits import model_paths
+        from ..sources.splits import model_paths
 
         return model_paths(self.store, self.entry.manifest)
 
@@ -552,7 +552,7 @@ def quantize_model(
     :class:`ModelNotFoundError` or :class:`OperationCancelledError`, leaving ``target_name`` as
     it was.
     """
-    from .sources.progress import PullProgress
+    from ..sources.progress import PullProgress
 
     how = Quantize(quant, allow_requantize, threads, on_progress, cancel)
     if isinstance(source, Path) or (isinstance(source, str) and Path(source).is_file()):

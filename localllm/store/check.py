@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import StoreBusyError
-from ._format import human_size
-from ._locks import try_lock
+from .._exceptions import StoreBusyError
+from .._format import human_size
+from .._locks import try_lock
 from .names import ModelName
 from .store import CORRUPT_PREFIX, ModelEntry, Store
 

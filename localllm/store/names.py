@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._exceptions import InvalidNameError
+from .._exceptions import InvalidNameError
 
 __all__ = [
     "DEFAULT_HOST",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._exceptions import LocalLLMError
+from .._exceptions import LocalLLMError
 
 __all__ = [
     "MESSAGE_ROLES",

@@ -1,6 +1,6 @@
 """Quantization with llama.cpp's ``llama_model_quantize``, in a child process.
 
-The child (``python -m localllm.quantize``) loads llama.cpp, routes its log through
+The child (``python -m localllm.store.quantize``) loads llama.cpp, routes its log through
 ``llama_log_set`` and reports each finished tensor as a JSON line on a pipe; the parent turns
 them into progress events in bytes (``quantizing F16 model to Q4_K_M``, total/completed, as
 Ollama's ``/api/create`` streams). A crash of llama.cpp (a bad file, a bug, memory) kills only the
@@ -27,17 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._exceptions import DiskFullError, OperationCancelledError, QuantizeError
-from ._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
+from .._exceptions import DiskFullError, OperationCancelledError, QuantizeError
+from .._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
 
-# The child process runs this very module (python -m localllm.quantize): what only the parent
+# The child process runs this very module (python -m localllm.store.quantize): what only the parent
 # needs (numpy, gguf, httpx through localllm.sources) is imported inside the parent's functions,
 # so every quantization does not pay for it twice.
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..sources.progress import ProgressCallback
     from .manifest import Layer
-    from .sources.progress import ProgressCallback
     from .store import Store
 
 __all__ = [
@@ -109,7 +109,7 @@ def check_quantizable(file_type: str | None, what: str, *, allow_requantize: boo
 
 def _child_command(arguments: dict[str, Any]) -> list[str]:
     # A function of its own so tests can stand in a child that crashes.
-    return [sys.executable, "-m", "localllm.quantize", json.dumps(arguments)]
+    return [sys.executable, "-m", "localllm.store.quantize", json.dumps(arguments)]
 
 
 def quantize_file(
@@ -134,8 +134,8 @@ def quantize_file(
     up (llama.cpp's message does not say), or :class:`OperationCancelledError`; ``output`` is
     removed on failure. ``checkpoint`` is told ``quantize-started`` after the first tensor.
     """
-    from .gguf_info import inspect_gguf
-    from .sources.progress import PullProgress
+    from ..gguf_info import inspect_gguf
+    from ..sources.progress import PullProgress
 
     target = normalize_quant(quant)
     info = inspect_gguf(source)
@@ -205,7 +205,7 @@ def quantize_file(
 
 
 def _add_split_tensors(first: Path, count: Any, sizes: dict[str, int]) -> None:
-    from .gguf_info import inspect_gguf
+    from ..gguf_info import inspect_gguf
 
     # The other parts of a split model sit beside the first (see sources.splits).
     if not isinstance(count, int) or count <= 1:
@@ -279,10 +279,10 @@ def quantize_into_store(store: Store, paths: list[Path], quantize: Quantize, wha
     weight count); a disk that fills up meanwhile is a :class:`DiskFullError` too. llama.cpp
     writes into ``partial/``; the file becomes a blob only once complete and of the right type.
     """
-    from .gguf_info import inspect_gguf
+    from ..gguf_info import inspect_gguf
+    from ..sources.blobfile import hash_file
+    from ..sources.splits import linked_splits
     from .manifest import MEDIA_MODEL, Layer
-    from .sources.blobfile import hash_file
-    from .sources.splits import linked_splits
 
     target = normalize_quant(quantize.target)
     info = inspect_gguf(paths[0])
