@@ -336,4 +336,5 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
             else settings.rpc_workers
         ),
         memory_plan=True,
+        gpu_memory=settings.gpu_memory,
     )

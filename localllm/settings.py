@@ -399,6 +399,20 @@ class Settings:
         "waiting) or passive (sleep). localllm only reports it (`localllm doctor`); the CPU "
         "governor keeps spinning threads off busy cores instead.",
     )
+    gpu_memory: int = _setting(
+        "LOCALLLM_GPU_MEMORY",
+        0,
+        "The most memory the memory plan puts on each GPU (bytes, or 512MiB, 4GiB...), below "
+        "what the GPU reports free; 0 uses what is free. Layers that do not fit stay on the "
+        "CPU (the plan says how many).",
+    )
+    vulkan_visible_devices: str | None = _setting(
+        "GGML_VK_VISIBLE_DEVICES",
+        None,
+        "llama.cpp's own variable: the Vulkan devices it may use, by index (0,1). Unset, it "
+        "uses discrete and integrated GPUs and skips software devices such as Mesa's "
+        "llvmpipe, which `localllm doctor` then lists as skipped. Runners inherit it as is.",
+    )
     test_pause: str | None = _setting(
         "LOCALLLM_TEST_PAUSE",
         None,
@@ -556,6 +570,13 @@ class Settings:
             values["rpc_workers"] = parse_rpc_workers(raw)
         if (raw := get("OMP_WAIT_POLICY")) is not None:
             values["omp_wait_policy"] = raw
+        if (raw := get("LOCALLLM_GPU_MEMORY")) is not None:
+            try:
+                values["gpu_memory"] = parse_size(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_GPU_MEMORY: {exc}") from None
+        if (raw := get("GGML_VK_VISIBLE_DEVICES")) is not None:
+            values["vulkan_visible_devices"] = raw
         if (raw := get("LOCALLLM_TEST_PAUSE")) is not None:
             from .store.storage import parse_pause
 

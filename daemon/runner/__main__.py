@@ -116,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mapped-ram", type=int, default=0, help="bytes of other runners' mapped weights"
     )
     parser.add_argument(
+        "--gpu-memory", type=int, default=0, help="the most bytes planned on each GPU (0: free)"
+    )
+    parser.add_argument(
         "--plan-only",
         action="store_true",
         help="print the memory plan (or why nothing fits) as JSON and exit without loading",
@@ -196,6 +199,7 @@ async def _serve(args: argparse.Namespace) -> int:
         memory_plan=args.memory_plan or args.plan_only,
         memory_reserved=_reserved(args.reserve),
         mapped_ram=args.mapped_ram,
+        gpu_memory=args.gpu_memory,
     )
     plan: MemoryPlan | None = None
     if config.memory_plan:

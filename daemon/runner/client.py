@@ -580,6 +580,7 @@ class RunnerProcess:
                 args += ["--draft-name", c.draft_name]
         if c.memory_plan:
             args += ["--memory-plan", "--mapped-ram", str(c.mapped_ram)]
+            args += ["--gpu-memory", str(c.gpu_memory)]
             for device, amount in c.memory_reserved.items():
                 args += ["--reserve", f"{device}={amount}"]
         return args

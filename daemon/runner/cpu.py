@@ -476,6 +476,7 @@ def _info_child() -> int:
     import llama_cpp
 
     from . import backends
+    from .gpuinfo import is_software
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # referenced while C may call it
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
@@ -492,6 +493,7 @@ def _info_child() -> int:
                 "type": device.kind,
                 "memory_free": device.free,
                 "memory_total": device.total,
+                "software": is_software(device.description) and device.kind != "cpu",
             }
             for device in devices
         ],

@@ -543,6 +543,9 @@ class RunnerConfig:
     """Bytes per device that other loaded models may still grow into (not free for this one)."""
     mapped_ram: int = 0
     """Bytes of other runners' mapped weights, which MemAvailable counts as reclaimable."""
+    gpu_memory: int = 0
+    """The most bytes the memory plan puts on each local GPU (``LOCALLLM_GPU_MEMORY``; 0: what
+    is free)."""
 
 
 # -- messages -----------------------------------------------------------------------------------
