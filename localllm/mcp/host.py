@@ -92,30 +92,54 @@ class ToolHost:
         """Every usable tool of the running servers (switched off or not)."""
         return [tool for handle in self.manager.running() for tool in handle.listing.tools]
 
-    def tools(self) -> list[ToolSpec]:
-        """The tools on offer, with the names the model calls them by."""
-        return assign_call_names(t for t in self.all_tools() if t.key not in self.disabled)
+    def tools(
+        self, servers: Iterable[str] | None = None, off: Iterable[str] = ()
+    ) -> list[ToolSpec]:
+        """The tools on offer (of ``servers``, default all; less the ``server/tool`` keys
+        ``off`` and :attr:`disabled`), with the names the model calls them by."""
+        wanted = None if servers is None else set(servers)
+        skipped = self.disabled | set(off)
+        return assign_call_names(
+            tool
+            for tool in self.all_tools()
+            if tool.key not in skipped and (wanted is None or tool.server in wanted)
+        )
 
-    def prompts(self) -> list[tuple[str, Any]]:
-        """(server, prompt) for every prompt of the running servers."""
-        return [(h.name, p) for h in self.manager.running() for p in h.listing.prompts]
+    def prompts(self, servers: Iterable[str] | None = None) -> list[tuple[str, Any]]:
+        """(server, prompt) for every prompt of the running servers (of ``servers``)."""
+        return [
+            (h.name, p)
+            for h in self.manager.running()
+            if servers is None or h.name in servers
+            for p in h.listing.prompts
+        ]
 
-    def resources(self) -> list[tuple[str, Any]]:
-        """(server, resource) for every resource of the running servers."""
-        return [(h.name, r) for h in self.manager.running() for r in h.listing.resources]
+    def resources(self, servers: Iterable[str] | None = None) -> list[tuple[str, Any]]:
+        """(server, resource) for every resource of the running servers (of ``servers``)."""
+        return [
+            (h.name, r)
+            for h in self.manager.running()
+            if servers is None or h.name in servers
+            for r in h.listing.resources
+        ]
 
-    def find_prompt(self, name: str) -> tuple[str, Any]:
-        """The prompt called ``name`` (or ``server:name``)."""
+    def find_prompt(
+        self, name: str, servers: Iterable[str] | None = None
+    ) -> tuple[str, Any] | None:
+        """The prompt called ``name`` (or ``server:name``), None when there is none."""
         server, _, bare = name.rpartition(":")
-        for owner, prompt in self.prompts():
+        for owner, prompt in self.prompts(servers):
             if prompt.name == bare and server in ("", owner):
                 return owner, prompt
-        known = ", ".join(p.name for _, p in self.prompts()) or "none"
-        raise ToolConfigError(f"no MCP prompt is called {name!r} (prompts: {known})")
+        return None
 
     async def prompt_messages(self, name: str, arguments: dict[str, str]) -> list[dict[str, Any]]:
         """The prompt ``name`` filled in, as chat messages (text, and images as images)."""
-        server, prompt = self.find_prompt(name)
+        found = self.find_prompt(name)
+        if found is None:
+            known = ", ".join(p.name for _, p in self.prompts()) or "none"
+            raise ToolConfigError(f"no MCP prompt is called {name!r} (prompts: {known})")
+        server, prompt = found
         missing = [
             a.name for a in (prompt.arguments or []) if a.required and a.name not in arguments
         ]
@@ -131,10 +155,12 @@ class ToolHost:
             messages.append(item)
         return messages
 
-    async def read_resource(self, uri: str) -> tuple[str, str, list[str]]:
-        """The resource at ``uri`` (or named so) of a running server: (its name, its text,
+    async def read_resource(
+        self, uri: str, servers: Iterable[str] | None = None
+    ) -> tuple[str, str, list[str]]:
+        """The resource at ``uri`` (or named so) of a running server: (its URI, its text,
         its images as base64)."""
-        for server, resource in self.resources():
+        for server, resource in self.resources(servers):
             if str(resource.uri) == uri or resource.name == uri:
                 result = await self.manager.handle(server).read_resource(str(resource.uri))
                 text, images = _content_of(result.contents)
@@ -142,11 +168,18 @@ class ToolHost:
         known = ", ".join(str(r.uri) for _, r in self.resources()) or "none"
         raise ToolConfigError(f"no MCP resource is {uri!r} (resources: {known})")
 
-    def loop(self, client: AsyncClient, request: LoopRequest, events: LoopEvents) -> AgentLoop:
-        """The loop for one message (``request.tools`` is filled in when empty)."""
+    def loop(
+        self,
+        client: AsyncClient,
+        request: LoopRequest,
+        events: LoopEvents,
+        approvals: Approvals | None = None,
+    ) -> AgentLoop:
+        """The loop for one message (``request.tools`` is filled in when empty), with the
+        chat's ``approvals`` (default: the host's own)."""
         if not request.tools:
             request.tools = self.tools()
-        return AgentLoop(client, self.manager, request, events, self.approvals)
+        return AgentLoop(client, self.manager, request, events, approvals or self.approvals)
 
     async def close(self) -> None:
         """Stop every server."""

@@ -231,6 +231,11 @@ class AgentLoop:
                     reply.thinking,
                 )
                 await self.events.step_finished(number, reply)
+                if reply.final.get("done_reason") == "length":
+                    await self.events.notice(
+                        "the model's answer was cut at its token limit (num_predict)"
+                        + (": a call it was writing was lost" if not reply.calls else "")
+                    )
                 answer: dict[str, Any] = {"role": "assistant", "content": reply.content}
                 if reply.thinking:
                     answer["thinking"] = reply.thinking

@@ -1,11 +1,12 @@
 """An MCP server for the tests, written with the SDK's own server class (``MCPServer``), run
-as a subprocess over stdio: ``python tests/mcp_servers/toolbox.py [--bad-schema]
-[--fail-start] [--hang-start]``.
+as a subprocess over stdio: ``python tests/mcp_servers/toolbox.py [--only TOOL,...]
+[--bad-schema] [--fail-start] [--hang-start]``.
 
 Tools: ``add``, ``colour_of`` (an enum argument, so that even a tiny model's forced call is
 valid), ``slow`` (sleeps), ``crash`` (the process exits mid-call), ``flood`` (megabytes of
 text), ``picture`` (a PNG), ``consult`` (asks the host's model through MCP sampling); the
-prompt ``review``; the resource ``notes://today``. ``--bad-schema`` adds a tool whose input
+prompt ``review``; the resource ``notes://today``. ``--only`` lists only the tools named.
+``--bad-schema`` adds a tool whose input
 schema is not valid JSON Schema. ``--fail-start`` exits at once with a message on stderr;
 ``--hang-start`` never answers. Every call is appended to the file named by
 ``TOOLBOX_CALLS`` (one JSON line: tool, arguments), so a test can tell what ran.
@@ -42,6 +43,9 @@ class Toolbox(MCPServer):
     async def list_tools(self) -> list[Tool]:
         """The tools, plus ``broken`` with ``--bad-schema``."""
         tools = await super().list_tools()
+        if "--only" in sys.argv:
+            kept = sys.argv[sys.argv.index("--only") + 1].split(",")
+            tools = [tool for tool in tools if tool.name in kept]
         if "--bad-schema" in sys.argv:
             schema = {"type": "object", "properties": {"x": {"type": "nonsense"}}}
             tools.append(Tool(name="broken", description="Never offered", input_schema=schema))
