@@ -123,3 +123,89 @@ async def test_a_call_is_a_block_asked_in_the_chat_and_the_chat_reloads_as_it_wa
         assert block.title == "toolbox · add" and block.result_text == "5"
         assert block.status == "done"
         assert answers(screen)[-1].text == "It is 5."
+
+
+async def test_escape_ends_a_running_call_and_the_next_message_works(
+    scripted: ScriptedModel, tmp_path: Path
+) -> None:
+    scripted.script = [Reply("", [("slow", {"seconds": 120})])]
+    app = make_app(scripted, tmp_path)
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await ready(pilot, app)
+        await ask(pilot, screen, "Wait a while.")
+        prompt = await wait_for(
+            pilot, lambda: next(iter(screen.query(ApprovalPrompt)), None), "the approval", 90
+        )
+        prompt.focus()
+        await pilot.press("a")  # always, for this chat
+        (block,) = await wait_for(pilot, lambda: blocks(screen), "the block")
+        await wait_for(pilot, lambda: block.status == "running", "the call to run")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not screen.answering, "the loop to stop", 30)
+        assert block.status == "stopped", block.status
+        chat = screen.current
+        assert [m.role for m in chat.messages] == ["user", "assistant", "tool"]
+        assert chat.messages[-1].content == "stopped by the person before it ended"
+
+        # the next message works, and "always" holds: no question this time
+        scripted.script = [Reply("", [("slow", {"seconds": 0.01})]), Reply("Done.")]
+        await ask(pilot, screen, "Wait less.")
+        await wait_for(pilot, lambda: not screen.answering, "the second answer", 60)
+        assert not screen.query(ApprovalPrompt)
+        assert blocks(screen)[-1].result_text == "waited 0.01 s"
+        assert answers(screen)[-1].text == "Done."
+        # the stopped call went back to the model as a result, the history stays whole
+        sent = scripted.chat_requests()[-2]["messages"]
+        assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+
+
+async def test_settings_prompts_and_resources(scripted: ScriptedModel, tmp_path: Path) -> None:
+    app = make_app(scripted, tmp_path)
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await ready(pilot, app)
+        # the chat's settings: the add tool off
+        await pilot.press("ctrl+g")
+        dialog = await wait_for(
+            pilot, lambda: isinstance(app.screen, ToolsDialog) and app.screen, "the dialog", 90
+        )
+        listing = dialog.query_one(SelectionList)
+        assert "server:toolbox" in listing.selected and "tool:toolbox/add" in listing.selected
+        listing.deselect("tool:toolbox/add")
+        await wait_for(pilot, lambda: dialog.query("#save"), "the dialog's buttons")
+        await pilot.click("#save")
+        await wait_for(pilot, lambda: app.screen is screen, "the dialog to close")
+        assert screen.current.tools == {"servers": ["toolbox"], "off": ["toolbox/add"]}
+
+        # an MCP prompt as a slash command: its text is the question
+        scripted.script = [Reply("Fine.")]
+        await screen.send("/review topic=the tests")
+        await wait_for(pilot, lambda: len(scripted.requests) == 1, "the question")
+        await wait_for(pilot, lambda: not screen.answering, "the answer")
+        body = scripted.chat_requests()[-1]
+        assert body["messages"][-1]["content"] == "Please review the tests in one sentence."
+        offered = [tool["function"]["name"] for tool in body["tools"]]
+        assert "add" not in offered and "colour_of" in offered
+
+        # a resource attached like a file goes with the next message
+        await screen.send("/resource notes://today")
+        await wait_for(pilot, lambda: "notes://today" in screen_text(app), "the attachment")
+        scripted.script = [Reply("Milk.")]
+        await ask(pilot, screen, "What must I buy?")
+        await wait_for(pilot, lambda: not screen.answering, "the answer")
+        question = scripted.chat_requests()[-1]["messages"][-1]["content"]
+        assert question.startswith("What must I buy?") and "Buy milk." in question
+
+
+async def test_a_model_that_cannot_call_tools_is_said_at_once(
+    scripted: ScriptedModel, tmp_path: Path
+) -> None:
+    scripted.capabilities = ["completion"]
+    scripted.script = [Reply("Hello.")]
+    app = make_app(scripted, tmp_path)
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await ready(pilot, app)
+        await ask(pilot, screen, "Hi")
+        await wait_for(pilot, lambda: not screen.answering and answers(screen), "the answer")
+        assert "cannot call tools" in " ".join(str(n.message) for n in app._notifications)
+        assert "tools" not in scripted.chat_requests()[-1]  # answered as a plain chat
+        assert answers(screen)[-1].text == "Hello."

@@ -109,7 +109,7 @@ class ChatScreen(MainScreen):
         Binding("ctrl+l", "pick_model", "Model", id="chat.model"),
         Binding("ctrl+o", "chat_options", "Options", id="chat.options"),
         Binding("f5", "copy_answer", "Copy", id="chat.copy"),
-        Binding("f6", "tools", "Tools", show=False, id="chat.tools"),
+        Binding("ctrl+g", "tools", "Tools (MCP)", show=False, id="chat.tools"),
         Binding("f8", "delete_chat", "Delete", id="chat.delete"),
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
@@ -488,6 +488,7 @@ class ChatScreen(MainScreen):
         finally:
             try:
                 saved = loop_messages(loop.result)
+                await events.settle(loop.result.calls)
                 if events.step_open:  # stopped or failed in the middle of an answer
                     stats = {"error": error} if error else {"done_reason": "stopped"}
                     partial = "".join(events.parts)

@@ -1,6 +1,6 @@
 """The chat screen as an MCP host: its servers (from the MCP config, started when a chat first
 needs them, stopped when the screen closes), which of them and of their tools each chat has
-on (:class:`ToolsDialog`, F6), an answer through the agent loop drawn into the transcript
+on (:class:`ToolsDialog`, Ctrl+G), an answer through the agent loop drawn into the transcript
 (:class:`TranscriptEvents`: each step's text, each call a :class:`ToolCallBlock`, the
 approval a prompt in the chat), the servers' prompts as slash commands and their resources
 attached like files, and what the loop said saved as messages that reload as they were.
@@ -9,6 +9,7 @@ attached like files, and what the loop said saved as messages that reload as the
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,22 @@ def loop_messages(result: LoopResult) -> list[StoredMessage]:
                 message.stats["loop"] = result.timings.summary().removeprefix("loop: ")
             break
     return saved
+
+
+def _prompt_arguments(text: str, names: list[str]) -> dict[str, str] | None:
+    """``key=value`` pairs of a prompt's arguments (a value runs to the next ``key=``), or
+    the whole text for a prompt of one argument; None when the text cannot be read so."""
+    if not text:
+        return {}
+    if names:
+        keys = "|".join(re.escape(name) for name in names)
+        found = list(re.finditer(rf"(?:^|\s)({keys})=", text))
+        if found and found[0].start() == 0:
+            ends = [m.start() for m in found[1:]] + [len(text)]
+            return {
+                m.group(1): text[m.end() : end].strip() for m, end in zip(found, ends, strict=True)
+            }
+    return {names[0]: text} if len(names) == 1 else None
 
 
 class TranscriptEvents:
@@ -224,6 +241,14 @@ class TranscriptEvents:
         )
         self.transcript.anchor()
 
+    async def settle(self, records: list[CallRecord]) -> None:
+        """After a stop: the blocks of calls that were still running or waiting show how
+        they ended (stopped, not run)."""
+        for record in records:
+            block = self.blocks.get(record.id)
+            if record.outcome is not None and (block is None or block.status != record.status):
+                await self.call_finished(record)
+
     async def approve_sampling(self, server: str, preview: str) -> str:
         """The request shown, then a prompt."""
         shown = preview if len(preview) <= 600 else "…" + preview[-600:]
@@ -288,7 +313,7 @@ class ToolsDialog(_Dialog):
             yield SelectionList[str](*items, id="tools-list")
             with Horizontal(id="tools-buttons"):
                 yield Button("Save", id="save", variant="primary")
-                yield Button("Cancel", id="cancel")
+                yield Button("Cancel", id="cancel", classes="cancel")
 
     def on_mount(self) -> None:
         """Focus the list."""
@@ -432,7 +457,7 @@ class ChatTools:
             await self._use_prompt(found, rest, send)
             return True
         if not await self.start(chat):
-            self.screen.notify("No MCP servers are on in this chat (F6)", severity="warning")
+            self.screen.notify("No MCP servers are on in this chat (Ctrl+G)", severity="warning")
             return True
         assert self.host is not None
         servers = self.servers_of(chat)
@@ -465,13 +490,8 @@ class ChatTools:
         assert self.host is not None
         server, prompt = found
         names = [a.name for a in prompt.arguments or []]
-        arguments: dict[str, str] = {}
-        words = rest.split()
-        if words and all("=" in w for w in words):
-            arguments = dict(w.split("=", 1) for w in words)
-        elif rest.strip() and len(names) == 1:
-            arguments = {names[0]: rest.strip()}
-        elif rest.strip():
+        arguments = _prompt_arguments(rest.strip(), names)
+        if arguments is None:
             self.screen.notify(
                 f"Usage: /{prompt.name} " + " ".join(f"{n}=..." for n in names),
                 severity="warning",

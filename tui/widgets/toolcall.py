@@ -149,7 +149,7 @@ class ToolCallBlock(Vertical):
         return isinstance(self._result, Collapsible) and self._result.collapsed
 
 
-class ApprovalPrompt(Horizontal):
+class ApprovalPrompt(Vertical):
     """ "Run it?" under a call (or a sampling request), answered by a button or a key; the
     answer resolves :attr:`answer`."""
 
@@ -160,9 +160,8 @@ class ApprovalPrompt(Horizontal):
         padding: 0 1;
         background: $boost;
     }
-    ApprovalPrompt Label {
-        padding: 1 1 0 0;
-        width: auto;
+    ApprovalPrompt Horizontal {
+        height: auto;
     }
     ApprovalPrompt Button {
         margin: 0 1 0 0;
@@ -188,10 +187,11 @@ class ApprovalPrompt(Horizontal):
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
         yield Label(self.question, markup=False)
-        yield Button("Yes (y)", id="approve-yes", variant="success", compact=True)
-        yield Button("No (n)", id="approve-no", variant="error", compact=True)
-        yield Button(f"{self._always} (a)", id="approve-always", compact=True)
-        yield Button("Stop (s)", id="approve-stop", compact=True)
+        with Horizontal():
+            yield Button("Yes (y)", id="approve-yes", variant="success", compact=True)
+            yield Button("No (n)", id="approve-no", variant="error", compact=True)
+            yield Button(f"{self._always} (a)", id="approve-always", compact=True)
+            yield Button("Stop (s)", id="approve-stop", compact=True)
 
     def on_mount(self) -> None:
         """Take the focus so that a key answers at once."""
