@@ -2,7 +2,7 @@
 
 ``mcp add NAME -- COMMAND ARGS...`` adds a server started as a child process (stdio; ``--env
 K=V`` and ``--cwd DIR`` for it), ``mcp add NAME --url URL`` a remote one (Streamable HTTP,
-``--header 'K: V'``); ``--timeout SECONDS`` sets its own start and call timeout. ``mcp list``
+``--header 'K: V'``); ``--timeout SECONDS`` sets its own call timeout. ``mcp list``
 starts each server once and shows its state and tools, prompts and resources (``--json``
 for scripts, ``--no-start`` to only read the file); ``mcp rm NAME`` removes one. The file is
 ``mcp.json`` in the user's config dir (``LOCALLLM_MCP_CONFIG``), in the ``mcpServers`` shape

@@ -9,7 +9,8 @@ overrides), in the ``mcpServers`` shape that Claude Desktop, Cursor and LM Studi
 An entry with ``command`` (and ``args``, ``env``, ``cwd``) is a server started as a child
 process speaking stdio; one with ``url`` (and ``headers``) a remote server reached by
 Streamable HTTP. localllm also reads ``disabled`` (true: never started), ``timeout`` (seconds
-to start and for each call, instead of ``LOCALLLM_MCP_TIMEOUT``) and ``type`` (``stdio``,
+each call may take) and ``start_timeout`` (seconds to start), both ``LOCALLLM_MCP_TIMEOUT``
+by default, and ``type`` (``stdio``,
 ``http`` or ``streamable-http``; ``sse`` is refused, the SDK's old transport). Fields it does
 not know are kept as they are when ``localllm mcp add`` or ``rm`` rewrite the file, and so is
 everything outside ``mcpServers``, so one file can serve several hosts.
@@ -58,7 +59,9 @@ class ServerConfig:
     disabled: bool = False
     """Listed, never started."""
     timeout: float | None = None
-    """Seconds to start and for each call; None: ``LOCALLLM_MCP_TIMEOUT``."""
+    """Seconds each call may take; None: ``LOCALLLM_MCP_TIMEOUT``."""
+    start_timeout: float | None = None
+    """Seconds the start may take; None: ``LOCALLLM_MCP_TIMEOUT``."""
 
     @property
     def is_remote(self) -> bool:
@@ -116,11 +119,12 @@ def parse_server(name: str, entry: Any) -> ServerConfig:
     cwd = entry.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ToolConfigError(f"{where}: cwd must be a string")
-    timeout = entry.get("timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
-        raise ToolConfigError(f"{where}: timeout must be a positive number of seconds")
+    timeout, start_timeout = entry.get("timeout"), entry.get("start_timeout")
+    for key, value in (("timeout", timeout), ("start_timeout", start_timeout)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise ToolConfigError(f"{where}: {key} must be a positive number of seconds")
     disabled = entry.get("disabled", False)
     if not isinstance(disabled, bool):
         raise ToolConfigError(f"{where}: disabled must be true or false")
@@ -134,6 +138,7 @@ def parse_server(name: str, entry: Any) -> ServerConfig:
         headers=_strings(entry.get("headers"), f"{where}: headers"),
         disabled=disabled,
         timeout=float(timeout) if timeout is not None else None,
+        start_timeout=float(start_timeout) if start_timeout is not None else None,
     )
 
 

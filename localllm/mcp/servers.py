@@ -6,9 +6,9 @@ Each server's connection lives in a task of its own (:meth:`ServerHandle._serve`
 SDK's client holds an anyio task group that must be left by the task that entered it; calls
 from the chat only send requests through it. A stdio server's standard error goes to
 ``mcp-<name>.log`` in the log dir, whose last line names the cause when it fails to start or
-exits. Every wait is bounded: the start and each call by the server's ``timeout`` (else
-``LOCALLLM_MCP_TIMEOUT``); a server that exits mid-call ends that call at once ("connection
-closed") and is started again when the chat next needs it.
+exits. Every wait is bounded: the start by the server's ``start_timeout``, each call by its
+``timeout`` (both ``LOCALLLM_MCP_TIMEOUT`` by default); a server that exits mid-call ends
+that call at once ("connection closed") and is started again when the chat next needs it.
 """
 
 from __future__ import annotations
@@ -101,7 +101,9 @@ class ServerHandle:
         self.config = config
         """Its entry in the config file."""
         self.timeout = config.timeout if config.timeout is not None else timeout
-        """Seconds to start and for each call."""
+        """Seconds each call may take."""
+        self.start_timeout = config.start_timeout if config.start_timeout is not None else timeout
+        """Seconds the start may take."""
         self.state = ServerState.STOPPED
         """stopped, starting, running, failed or exited."""
         self.error: str | None = None
@@ -136,10 +138,10 @@ class ServerHandle:
         began = time.monotonic()
         self._task = asyncio.create_task(self._serve(ready), name=f"mcp-{self.name}")
         try:
-            await asyncio.wait_for(asyncio.shield(ready), self.timeout)
+            await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
         except TimeoutError:
             await self._end_task()
-            self._fail(f"did not answer within {self.timeout:g}s")
+            self._fail(f"did not answer within {self.start_timeout:g}s of its start")
         except asyncio.CancelledError:
             await self._end_task()
             self.state = ServerState.STOPPED

@@ -75,7 +75,7 @@ class LoopTimings:
     def summary(self) -> str:
         """One line: time in the model vs in tools (and sampling, and waiting)."""
         models = [s for s in self.steps if s.kind == "model"]
-        tools = [s for s in self.steps if s.kind == "tool"]
+        tools = [s for s in self.steps if s.kind == "tool" and s.status != "declined"]
         sampling = [s for s in self.steps if s.kind == "sampling"]
         prefill = sum((s.final or {}).get("prompt_eval_duration", 0) for s in models) / 1e9
         decode = sum((s.final or {}).get("eval_duration", 0) for s in models) / 1e9
