@@ -8,7 +8,7 @@ and the step limit. Each test asserts what the model was sent and what ran, neve
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,10 @@ from localllm.settings import Settings
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def anyio_backend() -> str:
-    """The SDK and the client run on asyncio here, as in the CLI and the TUI."""
+    """The SDK and the client run on asyncio here, as in the CLI and the TUI (one event loop
+    for the module, so that the tests share one test server)."""
     return "asyncio"
 
 
@@ -80,6 +81,33 @@ class Recorder:
         self.notices.append(text)
 
 
+@pytest.fixture(scope="module")
+async def box(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ToolHost]:
+    """A host with the test server, started once for the module."""
+    folder = tmp_path_factory.mktemp("box")
+    host = ToolHost.from_settings(
+        settings_for(folder, {"box": toolbox_entry(calls=folder / "calls.jsonl")})
+    )
+    try:
+        assert await host.start() == []
+        yield host
+    finally:
+        await host.close()
+
+
+@pytest.fixture
+def host(box: ToolHost) -> ToolHost:
+    """The module's host, with nothing approved for good yet and no calls logged."""
+    box.approvals.always.clear()
+    calls(box).unlink(missing_ok=True)
+    return box
+
+
+def calls(host: ToolHost) -> Path:
+    """The file where the host's test server logs the calls it ran."""
+    return Path(host.manager.handle("box").config.env["TOOLBOX_CALLS"])
+
+
 def settings_for(tmp_path: Path, servers: dict[str, Any], **env: str) -> Settings:
     config = write_config(tmp_path / "mcp.json", servers)
     return Settings.from_env(
@@ -103,17 +131,15 @@ def tool_results(result: LoopResult) -> list[str]:
     return [m["content"] for m in result.messages if m["role"] == "tool"]
 
 
-def ran(calls: Path) -> list[dict[str, Any]]:
-    if not calls.exists():
+def ran(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
         return []
-    return [json.loads(line) for line in calls.read_text().splitlines()]
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 async def test_calls_are_checked_asked_and_remembered(
-    scripted: ScriptedModel, tmp_path: Path
+    scripted: ScriptedModel, host: ToolHost
 ) -> None:
-    calls = tmp_path / "calls.jsonl"
-    host = ToolHost.from_settings(settings_for(tmp_path, {"box": toolbox_entry(calls=calls)}))
     scripted.script = [
         Reply(
             "Let me see.",
@@ -128,13 +154,9 @@ async def test_calls_are_checked_asked_and_remembered(
         Reply("Done."),
     ]
     events = Recorder(["no", "always"])
-    try:
-        assert await host.start() == []
-        result = await run(host, scripted, events, "Add things.")
-    finally:
-        await host.close()
+    result = await run(host, scripted, events, "Add things.")
     assert events.asked == ["box · add", "box · add"]
-    assert [c["arguments"] for c in ran(calls)] == [{"a": 1, "b": 2}, {"a": 5, "b": 5}]
+    assert [c["arguments"] for c in ran(calls(host))] == [{"a": 1, "b": 2}, {"a": 5, "b": 5}]
     declined, invalid, unknown, three, ten = tool_results(result)
     assert declined == "the person declined this call"
     assert invalid.startswith("invalid arguments, not run: thing: 'moon' is not one of")
@@ -202,9 +224,8 @@ async def test_servers_that_misbehave_never_hang_or_lose_the_chat(
 
 
 async def test_sampling_is_answered_by_the_model_with_approval(
-    scripted: ScriptedModel, tmp_path: Path
+    scripted: ScriptedModel, host: ToolHost
 ) -> None:
-    host = ToolHost.from_settings(settings_for(tmp_path, {"box": toolbox_entry()}))
     scripted.script = [
         Reply("", [("consult", {"question": "What colour is the sky?"})]),
         Reply("Blue"),  # the sampling request, answered by the same model
@@ -212,11 +233,7 @@ async def test_sampling_is_answered_by_the_model_with_approval(
         Reply("Done."),
     ]
     events = Recorder(["yes", "yes", "yes", "no"])  # call, sampling, call, sampling
-    try:
-        await host.start()
-        result = await run(host, scripted, events, "Ask the model.", options={"seed": 3})
-    finally:
-        await host.close()
+    result = await run(host, scripted, events, "Ask the model.", options={"seed": 3})
     first, second = tool_results(result)
     assert first == "the model answered: Blue"
     assert "declined" in second
@@ -230,39 +247,23 @@ async def test_sampling_is_answered_by_the_model_with_approval(
     ]
     assert sampled["options"] == {"seed": 3, "num_predict": 16}  # the server's max_tokens
     assert [s.kind for s in result.timings.steps].count("sampling") == 1
-    assert any("box asked the model" in notice for notice in result_notices(events))
-
-
-def result_notices(events: Recorder) -> list[str]:
-    return events.notices
+    assert any("box asked the model" in notice for notice in events.notices)
 
 
 async def test_a_forced_first_step_and_the_step_limit(
-    scripted: ScriptedModel, tmp_path: Path
+    scripted: ScriptedModel, host: ToolHost
 ) -> None:
-    host = ToolHost.from_settings(settings_for(tmp_path, {"box": toolbox_entry()}))
     scripted.script = [
         Reply("", [("picture", {})]),
         Reply("", [("add", {"a": 1, "b": 1})]),  # the last step: not run
     ]
     events = Recorder(["always", "always"])
     options = {"temperature": 0, "num_predict": 50}
-    try:
-        await host.start()
-        result = await run(
-            host,
-            scripted,
-            events,
-            "Show me.",
-            required=True,
-            max_steps=2,
-            options=options,
-            vision=True,
-        )
-        with pytest.raises(LocalLLMError, match="the option num_ctx cannot go with --tools"):
-            await run(host, scripted, events, "Again.", required=True, options={"num_ctx": 512})
-    finally:
-        await host.close()
+    result = await run(
+        host, scripted, events, "Show me.", required=True, max_steps=2, options=options, vision=True
+    )
+    with pytest.raises(LocalLLMError, match="the option num_ctx cannot go with --tools"):
+        await run(host, scripted, events, "Again.", required=True, options={"num_ctx": 512})
     (first_path, forced), (second_path, plain) = scripted.requests[:2]
     assert first_path == "/v1/chat/completions" and second_path == "/api/chat"
     assert forced["tool_choice"] == "required"

@@ -107,7 +107,12 @@ async def test_a_call_is_a_block_asked_in_the_chat_and_the_chat_reloads_as_it_wa
         assert "tools" in answers(screen)[-1].stats_text  # the loop's own timings
         assert json.loads(calls.read_text()) == {"tool": "add", "arguments": {"a": 2, "b": 3}}
         second = scripted.chat_requests()[-1]["messages"]
-        assert second[-1] == {"role": "tool", "content": "5", "tool_name": "add", "tool_call_id": "call_0"}
+        assert second[-1] == {
+            "role": "tool",
+            "content": "5",
+            "tool_name": "add",
+            "tool_call_id": "call_0",
+        }
         chat_id = screen.current.id
 
     store = ChatStore(tmp_path / DB_NAME)
