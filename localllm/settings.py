@@ -418,8 +418,8 @@ class Settings:
         "LOCALLLM_MCP_TIMEOUT",
         60.0,
         "Seconds an MCP server may take to start, and each tool call to answer (accepts 30s, "
-        "2m); a server's own timeout in the config file overrides it. A call past it ends with "
-        "an error the model and the user see.",
+        "2m); a server's own start_timeout and timeout in the config file override it. A call "
+        "past it ends with an error the model and the user see.",
     )
     mcp_max_result: int = _setting(
         "LOCALLLM_MCP_MAX_RESULT",

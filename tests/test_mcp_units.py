@@ -172,3 +172,15 @@ def test_prompt_arguments() -> None:
     assert _prompt_arguments("just this", ["topic"]) == {"topic": "just this"}
     assert _prompt_arguments("what", ["a", "b"]) is None
     assert _prompt_arguments("", ["a"]) == {}
+
+
+def test_the_readme_documents_the_settings_and_the_config_shape() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for variable in (
+        "LOCALLLM_MCP_CONFIG",
+        "LOCALLLM_MCP_TIMEOUT",
+        "LOCALLLM_MCP_MAX_RESULT",
+        "LOCALLLM_MCP_MAX_STEPS",
+    ):
+        assert f"| `{variable}` |" in readme
+    assert "## Tools (MCP)" in readme and '"mcpServers"' in readme
