@@ -15,7 +15,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from .._exceptions import APIError, LocalLLMError
 from ..stream_wrap import StreamWrapper
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
     from ..client import ChatMessage, Client, ShowResponse, Think
     from ..settings import Settings
-    from .tool_chat import CliTools
 
 __all__ = [
     "THINKING_CLOSING",
@@ -33,6 +32,7 @@ __all__ = [
     "AnswerPrinter",
     "ChatConfig",
     "ChatSession",
+    "ToolAnswers",
     "ensure_model",
     "truncation_line",
     "user_message",
@@ -42,6 +42,24 @@ THINKING_OPENING = "Thinking..."
 """The line above an answer's reasoning (Ollama's words)."""
 THINKING_CLOSING = "...done thinking."
 """The line under it."""
+
+
+class ToolAnswers(Protocol):
+    """Answers through MCP tools (:class:`~localllm.cli.tool_chat.CliTools` is one)."""
+
+    def answer(
+        self, session: ChatSession, prompt: str, images: list[str] | None, *, interactive: bool
+    ) -> str | None:
+        """The answer to ``prompt`` through the tool loop; None: no tool is on offer."""
+        ...
+
+    def describe(self) -> str:
+        """The servers and their tools, for ``/tools``."""
+        ...
+
+    def close(self) -> None:
+        """Stop the servers."""
+        ...
 
 
 @dataclass
@@ -205,7 +223,7 @@ class ChatSession:
         self.messages: list[ChatMessage] = []
         self.out = out or sys.stdout
         self.err = err or sys.stderr
-        self.tools: CliTools | None = None
+        self.tools: ToolAnswers | None = None
         """The chat's MCP tools (``run`` with servers configured), None without."""
         self.vision = False
         """The model sees images (a tool's images then go to it as images)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual import on
 from textual.app import ComposeResult
@@ -27,14 +27,56 @@ from ..widgets.toolcall import ApprovalPrompt, ToolCallBlock
 from .dialogs import _Dialog
 
 if TYPE_CHECKING:
+    from textual.app import App
+    from textual.containers import VerticalScroll
+    from textual.widget import Widget
+
     from localllm.mcp.host import ToolHost
     from localllm.mcp.loop import AgentLoop, Approvals, CallRecord, LoopResult
     from localllm.mcp.model import StepReply
     from localllm.mcp.tools import ToolSpec
 
-    from .chat import ChatScreen, Transcript
+    from ..host import Host
 
-__all__ = ["ChatTools", "ToolsDialog", "TranscriptEvents", "loop_messages", "tool_view"]
+
+class ChatSurface(Protocol):
+    """What the MCP side needs of the chat screen (:class:`~.chat.ChatScreen` is one)."""
+
+    @property
+    def llm(self) -> Host:
+        """The app, as the screens see it."""
+        ...
+
+    @property
+    def app(self) -> App[Any]:
+        """The running app."""
+        ...
+
+    def transcript(self, chat: Chat | None = None) -> VerticalScroll:
+        """A chat's transcript."""
+        ...
+
+    def query_one(self, selector: str) -> Widget:
+        """A widget of the screen."""
+        ...
+
+    def notify(self, message: str, **kwargs: Any) -> None:
+        """A notification."""
+        ...
+
+    def show_attachments(self) -> None:
+        """Show what goes with the next message."""
+        ...
+
+
+__all__ = [
+    "ChatSurface",
+    "ChatTools",
+    "ToolsDialog",
+    "TranscriptEvents",
+    "loop_messages",
+    "tool_view",
+]
 
 
 def tool_view(message: StoredMessage) -> ToolCallBlock:
@@ -125,7 +167,7 @@ def _prompt_arguments(text: str, names: list[str]) -> dict[str, str] | None:
 class TranscriptEvents:
     """The loop's events, drawn into one chat's transcript."""
 
-    def __init__(self, screen: ChatScreen, chat: Chat, view: MessageView) -> None:
+    def __init__(self, screen: ChatSurface, chat: Chat, view: MessageView) -> None:
         self.screen = screen
         self.chat = chat
         self.view: MessageView | None = view
@@ -141,7 +183,7 @@ class TranscriptEvents:
         """A step is streaming (its answer is not whole yet)."""
 
     @property
-    def transcript(self) -> Transcript:
+    def transcript(self) -> VerticalScroll:
         """The chat's transcript."""
         return self.screen.transcript(self.chat)
 
@@ -335,7 +377,7 @@ class ToolsDialog(_Dialog):
 class ChatTools:
     """The MCP side of the chat screen."""
 
-    def __init__(self, screen: ChatScreen) -> None:
+    def __init__(self, screen: ChatSurface) -> None:
         self.screen = screen
         self.host: ToolHost | None = None
         """The screen's servers (None until the config has been read)."""
