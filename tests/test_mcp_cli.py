@@ -58,29 +58,21 @@ def ran(calls: Path) -> list[dict[str, Any]]:
 
 
 def test_mcp_add_list_and_rm(home: CliHome, tmp_path: Path) -> None:
-    config = tmp_path / "mcp.json"
+    config = write_config(
+        tmp_path / "mcp.json",
+        {"time": TIME_SERVER, "gone": {"command": str(tmp_path / "no-such-program")}},
+    )
+    toolbox = str(toolbox_entry()["args"][0])
     out = home.ok(
-        "mcp",
-        "add",
-        "box",
-        "--env",
-        "A=1",
-        "--",
-        sys.executable,
-        str(toolbox_entry()["args"][0]),
-        "--bad-schema",
+        "mcp", "add", "box", "--env", "A=1", "--", sys.executable, toolbox, "--bad-schema"
     )
     assert "Added MCP server 'box'" in out and str(config) in out
-    home.ok("mcp", "add", "time", "--", *[TIME_SERVER["command"], *TIME_SERVER["args"]])
-    home.ok("mcp", "add", "gone", "--", str(tmp_path / "no-such-program"))
     home.ok("mcp", "add", "remote", "--url", f"{closed_port_url()}/mcp", "--header", "X-Key: k")
     written = json.loads(config.read_text())["mcpServers"]
     assert written["box"]["env"] == {"A": "1"} and written["box"]["args"][-1] == "--bad-schema"
     assert written["remote"] == {"url": written["remote"]["url"], "headers": {"X-Key": "k"}}
+    assert written["time"] == TIME_SERVER  # the entries already there are kept as they were
     assert "already in" in home.fails("mcp", "add", "box", "--", "other")
-    assert "either --url URL or -- COMMAND" in home.fails(
-        "mcp", "add", "x", "--url", "http://h", "--", "c"
-    )
 
     listing = home.run("mcp", "list")
     assert listing.returncode == 0, listing.stderr
@@ -91,11 +83,6 @@ def test_mcp_add_list_and_rm(home: CliHome, tmp_path: Path) -> None:
     assert "gone " in text and "state: failed: no such program" in text
     assert re.search(r"remote .*\n  state: failed: ", text), text
     assert "box/broken left out: its input schema is not valid JSON Schema" in listing.stderr
-    rows = {
-        row["name"]: row
-        for row in json.loads(home.ok("mcp", "list", "--json", "--no-start"))["servers"]
-    }
-    assert rows["time"]["state"] == "not started"
 
     assert "Removed MCP server 'gone'" in home.ok("mcp", "rm", "gone")
     assert "no MCP server named 'gone'" in home.fails("mcp", "rm", "gone")
@@ -238,9 +225,13 @@ def test_the_starter_calls_a_tool(tmp_path: Path) -> None:
         f'FROM smollm2:135m\nTEMPLATE """{HERMES}"""\n'
         "PARAMETER num_predict 32\nPARAMETER temperature 0\n"
     )
-    with cli_home(tmp_path / "home", LOCALLLM_MCP_CONFIG=str(config)) as cli:
+    with cli_home(
+        tmp_path / "home",
+        LOCALLLM_MCP_CONFIG=str(config),
+        LOCALLLM_NUM_PARALLEL="1",
+        LOCALLLM_MCP_MAX_STEPS="2",  # the forced call, then the answer (or a call not run)
+    ) as cli:
         cli.ok("create", "smoltools", "-f", str(modelfile))
-        assert "tools" in cli.ok("show", "smoltools")
         result = cli.run(
             "run",
             "smoltools",
