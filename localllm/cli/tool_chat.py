@@ -179,8 +179,13 @@ class CliTools:
         self._started = False
 
     def start(self, err: TextIO) -> None:
-        """Start the servers now (they start on the first message otherwise), saying what
-        failed."""
+        """Start the servers not running yet, saying what failed."""
+        manager = self.host.manager
+        if self._started and all(
+            h.state in ("running", "failed") for h in manager.handles.values()
+        ):
+            self._started = True
+            return
         with _status(err, "starting MCP servers"):
             problems = self._runner.run(self.host.start())
         self._started = True
@@ -215,8 +220,9 @@ class CliTools:
         Ctrl-C stops it, up to what was complete."""
         from ..mcp.loop import LoopRequest
 
-        if not self._started:
-            self.start(session.err)
+        # every message: the first starts the servers, later ones start again any that
+        # exited since (one that failed to start is not tried again in this chat)
+        self.start(session.err)
         tools = self.host.tools()
         if not tools:
             if self.required:
@@ -243,7 +249,10 @@ class CliTools:
         except KeyboardInterrupt:
             events._close_printer()
             self._keep(session, prompt, images, loop.result)
-            self._client = None  # a stream cut by Ctrl-C: the old pool is not trusted
+            client, self._client = self._client, None  # a cut stream: the pool is not trusted
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    self._runner.run(client.close())
             raise
         finally:
             events._close_printer()

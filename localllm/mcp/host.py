@@ -73,10 +73,14 @@ class ToolHost:
         """The chat's servers, in config order."""
         return list(self.manager.handles)
 
-    async def start(self, names: Iterable[str] | None = None) -> list[str]:
-        """Start the servers not running (those that failed are tried again); the problems
-        not said yet, one line each."""
-        await self.manager.ensure_started(names)
+    async def start(
+        self, names: Iterable[str] | None = None, *, retry_failed: bool = False
+    ) -> list[str]:
+        """Start the servers not running: never started, stopped, or exited since (those
+        that failed to start, only with ``retry_failed``); the problems not said yet, one
+        line each."""
+        names = None if names is None else list(names)
+        await self.manager.ensure_started(names, retry_failed=retry_failed)
         lines = []
         for handle in self.manager.handles.values():
             if names is not None and handle.name not in names:

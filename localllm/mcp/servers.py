@@ -365,11 +365,18 @@ class ServerManager:
         """The server called ``name``."""
         return self.handles[name]
 
-    async def ensure_started(self, names: Iterable[str] | None = None) -> list[ServerHandle]:
-        """Start the named servers (all by default) that are not running, at once; the
-        ones that just failed to start or had exited since."""
+    async def ensure_started(
+        self, names: Iterable[str] | None = None, *, retry_failed: bool = True
+    ) -> list[ServerHandle]:
+        """Start the named servers (all by default) that are not running, at once (those
+        that failed to start before only with ``retry_failed``: a server that hangs would
+        cost its whole start timeout again); the ones that failed."""
         wanted = [self.handles[n] for n in (names if names is not None else self.handles)]
-        starting = [h for h in wanted if h.state != ServerState.RUNNING]
+        starting = [
+            h
+            for h in wanted
+            if h.state != ServerState.RUNNING and (retry_failed or h.state != ServerState.FAILED)
+        ]
         await asyncio.gather(*(h.start() for h in starting))
         return [h for h in starting if h.state != ServerState.RUNNING]
 

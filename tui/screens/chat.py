@@ -132,6 +132,7 @@ class ChatScreen(MainScreen):
         """Images attached (``/image PATH`` or a pasted path) for the next message."""
         self.tools = ChatTools(self)
         """The MCP servers, tools, prompts and resources of the chats."""
+        self._starting: set[int] = set()
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -398,7 +399,13 @@ class ChatScreen(MainScreen):
         if not chat.model:
             self.notify("Pick a model first (Ctrl+L)", severity="warning")
             return False
-        tools = await self.tools.offer(chat)
+        if chat.id in self._starting:
+            return False  # its servers are starting for the message sent just before
+        self._starting.add(chat.id)
+        try:
+            tools = await self.tools.offer(chat)
+        finally:
+            self._starting.discard(chat.id)
         self.query_one("#prompt", PromptArea).clear()
         text = self.tools.take_resources(text)
         question = StoredMessage("user", text, images=self.attachments)

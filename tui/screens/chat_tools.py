@@ -431,7 +431,7 @@ class ChatTools:
         names = self.servers_of(chat)
         if host is None or not names:
             return False
-        if any(host.manager.handle(n).state != "running" for n in names):
+        if any(host.manager.handle(n).state not in ("running", "failed") for n in names):
             self.screen.notify("Starting MCP servers…", title="MCP")
             for problem in await host.start(names):
                 self.screen.notify(problem, title="MCP", severity="warning", markup=False)
@@ -442,7 +442,11 @@ class ChatTools:
         cannot call tools is said at once (once per chat and model)."""
         if not chat.model or not self.servers_of(chat):
             return []
-        if "tools" not in await self._capable(chat.model):
+        try:
+            capabilities = await self._capable(chat.model)
+        except LocalLLMError:
+            return []  # the answer's own request reports what is wrong with the model
+        if "tools" not in capabilities:
             if (chat.id, chat.model) not in self._told:
                 self._told.add((chat.id, chat.model))
                 self.screen.notify(
@@ -567,7 +571,7 @@ class ChatTools:
             )
             return None
         self.screen.notify("Starting MCP servers…", title="MCP")
-        for problem in await host.start():
+        for problem in await host.start(retry_failed=True):
             self.screen.notify(problem, title="MCP", severity="warning", markup=False)
         return await self.screen.app.push_screen_wait(
             ToolsDialog(host, self.servers_of(chat), set(chat.tools.get("off", [])))
