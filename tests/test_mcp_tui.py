@@ -200,6 +200,30 @@ async def test_settings_prompts_and_resources(scripted: ScriptedModel, tmp_path:
         question = scripted.chat_requests()[-1]["messages"][-1]["content"]
         assert question.startswith("What must I buy?") and "Buy milk." in question
 
+        # a server's sampling request: shown, asked about in the chat, answered by the model
+        scripted.script = [
+            Reply("", [("consult", {"question": "Sky colour?"})]),
+            Reply("Blue"),
+            Reply("The model says blue."),
+        ]
+        await ask(pilot, screen, "Consult the model.")
+        for _ in range(2):  # the call, then the sampling request
+            prompt = await wait_for(
+                pilot, lambda: next(iter(screen.query(ApprovalPrompt)), None), "a question"
+            )
+            question = prompt.question
+            prompt.focus()
+            await pilot.press("y")
+            asked = prompt
+            await wait_for(pilot, lambda p=asked: not p.is_attached, "the question to go")
+        assert question == "Let toolbox use the model?"
+        await wait_for(pilot, lambda: not screen.answering, "the answer")
+        consult, sampling = blocks(screen)[-2:]
+        assert consult.title == "toolbox · consult"
+        assert consult.result_text == "the model answered: Blue"
+        assert sampling.title == "toolbox asks the model" and sampling.status == "done"
+        assert answers(screen)[-1].text == "The model says blue."
+
 
 async def test_a_model_that_cannot_call_tools_is_said_at_once(
     scripted: ScriptedModel, tmp_path: Path
