@@ -184,8 +184,7 @@ class CliTools:
         if self._started and all(
             h.state in ("running", "failed") for h in manager.handles.values()
         ):
-            self._started = True
-            return
+            return  # nothing to start: no spinner, no wait
         with _status(err, "starting MCP servers"):
             problems = self._runner.run(self.host.start())
         self._started = True
