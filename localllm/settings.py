@@ -421,6 +421,32 @@ class Settings:
         "quantize-ready, quantize-started, quantize-written, download-started) until the "
         "file test-pause it writes in the data root is removed; tests SIGKILL the daemon there.",
     )
+    mcp_config: Path | None = _setting(
+        "LOCALLLM_MCP_CONFIG",
+        None,
+        "The MCP servers file (the mcpServers shape of Claude Desktop, Cursor and LM Studio) "
+        "that `localllm run`, the TUI and `localllm mcp` read. Default: mcp.json in the user's "
+        "config dir (~/.config/localllm/mcp.json on Linux).",
+    )
+    mcp_timeout: float = _setting(
+        "LOCALLLM_MCP_TIMEOUT",
+        60.0,
+        "Seconds an MCP server may take to start, and each tool call to answer (accepts 30s, "
+        "2m); a server's own start_timeout and timeout in the config file override it. A call "
+        "past it ends with an error the model and the user see.",
+    )
+    mcp_max_result: int = _setting(
+        "LOCALLLM_MCP_MAX_RESULT",
+        32_000,
+        "Most characters of one tool result given to the model (accepts 32K); the rest is cut, "
+        "and a note says how much was left out.",
+    )
+    mcp_max_steps: int = _setting(
+        "LOCALLLM_MCP_MAX_STEPS",
+        10,
+        "Most model steps (answers that may call tools) for one message; at the limit the chat "
+        "stops the loop and says so.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -585,6 +611,25 @@ class Settings:
             except ValueError as exc:
                 raise SettingsError(f"LOCALLLM_TEST_PAUSE: {exc}") from None
             values["test_pause"] = raw
+        if (raw := get("LOCALLLM_MCP_CONFIG")) is not None:
+            values["mcp_config"] = Path(raw).expanduser()
+        if (raw := get("LOCALLLM_MCP_TIMEOUT")) is not None:
+            try:
+                seconds = parse_duration(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_MCP_TIMEOUT: {exc}") from None
+            if seconds <= 0:
+                raise SettingsError(f"LOCALLLM_MCP_TIMEOUT must be positive, got {raw!r}")
+            values["mcp_timeout"] = seconds
+        if (raw := get("LOCALLLM_MCP_MAX_RESULT")) is not None:
+            try:
+                values["mcp_max_result"] = parse_size(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_MCP_MAX_RESULT: {exc}") from None
+            if values["mcp_max_result"] < 100:
+                raise SettingsError(f"LOCALLLM_MCP_MAX_RESULT must be at least 100, got {raw!r}")
+        if (number := as_int("LOCALLLM_MCP_MAX_STEPS", 1)) is not None:
+            values["mcp_max_steps"] = number
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
@@ -621,6 +666,16 @@ class Settings:
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
+
+    @property
+    def mcp_config_path(self) -> Path:
+        """The MCP servers file: :attr:`mcp_config`, else ``mcp.json`` in the user's config dir
+        (platformdirs; ``XDG_CONFIG_HOME`` on Linux)."""
+        if self.mcp_config is not None:
+            return self.mcp_config
+        import platformdirs
+
+        return Path(platformdirs.user_config_dir("localllm", appauthor=False)) / "mcp.json"
 
     @property
     def rpc_cache_dir(self) -> Path:
