@@ -337,4 +337,5 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         ),
         memory_plan=True,
         gpu_memory=settings.gpu_memory,
+        test_fault=settings.test_fault,
     )

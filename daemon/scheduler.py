@@ -58,6 +58,7 @@ from localllm.store.models import LocalModel
 
 from .cpubudget import CpuBudget
 from .errors import InsufficientMemoryError, QueueFullError
+from .gpuhealth import GpuHealth
 from .history import RequestHistory
 from .memplan import HOST, MemoryPlan, NoFitReport, refusal
 from .runner import cpu
@@ -272,10 +273,18 @@ class LoadedModel:
             return None
 
     def memory_size(self) -> tuple[int, int]:
-        """(bytes in all, bytes in GPU memory), as ``/api/ps`` reports them: the memory plan's,
-        or for a runner without one an estimate from the GGUF (all on the GPU when every
-        layer is offloaded, else in proportion)."""
+        """(bytes in all, bytes in GPU memory), as ``/api/ps`` reports them: what the load
+        allocated (llama.cpp's own figures, :mod:`.runner.allocations`) with the plan's share
+        for what is loaded beside the model (projector, draft); without those figures the
+        memory plan's, or for a runner without one an estimate from the GGUF (all on the GPU
+        when every layer is offloaded, else in proportion)."""
         plan = self.plan
+        allocated: dict[str, int] = self.health.get("allocated") or {}
+        if allocated:
+            besides = [(u.device, u.other) for u in plan.uses] if plan is not None else []
+            size = sum(allocated.values()) + sum(b for _, b in besides)
+            vram = sum(b for device, b in [*allocated.items(), *besides] if device != HOST)
+            return size, vram
         if plan is not None:
             return plan.size, plan.size_vram
         from localllm.gguf_info import estimate_memory
@@ -396,6 +405,8 @@ class Scheduler:
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
         self._lost_workers: dict[str, list[str]] = {}
+        self.gpu_health = GpuHealth()
+        """Each model's GPU failures, and whether it fell back to the CPU."""
         self._waiting_here = 0
         """Requests waiting in the daemon for a permit, over all models."""
         self.on_request_done: Callable[[LoadedModel, GenerationResult], None] | None = None
@@ -449,7 +460,9 @@ class Scheduler:
         existing = self._models.get(key)
         if existing is not None and not existing.alive():
             self._note_crash(existing.config, getattr(existing.runner, "returncode", None))
-        config = await self._follow_cpu_paths(config)
+            gpu_failure = getattr(existing.runner, "gpu_failure", None)
+            self.gpu_health.failed(key, gpu_failure() if gpu_failure else None)
+        config = self.gpu_health.follow(key, await self._follow_cpu_paths(config))
         load_seconds = 0.0
         while True:
             # Returned reserved (counted in ``pending``), so keep_alive cannot unload it in
@@ -772,6 +785,11 @@ class Scheduler:
             except DoesNotFitError as exc:
                 report = NoFitReport.from_dict(exc.report)
             except RunnerStartError as exc:
+                if exc.gpu_failure is not None and not config.cpu_only:
+                    self.gpu_health.failed(key, exc.gpu_failure, loading=True)
+                    config = self.gpu_health.follow(key, config)
+                    log.warning("loading %s again on the CPU", model.name.short)
+                    continue
                 if not self._note_crash(config, exc.returncode):
                     raise
                 log.warning("loading %s again without weight repacking", model.name.short)

@@ -39,6 +39,10 @@ FLASH_ATTENTION_MODES = ("auto", "on", "off")
 _MAX_SOCKET_PATH = 100
 
 
+TEST_FAULTS = ("device-lost", "decode-failed", "out-of-memory")
+"""The GPU faults ``LOCALLLM_TEST_FAULT`` can stand in for (see localllm.daemon.runner.faults)."""
+
+
 def _setting(env: str, default: Any, description: str) -> Any:
     return field(default=default, metadata={"env": env, "description": description})
 
@@ -447,6 +451,13 @@ class Settings:
         "Most model steps (answers that may call tools) for one message; at the limit the chat "
         "stops the loop and says so.",
     )
+    test_fault: str | None = _setting(
+        "LOCALLLM_TEST_FAULT",
+        None,
+        "For tests only: <kind>@<n> makes every runner's n-th decode stand in for a GPU fault "
+        "(device-lost: the backend aborts as on a lost device; decode-failed, out-of-memory: "
+        "llama_decode's status -3 or -2), which no software device can produce.",
+    )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
         None,
@@ -630,6 +641,14 @@ class Settings:
                 raise SettingsError(f"LOCALLLM_MCP_MAX_RESULT must be at least 100, got {raw!r}")
         if (number := as_int("LOCALLLM_MCP_MAX_STEPS", 1)) is not None:
             values["mcp_max_steps"] = number
+        if (raw := get("LOCALLLM_TEST_FAULT")) is not None:
+            kind, _, count = raw.partition("@")
+            if kind not in TEST_FAULTS or not count.isdigit() or int(count) < 1:
+                raise SettingsError(
+                    f"LOCALLLM_TEST_FAULT must be <kind>@<n> (n from 1) with kind one of "
+                    f"{', '.join(TEST_FAULTS)}, got {raw!r}"
+                )
+            values["test_fault"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)

@@ -499,6 +499,11 @@ async def ps(state: StateDep) -> dict[str, Any]:
         if stat is not None and stat.threads is not None:
             # How many CPU threads the runner uses now, and why (its CPU governor).
             models[-1]["threads"] = dataclasses.asdict(stat.threads)
+        if allocated := loaded.health.get("allocated"):
+            # What the load allocated on each device (CPU: the host's RAM), llama.cpp's figures.
+            models[-1]["allocated"] = allocated
+        if fallback := state.scheduler.gpu_health.fallback(loaded.key):
+            models[-1]["gpu_fallback"] = fallback
         if devices := loaded.health.get("devices"):
             # Split across RPC workers: each device with the layers it holds.
             models[-1]["devices"] = devices

@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 __all__ = [
+    "HIDDEN_GPUS",
     "SOFTWARE_DEVICES",
     "gpu_build_command",
     "hidden_vulkan_devices",
@@ -31,6 +32,8 @@ __all__ = [
 SOFTWARE_DEVICES = ("llvmpipe", "lavapipe", "swiftshader", "softpipe")
 """Names of devices that are CPUs pretending to be GPUs (as their drivers describe them)."""
 _MOST_VULKAN_INDICES = 8
+HIDDEN_GPUS = {"GGML_VK_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+"""The environment under which llama.cpp's Vulkan, CUDA and ROCm backends find no device."""
 
 
 def is_software(description: str) -> bool:
