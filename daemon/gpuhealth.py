@@ -35,12 +35,18 @@ class GpuHealth:
         self._clock = clock
         self._failures: dict[str, list[float]] = {}
         self._fallbacks: dict[str, str] = {}
+        self._counted: set[int] = set()
 
-    def failed(self, key: str, why: str | None, loading: bool = False) -> None:
+    def failed(
+        self, key: str, why: str | None, loading: bool = False, runner: int | None = None
+    ) -> None:
         """The GPU failed ``key``'s runner (``why``: the GPU's own words; None: it did not
-        fail, nothing to note); ``loading`` when it failed the load itself."""
-        if why is None:
+        fail, nothing to note); ``loading`` when it failed the load itself. ``runner`` (its
+        process id) counts each runner's failure once, however often it is looked at."""
+        if why is None or runner in self._counted:
             return
+        if runner is not None:
+            self._counted.add(runner)
         now = self._clock()
         recent = [t for t in self._failures.get(key, []) if now - t < WINDOW_S] + [now]
         self._failures[key] = recent

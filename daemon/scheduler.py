@@ -460,8 +460,7 @@ class Scheduler:
         existing = self._models.get(key)
         if existing is not None and not existing.alive():
             self._note_crash(existing.config, getattr(existing.runner, "returncode", None))
-            gpu_failure = getattr(existing.runner, "gpu_failure", None)
-            self.gpu_health.failed(key, gpu_failure() if gpu_failure else None)
+            self._note_gpu_failure(existing)
         config = self.gpu_health.follow(key, await self._follow_cpu_paths(config))
         load_seconds = 0.0
         while True:
@@ -841,6 +840,12 @@ class Scheduler:
         if lost and not loaded.runner.alive():
             self._lost_workers[loaded.key] = list(lost)
 
+    def _note_gpu_failure(self, loaded: LoadedModel) -> None:
+        """Count it when the GPU is why ``loaded``'s runner ended (:mod:`.gpuhealth`)."""
+        failure = getattr(loaded.runner, "gpu_failure", None)
+        if failure is not None and not loaded.runner.alive():
+            self.gpu_health.failed(loaded.key, failure(), runner=loaded.pid)
+
     def _allow_lost_workers(self, key: str, config: RunnerConfig) -> RunnerConfig:
         """``config`` allowed to go on without the workers that took the model's previous
         runner down (a field outside the config's identity: it is still the same load)."""
@@ -853,6 +858,7 @@ class Scheduler:
         loaded.closing = True
         self._cancel_expiry(loaded)
         self._note_lost_workers(loaded)
+        self._note_gpu_failure(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
         self._spawn(self._stop(loaded))
@@ -861,6 +867,7 @@ class Scheduler:
         loaded.closing = True
         self._cancel_expiry(loaded)
         self._note_lost_workers(loaded)
+        self._note_gpu_failure(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
         # Shielded: once out of the table, nobody else would stop this runner.

@@ -163,7 +163,10 @@ class Engine:
         """Set when the engine thread ended with an exception."""
         self.fault: str | None = None
         """Why the GPU stopped the engine (:class:`.faults.DeviceFault`), when it did."""
-        self._faults = FaultHook(model.config.test_fault) if model.config.test_fault else None
+        on_gpu = model.n_gpu_layers > 0
+        self._faults = (
+            FaultHook(model.config.test_fault) if model.config.test_fault and on_gpu else None
+        )
         self._held: dict[Emit, list[Event]] | None = None
         """While a step's samples are applied: its events by destination, handed over
         together when the step ends (see :meth:`_emit`)."""
@@ -171,7 +174,6 @@ class Engine:
         """Moves idle slots' cells to the prefix cache and back."""
         self.speculation = Speculation(model, self.slots, self.tiers, num_draft, draft)
         """Which slots draft, how much, and with what (see :mod:`.drafting`)."""
-        on_gpu = model.n_gpu_layers > 0
         if model.unified_kv:
             least_shared = 1  # sequences share cells by tagging them: nothing is copied
         elif on_gpu:

@@ -42,7 +42,7 @@ FAULT_KINDS = TEST_FAULTS
 """What ``LOCALLLM_TEST_FAULT`` can stand in for."""
 
 _GPU_LINE = re.compile(
-    r"(CUDA error|HIP error|ROCm error|ggml_vulkan: .*(?:error|lost|Error)|vk::\w*Error"
+    r"(?:CUDA error|HIP error|ROCm error|ggml_vulkan: .*(?:error|lost|Error)|vk::\w*Error"
     r"|DeviceLost|ErrorOutOfDeviceMemory|ggml_metal.*(?:error|failed))[^\n]*",
     re.IGNORECASE,
 )
