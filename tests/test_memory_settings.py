@@ -85,7 +85,10 @@ def test_plan_and_metrics_report_the_loaded_plan(daemon: Daemon) -> None:
     assert answer["loaded"] is True
     plan = answer["plan"]
     entry = _loaded(daemon)[SMOL]
-    assert plan["n_ctx_per_slot"] == entry["context_length"] and plan["size"] == entry["size"]
+    assert plan["n_ctx_per_slot"] == entry["context_length"]
+    # ps reports what llama.cpp allocated (its log's buffers, in hundredths of a MiB): the plan
+    # measured the same layout, so they agree to the log's rounding.
+    assert abs(plan["size"] - entry["size"]) < 64 * 1024
     other = client.plan(SMOL, {"num_ctx": 2048})
     assert other["loaded"] is False and other["plan"]["n_ctx_per_slot"] == 2048
     metrics = client.metrics()

@@ -221,14 +221,23 @@ def test_a_pull_that_fills_the_disk_keeps_only_what_resumes(
     manifest = registry.models[("library/tiny", "latest")]
     steps = counting.calls
     assert steps > len(manifest.blobs) * 3  # each blob: writes, an fsync, a rename
+    faulted = 0
     for step in range(1, steps + 1):
         root = home / f"store{step}"
         settings = registry_settings.replace(home=root)
-        with pytest.raises(DiskFullError) as info:
-            pull(Store(root, ops=FaultyOps(at_call=step)), "tiny", settings)
-        assert "pull again to resume" in str(info.value) or "pulling again resumes" in str(
-            info.value
-        ), info.value
+        ops = FaultyOps(at_call=step)
+        try:
+            pull(Store(root, ops=ops), "tiny", settings)
+        except DiskFullError as error:
+            faulted += 1
+            assert "pull again to resume" in str(error) or "pulling again resumes" in str(
+                error
+            ), error
+        else:
+            # Loopback delivers a blob in pieces of varying sizes, so a run may need fewer
+            # batched writes than the counting run: only then may a step find no call to fail.
+            assert ops.failed is None and ops.calls < step, (step, ops.calls, ops.failed)
+            continue
         with pytest.raises(ModelNotFoundError):
             Store(root).get("tiny")
         assert set(store_state(root).blobs) <= set(manifest.blobs)
@@ -236,3 +245,4 @@ def test_a_pull_that_fills_the_disk_keeps_only_what_resumes(
         pull(Store(root), "tiny", settings)  # resumes, and completes the model
         assert assert_consistent(root) == ["tiny:latest"]
         assert not list((root / "partial").glob("*.partial"))
+    assert faulted >= len(manifest.blobs) * 3

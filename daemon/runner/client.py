@@ -602,10 +602,10 @@ class RunnerProcess:
         if c.memory_plan:
             args += ["--memory-plan", "--mapped-ram", str(c.mapped_ram)]
             args += ["--gpu-memory", str(c.gpu_memory)]
-        if c.test_fault:
-            args += ["--test-fault", c.test_fault]
             for device, amount in c.memory_reserved.items():
                 args += ["--reserve", f"{device}={amount}"]
+        if c.test_fault:
+            args += ["--test-fault", c.test_fault]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:
