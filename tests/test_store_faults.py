@@ -230,9 +230,8 @@ def test_a_pull_that_fills_the_disk_keeps_only_what_resumes(
             pull(Store(root, ops=ops), "tiny", settings)
         except DiskFullError as error:
             faulted += 1
-            assert "pull again to resume" in str(error) or "pulling again resumes" in str(
-                error
-            ), error
+            said = str(error)
+            assert "pull again to resume" in said or "pulling again resumes" in said, said
         else:
             # Loopback delivers a blob in pieces of varying sizes, so a run may need fewer
             # batched writes than the counting run: only then may a step find no call to fail.
