@@ -94,6 +94,24 @@ class RunnerShare:
             self.adapters[a.digest].size for a in model.adapters if a.digest in self.adapters
         )
 
+    def report(self, loaded: LoadedModel) -> dict[str, Any]:
+        """What ``/api/ps`` and the stats stream add for a model with LoRA adapters or on a
+        shared runner: its ``adapters`` and the ``runner`` (the model that loaded it, every
+        model on it, the bytes all its adapters take). Empty for a model alone on its runner
+        without adapters."""
+        names = [m.name for m in self.members if not m.closing]
+        if not loaded.model.adapters and len(names) < 2:
+            return {}
+        owner = self.owner
+        return {
+            "adapters": self.describe_adapters(loaded.model),
+            "runner": {
+                "loaded_by": owner.name if owner is not None else loaded.name,
+                "models": names,
+                "adapter_bytes": sum(a.size for a in self.adapters.values()),
+            },
+        }
+
     def describe_adapters(self, model: LocalModel) -> list[dict[str, Any]]:
         """``model``'s adapters for ``/api/ps``: digest, the scale requests run with by
         default, and the bytes each takes on the runner."""
