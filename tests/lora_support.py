@@ -22,9 +22,13 @@ ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_output")
 
 
 def base_shapes(base: Path) -> dict[str, tuple[int, ...]]:
-    """Every 2-D weight of the GGUF at ``base``: name → shape in ggml's order (inputs first)."""
-    reader = gguf.GGUFReader(str(base))
-    return {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors if len(t.shape) == 2}
+    """Every 2-D weight of the GGUF at ``base``: name → shape in ggml's order (inputs first).
+
+    Read with localllm's header reader: gguf.GGUFReader walks a 49k-token vocabulary for
+    seconds, and only the tensor table is wanted."""
+    from localllm.gguf_info import inspect_gguf
+
+    return {t.name: t.shape for t in inspect_gguf(base).tensors if len(t.shape) == 2}
 
 
 def write_lora_gguf(
