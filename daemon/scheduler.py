@@ -406,6 +406,7 @@ class Scheduler:
         # One runner starts at a time: each plans against the memory the others left.
         self._load_gate = asyncio.Lock()
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
+        self._loads: dict[str, RunnerConfig] = {}  # the config each load in _loading is for
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
@@ -647,6 +648,12 @@ class Scheduler:
                     log.warning("runner for %s is gone; starting it again", existing.name)
                 await self._unload(existing)
             started = time.monotonic()
+            # A load of the same base with the same options under way: wait, then join it.
+            while same := [
+                t for k, t in self._loading.items() if self._loads[k] == config and not t.done()
+            ]:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(same[0])
             host = self._runner_for(key, config)
             if host is not None:
                 return await self._join(key, model, host, keep_alive), time.monotonic() - started
@@ -656,7 +663,7 @@ class Scheduler:
             task = asyncio.get_running_loop().create_task(
                 self._load(key, model, config, keep_alive)
             )
-            self._loading[key] = task
+            self._loading[key], self._loads[key] = task, config
             task.add_done_callback(lambda _: self._loading.pop(key, None))
             try:
                 loaded = await asyncio.shield(task)

@@ -13,7 +13,7 @@ import pytest
 from lora_support import write_lora_gguf
 
 from localllm._exceptions import AdapterError, GGUFError, LocalLLMError
-from localllm.daemon.runner.adapters import AdapterSet, StepGroups
+from localllm.daemon.runner.adapters import TURN_SECONDS, TURN_STEPS, AdapterSet, StepGroups
 from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.kvcache import PrefixCache
 from localllm.daemon.runner.protocol import AdapterUse, SamplingOptions
@@ -155,13 +155,20 @@ def test_slots_share_cells_within_an_adapter_set_and_steps_take_turns() -> None:
     assert prefix_source(free, [held, free], prompt) is None
     free.adapters = a.key
     assert prefix_source(free, [held, free], prompt) is not None
-    # With two sets at work, each step decodes one set's slots, the sets taking turns.
+    # With two sets at work, each step decodes one set's slots, the sets taking turns of
+    # TURN_STEPS steps (or TURN_SECONDS, whichever ends first).
     slots = [Slot(i) for i in range(4)]
     for slot, adapters in zip(slots, (a, b, a, AdapterSet()), strict=True):
         slot.job, slot.state = _job(prompt, adapters), SlotState.DECODING
-    groups = StepGroups()
-    turns = [groups.pick(slots) for _ in range(6)]
-    assert [[s.seq_id for s in group] for group, _ in turns[:3]] == [[3], [0, 2], [1]]
-    assert [adapters for _, adapters in turns[3:]] == [AdapterSet(), a, b]
-    slots[1].state = slots[3].state = SlotState.IDLE
-    assert groups.pick(slots) == (slots, a)  # one set at work: every slot, as without LoRA
+    now = [0.0]
+    groups = StepGroups(clock=lambda: now[0])
+    turns = [groups.pick(slots) for _ in range(3 * TURN_STEPS)]
+    assert [[s.seq_id for s in group] for group, _ in turns[::TURN_STEPS]] == [[3], [0, 2], [1]]
+    assert [adapters for _, adapters in turns[TURN_STEPS : 2 * TURN_STEPS]] == [a] * TURN_STEPS
+    assert groups.pick(slots)[1] == AdapterSet()  # round again
+    now[0] += TURN_SECONDS
+    assert groups.pick(slots)[1] == a  # time is up: the next set, however few its steps
+    slots[0].state = slots[2].state = SlotState.IDLE  # a's work is done: its turn ends at once
+    assert groups.pick(slots)[1] == b
+    slots[3].state = SlotState.IDLE
+    assert groups.pick(slots) == (slots, b)  # one set at work: every slot, as without LoRA

@@ -9,14 +9,16 @@ were open: one context whose adapters change between steps, or a context per ada
 the shared model. This runner does the first:
 
 * each step decodes the slots of one adapter set (a *group*), the groups with work taking
-  turns step by step (:class:`StepGroups`), so every request advances at the same pace and a
-  request alone in its group is never starved by a crowded one;
+  turns (:class:`StepGroups`) of up to :data:`TURN_STEPS` steps or :data:`TURN_SECONDS`, so
+  every request advances at the same pace on average and a request alone in its group is
+  never starved by a crowded one;
 * the KV cache, its slots, the batch and the compute buffers stay one, sized once by the
   memory plan; a context per set would need its own KV cache and compute buffers for each
   set that requests may make up (a request may rescale adapters: any set at all);
-* a change of adapters makes llama.cpp reserve its scheduler again at the next decode (a few
-  graph builds), a cost paid only while several sets have work at once. ``benchmarks/lora.py``
-  measures what the turns cost against one model serving the same clients.
+* a change of adapters makes llama.cpp reserve its scheduler again at the next decode (three
+  graph builds) and lose the graph it reuses between steps of one shape: a turn of several
+  steps pays that once. ``benchmarks/lora.py`` measures the turns against one model serving
+  the same clients, and against a context per set in a plain llama.cpp loop.
 
 A request's adapter set is also part of every cache key: the cells a slot holds were computed
 with its set (:attr:`.slots.Slot.adapters`), and prefixes are shared between slots, restored
@@ -32,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,9 +47,24 @@ from .slots import Slot, SlotState
 if TYPE_CHECKING:
     from .model import LlamaModel
 
-__all__ = ["NO_ADAPTERS", "AdapterLoadError", "AdapterSet", "Adapters", "StepGroups"]
+__all__ = [
+    "NO_ADAPTERS",
+    "TURN_SECONDS",
+    "TURN_STEPS",
+    "AdapterLoadError",
+    "AdapterSet",
+    "Adapters",
+    "StepGroups",
+]
 
 log = logging.getLogger("localllm.runner.adapters")
+
+TURN_STEPS = 8
+"""Most steps an adapter set runs in a row while another set has work. On SmolLM2-135M (2
+cores, 8 streams over two sets, a plain llama.cpp loop) switching every step kept 0.63-0.70
+of one set's decode rate, turns of 4 steps 0.73, of 8 steps 0.77 (benchmarks/lora.py)."""
+TURN_SECONDS = 0.2
+"""Longest turn in time (a large model's steps are long: the other set waits at most this)."""
 
 
 class AdapterLoadError(ValueError):
@@ -199,10 +217,14 @@ def _describe(pointer: Any, path: str) -> tuple[int, float]:
 
 class StepGroups:
     """Which slots the next step decodes: all of them while one adapter set has work, else
-    the slots of one set, the sets taking turns (in key order, one step each)."""
+    the slots of one set, the sets taking turns in key order (a turn: up to
+    :data:`TURN_STEPS` steps and :data:`TURN_SECONDS`)."""
 
-    def __init__(self) -> None:
-        self._last: str | None = None
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._key: str | None = None
+        self._steps = 0
+        self._since = 0.0
 
     def pick(self, slots: Sequence[Slot]) -> tuple[Sequence[Slot], AdapterSet]:
         """This step's slots and the adapter set they run with."""
@@ -212,11 +234,17 @@ class StepGroups:
             if job is not None and (slot.decoding or slot.state is SlotState.PREFILLING):
                 sets.setdefault(job.adapters.key, job.adapters)
         if len(sets) <= 1:
+            self._key = None
             return slots, next(iter(sets.values()), NO_ADAPTERS)
-        keys = sorted(sets)
-        later = [key for key in keys if self._last is not None and key > self._last]
-        key = later[0] if later else keys[0]
-        self._last = key
+        now = self._clock()
+        turn_over = self._steps >= TURN_STEPS or now - self._since >= TURN_SECONDS
+        if self._key not in sets or turn_over:
+            keys = sorted(sets)
+            later = [key for key in keys if self._key is not None and key > self._key]
+            self._key, self._steps, self._since = (later or keys)[0], 0, now
+        key = self._key
+        assert key is not None
+        self._steps += 1
         group = [s for s in slots if s.job is not None and s.job.adapters.key == key]
         return group, sets[key]
 
