@@ -37,7 +37,7 @@ page cache, repacked ones are not), and the memory plan's size from ``/api/ps``.
 Usage::
 
     python benchmarks/lora.py [--threads N] [--tokens 64] [--repeat 3] [--skip-memory]
-        [--skip-raw]
+        [--skip-raw] [--raw-threads 1]
 
 The machine is shared and noisy: read the ratios (same repetition, interleaved), not the
 absolute rates. The last line is one JSON object with every figure.
@@ -158,7 +158,7 @@ def _runners(url: str) -> dict[int, dict[str, int]]:
     return found
 
 
-def raw_loops(adapters: list[Path], threads: int, repeat: int, steps: int = 32) -> dict[str, Any]:
+def raw_loops(adapters: list[Path], threads: int, repeat: int, steps: int = 24) -> dict[str, Any]:
     """Decode tokens/s of the plain llama.cpp loops (see the module's docstring), the median
     of each, and each median as a ratio of ``raw_base``'s."""
     import ctypes
@@ -167,6 +167,8 @@ def raw_loops(adapters: list[Path], threads: int, repeat: int, steps: int = 32) 
 
     from localllm.daemon.runner import cpu
 
+    quiet = ll.llama_log_callback(lambda level, text, data: None)
+    ll.llama_log_set(quiet, ctypes.c_void_p(0))  # its debug lines would be most of the time
     ll.llama_backend_init()
     model = ll.llama_model_load_from_file(str(starter_gguf_path()).encode(), cpu.model_params())
     loras = [ll.llama_adapter_lora_init(model, str(p).encode()) for p in adapters]
@@ -267,6 +269,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-raw", action="store_true")
+    parser.add_argument(
+        "--raw-threads", type=int, default=1, help="threads of the plain loops (default 1)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="localllm-bench-lora-"))
     base = starter_gguf_path()
@@ -329,7 +334,7 @@ def main() -> None:
             result["memory"][f"{key}_shared_vs_separate"] = together / apart if apart else None
             print(f"{key}: one shared runner {together >> 20} MiB, two runners {apart >> 20} MiB")
     if not args.skip_raw:
-        result["raw"] = raw_loops(adapters, args.threads, max(args.repeat, 3))
+        result["raw"] = raw_loops(adapters, args.raw_threads, max(args.repeat, 3))
         for name, ratio in result["raw"]["vs_base"].items():
             print(f"{name:14}: {result['raw']['tps'][name]:7.1f} tok/s, {ratio:.3f} of raw_base")
     print(json.dumps(result))
