@@ -18,6 +18,7 @@ model is unloaded.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from localllm.store.models import LocalModel
@@ -27,7 +28,14 @@ from .runner.protocol import AdapterFile, AdapterStats, AdapterUse, RunnerConfig
 if TYPE_CHECKING:
     from .scheduler import LoadedModel, Runner
 
-__all__ = ["RunnerShare", "adapter_files", "adapter_uses"]
+__all__ = [
+    "RunnerShare",
+    "adapter_files",
+    "adapter_uses",
+    "runner_for",
+    "runner_queue",
+    "working_runners",
+]
 
 
 def adapter_files(model: LocalModel) -> list[AdapterFile]:
@@ -38,6 +46,39 @@ def adapter_files(model: LocalModel) -> list[AdapterFile]:
 def adapter_uses(config: RunnerConfig) -> list[AdapterUse]:
     """What a request runs with: the adapters (and scales) its runner config carries."""
     return [AdapterUse(a.digest, a.scale) for a in config.adapters]
+
+
+def runner_for(models: Iterable[LoadedModel], key: str, config: RunnerConfig) -> LoadedModel | None:
+    """A loaded model whose runner ``key`` can share: the same GGUF blob (``model_path``) and
+    the same load options (the config's identity leaves the adapters out)."""
+    for other in models:
+        if other.key != key and other.alive() and other.config == config:
+            return other
+    return None
+
+
+def _shares(models: Iterable[LoadedModel]) -> list[RunnerShare]:
+    return list({id(m.share): m.share for m in models}.values())
+
+
+def runner_queue(models: Iterable[LoadedModel]) -> int:
+    """Requests waiting in the runners' own queues (each runner counted once)."""
+    return sum(
+        max(0, share.handed - owner.config.n_slots)
+        for share in _shares(models)
+        if (owner := share.owner) is not None
+    )
+
+
+def working_runners(models: Iterable[LoadedModel]) -> dict[str, Runner]:
+    """The runners with requests, by the name of the model that loaded each (for the
+    daemon's share of the cores: a runner once, whatever models use it)."""
+    working: dict[str, Runner] = {}
+    for share in _shares(models):
+        owner = share.owner
+        if owner is not None and share.handed > 0 and any(m.alive() for m in share.members):
+            working[owner.name] = share.runner
+    return working
 
 
 class RunnerShare:

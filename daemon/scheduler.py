@@ -81,7 +81,7 @@ from .runner.protocol import (
     Stats,
     ThreadStats,
 )
-from .runnershare import RunnerShare
+from .runnershare import RunnerShare, runner_for, runner_queue, working_runners
 
 __all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
 
@@ -429,12 +429,7 @@ class Scheduler:
     def queued(self) -> int:
         """Requests waiting for a slot, over all models: in the daemon and in the runners'
         queues (what ``max_queue`` bounds)."""
-        runners = {id(m.share): m.share for m in self._models.values()}.values()
-        return self._waiting_here + sum(
-            max(0, share.handed - m.config.n_slots)
-            for share in runners
-            if (m := share.owner) is not None
-        )
+        return self._waiting_here + runner_queue(self._models.values())
 
     def loaded(self) -> list[LoadedModel]:
         """Models loaded now (dead runners left out), most recently used first."""
@@ -520,12 +515,7 @@ class Scheduler:
 
     def _share_cores(self) -> None:
         """Tell the working runners their share of the cores (see :mod:`.cpubudget`)."""
-        working: dict[str, Runner] = {}
-        for share in {id(m.share): m.share for m in self._models.values()}.values():
-            owner = share.owner
-            if owner is not None and share.handed > 0 and any(m.alive() for m in share.members):
-                working[owner.name] = share.runner  # a runner once, whatever models use it
-        self.cpu_budget.working(working)
+        self.cpu_budget.working(working_runners(self._models.values()))
 
     def _after_idle(self, loaded: LoadedModel) -> None:
         self._spawn(self._notify())
@@ -654,7 +644,7 @@ class Scheduler:
             ]:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(same[0])
-            host = self._runner_for(key, config)
+            host = runner_for(self._models.values(), key, config)
             if host is not None:
                 return await self._join(key, model, host, keep_alive), time.monotonic() - started
             config = self._allow_lost_workers(key, config)
@@ -673,40 +663,16 @@ class Scheduler:
                 raise
             return loaded, time.monotonic() - started
 
-    def _runner_for(self, key: str, config: RunnerConfig) -> LoadedModel | None:
-        """A loaded model whose runner ``key`` can share: the same GGUF blob (``model_path``)
-        and the same load options (the config's identity leaves the adapters out)."""
-        for other in self._models.values():
-            if other.key != key and other.alive() and other.config == config:
-                return other
-        return None
-
     async def _join(
         self, key: str, model: LocalModel, host: LoadedModel, keep_alive: float | None
     ) -> LoadedModel:
         """Serve ``model`` from ``host``'s runner: its adapters loaded there, nothing else
         (no memory plan, no room to make: the base is in memory already)."""
-        share = host.share
-        await share.load_adapters(model)
-        loaded = LoadedModel(
-            key=key,
-            model=model,
-            config=host.config,
-            runner=host.runner,
-            load_seconds=0.0,
-            keep_alive=self.default_keep_alive(model) if keep_alive is None else keep_alive,
-            share=share,
-        )
-        self._models[key] = loaded
-        loaded.pending += 1  # reserved for the request that asked for it
-        loaded.update_idle()
+        await host.share.load_adapters(model)
+        keep = self.default_keep_alive(model) if keep_alive is None else keep_alive
+        loaded = LoadedModel(key, model, host.config, host.runner, 0.0, keep, share=host.share)
         log.info("%s shares the runner of %s (pid %s)", loaded.name, host.name, loaded.pid)
-        if self._on_load is not None:
-            self._on_load(loaded)
-        if loaded.keep_alive > 0:
-            loop = asyncio.get_running_loop()
-            loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
-        return loaded
+        return self._register(loaded)
 
     def _unreserve(self, task: asyncio.Task[LoadedModel]) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -732,9 +698,6 @@ class Scheduler:
         if self.closed:
             await self._stop(loaded)
             raise RuntimeError("the daemon is shutting down")
-        self._models[key] = loaded
-        loaded.pending += 1  # reserved for the request that asked for the load
-        loaded.update_idle()
         log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, loaded.load_seconds, loaded.pid)
         plan = loaded.plan
         if plan is not None:
@@ -750,10 +713,17 @@ class Scheduler:
             )
             for warning in plan.warnings:
                 log.warning("%s: %s", loaded.name, warning)
+        return self._register(loaded)
+
+    def _register(self, loaded: LoadedModel) -> LoadedModel:
+        """A model just loaded (or joined to a runner) into the table, reserved for the
+        request that asked for it; its keep_alive applies even if that client went away."""
+        self._models[loaded.key] = loaded
+        loaded.pending += 1
+        loaded.update_idle()
         if self._on_load is not None:
             self._on_load(loaded)
         if loaded.keep_alive > 0:
-            # If the client that asked went away meanwhile, keep_alive still applies.
             loop = asyncio.get_running_loop()
             loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
         return loaded
@@ -909,22 +879,20 @@ class Scheduler:
         lost = [w for w in self._lost_workers.pop(key, ()) if w in config.rpc_workers]
         return dataclasses.replace(config, rpc_lost=lost) if lost else config
 
-    def _begin_unload(self, loaded: LoadedModel) -> None:
-        # Drop it from the table now, so /api/ps stops listing it at once; stop it in the
-        # background (stopping a process takes a moment).
+    def _detach(self, loaded: LoadedModel) -> None:
+        # Out of the table now, so /api/ps stops listing it at once.
         loaded.closing = True
         self._cancel_expiry(loaded)
         self._note_lost_workers(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
-        self._spawn(self._stop(loaded))
+
+    def _begin_unload(self, loaded: LoadedModel) -> None:
+        self._detach(loaded)
+        self._spawn(self._stop(loaded))  # in the background: stopping takes a moment
 
     async def _unload(self, loaded: LoadedModel) -> None:
-        loaded.closing = True
-        self._cancel_expiry(loaded)
-        self._note_lost_workers(loaded)
-        if self._models.get(loaded.key) is loaded:
-            del self._models[loaded.key]
+        self._detach(loaded)
         # Shielded: once out of the table, nobody else would stop this runner.
         await asyncio.shield(self._stop(loaded))
 
