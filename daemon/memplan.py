@@ -303,11 +303,19 @@ def margin(device: Device) -> int:
     return min(max(device.total // 20, floor), 1024 * MIB)
 
 
-def budgets(devices: Sequence[Device], reserved: dict[str, int] | None = None) -> dict[str, int]:
+def budgets(
+    devices: Sequence[Device], reserved: dict[str, int] | None = None, gpu_cap: int = 0
+) -> dict[str, int]:
     """Bytes a new load may plan on each device: free, less the margin, less ``reserved`` (what
-    loaded models are still entitled to grow into)."""
+    loaded models are still entitled to grow into); on a local GPU at most ``gpu_cap`` when it
+    is set (``LOCALLLM_GPU_MEMORY``)."""
     reserved = reserved or {}
-    return {d.name: max(d.free - margin(d) - reserved.get(d.name, 0), 0) for d in devices}
+    budget = {d.name: max(d.free - margin(d) - reserved.get(d.name, 0), 0) for d in devices}
+    if gpu_cap > 0:
+        for device in devices:
+            if device.kind in ("gpu", "igpu"):
+                budget[device.name] = min(budget[device.name], gpu_cap)
+    return budget
 
 
 def context_candidates(n_ctx_train: int) -> list[int]:
@@ -408,12 +416,14 @@ def plan(
     reserved: dict[str, int] | None = None,
     *,
     measured: bool = False,
+    gpu_cap: int = 0,
 ) -> MemoryPlan:
     """The load parameters for ``request`` that fit ``devices`` (see the module docstring);
-    raises :class:`DoesNotFit`. ``devices`` must hold one host device."""
+    raises :class:`DoesNotFit`. ``devices`` must hold one host device; ``gpu_cap`` is the most
+    planned on each local GPU (0: what is free)."""
     if not any(d.is_host for d in devices):
         raise ValueError("a plan needs the host's RAM among its devices")
-    budget = budgets(devices, reserved)
+    budget = budgets(devices, reserved, gpu_cap)
     search = _Search(request, devices, measure, budget)
     warnings: list[str] = []
     wanted = request.n_ctx_per_slot
@@ -441,6 +451,8 @@ def plan(
         if _fits(larger_uses, budget, AUTO_HEADROOM):
             ctx, uses = larger, larger_uses
             break
+    if request.n_gpu_layers is None and layers < search.max_layers:
+        warnings.append(_partial_offload(layers, search.max_layers, devices, budget, gpu_cap))
     host_use = next((u.total for u in uses if u.device == search.host), 0)
     left = budget[search.host] - host_use
     prefix = min(request.prefix_cache, max(left // 2, 0))
@@ -471,6 +483,18 @@ def plan(
 
 def _mib(n: int, up: bool = True) -> str:
     return f"{math.ceil(n / MIB) if up else n // MIB:,}"
+
+
+def _partial_offload(
+    layers: int, most: int, devices: Sequence[Device], budget: dict[str, int], gpu_cap: int
+) -> str:
+    """Why a plan left layers on the CPU, for people."""
+    gpus = [d for d in devices if not d.is_host]
+    usable = ", ".join(f"{d.name} {_mib(budget.get(d.name, 0), up=False)} MiB" for d in gpus)
+    why = f"the GPU memory usable ({usable}) holds no more"
+    if gpu_cap > 0:
+        why += f"; LOCALLLM_GPU_MEMORY caps each GPU at {_mib(gpu_cap, up=False)} MiB"
+    return f"{layers} of {most} layers on the GPU, the rest on the CPU: {why}"
 
 
 def _where(device: str, devices: Sequence[Device], several: bool) -> str:

@@ -61,6 +61,7 @@ from localllm.store.models import LocalModel
 
 from .cpubudget import CpuBudget
 from .errors import InsufficientMemoryError, QueueFullError
+from .gpuhealth import GpuHealth
 from .history import RequestHistory
 from .memplan import HOST, MemoryPlan, NoFitReport, refusal
 from .runner import cpu
@@ -283,13 +284,21 @@ class LoadedModel:
             return None
 
     def memory_size(self) -> tuple[int, int]:
-        """(bytes in all, bytes in GPU memory), as ``/api/ps`` reports them: the memory plan's,
-        or for a runner without one an estimate from the GGUF (all on the GPU when every
-        layer is offloaded, else in proportion). A model on another model's runner reports
-        only what its LoRA adapters add (the runner is counted once)."""
+        """(bytes in all, bytes in GPU memory), as ``/api/ps`` reports them: what the load
+        allocated (llama.cpp's own figures, :mod:`.runner.allocations`) with the plan's share
+        for what is loaded beside the model (projector, draft); without those figures the
+        memory plan's, or for a runner without one an estimate from the GGUF (all on the GPU
+        when every layer is offloaded, else in proportion). A model on another model's runner
+        reports only what its LoRA adapters add (the runner is counted once)."""
         if self.share.owner is not self:
             return self.share.adapter_bytes(self.model), 0
         plan = self.plan
+        allocated: dict[str, int] = self.health.get("allocated") or {}
+        if allocated:
+            besides = [(u.device, u.other) for u in plan.uses] if plan is not None else []
+            size = sum(allocated.values()) + sum(b for _, b in besides)
+            vram = sum(b for device, b in [*allocated.items(), *besides] if device != HOST)
+            return size, vram
         if plan is not None:
             return plan.size, plan.size_vram
         from localllm.gguf_info import estimate_memory
@@ -411,6 +420,8 @@ class Scheduler:
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
         self._lost_workers: dict[str, list[str]] = {}
+        self.gpu_health = GpuHealth()
+        """Each model's GPU failures, and whether it fell back to the CPU."""
         self._waiting_here = 0
         """Requests waiting in the daemon for a permit, over all models."""
         self.on_request_done: Callable[[LoadedModel, GenerationResult], None] | None = None
@@ -464,7 +475,8 @@ class Scheduler:
         existing = self._models.get(key)
         if existing is not None and not existing.alive():
             self._note_crash(existing.config, getattr(existing.runner, "returncode", None))
-        config = await self._follow_cpu_paths(config)
+            self._note_gpu_failure(existing)
+        config = self.gpu_health.follow(key, await self._follow_cpu_paths(config))
         load_seconds = 0.0
         while True:
             # Returned reserved (counted in ``pending``), so keep_alive cannot unload it in
@@ -817,6 +829,11 @@ class Scheduler:
             except DoesNotFitError as exc:
                 report = NoFitReport.from_dict(exc.report)
             except RunnerStartError as exc:
+                if exc.gpu_failure is not None and not config.cpu_only:
+                    self.gpu_health.failed(key, exc.gpu_failure, loading=True)
+                    config = self.gpu_health.follow(key, config)
+                    log.warning("loading %s again on the CPU", model.name.short)
+                    continue
                 if not self._note_crash(config, exc.returncode):
                     raise
                 log.warning("loading %s again without weight repacking", model.name.short)
@@ -873,6 +890,12 @@ class Scheduler:
         if lost and not loaded.runner.alive():
             self._lost_workers[loaded.key] = list(lost)
 
+    def _note_gpu_failure(self, loaded: LoadedModel) -> None:
+        """Count it when the GPU is why ``loaded``'s runner ended (:mod:`.gpuhealth`)."""
+        failure = getattr(loaded.runner, "gpu_failure", None)
+        if failure is not None and not loaded.runner.alive():
+            self.gpu_health.failed(loaded.key, failure(), runner=loaded.pid)
+
     def _allow_lost_workers(self, key: str, config: RunnerConfig) -> RunnerConfig:
         """``config`` allowed to go on without the workers that took the model's previous
         runner down (a field outside the config's identity: it is still the same load)."""
@@ -884,6 +907,7 @@ class Scheduler:
         loaded.closing = True
         self._cancel_expiry(loaded)
         self._note_lost_workers(loaded)
+        self._note_gpu_failure(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
 

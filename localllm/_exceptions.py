@@ -24,6 +24,8 @@ The hierarchy, so callers can catch exactly what they can handle::
     ├── OperationCancelledError    the caller cancelled a pull or a quantization (its cancel event)
     ├── BenchError                 a benchmark that cannot run as asked (``localllm bench``)
     ├── LaunchError                ``localllm launch`` cannot set up or start a coding tool
+    ├── ToolServerError            an MCP server cannot be started or used (``run``, the TUI)
+    │   └── ToolConfigError        the MCP config file (``mcp.json``) or an entry in it is wrong
     └── DaemonError                talking to the daemon failed
         ├── DaemonUnavailableError no daemon answers and none could be started
         │   └── DaemonTimeoutError  the daemon did not answer in time
@@ -62,6 +64,8 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "StoreUnwritableError",
+    "ToolConfigError",
+    "ToolServerError",
 ]
 
 
@@ -182,6 +186,16 @@ class BenchError(LocalLLMError):
 class LaunchError(LocalLLMError):
     """``localllm launch`` cannot set up or start a coding tool (not installed, a config file
     it cannot read, no model that fits...)."""
+
+
+class ToolServerError(LocalLLMError):
+    """An MCP server (a tool server of the chat) cannot be started or used: its command fails,
+    it exits, it does not answer in time."""
+
+
+class ToolConfigError(ToolServerError):
+    """The MCP config file (``mcp.json``, the ``mcpServers`` shape) cannot be read or holds an
+    entry that cannot be used; the message names the file and the server."""
 
 
 class DaemonError(LocalLLMError):

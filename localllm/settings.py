@@ -39,6 +39,10 @@ FLASH_ATTENTION_MODES = ("auto", "on", "off")
 _MAX_SOCKET_PATH = 100
 
 
+TEST_FAULTS = ("device-lost", "decode-failed", "out-of-memory")
+"""The GPU faults ``LOCALLLM_TEST_FAULT`` can stand in for (see localllm.daemon.runner.faults)."""
+
+
 def _setting(env: str, default: Any, description: str) -> Any:
     return field(default=default, metadata={"env": env, "description": description})
 
@@ -399,6 +403,20 @@ class Settings:
         "waiting) or passive (sleep). localllm only reports it (`localllm doctor`); the CPU "
         "governor keeps spinning threads off busy cores instead.",
     )
+    gpu_memory: int = _setting(
+        "LOCALLLM_GPU_MEMORY",
+        0,
+        "The most memory the memory plan puts on each GPU (bytes, or 512MiB, 4GiB...), below "
+        "what the GPU reports free; 0 uses what is free. Layers that do not fit stay on the "
+        "CPU (the plan says how many).",
+    )
+    vulkan_visible_devices: str | None = _setting(
+        "GGML_VK_VISIBLE_DEVICES",
+        None,
+        "llama.cpp's own variable: the Vulkan devices it may use, by index (0,1). Unset, it "
+        "uses discrete and integrated GPUs and skips software devices such as Mesa's "
+        "llvmpipe, which `localllm doctor` then lists as skipped. Runners inherit it as is.",
+    )
     test_pause: str | None = _setting(
         "LOCALLLM_TEST_PAUSE",
         None,
@@ -406,6 +424,39 @@ class Settings:
         "(blob-written, blob-published, manifest-written, manifest-published, "
         "quantize-ready, quantize-started, quantize-written, download-started) until the "
         "file test-pause it writes in the data root is removed; tests SIGKILL the daemon there.",
+    )
+    mcp_config: Path | None = _setting(
+        "LOCALLLM_MCP_CONFIG",
+        None,
+        "The MCP servers file (the mcpServers shape of Claude Desktop, Cursor and LM Studio) "
+        "that `localllm run`, the TUI and `localllm mcp` read. Default: mcp.json in the user's "
+        "config dir (~/.config/localllm/mcp.json on Linux).",
+    )
+    mcp_timeout: float = _setting(
+        "LOCALLLM_MCP_TIMEOUT",
+        60.0,
+        "Seconds an MCP server may take to start, and each tool call to answer (accepts 30s, "
+        "2m); a server's own start_timeout and timeout in the config file override it. A call "
+        "past it ends with an error the model and the user see.",
+    )
+    mcp_max_result: int = _setting(
+        "LOCALLLM_MCP_MAX_RESULT",
+        32_000,
+        "Most characters of one tool result given to the model (accepts 32K); the rest is cut, "
+        "and a note says how much was left out.",
+    )
+    mcp_max_steps: int = _setting(
+        "LOCALLLM_MCP_MAX_STEPS",
+        10,
+        "Most model steps (answers that may call tools) for one message; at the limit the chat "
+        "stops the loop and says so.",
+    )
+    test_fault: str | None = _setting(
+        "LOCALLLM_TEST_FAULT",
+        None,
+        "For tests only: <kind>@<n> makes every runner's n-th decode stand in for a GPU fault "
+        "(device-lost: the backend aborts as on a lost device; decode-failed, out-of-memory: "
+        "llama_decode's status -3 or -2), which no software device can produce.",
     )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
@@ -556,6 +607,13 @@ class Settings:
             values["rpc_workers"] = parse_rpc_workers(raw)
         if (raw := get("OMP_WAIT_POLICY")) is not None:
             values["omp_wait_policy"] = raw
+        if (raw := get("LOCALLLM_GPU_MEMORY")) is not None:
+            try:
+                values["gpu_memory"] = parse_size(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_GPU_MEMORY: {exc}") from None
+        if (raw := get("GGML_VK_VISIBLE_DEVICES")) is not None:
+            values["vulkan_visible_devices"] = raw
         if (raw := get("LOCALLLM_TEST_PAUSE")) is not None:
             from .store.storage import parse_pause
 
@@ -564,6 +622,33 @@ class Settings:
             except ValueError as exc:
                 raise SettingsError(f"LOCALLLM_TEST_PAUSE: {exc}") from None
             values["test_pause"] = raw
+        if (raw := get("LOCALLLM_MCP_CONFIG")) is not None:
+            values["mcp_config"] = Path(raw).expanduser()
+        if (raw := get("LOCALLLM_MCP_TIMEOUT")) is not None:
+            try:
+                seconds = parse_duration(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_MCP_TIMEOUT: {exc}") from None
+            if seconds <= 0:
+                raise SettingsError(f"LOCALLLM_MCP_TIMEOUT must be positive, got {raw!r}")
+            values["mcp_timeout"] = seconds
+        if (raw := get("LOCALLLM_MCP_MAX_RESULT")) is not None:
+            try:
+                values["mcp_max_result"] = parse_size(raw)
+            except SettingsError as exc:
+                raise SettingsError(f"LOCALLLM_MCP_MAX_RESULT: {exc}") from None
+            if values["mcp_max_result"] < 100:
+                raise SettingsError(f"LOCALLLM_MCP_MAX_RESULT must be at least 100, got {raw!r}")
+        if (number := as_int("LOCALLLM_MCP_MAX_STEPS", 1)) is not None:
+            values["mcp_max_steps"] = number
+        if (raw := get("LOCALLLM_TEST_FAULT")) is not None:
+            kind, _, count = raw.partition("@")
+            if kind not in TEST_FAULTS or not count.isdigit() or int(count) < 1:
+                raise SettingsError(
+                    f"LOCALLLM_TEST_FAULT must be <kind>@<n> (n from 1) with kind one of "
+                    f"{', '.join(TEST_FAULTS)}, got {raw!r}"
+                )
+            values["test_fault"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
@@ -600,6 +685,16 @@ class Settings:
         import platformdirs
 
         return Path(platformdirs.user_cache_dir("localllm", appauthor=False))
+
+    @property
+    def mcp_config_path(self) -> Path:
+        """The MCP servers file: :attr:`mcp_config`, else ``mcp.json`` in the user's config dir
+        (platformdirs; ``XDG_CONFIG_HOME`` on Linux)."""
+        if self.mcp_config is not None:
+            return self.mcp_config
+        import platformdirs
+
+        return Path(platformdirs.user_config_dir("localllm", appauthor=False)) / "mcp.json"
 
     @property
     def rpc_cache_dir(self) -> Path:

@@ -94,3 +94,37 @@ def oll(daemon: Daemon) -> ollama.Client:
     import ollama
 
     return ollama.Client(host=daemon.url)
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+# Tests marked ``gpu`` run on a real device: llama.cpp's Vulkan backend on Mesa's lavapipe in
+# CI (scripts/gpu-build.sh vulkan VENV, then GGML_VK_VISIBLE_DEVICES=0), or any GPU a build
+# sees. Without one they skip, saying why; ``--require-gpu`` (CI's GPU step) fails instead.
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-gpu",
+        action="store_true",
+        help="fail, not skip, the tests marked gpu when llama.cpp sees no GPU device",
+    )
+
+
+@pytest.fixture(scope="session")
+def gpu_device(request: pytest.FixtureRequest) -> dict[str, object]:
+    """The first GPU device llama.cpp sees (as ``localllm doctor`` reports it)."""
+    from localllm.daemon.runner.cpu import system_report
+    from localllm.daemon.runner.gpuinfo import gpu_build_command
+
+    report = system_report()
+    devices = [d for d in report.get("devices", []) if d.get("type") in ("gpu", "igpu")]
+    if devices:
+        return devices[0]
+    backends = ", ".join(report.get("backends", [])) or report.get("error", "?")
+    reason = (
+        f"no GPU device (llama.cpp backends: {backends}); `{gpu_build_command()}` builds a GPU "
+        "flavour, and with Mesa's lavapipe GGML_VK_VISIBLE_DEVICES=0 makes its device visible"
+    )
+    if request.config.getoption("--require-gpu"):
+        pytest.fail(reason)
+    pytest.skip(reason)

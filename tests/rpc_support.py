@@ -28,12 +28,18 @@ NEEDS_RPC = pytest.mark.skipif(
 class Worker:
     """A ``localllm worker`` subprocess serving the CPU on a free loopback port."""
 
-    def __init__(self, home: Path, threads: int = 1, ready_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        home: Path,
+        threads: int = 1,
+        ready_timeout: float = 60.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log_path = home / f"worker-{self.port}.log"
         home.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")} | (env or {})
         env["LOCALLLM_HOME"] = str(home)
         command = [sys.executable, "-m", "localllm", "worker", "--port", str(self.port)]
         with open(self.log_path, "wb") as log:

@@ -83,21 +83,23 @@ class RunnerHarness:
                 return chunks, event
         raise AssertionError("the stream ended without a result")
 
-    def generate(self, request: GenerationRequest) -> tuple[str, GenerationResult]:
+    def generate(
+        self, request: GenerationRequest, timeout: float = 180
+    ) -> tuple[str, GenerationResult]:
         """Blocking: generate and return (streamed text, result)."""
-        chunks, result = self.run(self.collect(request))
+        chunks, result = self.run(self.collect(request), timeout)
         assert "".join(chunks) == result.text, "streamed chunks must add up to the final text"
         return result.text, result
 
     def generate_many(
-        self, requests: list[GenerationRequest]
+        self, requests: list[GenerationRequest], timeout: float = 180
     ) -> list[tuple[str, GenerationResult]]:
         """Blocking: run requests concurrently."""
 
         async def all_of() -> list[tuple[list[str], GenerationResult]]:
             return await asyncio.gather(*(self.collect(r) for r in requests))
 
-        return [("".join(chunks), result) for chunks, result in self.run(all_of())]
+        return [("".join(chunks), result) for chunks, result in self.run(all_of(), timeout)]
 
     def close(self) -> None:
         """Stop the runner and the loop."""

@@ -60,6 +60,8 @@ class CliHome:
             "LOCALLLM_CONTEXT_LENGTH": "1024",
             "LOCALLLM_REGISTRY": closed_port_url(),
             "HF_ENDPOINT": closed_port_url(),
+            # no MCP servers but a test's own: never the ones this machine's user configured
+            "LOCALLLM_MCP_CONFIG": str(home / "mcp.json"),
             **env,
         }
         self.settings = Settings.from_env(self.env)

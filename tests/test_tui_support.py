@@ -24,8 +24,11 @@ def make_app(daemon: Daemon, data: Path, **kwargs: Any) -> LocalLLMApp:
     """The app talking to ``daemon``, with its own data dir (chat database) at ``data``."""
     kwargs.setdefault("autostart", False)
     # No Ollama store, whatever this machine has in ~/.ollama: the models screen would offer
-    # its import (and the app's data dir is not the daemon's store here).
-    settings = daemon.settings.replace(home=data, ollama_models=data / "no-ollama")
+    # its import (and the app's data dir is not the daemon's store here); nor this machine's
+    # MCP servers: the chat would offer their tools
+    settings = daemon.settings.replace(
+        home=data, ollama_models=data / "no-ollama", mcp_config=data / "mcp.json"
+    )
     return LocalLLMApp(settings, client=AsyncClient(daemon.settings), **kwargs)
 
 

@@ -1,9 +1,11 @@
 """Chats kept across restarts: a small SQLite database in the data dir.
 
-Each chat has a title, a model, a system prompt, generation options and a ``think`` setting;
-its messages keep the question's attached images and the answer's reasoning and timings (the
-final chunk's fields), so all survive a restart. Databases written before a column existed are
-migrated when opened (:data:`_MIGRATIONS`, counted by SQLite's ``user_version``).
+Each chat has a title, a model, a system prompt, generation options, a ``think`` setting and
+its MCP settings (servers and tools on); its messages keep the question's attached images,
+the answer's reasoning and timings (the final chunk's fields), the tool calls an answer made
+and each call's result (role ``tool``), so all survive a restart and show as they were.
+Databases written before a column existed are migrated when opened (:data:`_MIGRATIONS`,
+counted by SQLite's ``user_version``).
 The TUI calls these methods from worker threads (``asyncio.to_thread``); one connection is
 shared behind a lock, which SQLite allows with ``check_same_thread=False``.
 """
@@ -56,6 +58,11 @@ _MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (2, "messages", "thinking TEXT NOT NULL DEFAULT ''"),
     # JSON list of {"name", "data"}: attached images, data as base64 (Ollama's wire form).
     (3, "messages", "images TEXT NOT NULL DEFAULT '[]'"),
+    # JSON: an answer's tool calls, or a tool result's call (see StoredMessage.tool); NULL for
+    # plain messages.
+    (4, "messages", "tool TEXT"),
+    # JSON: the chat's MCP settings (Chat.tools).
+    (4, "chats", "tools TEXT NOT NULL DEFAULT '{}'"),
 )
 _SCHEMA_VERSION = max(version for version, _, _ in _MIGRATIONS)
 
@@ -65,7 +72,7 @@ class StoredMessage:
     """One message of a chat."""
 
     role: str
-    """``user`` or ``assistant``."""
+    """``user``, ``assistant`` or ``tool`` (a tool's result)."""
     content: str
     """The text (Markdown for answers)."""
     stats: dict[str, Any] | None = None
@@ -75,7 +82,13 @@ class StoredMessage:
     thinking: str = ""
     """For answers: the model's reasoning before the text, if it showed any."""
     images: list[Attachment] = field(default_factory=list)
-    """For questions: the images attached, sent with the message every time."""
+    """For questions: the images attached, sent with the message every time. For tool
+    results: the images the tool returned (sent to a model that sees)."""
+    tool: dict[str, Any] | None = None
+    """For an answer that called tools: ``{"calls": [...]}`` (``/api/chat``'s tool calls).
+    For a tool result (role ``tool``): ``{"call_id", "name"`` (as the model called it)``,
+    "server", "tool", "arguments", "status", "seconds", "notes"}``, all that its block in the
+    transcript shows."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,9 @@ class Chat:
     """The conversation, oldest first."""
     think: Think | None = None
     """``think`` sent with every request: on, off or a level; None leaves the model's default."""
+    tools: dict[str, Any] = field(default_factory=dict)
+    """MCP settings: ``servers`` (names on; absent: every server of the config that is not
+    disabled; ``[]``: none) and ``off`` (``server/tool`` keys switched off)."""
 
     def request_messages(self) -> list[dict[str, Any]]:
         """The messages to send to ``/api/chat``: the system prompt, then the conversation
@@ -120,13 +136,19 @@ class Chat:
                 item["thinking"] = message.thinking
             if message.images:
                 item["images"] = [image.data for image in message.images]
+            tool = message.tool or {}
+            if message.role == "assistant" and tool.get("calls"):
+                item["tool_calls"] = tool["calls"]
+            elif message.role == "tool":
+                item["tool_name"] = tool.get("name", "")
+                item["tool_call_id"] = tool.get("call_id", "")
             sent.append(item)
         return sent
 
     def last_answer(self) -> str | None:
         """The newest assistant message's text."""
         for message in reversed(self.messages):
-            if message.role == "assistant":
+            if message.role == "assistant" and message.content:
                 return message.content
         return None
 
@@ -192,25 +214,37 @@ class ChatStore:
         system: str = "",
         options: dict[str, Any] | None = None,
         think: Think | None = None,
+        tools: dict[str, Any] | None = None,
     ) -> Chat:
         """A new, empty chat."""
         now = self._clock()
         row_id, _ = self._run(
-            "INSERT INTO chats (title, model, system, options, think, created, updated) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (title, model, system, json.dumps(options or {}), _think_json(think), now, now),
+            "INSERT INTO chats (title, model, system, options, think, tools, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                title,
+                model,
+                system,
+                json.dumps(options or {}),
+                _think_json(think),
+                json.dumps(tools or {}),
+                now,
+                now,
+            ),
         )
         assert row_id is not None
-        return Chat(row_id, title, model, system, dict(options or {}), think=think)
+        return Chat(
+            row_id, title, model, system, dict(options or {}), think=think, tools=dict(tools or {})
+        )
 
     def list_chats(self) -> list[Chat]:
         """Every chat with its messages, oldest chat first."""
         with self._lock:
             rows = self._db.execute(
-                "SELECT id, title, model, system, options, think FROM chats ORDER BY id"
+                "SELECT id, title, model, system, options, think, tools FROM chats ORDER BY id"
             ).fetchall()
             messages = self._db.execute(
-                "SELECT chat_id, id, role, content, stats, thinking, images FROM messages "
+                "SELECT chat_id, id, role, content, stats, thinking, images, tool FROM messages "
                 "ORDER BY id"
             ).fetchall()
         chats = {
@@ -221,30 +255,40 @@ class ChatStore:
                 row[3],
                 json.loads(row[4]),
                 think=json.loads(row[5]) if row[5] else None,
+                tools=json.loads(row[6] or "{}"),
             )
             for row in rows
         }
-        for chat_id, message_id, role, content, stats, thinking, images in messages:
+        for chat_id, message_id, role, content, stats, thinking, images, tool in messages:
             chat = chats.get(chat_id)
             if chat is not None:
                 loaded = json.loads(stats) if stats else None
                 attached = [Attachment(i["name"], i["data"]) for i in json.loads(images or "[]")]
                 chat.messages.append(
-                    StoredMessage(role, content, loaded, message_id, thinking or "", attached)
+                    StoredMessage(
+                        role,
+                        content,
+                        loaded,
+                        message_id,
+                        thinking or "",
+                        attached,
+                        json.loads(tool) if tool else None,
+                    )
                 )
         return list(chats.values())
 
     def update_chat(self, chat: Chat) -> None:
-        """Save a chat's title, model, system prompt, options and ``think``."""
+        """Save a chat's title, model, system prompt, options, ``think`` and MCP settings."""
         self._run(
             "UPDATE chats SET title = ?, model = ?, system = ?, options = ?, think = ?, "
-            "updated = ? WHERE id = ?",
+            "tools = ?, updated = ? WHERE id = ?",
             (
                 chat.title,
                 chat.model,
                 chat.system,
                 json.dumps(chat.options),
                 _think_json(chat.think),
+                json.dumps(chat.tools),
                 self._clock(),
                 chat.id,
             ),
@@ -259,8 +303,8 @@ class ChatStore:
     def add_message(self, chat_id: int, message: StoredMessage) -> StoredMessage:
         """Append a message to a chat; sets and returns it with its ``id``."""
         row_id, _ = self._run(
-            "INSERT INTO messages (chat_id, role, content, stats, thinking, images, created) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages (chat_id, role, content, stats, thinking, images, tool, "
+            "created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 chat_id,
                 message.role,
@@ -268,6 +312,7 @@ class ChatStore:
                 json.dumps(message.stats) if message.stats is not None else None,
                 message.thinking,
                 json.dumps([{"name": i.name, "data": i.data} for i in message.images]),
+                json.dumps(message.tool) if message.tool is not None else None,
                 self._clock(),
             ),
         )

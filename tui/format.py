@@ -61,6 +61,8 @@ def answer_stats(stats: dict[str, Any] | None) -> str:
         parts.append(f"{stats['eval_count']} tokens")
     if stats.get("done_reason") == "length":
         parts.append("cut at the token limit")
+    if stats.get("loop"):  # an answer that used tools: where the loop's time went
+        parts.append(str(stats["loop"]))
     return " · ".join(parts)
 
 

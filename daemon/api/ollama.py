@@ -501,6 +501,11 @@ async def ps(state: StateDep) -> dict[str, Any]:
             models[-1]["threads"] = dataclasses.asdict(stat.threads)
         # LoRA adapters, and the other models sharing the runner (the base loaded once).
         models[-1].update(loaded.share.report(loaded))
+        if allocated := loaded.health.get("allocated"):
+            # What the load allocated on each device (CPU: the host's RAM), llama.cpp's figures.
+            models[-1]["allocated"] = allocated
+        if fallback := state.scheduler.gpu_health.fallback(loaded.key):
+            models[-1]["gpu_fallback"] = fallback
         if devices := loaded.health.get("devices"):
             # Split across RPC workers: each device with the layers it holds.
             models[-1]["devices"] = devices

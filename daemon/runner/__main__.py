@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .faults import EXIT_DEVICE_FAULT
 from .kvcache import PrefixCache, layout_folder
 from .protocol import RunnerConfig
 from .threads import in_own_thread
@@ -116,6 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mapped-ram", type=int, default=0, help="bytes of other runners' mapped weights"
     )
     parser.add_argument(
+        "--gpu-memory", type=int, default=0, help="the most bytes planned on each GPU (0: free)"
+    )
+    parser.add_argument("--test-fault", help="tests only: a GPU fault to stand in for")
+    parser.add_argument(
         "--plan-only",
         action="store_true",
         help="print the memory plan (or why nothing fits) as JSON and exit without loading",
@@ -196,6 +201,8 @@ async def _serve(args: argparse.Namespace) -> int:
         memory_plan=args.memory_plan or args.plan_only,
         memory_reserved=_reserved(args.reserve),
         mapped_ram=args.mapped_ram,
+        gpu_memory=args.gpu_memory,
+        test_fault=args.test_fault,
     )
     plan: MemoryPlan | None = None
     if config.memory_plan:
@@ -308,6 +315,8 @@ async def _serve(args: argparse.Namespace) -> int:
     if projector is not None:
         projector.close()  # prompt preparation, its only user, ended with the server
     await asyncio.to_thread(engine.stop)
+    if engine.fault:
+        return EXIT_DEVICE_FAULT
     if engine.crashed:
         logging.getLogger("localllm.runner").error("exiting: the engine thread crashed")
         return 1

@@ -28,6 +28,8 @@ from typing import Any
 from localllm._format import exit_status
 
 from . import protocol
+from .faults import EXIT_DEVICE_FAULT, gpu_cause
+from .gpuinfo import HIDDEN_GPUS
 from .workers import probe_all
 
 __all__ = [
@@ -81,10 +83,14 @@ class RunnerDiedError(RunnerError):
 class RunnerStartError(RunnerError):
     """The runner process could not load the model; the message says why in one line."""
 
-    def __init__(self, message: str, returncode: int | None = None) -> None:
+    def __init__(
+        self, message: str, returncode: int | None = None, gpu_failure: str | None = None
+    ) -> None:
         super().__init__(message, "load_failed")
         self.returncode = returncode
         """The runner's exit status (negative: the signal), when it died while loading."""
+        self.gpu_failure = gpu_failure
+        """The GPU's own line about failing, when the GPU is why the load died."""
 
 
 class DoesNotFitError(RunnerStartError):
@@ -504,10 +510,25 @@ def _cause_line(path: Path, since: int, *, newest: bool = False) -> str:
     return lines[-1].strip()[:300] if lines and not newest else ""
 
 
-def _death(code: int, cause: str, log_path: Path, during: str = "") -> str:
+def runner_environment(config: protocol.RunnerConfig) -> dict[str, str] | None:
+    """The environment a runner starts with: the daemon's, and for a CPU-only runner (the
+    fallback after a GPU failed) every GPU backend's devices hidden, so that llama.cpp does
+    not even start them (llama.cpp's Metal backend has no such switch: there ``num_gpu`` 0
+    alone keeps the layers on the CPU)."""
+    if not config.cpu_only:
+        return None
+    return {**os.environ, **HIDDEN_GPUS}
+
+
+def _death(code: int, cause: str, log_path: Path, during: str = "", gpu: str | None = None) -> str:
     """``the runner was killed by SIGILL (illegal instruction)<during>: <cause> — <hint>
-    (full log: ...)``."""
-    text = f"the runner {exit_status(code)}{during}" + (f": {cause}" if cause else "")
+    (full log: ...)``; with ``gpu`` (the GPU's own line about failing), ``the GPU failed
+    (<gpu>): the runner was killed by SIGABRT ...``."""
+    if code == EXIT_DEVICE_FAULT:
+        return f"the GPU failed{during}: {cause or 'see the log'} (full log: {log_path})"
+    text = f"the runner {exit_status(code)}{during}" + (f": {cause}" if cause and not gpu else "")
+    if gpu:
+        text = f"the GPU failed ({gpu}): {text}"
     if code == -signal.SIGILL:
         text += " — llama.cpp's native code used an instruction this CPU cannot run"
     return f"{text} (full log: {log_path})"
@@ -588,6 +609,9 @@ class RunnerProcess:
                 args += ["--draft-name", c.draft_name]
         if c.memory_plan:
             args += ["--memory-plan", "--mapped-ram", str(c.mapped_ram)]
+            args += ["--gpu-memory", str(c.gpu_memory)]
+        if c.test_fault:
+            args += ["--test-fault", c.test_fault]
             for device, amount in c.memory_reserved.items():
                 args += ["--reserve", f"{device}={amount}"]
         return args
@@ -608,6 +632,7 @@ class RunnerProcess:
                 log_start = self._log_start = log_file.tell()
                 self.process = subprocess.Popen(
                     [*self.command(), "--ready-fd", str(ready_write)],
+                    env=runner_environment(self.config),
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=log_file,
@@ -642,8 +667,9 @@ class RunnerProcess:
         if not signal_bytes.startswith(b"ready"):
             code = await loop.run_in_executor(None, self.process.wait)
             cause = _cause_line(self.log_path, log_start)
-            message = _death(code, cause, self.log_path, " while loading the model")
-            raise RunnerStartError(message, code)
+            gpu = gpu_cause(self.log_path, log_start) if code < 0 else None
+            message = _death(code, cause, self.log_path, " while loading the model", gpu)
+            raise RunnerStartError(message, code, gpu)
         return await self._connect()
 
     async def explain_loss(self, reason: str, wait: float = 5.0) -> tuple[str, int | None]:
@@ -660,7 +686,19 @@ class RunnerProcess:
             await self.stop()
             return f"{reason}; the runner process was still running and was stopped", None
         cause = _cause_line(self.log_path, self._log_start, newest=True)
-        return _death(code, cause, self.log_path), code
+        return _death(code, cause, self.log_path, gpu=self.gpu_failure()), code
+
+    def gpu_failure(self) -> str | None:
+        """Why the GPU failed, once the runner ended of it: its engine stopped on a GPU error
+        (:data:`.faults.EXIT_DEVICE_FAULT`), or a signal ended it and the log names the GPU's
+        error; None while it runs and for any other end."""
+        code = self.process.poll() if self.process is not None else None
+        if code == EXIT_DEVICE_FAULT:
+            cause = _cause_line(self.log_path, self._log_start, newest=True)
+            return cause or "the GPU failed a decode"
+        if code is not None and code < 0:
+            return gpu_cause(self.log_path, self._log_start)
+        return None
 
     async def _connect(self) -> RunnerClient:
         """Connect to a runner that said ready; a runner we cannot talk to is stopped, never
@@ -726,6 +764,7 @@ async def plan_only(
         child = await asyncio.create_subprocess_exec(
             *process.command(),
             "--plan-only",
+            env=runner_environment(config),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log_file,
@@ -826,6 +865,10 @@ class ProcessRunner:
     def returncode(self) -> int | None:
         """How the process ended (negative: the signal); None while it runs."""
         return self.process.process.poll() if self.process.process else None
+
+    def gpu_failure(self) -> str | None:
+        """See :meth:`RunnerProcess.gpu_failure`."""
+        return self.process.gpu_failure()
 
     async def open_generation(
         self,

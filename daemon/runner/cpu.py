@@ -364,14 +364,20 @@ def model_params(paths: CpuPaths | None = None) -> Any:
     return params
 
 
-def system_report(timeout: float = 60.0) -> dict[str, Any]:
+def system_report(timeout: float = 60.0, env: dict[str, str] | None = None) -> dict[str, Any]:
     """llama.cpp's own view of this machine, from a child process (so a fault cannot take the
     caller down): version, system info, backends and devices, GPU offload and RPC support.
-    On failure: ``{"error": "..."}``."""
+    ``env``: the child's environment (default: this process's). On failure: ``{"error":
+    "..."}``."""
     command = [sys.executable, "-P", "-m", "localllm.daemon.runner.cpu", "info"]
     try:
         done = subprocess.run(
-            command, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+            env=env,
         )
     except subprocess.TimeoutExpired:
         return {"error": f"llama.cpp's report did not finish within {timeout:.0f} s"}
@@ -476,6 +482,7 @@ def _info_child() -> int:
     import llama_cpp
 
     from . import backends
+    from .gpuinfo import is_software
 
     quiet = llama_cpp.llama_log_callback(lambda *_: None)  # referenced while C may call it
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
@@ -492,6 +499,7 @@ def _info_child() -> int:
                 "type": device.kind,
                 "memory_free": device.free,
                 "memory_total": device.total,
+                "software": is_software(device.description) and device.kind != "cpu",
             }
             for device in devices
         ],

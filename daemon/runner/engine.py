@@ -45,6 +45,7 @@ from .adapters import Adapters, StepGroups, applying
 from .batching import BatchPlan, fill_batch, plan_batch
 from .draft import DraftModel, DraftModelDrafter
 from .drafting import Speculation
+from .faults import DeviceFault, FaultHook, decode_failure
 from .governor import Governor, Kind, ThreadChange
 from .jobs import EmbeddingJob, Emit, GenerationJob
 from .kvcache import PrefixCache
@@ -161,6 +162,12 @@ class Engine:
         """Where the engine thread's time went (for stats: decode against the rest)."""
         self.crashed = False
         """Set when the engine thread ended with an exception."""
+        self.fault: str | None = None
+        """Why the GPU stopped the engine (:class:`.faults.DeviceFault`), when it did."""
+        on_gpu = model.n_gpu_layers > 0
+        self._faults = (
+            FaultHook(model.config.test_fault) if model.config.test_fault and on_gpu else None
+        )
         self._held: dict[Emit, list[Event]] | None = None
         """While a step's samples are applied: its events by destination, handed over
         together when the step ends (see :meth:`_emit`)."""
@@ -171,7 +178,6 @@ class Engine:
         self.adapters = Adapters(model)
         """The LoRA adapters loaded on the model; a step runs one adapter set's slots."""
         self._groups = StepGroups()
-        on_gpu = model.n_gpu_layers > 0
         if model.unified_kv:
             least_shared = 1  # sequences share cells by tagging them: nothing is copied
         elif on_gpu:
@@ -310,6 +316,9 @@ class Engine:
                     stepped = time.perf_counter()
                     self._step()
                     clock.steps += time.perf_counter() - stepped
+        except DeviceFault as exc:
+            self.crashed, self.fault = True, str(exc)
+            log.error("%s: the runner exits", exc)
         except BaseException:
             self.crashed = True
             log.exception("engine thread crashed; the runner exits")
@@ -475,7 +484,9 @@ class Engine:
             kind: Kind = "batch" if any(count for _, count in plan.prefill) else "decode"
             threads = self._use_threads(kind)
             started = time.perf_counter()
-            status = self.model.decode()
+            status = self._faults.before_decode() if self._faults else None
+            if status is None:
+                status = self.model.decode()
             elapsed = time.perf_counter() - started
             self.time.decode += elapsed
             self.time.decodes += 1
@@ -494,6 +505,11 @@ class Engine:
                 if prefill_in_batch:
                     prefill_budget = max(1, prefill_budget // 2)
                 continue
+            if status < -1 and self.model.n_gpu_layers > 0:
+                gpus = ", ".join(d for d in self.model.allocated if d != "CPU") or "GPU"
+                message = decode_failure(status, gpus)
+                self._fail_batch(plan, message)
+                raise DeviceFault(message)
             self._fail_batch(plan, f"llama_decode failed with status {status}")
             return
         self._held = {}
@@ -911,7 +927,9 @@ class Engine:
             embedding.emit(_stopped_error(embedding.id))
         self.embeddings.clear()
         reason = "error" if self.crashed else "cancel"
-        error = "internal error in the engine (see the runner log)" if self.crashed else None
+        error = None
+        if self.crashed:
+            error = self.fault or "internal error in the engine (see the runner log)"
         for job in list(self.waiting):
             job.emit(_done(job.id, "", reason, Timings(prompt_tokens=len(job.prompt)), error))
         self.waiting.clear()

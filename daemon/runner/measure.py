@@ -254,6 +254,7 @@ def plan_load(config: RunnerConfig) -> MemoryPlan:
                 flash_attention=config.flash_attention,
             ),
             reserved=config.memory_reserved,
+            gpu_cap=config.gpu_memory,
         )
     else:
         measure = LlamaMeasure(config, devices, layout)
@@ -263,6 +264,7 @@ def plan_load(config: RunnerConfig) -> MemoryPlan:
                 devices,
                 measure,
                 reserved=config.memory_reserved,
+                gpu_cap=config.gpu_memory,
                 measured=True,
             )
         finally:

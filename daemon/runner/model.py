@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING
 
 import llama_cpp
 
+from .allocations import allocated
 from .backends import has_local_gpu
 from .cpu import decide, default_threads
 from .params import ModelLoadError, set_fields
@@ -271,7 +272,8 @@ class LlamaModel:
 
             self.remote = split_onto_workers(params, config)
             self.n_gpu_layers = self.remote.placement.n_gpu_layers
-        self.model = load_model(config, params)
+        with tap_llama_log() as load_log:
+            self.model = load_model(config, params)
         if not self.model:
             raise ModelLoadError(
                 f"llama.cpp could not load {config.model_path} (see the log above)"
@@ -298,10 +300,13 @@ class LlamaModel:
         params = context_params(config, n_ctx, n_seq, self.n_threads, unified=self.unified_kv)
         n_batch = batch_size(config)
         set_fields(params, n_batch=n_batch, n_ubatch=n_batch)
-        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        with tap_llama_log() as context_log:
+            self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             raise ModelLoadError("llama.cpp could not create the context (out of memory?)")
+        self.allocated = allocated("".join(load_log + context_log))
+        """Bytes the load allocated per device (``CPU``: the host), as llama.cpp logged them."""
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.memory))
         """Whether the KV cache can move positions (context shift); not for every model."""

@@ -587,6 +587,14 @@ class RunnerConfig:
     adapters: list[AdapterUse] = field(default_factory=list, compare=False)
     """The LoRA adapters (and scales) a request runs with: not how the runner loads, so not
     part of the config's identity (models sharing the base share the runner)."""
+    gpu_memory: int = 0
+    """The most bytes the memory plan puts on each local GPU (``LOCALLLM_GPU_MEMORY``; 0: what
+    is free)."""
+    cpu_only: bool = False
+    """Run without any GPU: the runner starts with every GPU backend's devices hidden (the
+    scheduler's fallback after the GPU failed twice)."""
+    test_fault: str | None = field(default=None, compare=False)
+    """For tests only: a GPU fault to stand in for (``LOCALLLM_TEST_FAULT``, :mod:`.faults`)."""
 
 
 # -- messages -----------------------------------------------------------------------------------

@@ -541,6 +541,7 @@ class RunnerServer:
                 else model.remote.placement.local_gpu_layers
             ),
             "devices": model.remote.placement.report() if model.remote is not None else None,
+            "allocated": model.allocated,
             "cpu_repack": model.cpu_repack,
             "rpc_dropped": [s.endpoint for s in model.remote.dropped] if model.remote else [],
             "kv_cache_type": model.config.kv_cache_type,

@@ -13,6 +13,7 @@ command (the one place to add one) and the exit statuses:
   both go through the chat session of :mod:`~localllm.cli.session`;
 - :mod:`~localllm.cli.gateway`: ``gateway`` (many daemons behind one endpoint);
 - :mod:`~localllm.cli.worker`: ``worker`` (this machine's devices for another's models);
+- :mod:`~localllm.cli.mcp`: ``mcp add|list|rm`` (the MCP servers whose tools chats use);
 - :mod:`~localllm.cli.tui`: ``tui``;
 - :mod:`~localllm.cli.doctor`: ``doctor``.
 

@@ -110,6 +110,12 @@ COMMANDS: tuple[Command, ...] = (
         "launch:add_launch_arguments",
     ),
     Command(
+        "mcp",
+        "Add, list or remove the MCP servers whose tools chats use",
+        "mcp:cmd_mcp",
+        "mcp:add_mcp_arguments",
+    ),
+    Command(
         "bench",
         "Measure throughput and latency",
         "bench:cmd_bench",

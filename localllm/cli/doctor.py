@@ -127,6 +127,7 @@ def diagnose(verify: bool = True) -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
     from ..daemon.runner import cpu, speedprobe
+    from ..daemon.runner.gpuinfo import gpu_build_command, hidden_vulkan_devices
     from ..daemon.runner.rpc import doctor_line
     from .common import load_settings
 
@@ -139,6 +140,9 @@ def diagnose(verify: bool = True) -> dict[str, Any]:
     except speedprobe.ProbeFailed as exc:
         speed = {"error": str(exc)}
     llama = cpu.system_report()
+    if "error" not in llama:
+        llama["hidden_devices"] = hidden_vulkan_devices(llama, settings.vulkan_visible_devices)
+        llama["gpu_build"] = gpu_build_command()
     return {
         "localllm": __version__,
         "python": sys.version.split()[0],
@@ -187,6 +191,43 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _device_lines(llama: dict[str, Any]) -> list[str]:
+    """Every device llama.cpp sees, the ones it skips, and what offloading can use."""
+    lines = []
+    for device in llama["devices"]:
+        memory = f"{human_size(device['memory_free'])} free of " + human_size(
+            device["memory_total"]
+        )
+        software = " (software device: runs on the CPU)" if device.get("software") else ""
+        lines.append(
+            f"  device {device['name']} ({device['type']}): {device['description']}, "
+            f"{memory}{software}"
+        )
+    for device in llama.get("hidden_devices", []):
+        kind = "a software device, slower than the CPU backend" if device["software"] else "a GPU"
+        lines.append(
+            f"  skipped: Vulkan device {device['index']}: {device['description']} ({kind}); "
+            f"GGML_VK_VISIBLE_DEVICES={device['index']} uses it"
+        )
+    gpus = [d["name"] for d in llama["devices"] if d["type"] in ("gpu", "igpu")]
+    if gpus:
+        lines.append(f"  GPU offload: yes ({', '.join(gpus)})")
+    elif not _has_gpu_backend(llama["backends"]):
+        lines.append(
+            "  GPU offload: no: this llama-cpp-python has no GPU backend; "
+            f"`{llama.get('gpu_build', 'scripts/gpu-build.sh vulkan VENV')}` builds one "
+            "(README: GPU)"
+        )
+    else:
+        backends = ", ".join(b for b in llama["backends"] if b not in ("CPU", "RPC"))
+        lines.append(f"  GPU offload: no GPU device ({backends} found none to use)")
+    return lines
+
+
+def _has_gpu_backend(backends: list[str]) -> bool:
+    return any(name not in ("CPU", "RPC", "BLAS") for name in backends)
+
+
 def _render(report: dict[str, Any]) -> list[str]:
     llama = report["llama_cpp"]
     repack = report["cpu_repack"]
@@ -201,15 +242,7 @@ def _render(report: dict[str, Any]) -> list[str]:
             f"  system info: {llama['system_info']}",
             f"  backends: {', '.join(llama['backends']) or 'none'}",
         ]
-        for device in llama["devices"]:
-            memory = f"{human_size(device['memory_free'])} free of " + human_size(
-                device["memory_total"]
-            )
-            lines.append(
-                f"  device {device['name']} ({device['type']}): {device['description']}, {memory}"
-            )
-        gpus = [d["name"] for d in llama["devices"] if d["type"] in ("gpu", "igpu")]
-        lines.append("  GPU offload: " + (f"yes ({', '.join(gpus)})" if gpus else "no GPU device"))
+        lines += _device_lines(llama)
         lines.append(f"  {report['rpc']['line']}")
     lines += _describe_threads(report["threads"])
     state = "on" if repack["repack"] else "off"

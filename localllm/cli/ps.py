@@ -155,6 +155,7 @@ def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
     spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
     spans += [line for entry in loaded if (line := device_line(entry)) is not None]
     spans += [line for entry in loaded if (line := adapter_line(entry)) is not None]
+    spans += [line for entry in loaded if (line := fallback_line(entry)) is not None]
     return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
         f"\n{line}" for line in spans
     )
@@ -179,6 +180,12 @@ def adapter_line(entry: Mapping[str, Any]) -> str | None:
     if others:
         line += f" (also serving {', '.join(others)})"
     return line
+
+
+def fallback_line(entry: Mapping[str, Any]) -> str | None:
+    """``NAME on the CPU: the GPU failed ...`` for a model the daemon moved off its GPU."""
+    fallback = entry.get("gpu_fallback")
+    return f"{entry.get('name', '')} on the CPU: {fallback}" if fallback else None
 
 
 def device_line(entry: Mapping[str, Any]) -> str | None:

@@ -4,6 +4,7 @@
 wordwrap|nowordwrap``, ``/set format json|noformat``, ``/set history|nohistory``, ``/set
 think [low|medium|high]|nothink``; ``/show info|license|modelfile|parameters|system|template``;
 ``/load MODEL``, ``/save MODEL``, ``/clear``, ``/bye``; ``/? set|show|shortcuts``;
+``/tools`` lists the chat's MCP servers and their tools;
 ``/image PATH`` attaches an image to the next message, as does an image path typed or pasted
 (drag-and-drop) into a message;
 ``\"\"\"`` starts a multi-line message. Ctrl-C stops the answer being
@@ -37,6 +38,7 @@ HELP = """Available Commands:
   /save <model>   Save your current session
   /clear          Clear session context
   /image <path>   Attach an image to the next message
+  /tools          List the MCP servers and their tools
   /bye            Exit
   /?, /help       Help for a command
   /? shortcuts    Help for keyboard shortcuts
@@ -115,7 +117,19 @@ class _Exit(Exception):
 
 
 _COMMANDS = frozenset(
-    ("/set", "/show", "/load", "/save", "/clear", "/image", "/bye", "/exit", "/?", "/help")
+    (
+        "/set",
+        "/show",
+        "/load",
+        "/save",
+        "/clear",
+        "/image",
+        "/tools",
+        "/bye",
+        "/exit",
+        "/?",
+        "/help",
+    )
 )
 
 
@@ -281,6 +295,9 @@ class Repl:
             self._show(rest)
         elif name == "/image":
             self._attach(rest)
+        elif name == "/tools":
+            tools = self.session.tools
+            print(tools.describe() if tools is not None else "No MCP tools in this chat.")
         elif name == "/clear":
             self.session.messages.clear()
             self.pending_images.clear()

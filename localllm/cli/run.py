@@ -10,6 +10,12 @@ sends ``think`` with every message (without it the model's template decides), an
 reasoning prints before the answer unless ``--hidethinking``. Image files named in the prompt
 (``./photo.png``, quoted, ``~/...``) are attached as Ollama's CLI attaches them. Both ways go
 through the :class:`~localllm.cli.session.ChatSession` of :mod:`localllm.cli.session`.
+
+With MCP servers in the config (``localllm mcp add``), the model may call their tools: each
+call is shown and asked about (``--yes`` approves them all), through the agent loop of
+:mod:`localllm.cli.tool_chat`; ``--mcp NAMES`` chooses the servers, ``--tools required``
+makes each message's first step call a tool, ``--tools none`` turns them off. A model whose
+template declares no tools is said at once.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from .session import ChatConfig, ChatSession, ensure_model
 if TYPE_CHECKING:
     from ..client import Think
 
-__all__ = ["THINK_VALUES", "add_run_arguments", "cmd_run", "think_value"]
+__all__ = ["THINK_VALUES", "TOOL_MODES", "add_run_arguments", "cmd_run", "think_value"]
 
 THINK_VALUES = ("true", "false", "low", "medium", "high")
 """What ``run --think=VALUE`` takes (Ollama's values)."""
+TOOL_MODES = ("auto", "required", "none")
+"""What ``run --tools MODE`` takes."""
 
 
 class _ThinkAction(argparse.Action):
@@ -83,6 +91,26 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not print the reasoning (a model that reasons still thinks)",
     )
+    parser.add_argument(
+        "--mcp",
+        action="append",
+        metavar="SERVERS",
+        help="use these MCP servers (comma separated; default: every server of the MCP config "
+        "that is not disabled; see `localllm mcp`)",
+    )
+    parser.add_argument(
+        "--tools",
+        choices=TOOL_MODES,
+        default="auto",
+        help="auto: the model may call the servers' tools; required: its first step in each "
+        "message must call one; none: no tools",
+    )
+    parser.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="run every tool call (and sampling request) without asking",
+    )
 
 
 def think_value(flag: str | None) -> Think | None:
@@ -115,6 +143,8 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
         # --hidethinking alone: a model that reasons is asked to (the reasoning is hidden,
         # not skipped), and one that does not is asked nothing, so it is not refused
         config.think = True
+    session.vision = "vision" in (info.get("capabilities") or [])
+    session.tools = _tools(session, args, info.get("capabilities") or [])
     piped = _stdin_text()
     if piped is None and not args.prompt:
         from .repl import Repl
@@ -128,6 +158,47 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
         return 0
     session.answer(prompt, interactive=False, images=images)
     return 0
+
+
+def _tools(session: ChatSession, args: argparse.Namespace, capabilities: list[str]) -> Any:
+    """The chat's MCP tools (a :class:`~localllm.cli.tool_chat.CliTools`), or None: no
+    server chosen or configured, ``--tools none``, or a model that cannot call tools (said at
+    once; an error when tools were asked for by name)."""
+    if args.tools == "none":
+        if args.mcp:
+            raise UsageError("--mcp names servers, but --tools none turns tools off")
+        return None
+    from ..mcp.config import load_config
+
+    settings = session.settings
+    config = load_config(settings.mcp_config_path)
+    names = [n.strip() for value in args.mcp or [] for n in value.split(",") if n.strip()]
+    if names:
+        chosen = [config.server(name).name for name in names]
+    else:
+        chosen = [s.name for s in config.servers.values() if not s.disabled]
+    asked = bool(names) or args.tools == "required"
+    if not chosen:
+        if asked:
+            raise UsageError(
+                f"no MCP servers in {config.path}: add one with `localllm mcp add NAME -- COMMAND`"
+            )
+        return None
+    model = session.config.model
+    if "tools" not in capabilities:
+        why = (
+            f'"{model}" cannot call tools (its template declares none; `localllm show {model}` '
+            "lists what it can do)"
+        )
+        if asked:
+            raise UsageError(why)
+        print(f"note: {why}: the MCP servers of {config.path} are not used", file=session.err)
+        return None
+    from ..mcp.host import ToolHost
+    from .tool_chat import CliTools
+
+    host = ToolHost.from_settings(settings, chosen, auto_approve=args.yes, config=config)
+    return CliTools(host, required=args.tools == "required")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -146,4 +217,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         return _run(session, args)
     finally:
-        session.client.close()
+        try:
+            if session.tools is not None:
+                session.tools.close()  # the chat's MCP servers stop with it
+        finally:
+            session.client.close()

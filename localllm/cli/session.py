@@ -15,7 +15,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from .._exceptions import APIError, LocalLLMError
 from ..stream_wrap import StreamWrapper
@@ -32,14 +32,34 @@ __all__ = [
     "AnswerPrinter",
     "ChatConfig",
     "ChatSession",
+    "ToolAnswers",
     "ensure_model",
     "truncation_line",
+    "user_message",
 ]
 
 THINKING_OPENING = "Thinking..."
 """The line above an answer's reasoning (Ollama's words)."""
 THINKING_CLOSING = "...done thinking."
 """The line under it."""
+
+
+class ToolAnswers(Protocol):
+    """Answers through MCP tools (:class:`~localllm.cli.tool_chat.CliTools` is one)."""
+
+    def answer(
+        self, session: ChatSession, prompt: str, images: list[str] | None, *, interactive: bool
+    ) -> str | None:
+        """The answer to ``prompt`` through the tool loop; None: no tool is on offer."""
+        ...
+
+    def describe(self) -> str:
+        """The servers and their tools, for ``/tools``."""
+        ...
+
+    def close(self) -> None:
+        """Stop the servers."""
+        ...
 
 
 @dataclass
@@ -203,6 +223,10 @@ class ChatSession:
         self.messages: list[ChatMessage] = []
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.tools: ToolAnswers | None = None
+        """The chat's MCP tools (``run`` with servers configured), None without."""
+        self.vision = False
+        """The model sees images (a tool's images then go to it as images)."""
 
     def reconnect(self) -> None:
         """A fresh connection (after Ctrl-C cut a stream, the old pool is not trusted)."""
@@ -211,14 +235,15 @@ class ChatSession:
         self.client.close()
         self.client = Client(self.settings)
 
-    def _say_truncated(self, final: dict[str, Any]) -> None:
+    def say_truncated(self, final: dict[str, Any]) -> None:
         """One dim line on stderr: the daemon dropped the oldest turns to fit the context."""
         line = truncation_line(final)
         if self.err.isatty():
             line = f"\x1b[2m{line}\x1b[0m"
         print(line, file=self.err, flush=True)
 
-    def _width(self) -> int | None:
+    def width(self) -> int | None:
+        """Columns to wrap answers at (None: no wrapping)."""
         if not self.config.wordwrap or self.config.format or not self.out.isatty():
             return None
         try:
@@ -250,7 +275,7 @@ class ChatSession:
         if self.config.system is not None:
             messages.append({"role": "system", "content": self.config.system})
         messages.extend(self.messages)
-        messages.append(_user_message(prompt, images))
+        messages.append(user_message(prompt, images))
         return messages
 
     def load(self) -> None:
@@ -262,16 +287,22 @@ class ChatSession:
         """Stream the answer to ``prompt`` (with ``images``, base64, attached); returns its
         text and adds the exchange, images included as Ollama keeps them, to the
         conversation. Ctrl-C stops it (closing the stream cancels it in the daemon) and
-        re-raises KeyboardInterrupt; the interrupted exchange is not kept."""
+        re-raises KeyboardInterrupt; the interrupted exchange is not kept. With MCP tools
+        (:attr:`tools`), the answer goes through the agent loop of
+        :mod:`~localllm.cli.tool_chat` instead."""
 
         def write(text: str) -> None:
             self.out.write(text)
             self.out.flush()
 
+        if self.tools is not None:
+            answered = self.tools.answer(self, prompt, images, interactive=interactive)
+            if answered is not None:
+                return answered
         config = self.config
         printer = AnswerPrinter(
             self.out,
-            self._width(),
+            self.width(),
             show_thinking=not config.hidethinking,
             styled=self.out.isatty(),
         )
@@ -314,14 +345,14 @@ class ChatSession:
         ending = "\n\n" if interactive else "\n"
         write(ending if answer and not answer.endswith("\n") else ending[:-1])
         if final.get("truncated_messages") or final.get("truncated_tokens"):
-            self._say_truncated(final)
+            self.say_truncated(final)
         if self.config.verbose and final:
             from ..run_stats import format_timings
 
             print(format_timings(final), file=self.err, flush=True)
             if interactive:
                 print(file=self.err, flush=True)
-        self.messages.append(_user_message(prompt, images))
+        self.messages.append(user_message(prompt, images))
         reply: ChatMessage = {"role": "assistant", "content": answer}
         if printer.thinking:
             reply["thinking"] = printer.thinking  # sent back with the history, as Ollama does
@@ -339,7 +370,8 @@ def truncation_line(final: dict[str, Any]) -> str:
     return f"(the conversation is longer than the model's context: {what} left out)"
 
 
-def _user_message(prompt: str, images: list[str] | None) -> ChatMessage:
+def user_message(prompt: str, images: list[str] | None) -> ChatMessage:
+    """The user's message, with its images (base64) when some are attached."""
     message: ChatMessage = {"role": "user", "content": prompt}
     if images:
         message["images"] = list(images)

@@ -383,8 +383,10 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ChatChunk:
-        """A whole chat answer (``/api/chat`` without streaming)."""
+        """A whole chat answer (``/api/chat`` without streaming); ``tools`` (functions in the
+        chat API's shape) may be called: the answer's ``message.tool_calls``."""
         body = payload(locals(), stream=False)
         return await self._json("POST", "/api/chat", body, timeout=NO_READ_TIMEOUT)
 
@@ -397,9 +399,11 @@ class AsyncClient:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> AsyncIterator[ChatChunk]:
         """A chat answer streamed chunk by chunk; the last chunk has ``done`` and timings.
-        Leaving the iteration early stops the generation in the daemon."""
+        Leaving the iteration early stops the generation in the daemon. With ``tools``, each
+        call the model makes arrives whole in a chunk's ``message.tool_calls``."""
         async for item in self._answer("/api/chat", payload(locals(), stream=True)):
             yield item
 

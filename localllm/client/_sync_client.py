@@ -381,8 +381,10 @@ class Client:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> ChatChunk:
-        """A whole chat answer (``/api/chat`` without streaming)."""
+        """A whole chat answer (``/api/chat`` without streaming); ``tools`` (functions in the
+        chat API's shape) may be called: the answer's ``message.tool_calls``."""
         body = payload(locals(), stream=False)
         return self._json("POST", "/api/chat", body, timeout=NO_READ_TIMEOUT)
 
@@ -395,9 +397,11 @@ class Client:
         options: Mapping[str, Any] | None = None,
         keep_alive: str | float | None = None,
         think: Think | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Iterator[ChatChunk]:
         """A chat answer streamed chunk by chunk; the last chunk has ``done`` and timings.
-        Leaving the iteration early stops the generation in the daemon."""
+        Leaving the iteration early stops the generation in the daemon. With ``tools``, each
+        call the model makes arrives whole in a chunk's ``message.tool_calls``."""
         yield from self._answer("/api/chat", payload(locals(), stream=True))
 
     def load(self, model: str, *, keep_alive: str | float | None = None) -> GenerateChunk:

@@ -92,6 +92,12 @@ class ChatMessage(TypedDict, total=False):
     """An answer's reasoning (sent back in the history as Ollama's CLI does)."""
     images: list[str]
     """Standard base64 of each image file's bytes (needs a model with vision)."""
+    tool_calls: list[dict[str, Any]]
+    """An answer's calls: ``{"id", "function": {"name", "arguments" (an object)}}``."""
+    tool_name: str
+    """On a tool message: the tool whose result it is."""
+    tool_call_id: str
+    """On a tool message: the call it answers."""
 
 
 class _Final(TypedDict, total=False):

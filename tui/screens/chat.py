@@ -1,6 +1,7 @@
 """The chat screen: several chats (a list on the left), a model per chat, answers streamed as
 Markdown with their timings underneath and the model's reasoning folded above them, chats saved
-across restarts."""
+across restarts. With MCP servers configured, the model may call their tools (each call a
+block in the chat, asked about first): :mod:`.chat_tools`."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from ..widgets.message import MessageView, ThrottledMarkdownStream
 from ..widgets.prompt import PromptArea
 from ..widgets.status import StatusBar
 from .base import MainScreen
+from .chat_tools import ChatTools, loop_messages, tool_view
 from .dialogs import ChatOptionsDialog, ConfirmDialog
 
 __all__ = ["ChatScreen", "Transcript"]
@@ -49,7 +51,12 @@ class Transcript(VerticalScroll):
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
         for message in self.chat.messages:
-            yield _view_for(self.chat, message)
+            if message.role == "tool":
+                yield tool_view(message)
+            elif message.tool and not (message.content or message.thinking):
+                continue  # a step that only called tools: its calls show as blocks
+            else:
+                yield _view_for(self.chat, message)
 
     def on_mount(self) -> None:
         """Keep the newest message in view."""
@@ -84,6 +91,9 @@ def _options_summary(chat: Chat) -> str:
         parts.append(_THINK_SUMMARY.get(chat.think, f"thinking {chat.think}"))
     if chat.system.strip():
         parts.append("system prompt")
+    servers = chat.tools.get("servers")
+    if servers is not None:
+        parts.append(f"tools: {', '.join(servers)}" if servers else "no tools")
     return " · ".join(parts) or "default options"
 
 
@@ -99,6 +109,7 @@ class ChatScreen(MainScreen):
         Binding("ctrl+l", "pick_model", "Model", id="chat.model"),
         Binding("ctrl+o", "chat_options", "Options", id="chat.options"),
         Binding("f5", "copy_answer", "Copy", id="chat.copy"),
+        Binding("ctrl+g", "tools", "Tools (MCP)", show=False, id="chat.tools"),
         Binding("f8", "delete_chat", "Delete", id="chat.delete"),
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
@@ -119,6 +130,9 @@ class ChatScreen(MainScreen):
         """Model names offered in the picker."""
         self.attachments: list[Attachment] = []
         """Images attached (``/image PATH`` or a pasted path) for the next message."""
+        self.tools = ChatTools(self)
+        """The MCP servers, tools, prompts and resources of the chats."""
+        self._starting: set[int] = set()
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
@@ -222,8 +236,9 @@ class ChatScreen(MainScreen):
         system = self.current.system if self.current else ""
         options = dict(self.current.options) if self.current else {}
         think = self.current.think if self.current else None
+        tools = dict(self.current.tools) if self.current else {}
         chat = await asyncio.to_thread(
-            self.llm.chats.create_chat, _NEW_CHAT, model, system, options, think
+            self.llm.chats.create_chat, _NEW_CHAT, model, system, options, think, tools
         )
         self.chats[chat.id] = chat
         self.query_one("#chat-list", OptionList).add_option(Option(chat.title, id=str(chat.id)))
@@ -264,6 +279,20 @@ class ChatScreen(MainScreen):
         if result is None:
             return
         chat.system, chat.options, chat.think = result
+        await asyncio.to_thread(self.llm.chats.update_chat, chat)
+        self.query_one("#chat-options", Label).update(_options_summary(chat))
+
+    @work(exclusive=True, group="dialog")
+    async def action_tools(self) -> None:
+        """Choose the current chat's MCP servers and tools."""
+        chat = self.current
+        if chat is None:
+            return
+        result = await self.tools.settings(chat)
+        if result is None:
+            return
+        servers, off = result
+        chat.tools = {"servers": servers, "off": off}
         await asyncio.to_thread(self.llm.chats.update_chat, chat)
         self.query_one("#chat-options", Label).update(_options_summary(chat))
 
@@ -316,13 +345,15 @@ class ChatScreen(MainScreen):
             self.notify(str(exc), severity="error", markup=False)
             return False
         self.attachments.append(Attachment(path.name, encode_image(data)))
-        self._show_attachments()
+        self.show_attachments()
         return True
 
-    def _show_attachments(self) -> None:
+    def show_attachments(self) -> None:
+        """Show what goes with the next message: images, MCP resources."""
         label = self.query_one("#attachments", Label)
-        names = ", ".join(image.name for image in self.attachments)
-        label.update(f"🖼 {names} (sent with your next message)" if names else "")
+        names = [f"🖼 {image.name}" for image in self.attachments]
+        names += [f"📎 {uri}" for uri, _ in self.tools.resources]
+        label.update(f"{', '.join(names)} (sent with your next message)" if names else "")
         label.display = bool(names)
 
     async def _take_images(self, text: str) -> str | None:
@@ -353,6 +384,11 @@ class ChatScreen(MainScreen):
         text = text.strip()
         if chat is None or not text:
             return False
+        if text.startswith("/") and not text.startswith("/image") and chat.id not in self.answers:
+            self.query_one("#prompt", PromptArea).clear()
+            if await self.tools.command(chat, text, self.send):
+                return False
+            self.query_one("#prompt", PromptArea).text = text  # not ours: sent as typed
         taken = await self._take_images(text)
         if taken is None:
             return False
@@ -363,10 +399,18 @@ class ChatScreen(MainScreen):
         if not chat.model:
             self.notify("Pick a model first (Ctrl+L)", severity="warning")
             return False
+        if chat.id in self._starting:
+            return False  # its servers are starting for the message sent just before
+        self._starting.add(chat.id)
+        try:
+            tools = await self.tools.offer(chat)
+        finally:
+            self._starting.discard(chat.id)
         self.query_one("#prompt", PromptArea).clear()
+        text = self.tools.take_resources(text)
         question = StoredMessage("user", text, images=self.attachments)
         self.attachments = []
-        self._show_attachments()
+        self.show_attachments()
         chat.messages.append(question)
         if chat.title == _NEW_CHAT:
             chat.title = chat_title(text)
@@ -377,10 +421,13 @@ class ChatScreen(MainScreen):
         view = MessageView("assistant", author=chat.model)
         await transcript.mount_all([_view_for(chat, question), view])
         transcript.anchor()
+        answering = (
+            self._answer_with_tools(chat, view, tools)
+            if tools
+            else self._answer(chat, chat.model, chat.request_messages(), view)
+        )
         self.answers[chat.id] = self.run_worker(
-            self._answer(chat, chat.model, chat.request_messages(), view),
-            name=f"answer-{chat.id}",
-            group="answers",
+            answering, name=f"answer-{chat.id}", group="answers"
         )
         self.answering = True
         return True
@@ -431,6 +478,41 @@ class ChatScreen(MainScreen):
             answer = StoredMessage("assistant", "".join(parts), stats, thinking="".join(thinking))
             await self._finish_answer(chat, view, (thoughts, stream), answer)
 
+    async def _answer_with_tools(self, chat: Chat, view: MessageView, tools: list[Any]) -> None:
+        """The answer through the MCP agent loop: each step's text, each call a block, the
+        approvals prompts in the chat; Esc stops it (a running call ends), and what it did
+        so far is saved."""
+        loop, events = await self.tools.prepare(chat, view, tools)
+        error: str | None = None
+        try:
+            await loop.run()
+        except DaemonError as exc:
+            error = str(exc)
+            self.report(exc, f"{chat.model} could not answer")
+        except Exception as exc:  # a broken server or connection must not take the UI down
+            error = f"{exc.__class__.__name__}: {exc}"
+            self.notify(f"{chat.model} could not answer: {exc}", severity="error", markup=False)
+        finally:
+            try:
+                saved = loop_messages(loop.result)
+                await events.settle(loop.result.calls)
+                if events.step_open:  # stopped or failed in the middle of an answer
+                    stats = {"error": error} if error else {"done_reason": "stopped"}
+                    partial = "".join(events.parts)
+                    if partial or events.thinking or error:
+                        thinking = "".join(events.thinking)
+                        saved.append(StoredMessage("assistant", partial, stats, thinking=thinking))
+                    await events.end_step(stats, keep=bool(error))
+                elif saved and saved[-1].role == "assistant" and not saved[-1].tool:
+                    await events.end_step(saved[-1].stats)
+                for message in saved:
+                    chat.messages.append(message)
+                    await asyncio.to_thread(self.llm.chats.add_message, chat.id, message)
+            finally:
+                self.answers.pop(chat.id, None)
+                if self.current is chat:
+                    self.answering = False
+
     async def _finish_answer(
         self,
         chat: Chat,
@@ -461,3 +543,4 @@ class ChatScreen(MainScreen):
         for worker in workers:
             with contextlib.suppress(Exception):
                 await worker.wait()
+        await self.tools.close()  # the chats' MCP servers stop with the screen
