@@ -60,9 +60,10 @@ __all__ = [
 log = logging.getLogger("localllm.runner.adapters")
 
 TURN_STEPS = 8
-"""Most steps an adapter set runs in a row while another set has work. On SmolLM2-135M (2
-cores, 8 streams over two sets, a plain llama.cpp loop) switching every step kept 0.63-0.70
-of one set's decode rate, turns of 4 steps 0.73, of 8 steps 0.77 (benchmarks/lora.py)."""
+"""Most steps an adapter set runs in a row while another set has work. On SmolLM2-135M (one
+thread, 8 sequences over two sets, plain llama.cpp loops on a loaded 2-core machine, three
+runs: noisy) switching every step kept 0.63-0.76 of one set's decode rate, turns of 8 steps
+0.69-0.77, a context per set 0.80-0.86 (``benchmarks/lora.py``)."""
 TURN_SECONDS = 0.2
 """Longest turn in time (a large model's steps are long: the other set waits at most this)."""
 
