@@ -19,16 +19,48 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from localllm.store.models import LocalModel
 
 from .runner.protocol import AdapterFile, AdapterStats, AdapterUse, RunnerConfig
 
-if TYPE_CHECKING:
-    from .scheduler import LoadedModel, Runner
+
+class Member(Protocol):
+    """What a share reads of a model on its runner (the scheduler's ``LoadedModel``)."""
+
+    key: str
+    model: LocalModel
+    config: RunnerConfig
+    handed: int
+    closing: bool
+    share: RunnerShare
+
+    @property
+    def name(self) -> str:
+        """The model's name as people write it."""
+
+    @property
+    def pinned(self) -> bool:
+        """Kept loaded forever."""
+
+    def busy(self) -> bool:
+        """True while requests use or wait for it."""
+
+    def alive(self) -> bool:
+        """True while its runner runs and it is not being unloaded."""
+
+
+class AdapterRunner(Protocol):
+    """A runner that loads LoRA adapters (the runner process; unit tests' fakes)."""
+
+    async def load_adapters(self, files: list[AdapterFile]) -> list[AdapterStats]:
+        """Load adapters on the base model; every adapter it holds afterwards."""
+
 
 __all__ = [
+    "AdapterRunner",
+    "Member",
     "RunnerShare",
     "adapter_files",
     "adapter_uses",
@@ -48,7 +80,7 @@ def adapter_uses(config: RunnerConfig) -> list[AdapterUse]:
     return [AdapterUse(a.digest, a.scale) for a in config.adapters]
 
 
-def runner_for(models: Iterable[LoadedModel], key: str, config: RunnerConfig) -> LoadedModel | None:
+def runner_for(models: Iterable[Member], key: str, config: RunnerConfig) -> Member | None:
     """A loaded model whose runner ``key`` can share: the same GGUF blob (``model_path``) and
     the same load options (the config's identity leaves the adapters out)."""
     for other in models:
@@ -57,11 +89,11 @@ def runner_for(models: Iterable[LoadedModel], key: str, config: RunnerConfig) ->
     return None
 
 
-def _shares(models: Iterable[LoadedModel]) -> list[RunnerShare]:
+def _shares(models: Iterable[Member]) -> list[RunnerShare]:
     return list({id(m.share): m.share for m in models}.values())
 
 
-def runner_queue(models: Iterable[LoadedModel]) -> int:
+def runner_queue(models: Iterable[Member]) -> int:
     """Requests waiting in the runners' own queues (each runner counted once)."""
     return sum(
         max(0, share.handed - owner.config.n_slots)
@@ -70,10 +102,10 @@ def runner_queue(models: Iterable[LoadedModel]) -> int:
     )
 
 
-def working_runners(models: Iterable[LoadedModel]) -> dict[str, Runner]:
+def working_runners(models: Iterable[Member]) -> dict[str, Any]:
     """The runners with requests, by the name of the model that loaded each (for the
     daemon's share of the cores: a runner once, whatever models use it)."""
-    working: dict[str, Runner] = {}
+    working: dict[str, Any] = {}
     for share in _shares(models):
         owner = share.owner
         if owner is not None and share.handed > 0 and any(m.alive() for m in share.members):
@@ -84,18 +116,18 @@ def working_runners(models: Iterable[LoadedModel]) -> dict[str, Runner]:
 class RunnerShare:
     """One runner and the models it serves."""
 
-    def __init__(self, runner: Runner, permits: int) -> None:
+    def __init__(self, runner: Any, permits: int) -> None:
         self.runner = runner
         """The runner process (or an in-process fake in unit tests)."""
         self.slots = asyncio.Semaphore(permits)
         """Permits to hand a request to the runner, for all its models together."""
-        self.members: list[LoadedModel] = []
+        self.members: list[Member] = []
         """The models it serves, the one that loaded it first."""
         self.adapters: dict[str, AdapterStats] = {}
         """The LoRA adapters loaded on its base model, by digest."""
 
     @property
-    def owner(self) -> LoadedModel | None:
+    def owner(self) -> Member | None:
         """The model that loaded the runner (or the oldest still on it)."""
         return self.members[0] if self.members else None
 
@@ -112,11 +144,11 @@ class RunnerShare:
         """True when any of its models is kept loaded forever."""
         return any(m.pinned for m in self.members)
 
-    def live(self, leaving: LoadedModel | None = None) -> list[LoadedModel]:
+    def live(self, leaving: Member | None = None) -> list[Member]:
         """Its models not being unloaded (``leaving`` excepted)."""
         return [m for m in self.members if m is not leaving and not m.closing]
 
-    def others(self, model: LoadedModel) -> list[str]:
+    def others(self, model: Member) -> list[str]:
         """The names of the other models on this runner."""
         return [m.name for m in self.members if m is not model and not m.closing]
 
@@ -126,7 +158,8 @@ class RunnerShare:
         missing = [f for f in adapter_files(model) if f.digest not in self.adapters]
         if not missing:
             return
-        loaded = await self.runner.load_adapters(missing)  # type: ignore[attr-defined]
+        runner: AdapterRunner = self.runner
+        loaded = await runner.load_adapters(missing)
         self.adapters = {a.digest: a for a in loaded}
 
     def adapter_bytes(self, model: LocalModel) -> int:
@@ -135,7 +168,7 @@ class RunnerShare:
             self.adapters[a.digest].size for a in model.adapters if a.digest in self.adapters
         )
 
-    def report(self, loaded: LoadedModel) -> dict[str, Any]:
+    def report(self, loaded: Member) -> dict[str, Any]:
         """What ``/api/ps`` and the stats stream add for a model with LoRA adapters or on a
         shared runner: its ``adapters`` and the ``runner`` (the model that loaded it, every
         model on it, the bytes all its adapters take). Empty for a model alone on its runner

@@ -13,7 +13,8 @@ import pytest
 from lora_support import write_lora_gguf
 
 from localllm._exceptions import AdapterError, GGUFError, LocalLLMError
-from localllm.daemon.runner.adapters import TURN_SECONDS, TURN_STEPS, AdapterSet, StepGroups
+from localllm.daemon.runner.adapters import TURN_SECONDS, TURN_STEPS, StepGroups
+from localllm.daemon.runner.adapterset import AdapterSet
 from localllm.daemon.runner.jobs import GenerationJob
 from localllm.daemon.runner.kvcache import PrefixCache
 from localllm.daemon.runner.protocol import AdapterUse, SamplingOptions

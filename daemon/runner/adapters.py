@@ -26,14 +26,14 @@ from the RAM and disk tiers, or waited for only within one set. The draft model 
 speculative decoding runs without adapters, so its cells depend on the tokens alone; the
 target verifies every draft with the request's own adapters.
 
-Everything here runs on the engine thread, except :class:`AdapterSet`, a value.
+Everything here runs on the engine thread; :class:`~.adapterset.AdapterSet`, the value a job
+carries, is in its own module (jobs and slots need it without the engine's side).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -41,21 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import llama_cpp
 
-from .protocol import AdapterFile, AdapterStats, AdapterUse
+from .adapterset import NO_ADAPTERS, AdapterLoadError, AdapterSet
+from .protocol import AdapterFile, AdapterStats
 from .slots import Slot, SlotState
 
 if TYPE_CHECKING:
     from .model import LlamaModel
 
-__all__ = [
-    "NO_ADAPTERS",
-    "TURN_SECONDS",
-    "TURN_STEPS",
-    "AdapterLoadError",
-    "AdapterSet",
-    "Adapters",
-    "StepGroups",
-]
+__all__ = ["TURN_SECONDS", "TURN_STEPS", "Adapters", "StepGroups", "applying"]
 
 log = logging.getLogger("localllm.runner.adapters")
 
@@ -66,49 +59,6 @@ runs: noisy) switching every step kept 0.63-0.76 of one set's decode rate, turns
 0.69-0.77, a context per set 0.80-0.86 (``benchmarks/lora.py``)."""
 TURN_SECONDS = 0.2
 """Longest turn in time (a large model's steps are long: the other set waits at most this)."""
-
-
-class AdapterLoadError(ValueError):
-    """llama.cpp refused an adapter, or a request named one that is not loaded."""
-
-
-@dataclass(frozen=True)
-class AdapterSet:
-    """The adapters a request runs with, as llama.cpp sees them: (digest, scale) pairs in
-    digest order, zero scales left out (llama.cpp leaves them out too)."""
-
-    uses: tuple[tuple[str, float], ...] = ()
-
-    @classmethod
-    def of(cls, uses: Iterable[AdapterUse]) -> AdapterSet:
-        """The set of ``uses``; raises :class:`AdapterLoadError` for a repeated adapter or a
-        scale that is not a finite number."""
-        pairs: dict[str, float] = {}
-        for use in uses:
-            if use.digest in pairs:
-                raise AdapterLoadError(f"adapter {use.digest} is named twice")
-            scale = float(use.scale)
-            if not math.isfinite(scale):
-                raise AdapterLoadError(f"adapter {use.digest}: scale {use.scale!r} is not finite")
-            pairs[use.digest] = scale
-        return cls(tuple(sorted((d, s) for d, s in pairs.items() if s != 0.0)))
-
-    @property
-    def key(self) -> str:
-        """What caches key on: empty for the base model alone."""
-        return ",".join(f"{digest}*{scale!r}" for digest, scale in self.uses)
-
-    def __bool__(self) -> bool:
-        return bool(self.uses)
-
-    def describe(self) -> str:
-        """``base`` or ``3f2a9c01d4e5 x0.5, ...`` for logs."""
-        if not self.uses:
-            return "base"
-        return ", ".join(f"{d.removeprefix('sha256:')[:12]} x{s:g}" for d, s in self.uses)
-
-
-NO_ADAPTERS = AdapterSet()
 
 
 @dataclass

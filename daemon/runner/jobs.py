@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .adapters import NO_ADAPTERS, AdapterSet
+from .adapterset import NO_ADAPTERS, AdapterSet
 from .protocol import Event, SamplingOptions
 from .reasoning import ReasoningBudget
 from .scoring import PromptScore

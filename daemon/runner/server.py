@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .adapters import AdapterLoadError, AdapterSet
+from .adapterset import AdapterLoadError, AdapterSet
 from .chat import TemplateRenderError, render_chat
 from .engine import Engine
 from .governor import allowed_cpus, pin_process
