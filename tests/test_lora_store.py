@@ -13,6 +13,7 @@ import pytest
 from lora_support import write_lora_gguf
 
 from localllm._exceptions import AdapterError, GGUFError, LocalLLMError
+from localllm.cli.ps import adapter_line
 from localllm.daemon.runner.adapters import TURN_SECONDS, TURN_STEPS, StepGroups
 from localllm.daemon.runner.adapterset import AdapterSet
 from localllm.daemon.runner.jobs import GenerationJob
@@ -25,6 +26,7 @@ from localllm.store.manifest import ANNOTATION_SCALE, MEDIA_ADAPTER, Manifest
 from localllm.store.modelfile import parse_modelfile, read_modelfile
 from localllm.store.models import create_model, load_model, render_modelfile
 from localllm.store.store import Store
+from localllm.tui.widgets.loaded_model import adapters_text
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +175,22 @@ def test_slots_share_cells_within_an_adapter_set_and_steps_take_turns() -> None:
     assert groups.pick(slots)[1] == b
     slots[3].state = SlotState.IDLE
     assert groups.pick(slots) == (slots, b)  # one set at work: every slot, as without LoRA
+
+
+def test_ps_and_the_dashboard_say_which_runner_and_adapters() -> None:
+    entry = {
+        "name": "mine:latest",
+        "adapters": [
+            {"digest": "sha256:" + "3f2a9c8d0e1f" * 5 + "abcd", "scale": 0.5, "size": 3 << 20}
+        ],
+        "runner": {
+            "loaded_by": "base:latest",
+            "models": ["base:latest", "mine:latest", "x:latest"],
+        },
+    }
+    line = "mine:latest LoRA 3f2a9c8d0e1f x0.5 (3.1 MB) on the runner of base:latest"
+    assert adapter_line(entry) == line + " (also serving x:latest)"
+    assert adapters_text(entry).plain == (
+        "LoRA 3f2a9c8d0e1f ×0.5 · 3.1 MB · on the runner of base:latest with x:latest"
+    )
+    assert adapter_line({"name": "plain"}) is None and not adapters_text({"name": "plain"}).plain

@@ -162,7 +162,7 @@ def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
 
 
 def adapter_line(entry: Mapping[str, Any]) -> str | None:
-    """``NAME LoRA 3f2a9c8d0e1f x0.5 (3.5 MiB) on the runner of BASE (also serving A, B)``
+    """``NAME LoRA 3f2a9c8d0e1f x0.5 (3.7 MB) on the runner of BASE (also serving A, B)``
     for a model with LoRA adapters or on a runner it shares; None otherwise."""
     runner = entry.get("runner")
     if not isinstance(runner, dict):

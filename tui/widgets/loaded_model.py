@@ -60,7 +60,7 @@ def threads_text(threads: Any) -> Text:
 
 
 def adapters_text(entry: dict[str, Any]) -> Text:
-    """``LoRA 3f2a9c8d0e1f ×0.5 · 3.5 MiB · on the runner of BASE with A, B``: a model's
+    """``LoRA 3f2a9c8d0e1f ×0.5 · 3.7 MB · on the runner of BASE with A, B``: a model's
     adapters and the runner it shares (the base loaded once); empty for a plain model."""
     runner = entry.get("runner")
     if not isinstance(runner, dict):
