@@ -35,6 +35,7 @@ from .runner.protocol import (
     RunnerConfig,
 )
 from .runner.protocol import GenerationResult as Result
+from .runnershare import adapter_uses
 from .scheduler import Lease
 from .state import DaemonState
 
@@ -323,6 +324,7 @@ async def start(state: DaemonState, request: Request, job: Job) -> Generation:
     async def begin() -> Generation:
         lease = await state.scheduler.acquire(job.model, job.config, job.keep_alive)
         lease.keep_alive = job.keep_alive
+        job.request.adapters = adapter_uses(job.config)
         waited = time.monotonic() - job.received
         try:
             stream = await lease.runner.open_generation(job.request, on_cancelled=lease.record)
@@ -404,6 +406,7 @@ async def embed(
                     truncate=truncate,
                     token_inputs=token_inputs,
                     rank_pairs=rank_pairs,
+                    adapters=adapter_uses(config),
                 )
             )
         return result, lease.load_seconds

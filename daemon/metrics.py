@@ -129,6 +129,22 @@ class Metrics:
             "draft:<draft model> or off.",
             ["model", "drafter"],
         )
+        self.runner_of = self._gauge(
+            "localllm_runner_model",
+            "1 for each loaded model and the model whose runner serves it (itself, or the "
+            "model that loaded the base GGUF it shares: the base is in memory once).",
+            ["model", "runner"],
+        )
+        self.adapter_bytes = self._gauge(
+            "localllm_adapter_bytes",
+            "Bytes each LoRA adapter of a loaded model takes on its runner's base model.",
+            ["model", "adapter", "runner"],
+        )
+        self.adapter_switches = self._gauge(
+            "localllm_adapter_switches",
+            "Steps a runner ran with another LoRA adapter set than the step before.",
+            ["model"],
+        )
         self.memory_planned = self._gauge(
             "localllm_memory_planned_bytes",
             "Bytes the memory plan gives each loaded model per device, by part: weights, kv, "
@@ -231,8 +247,8 @@ class Metrics:
         self.device_memory.labels(HOST, "total").set(host.total)
         for model in sorted(loaded, key=lambda m: m.loaded_at):
             plan = model.plan
-            if plan is None:
-                continue
+            if plan is None or model.share.owner is not model:
+                continue  # a runner shared by several models is counted once
             for device in plan.devices:
                 if not device.is_host:  # the latest load's reading wins
                     self.device_memory.labels(device.name, "free").set(device.free)
@@ -254,12 +270,20 @@ class Metrics:
             gauge.clear()  # models unloaded since the last scrape disappear
         self._memory(loaded)
         for model in loaded:
-            stats: Stats | None = await scheduler.stats(model)
             name = model.name
             self.total_slots.labels(name).set(model.config.n_slots)
             self.drafter.labels(name, drafter_label(model.config)).set(1)
+            runner = model.share.owner.name if model.share.owner is not None else name
+            self.runner_of.labels(name, runner).set(1)
+            for adapter in model.share.describe_adapters(model.model):
+                digest = adapter["digest"].removeprefix("sha256:")[:12]
+                self.adapter_bytes.labels(name, digest, runner).set(adapter["size"])
+            if model.share.owner is not model:
+                continue  # the runner's own gauges are reported under the model that loaded it
+            stats: Stats | None = await scheduler.stats(model)
             if stats is None:
                 continue
+            self.adapter_switches.labels(name).set(stats.adapter_switches)
             self.busy_slots.labels(name).set(sum(s.state != "idle" for s in stats.slots))
             self.runner_waiting.labels(name).set(stats.waiting)
             self.kv_used.labels(name).set(stats.kv_cells_used)

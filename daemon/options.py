@@ -23,6 +23,12 @@ warning), and so is a known one with a bad type or range. Options llama.cpp fixe
 behaviour (``tfs_z``, ``penalize_newline``, ``numa``, ...:
 :data:`~localllm.store.models.FIXED_OPTIONS`) are honoured at that value and refused with the
 reason at any other. A ``null`` value means "not given".
+
+``adapters`` chooses and rescales a model's LoRA adapters for one request, as llama-server's
+per-request ``lora`` does: ``[{"id": 0, "scale": 0.5}]``, ``id`` the adapter's place in the
+model's list (``show``; a ``digest`` prefix of 12 or more hex digits names it too); adapters
+not listed are off for the request, so ``[]`` runs the base model alone. Requests of different
+adapter sets are served by one runner, taking turns step by step (:mod:`.runner.adapters`).
 """
 
 from __future__ import annotations
@@ -46,11 +52,12 @@ from localllm.store.models import (
 )
 
 from .errors import HTTPProblem
-from .runner.protocol import RunnerConfig, SamplingOptions
+from .runner.protocol import AdapterUse, RunnerConfig, SamplingOptions
 
 __all__ = [
     "LOAD_OPTIONS",
     "DraftChoice",
+    "adapter_choice",
     "draft_for",
     "drafter_label",
     "merge_options",
@@ -187,10 +194,66 @@ def merge_options(
                 if (problem := fixed_option_problem(key, value)) is not None:
                     raise HTTPProblem(400, f"{where}{key}: {problem}", param=f"{where}{key}")
                 continue
+            if key == "adapters" and source is not model.parameters:
+                merged[key] = _adapters_option(model, value, f"{where}{key}")
+                continue
             if key not in OPTION_TYPES:
                 raise HTTPProblem(400, f"unknown option {where}{key}", param=f"{where}{key}")
             merged[key] = _check(key, value, where)
     return merged
+
+
+def _adapters_option(model: LocalModel, value: Any, where: str) -> list[AdapterUse]:
+    """A request's ``adapters`` (llama-server's ``lora`` shape) as the adapters it runs with."""
+    adapters = model.adapters
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise HTTPProblem(
+            400, f'{where} must be a list of {{"id": N, "scale": S}} objects', param=where
+        )
+    chosen: dict[str, float] = {}
+    for index, entry in enumerate(value):
+        at = f"{where}[{index}]"
+        unknown = set(entry) - {"id", "digest", "scale"}
+        if unknown:
+            raise HTTPProblem(400, f"{at} has unknown field {sorted(unknown)[0]!r}", param=at)
+        if ("id" in entry) == ("digest" in entry):
+            raise HTTPProblem(400, f"{at} needs an id or a digest (one of them)", param=at)
+        digest = _adapter_digest(model.name.short, adapters, entry, at)
+        scale = entry.get("scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or scale != scale:
+            raise HTTPProblem(400, f"{at}.scale must be a number, got {scale!r}", param=at)
+        if abs(scale) == float("inf"):
+            raise HTTPProblem(400, f"{at}.scale must be finite", param=at)
+        if digest in chosen:
+            raise HTTPProblem(400, f"{at} names an adapter listed already", param=at)
+        chosen[digest] = float(scale)
+    return [AdapterUse(digest, scale) for digest, scale in chosen.items()]
+
+
+def _adapter_digest(name: str, adapters: list[Any], entry: dict[str, Any], at: str) -> str:
+    if "id" in entry:
+        index = entry["id"]
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise HTTPProblem(400, f"{at}.id must be an integer", param=at)
+        if not 0 <= index < len(adapters):
+            held = f"adapters 0 to {len(adapters) - 1}" if adapters else "no adapters"
+            raise HTTPProblem(400, f"{at}.id is {index}, but {name} has {held}", param=at)
+        return str(adapters[index].digest)
+    prefix = str(entry["digest"]).lower().removeprefix("sha256:").removeprefix("sha256-")
+    matches = [a.digest for a in adapters if a.digest.removeprefix("sha256:").startswith(prefix)]
+    if len(prefix) < 12 or len(matches) != 1:
+        raise HTTPProblem(
+            400, f"{at}.digest {entry['digest']!r} names none of {name}'s adapters", param=at
+        )
+    return str(matches[0])
+
+
+def adapter_choice(model: LocalModel, options: dict[str, Any]) -> list[AdapterUse]:
+    """The adapters a request runs with: its ``adapters`` option, else the model's own, at
+    their Modelfile scales."""
+    if "adapters" in options:
+        return list(options["adapters"])
+    return [AdapterUse(a.digest, a.scale) for a in model.adapters]
 
 
 def sampling_options(options: dict[str, Any]) -> SamplingOptions:
@@ -336,6 +399,7 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
             else settings.rpc_workers
         ),
         memory_plan=True,
+        adapters=adapter_choice(model, options),
         gpu_memory=settings.gpu_memory,
         test_fault=settings.test_fault,
     )

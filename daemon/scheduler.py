@@ -1,7 +1,10 @@
 """The scheduler: which runner serves a request, when models load and unload, who waits.
 
 * A model loads on first use (its runner process starts); concurrent first requests for the
-  same model share one load (a per-model lock).
+  same model share one load (a per-model lock). A model made of the same GGUF blob as a
+  loaded one, wanting the same load options, joins that model's runner instead: the base is
+  loaded once and counted once, each model running with its own LoRA adapters
+  (:mod:`.runnershare`).
 * Each loaded model takes one request per runner slot, and one more per slot that waits in
   the runner's own queue, prompt already prepared: a slot that frees is refilled at the
   runner's next step, not after a round trip through the daemon (a burst of 32 requests on 8
@@ -79,6 +82,7 @@ from .runner.protocol import (
     Stats,
     ThreadStats,
 )
+from .runnershare import RunnerShare, runner_for, runner_queue, working_runners
 
 __all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
 
@@ -197,9 +201,15 @@ class LoadedModel:
     """The latest finished requests."""
     expiry: asyncio.TimerHandle | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    share: RunnerShare = field(default=None)  # type: ignore[assignment]
+    """The runner and the other models it serves (a new one unless given)."""
 
     def __post_init__(self) -> None:
-        self.slots = asyncio.Semaphore(self.config.n_slots * (1 + RUNNER_QUEUE_PER_SLOT))
+        if self.share is None:
+            permits = self.config.n_slots * (1 + RUNNER_QUEUE_PER_SLOT)
+            self.share = RunnerShare(self.runner, permits)
+        self.share.members.append(self)
+        self.slots = self.share.slots
         self.idle.set()
 
     @property
@@ -210,8 +220,9 @@ class LoadedModel:
 
     @property
     def queued_in_runner(self) -> int:
-        """Requests handed to the runner that wait in its queue for a slot."""
-        return max(0, self.handed - self.config.n_slots)
+        """Requests handed to the runner that wait in its queue for a slot (of the runner's
+        queue, at most this model's requests)."""
+        return max(0, min(self.handed, self.share.handed - self.config.n_slots))
 
     @property
     def waiting(self) -> int:
@@ -277,7 +288,10 @@ class LoadedModel:
         allocated (llama.cpp's own figures, :mod:`.runner.allocations`) with the plan's share
         for what is loaded beside the model (projector, draft); without those figures the
         memory plan's, or for a runner without one an estimate from the GGUF (all on the GPU
-        when every layer is offloaded, else in proportion)."""
+        when every layer is offloaded, else in proportion). A model on another model's runner
+        reports only what its LoRA adapters add (the runner is counted once)."""
+        if self.share.owner is not self:
+            return self.share.adapter_bytes(self.model), 0
         plan = self.plan
         allocated: dict[str, int] = self.health.get("allocated") or {}
         if allocated:
@@ -310,7 +324,7 @@ class LoadedModel:
 
 
 def _any_idle(models: list[LoadedModel]) -> bool:
-    return any(not m.busy() for m in models)
+    return any(not m.share.busy() for m in models)
 
 
 def _would_make_room(report: NoFitReport, models: list[LoadedModel]) -> bool:
@@ -401,6 +415,7 @@ class Scheduler:
         # One runner starts at a time: each plans against the memory the others left.
         self._load_gate = asyncio.Lock()
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
+        self._loads: dict[str, RunnerConfig] = {}  # the config each load in _loading is for
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
@@ -425,7 +440,7 @@ class Scheduler:
     def queued(self) -> int:
         """Requests waiting for a slot, over all models: in the daemon and in the runners'
         queues (what ``max_queue`` bounds)."""
-        return self._waiting_here + sum(m.queued_in_runner for m in self._models.values())
+        return self._waiting_here + runner_queue(self._models.values())
 
     def loaded(self) -> list[LoadedModel]:
         """Models loaded now (dead runners left out), most recently used first."""
@@ -472,7 +487,7 @@ class Scheduler:
             loaded.update_idle()
             try:
                 # With every slot taken it waits, in the runner's queue or here.
-                full = loaded.handed >= loaded.config.n_slots
+                full = loaded.share.handed >= loaded.config.n_slots
                 if full and self.queued >= self.settings.max_queue:
                     raise QueueFullError()
                 if loaded.slots.locked():
@@ -512,8 +527,7 @@ class Scheduler:
 
     def _share_cores(self) -> None:
         """Tell the working runners their share of the cores (see :mod:`.cpubudget`)."""
-        working = {m.name: m.runner for m in self._models.values() if m.handed > 0 and m.alive()}
-        self.cpu_budget.working(working)
+        self.cpu_budget.working(working_runners(self._models.values()))
 
     def _after_idle(self, loaded: LoadedModel) -> None:
         self._spawn(self._notify())
@@ -635,14 +649,23 @@ class Scheduler:
                 else:
                     log.warning("runner for %s is gone; starting it again", existing.name)
                 await self._unload(existing)
-            config = self._allow_lost_workers(key, config)
             started = time.monotonic()
+            # A load of the same base with the same options under way: wait, then join it.
+            while same := [
+                t for k, t in self._loading.items() if self._loads[k] == config and not t.done()
+            ]:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(same[0])
+            host = runner_for(self._models.values(), key, config)
+            if host is not None:
+                return await self._join(key, model, host, keep_alive), time.monotonic() - started
+            config = self._allow_lost_workers(key, config)
             # The load runs as its own task, shielded from the request: a client that
             # disconnects mid-load must not leave a runner process that nobody owns.
             task = asyncio.get_running_loop().create_task(
                 self._load(key, model, config, keep_alive)
             )
-            self._loading[key] = task
+            self._loading[key], self._loads[key] = task, config
             task.add_done_callback(lambda _: self._loading.pop(key, None))
             try:
                 loaded = await asyncio.shield(task)
@@ -651,6 +674,17 @@ class Scheduler:
                 task.add_done_callback(self._unreserve)
                 raise
             return loaded, time.monotonic() - started
+
+    async def _join(
+        self, key: str, model: LocalModel, host: LoadedModel, keep_alive: float | None
+    ) -> LoadedModel:
+        """Serve ``model`` from ``host``'s runner: its adapters loaded there, nothing else
+        (no memory plan, no room to make: the base is in memory already)."""
+        await host.share.load_adapters(model)
+        keep = self.default_keep_alive(model) if keep_alive is None else keep_alive
+        loaded = LoadedModel(key, model, host.config, host.runner, 0.0, keep, share=host.share)
+        log.info("%s shares the runner of %s (pid %s)", loaded.name, host.name, loaded.pid)
+        return self._register(loaded)
 
     def _unreserve(self, task: asyncio.Task[LoadedModel]) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -667,13 +701,15 @@ class Scheduler:
         started = time.monotonic()
         async with self._load_gate:
             loaded = await self._start_fitting(key, model, config, keep_alive)
+        try:
+            await loaded.share.load_adapters(model)
+        except BaseException:
+            await self._stop(loaded)
+            raise
         loaded.load_seconds = time.monotonic() - started
         if self.closed:
             await self._stop(loaded)
             raise RuntimeError("the daemon is shutting down")
-        self._models[key] = loaded
-        loaded.pending += 1  # reserved for the request that asked for the load
-        loaded.update_idle()
         log.info("loaded %s in %.2fs (runner pid %s)", loaded.name, loaded.load_seconds, loaded.pid)
         plan = loaded.plan
         if plan is not None:
@@ -689,10 +725,17 @@ class Scheduler:
             )
             for warning in plan.warnings:
                 log.warning("%s: %s", loaded.name, warning)
+        return self._register(loaded)
+
+    def _register(self, loaded: LoadedModel) -> LoadedModel:
+        """A model just loaded (or joined to a runner) into the table, reserved for the
+        request that asked for it; its keep_alive applies even if that client went away."""
+        self._models[loaded.key] = loaded
+        loaded.pending += 1
+        loaded.update_idle()
         if self._on_load is not None:
             self._on_load(loaded)
         if loaded.keep_alive > 0:
-            # If the client that asked went away meanwhile, keep_alive still applies.
             loop = asyncio.get_running_loop()
             loaded.expiry = loop.call_later(loaded.keep_alive, self._expire, loaded)
         return loaded
@@ -767,6 +810,8 @@ class Scheduler:
             plan = other.plan
             if other.key == key or not other.alive() or plan is None or other.pid is None:
                 continue
+            if other.share.owner is not other:
+                continue  # a runner is counted once, under the model that loaded it
             held = process_memory(other.pid)
             growth += max(plan.host_bytes - (held.rss if held else 0), 0)
             mapped += held.rss_file if held else 0
@@ -794,14 +839,18 @@ class Scheduler:
                 log.warning("loading %s again without weight repacking", model.name.short)
                 config = await self._follow_cpu_paths(config)
                 continue
-            others = [m for k, m in self._models.items() if k != key and m.alive()]
-            idle = [m for m in others if not m.busy() and not m.pinned]
+            others = [
+                m
+                for k, m in self._models.items()
+                if k != key and m.alive() and m.share.owner is m  # each runner once
+            ]
+            idle = [m for m in others if not m.share.busy() and not m.share.pinned()]
             if idle:
-                victim = min(idle, key=lambda m: m.last_used)
+                victim = min(idle, key=lambda m: max(x.last_used for x in m.share.members))
                 log.info("unloading %s to make room for %s", victim.name, model.name.short)
-                await self._unload(victim)
+                await self._unload_runner(victim)
                 continue
-            busy = [m for m in others if m.busy() and not m.pinned]
+            busy = [m for m in others if m.share.busy() and not m.share.pinned()]
             if busy and _would_make_room(report, busy):
                 log.info(
                     "%s waits for %s to finish to make room",
@@ -812,7 +861,7 @@ class Scheduler:
                     await self._changed.wait_for(lambda waiting=busy: _any_idle(waiting))
                 continue
             message = refusal(model.name.short, report)
-            pinned = [m.name for m in others if m.pinned]
+            pinned = [m.name for m in self._models.values() if m.key != key and m.pinned]
             if pinned:
                 message += f" (kept loaded with a negative keep_alive: {', '.join(pinned)})"
             log.warning("refusing to load %s: %s", model.name.short, message)
@@ -822,14 +871,15 @@ class Scheduler:
         limit = self.settings.max_loaded_models
         async with self._changed:
             while True:
-                others = [m for k, m in self._models.items() if k != key]
+                # Runners count, not models: the models on one runner share its memory.
+                others = [m for k, m in self._models.items() if k != key and m.share.owner is m]
                 if len(others) < limit:
                     return
-                idle = [m for m in others if not m.busy()]
+                idle = [m for m in others if not m.share.busy()]
                 if idle:
-                    victim = min(idle, key=lambda m: m.last_used)
+                    victim = min(idle, key=lambda m: max(x.last_used for x in m.share.members))
                     log.info("unloading %s to make room (max %d loaded)", victim.name, limit)
-                    await self._unload(victim)
+                    await self._unload_runner(victim)
                     continue
                 await self._changed.wait()
 
@@ -852,28 +902,38 @@ class Scheduler:
         lost = [w for w in self._lost_workers.pop(key, ()) if w in config.rpc_workers]
         return dataclasses.replace(config, rpc_lost=lost) if lost else config
 
-    def _begin_unload(self, loaded: LoadedModel) -> None:
-        # Drop it from the table now, so /api/ps stops listing it at once; stop it in the
-        # background (stopping a process takes a moment).
+    def _detach(self, loaded: LoadedModel) -> None:
+        # Out of the table now, so /api/ps stops listing it at once.
         loaded.closing = True
         self._cancel_expiry(loaded)
         self._note_lost_workers(loaded)
         self._note_gpu_failure(loaded)
         if self._models.get(loaded.key) is loaded:
             del self._models[loaded.key]
-        self._spawn(self._stop(loaded))
+
+    def _begin_unload(self, loaded: LoadedModel) -> None:
+        self._detach(loaded)
+        self._spawn(self._stop(loaded))  # in the background: stopping takes a moment
 
     async def _unload(self, loaded: LoadedModel) -> None:
-        loaded.closing = True
-        self._cancel_expiry(loaded)
-        self._note_lost_workers(loaded)
-        self._note_gpu_failure(loaded)
-        if self._models.get(loaded.key) is loaded:
-            del self._models[loaded.key]
+        self._detach(loaded)
         # Shielded: once out of the table, nobody else would stop this runner.
         await asyncio.shield(self._stop(loaded))
 
+    async def _unload_runner(self, loaded: LoadedModel) -> None:
+        """Unload every model on ``loaded``'s runner (which then stops)."""
+        for member in list(loaded.share.members):
+            await self._unload(member)
+
     async def _stop(self, loaded: LoadedModel) -> None:
+        share = loaded.share
+        if loaded in share.members:
+            share.members.remove(loaded)
+        if share.live():
+            # Other models still use the runner: only this name is gone.
+            log.info("unloaded %s (its runner goes on for %s)", loaded.name, share.live()[0].name)
+            self._spawn(self._notify())
+            return
         with contextlib.suppress(Exception):
             await loaded.runner.close()
         log.info("unloaded %s", loaded.name)

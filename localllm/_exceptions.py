@@ -38,6 +38,7 @@ from __future__ import annotations
 
 __all__ = [
     "APIError",
+    "AdapterError",
     "AuthRequiredError",
     "BenchError",
     "BlobNotFoundError",
@@ -137,6 +138,12 @@ class DamagedModelError(StoreError):
 
 class GGUFError(LocalLLMError):
     """A file that is not a usable GGUF model: wrong magic, truncated, or absurd sizes."""
+
+
+class AdapterError(LocalLLMError):
+    """A LoRA adapter that cannot be applied to its base model: not a GGUF adapter (a
+    safetensors/PEFT one to convert first), another architecture, or a tensor that does not
+    fit the base's."""
 
 
 class QuantizeError(LocalLLMError):

@@ -130,6 +130,11 @@ class GGUFInfo:
                 f"{self.path.name} is a vision projector (general.architecture 'clip'), not a "
                 "model: name the model first, then the projector as a second FROM"
             )
+        if self.metadata.get("general.type") == "adapter":
+            raise GGUFError(
+                f"{self.path.name} is a LoRA adapter (general.type 'adapter'), not a model: "
+                "name the base model in FROM and the adapter in an ADAPTER line"
+            )
         split = self.metadata.get("split.count", 1)
         if not self.tensors and (not isinstance(split, int) or split <= 1):
             raise GGUFError(f"{self.path.name} is not a model: it holds no tensors")

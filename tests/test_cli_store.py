@@ -174,7 +174,9 @@ def test_create_refuses_what_is_not_a_model(cli: CliHome, tmp_path: Path) -> Non
     assert "not a GGUF file" in cli.fails("create", "fake", "--from", str(fake))
     modelfile = tmp_path / "Modelfile"
     modelfile.write_text("FROM smollm2:135m\nADAPTER ./lora.gguf\n")
-    assert "line 2: ADAPTER" in cli.fails("create", "x", "-f", str(modelfile))
+    assert "lora.gguf: no such file (an ADAPTER line)" in cli.fails(
+        "create", "x", "-f", str(modelfile)
+    )
     modelfile.write_text("FROM smollm2:135m\nPARAMETER temperature hot\n")
     assert "line 2: parameter 'temperature' must be a number" in cli.fails(
         "create", "x", "-f", str(modelfile)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lora_support import write_lora_gguf
 from test_cli_support import CliHome, cli_home
 from test_tui_support import wait_for
 
@@ -23,6 +24,7 @@ from localllm.settings import Settings
 from localllm.sources.progress import PullProgress
 from localllm.store import ollama_import
 from localllm.store.manifest import (
+    MEDIA_ADAPTER,
     MEDIA_CONFIG,
     MEDIA_LICENSE,
     MEDIA_MANIFEST,
@@ -309,7 +311,7 @@ def test_cancel_leaves_no_partial_blob(ollama: OllamaStore, local: Store) -> Non
 
 
 def test_unreadable_manifests_and_other_models_are_skipped_with_a_reason(
-    ollama: OllamaStore, local: Store, tiny_gguf: Path
+    ollama: OllamaStore, local: Store, tiny_gguf: Path, tmp_path: Path
 ) -> None:
     bad = ollama.root / "manifests" / "registry.ollama.ai" / "library" / "garbage" / "latest"
     bad.parent.mkdir(parents=True)
@@ -318,12 +320,17 @@ def test_unreadable_manifests_and_other_models_are_skipped_with_a_reason(
     ollama.model("adapter:only", [adapter])
     gguf = ollama.blob(tiny_gguf.read_bytes(), MEDIA_MODEL)
     ollama.model("lora:latest", [gguf, adapter])
+    # An Ollama model with a LoRA adapter that fits its weights comes over with it.
+    lora = write_lora_gguf(tmp_path / "fits.gguf", tiny_gguf)
+    ollama.model("lora:fits", [gguf, ollama.blob(lora.read_bytes(), MEDIA_ADAPTER)])
     report = OllamaImporter(ollama.root, local).run()
     reasons = {o.label: o.reason for o in report.skipped}
     assert "unreadable manifest" in reasons["garbage:latest"]
     assert reasons["adapter:only"] == "it has no GGUF model layer"
-    assert "LoRA adapter" in reasons["lora:latest"]
-    assert {o.label for o in report.outcomes if o.status == "imported"} == {GOOD, HF}
+    assert "not a GGUF file" in reasons["lora:latest"]  # checked as a create checks it
+    imported = {o.label for o in report.outcomes if o.status == "imported"}
+    assert imported == {GOOD, HF, "lora:fits"}
+    assert [a.size for a in load_model(local, "lora:fits").adapters] == [lora.stat().st_size]
 
 
 def test_finding_the_ollama_store(tmp_path: Path, ollama: OllamaStore, local: Store) -> None:

@@ -8,18 +8,21 @@ started and closed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from localllm.daemon.cpubudget import CpuBudget
 from localllm.daemon.errors import QueueFullError
-from localllm.daemon.runner.client import RunnerStartError
-from localllm.daemon.runner.protocol import RunnerConfig, Stats
+from localllm.daemon.runner.client import RunnerError, RunnerStartError
+from localllm.daemon.runner.protocol import AdapterFile, AdapterStats, RunnerConfig, Stats
 from localllm.daemon.scheduler import Scheduler
 from localllm.settings import Settings
+from localllm.store.adapters import ModelAdapter
 from localllm.store.names import ModelName, parse_name
 
 T = TypeVar("T")
@@ -34,6 +37,7 @@ class FakeModel:
 
     name: ModelName
     parameters: dict[str, Any] = field(default_factory=dict)
+    adapters: list[Any] = field(default_factory=list)
 
 
 class FakeRunner:
@@ -49,6 +53,8 @@ class FakeRunner:
         self.shares: list[tuple[int, str, list[int] | None]] = []
         """The shares of the cores the daemon gave it, in order."""
         self.shared = asyncio.Event()
+        self.adapters: dict[str, AdapterStats] = {}
+        """The LoRA adapters loaded on it."""
 
     @property
     def pid(self) -> int | None:
@@ -73,6 +79,12 @@ class FakeRunner:
 
     async def close(self) -> None:
         self.closed.set()
+
+    async def load_adapters(self, files: list[AdapterFile]) -> list[AdapterStats]:
+        if any(f.path.endswith("bad.gguf") for f in files):
+            raise RunnerError("llama.cpp could not load adapter bad.gguf", "bad_request")
+        self.adapters.update({f.digest: AdapterStats(f.digest, size=1000) for f in files})
+        return list(self.adapters.values())
 
 
 class Factory:
@@ -99,7 +111,21 @@ def model(name: str, **parameters: Any) -> Any:
 
 
 def config(**changes: Any) -> RunnerConfig:
-    return replace(RunnerConfig(model_path="/nonexistent.gguf", n_slots=1), **changes)
+    """A runner config; without a ``model_path``, each model is a GGUF of its own (see
+    :class:`_Scheduler`)."""
+    return replace(RunnerConfig(model_path="", n_slots=1), **changes)
+
+
+class _Scheduler(Scheduler):
+    """The scheduler, with each fake model a GGUF blob of its own unless the config names one
+    (models of one blob share a runner)."""
+
+    async def acquire(
+        self, model: Any, config: RunnerConfig, keep_alive: float | None = None
+    ) -> Any:
+        if not config.model_path:
+            config = replace(config, model_path=f"/nonexistent/{model.name.short}.gguf")
+        return await super().acquire(model, config, keep_alive)
 
 
 F = TypeVar("F", bound="Factory")
@@ -111,7 +137,7 @@ def run_with(
     """Run ``test`` with a scheduler of ``factory``'s runners, closing it afterwards."""
 
     async def main() -> T:
-        scheduler = Scheduler(settings, runner_factory=factory)
+        scheduler = _Scheduler(settings, runner_factory=factory)
         try:
             async with asyncio.timeout(DEADLINE_S):
                 return await test(scheduler, factory)
@@ -141,6 +167,63 @@ def test_a_loaded_model_is_shared_and_reused() -> None:
         assert len(factory.started) == 1
         assert again.load_seconds == 0.0
         assert [m.name for m in scheduler.loaded()] == ["a:latest"]
+
+    run(scenario)
+
+
+def lora_digest(file: str) -> str:
+    return "sha256:" + hashlib.sha256(file.encode()).hexdigest()
+
+
+def lora_model(name: str, *adapters: str) -> Any:
+    """A fake model with LoRA adapters (``bad.gguf`` is one the fake runner refuses)."""
+    found = [ModelAdapter(lora_digest(a), Path(f"/{a}"), 1000, 1.0) for a in adapters]
+    return FakeModel(parse_name(name), adapters=found)
+
+
+def test_models_of_one_base_share_one_runner_counted_once() -> None:
+    base = config(model_path="/base.gguf")
+
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        factory.gate = asyncio.Event()
+        # First requests of two models of one base at once: one load, the other joins it.
+        first = [
+            asyncio.ensure_future(scheduler.acquire(lora_model(n, f"{n}.gguf"), base))
+            for n in ("a", "b")
+        ]
+        await asyncio.sleep(0)
+        factory.gate.set()
+        for lease in await asyncio.gather(*first):
+            lease.release()
+        (await scheduler.acquire(model("plain"), base)).release()
+        (await scheduler.acquire(model("other"), config())).release()  # a GGUF of its own
+        (shared, other) = factory.started
+        assert set(shared.adapters) == {lora_digest("a.gguf"), lora_digest("b.gguf")}
+        names = {m.name: m for m in scheduler.loaded()}
+        assert {m.runner for m in names.values()} == {shared, other}
+        assert names["b:latest"].memory_size() == (1000, 0)  # what its adapter adds
+        # max_loaded_models counts runners: a third one unloads the least recently used.
+        (await scheduler.acquire(model("third"), config())).release()
+        assert await closed(shared) and not other.closed.is_set()
+        assert {m.name for m in scheduler.loaded()} == {"other:latest", "third:latest"}
+
+    run(scenario, max_loaded_models=2)
+
+
+def test_a_model_leaving_a_shared_runner_leaves_it_to_the_others() -> None:
+    base = config(model_path="/base.gguf")
+
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        for name in ("a", "b"):
+            (await scheduler.acquire(lora_model(name, f"{name}.gguf"), base)).release()
+        with pytest.raises(RunnerError, match=r"bad\.gguf"):
+            await scheduler.acquire(lora_model("c", "bad.gguf"), base)
+        (runner,) = factory.started
+        assert {m.name for m in scheduler.loaded()} == {"a:latest", "b:latest"}
+        assert await scheduler.unload(parse_name("a").full)
+        assert not runner.closed.is_set() and [m.name for m in scheduler.loaded()] == ["b:latest"]
+        assert await scheduler.unload(parse_name("b").full)
+        assert await closed(runner)
 
     run(scenario)
 

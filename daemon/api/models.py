@@ -19,8 +19,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from localllm._exceptions import LocalLLMError, ModelNotFoundError, StoreError
+from localllm._exceptions import AdapterError, LocalLLMError, ModelNotFoundError, StoreError
 from localllm.gguf_info import ArrayInfo, GGUFInfo, draft_incompatibility, inspect_gguf
+from localllm.store.adapters import AdapterSource, check_adapter, parse_scale
 from localllm.store.manifest import normalize_digest
 from localllm.store.models import (
     LocalModel,
@@ -139,11 +140,33 @@ def _show(model: LocalModel, verbose: bool) -> dict[str, Any]:
         projector_info = {k: _json_value(v, verbose) for k, v in projector.metadata.items()}
         projector_info["general.parameter_count"] = projector.parameter_count
         body["projector_info"] = projector_info
+    if adapters := _adapters_shown(model):
+        body["adapters"] = adapters
     if model.system:
         body["system"] = model.system
     if model.messages:
         body["messages"] = model.messages
     return body
+
+
+def _adapters_shown(model: LocalModel) -> list[dict[str, Any]]:
+    """localllm's ``adapters`` of ``/api/show``: each LoRA adapter's digest, size, scale and
+    what its header says (alpha, rank, weights changed)."""
+    shown = []
+    for adapter in model.adapters:
+        entry: dict[str, Any] = {
+            "digest": adapter.digest,
+            "size": adapter.size,
+            "scale": adapter.scale,
+        }
+        try:
+            facts = check_adapter(adapter.path, [inspect_gguf(p) for p in model.gguf_paths])
+        except LocalLLMError as exc:
+            entry["problem"] = str(exc)
+        else:
+            entry.update(name=facts.name, alpha=facts.alpha, rank=facts.rank, tensors=facts.tensors)
+        shown.append(entry)
+    return shown
 
 
 @router.post("/api/show", summary="Show a model's details")
@@ -306,6 +329,52 @@ def _draft_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
     return {"draft_digest": draft.model_layer.digest}
 
 
+def _adapter_sources(body: CreateRequest, state: DaemonState) -> list[AdapterSource]:
+    """``create_model``'s adapters for ``adapters`` (file name → digest, path or
+    ``{"from", "scale"}``), each checked to exist."""
+    found = []
+    for name, value in (body.adapters or {}).items():
+        where = f"adapters.{name}"
+        origin, scale = (value, 1.0) if isinstance(value, str) else (value.from_, value.scale)
+        try:
+            scale = parse_scale(scale, f"{where}.scale")
+        except AdapterError as exc:
+            raise HTTPProblem(400, str(exc), param=where) from None
+        if origin.strip().lower().startswith("sha256"):
+            digest = _digest(origin)
+            if not state.store.has_blob(digest):
+                raise HTTPProblem(
+                    400, f"blob {digest} not found; upload it first (POST /api/blobs)", param=where
+                )
+            found.append(AdapterSource(digest=digest, scale=scale, label=name))
+            continue
+        path = Path(origin).expanduser()
+        if not path.exists():
+            raise HTTPProblem(400, f"{origin}: no such file", param=where)
+        found.append(AdapterSource(file=path, scale=scale, label=name))
+    return found
+
+
+def _check_adapters(
+    sources: dict[str, Any], adapters: list[AdapterSource], state: DaemonState
+) -> None:
+    """A 400 naming the adapter and its first tensor that does not fit the model's weights
+    (checked again, the same way, when the model is written)."""
+    if not adapters:
+        return
+    if "base" in sources:
+        paths = load_model(state.store, sources["base"]).gguf_paths
+    else:
+        paths = [sources.get("gguf_file") or state.store.blob_path(sources["gguf_digest"])]
+    base = [inspect_gguf(path) for path in paths]
+    for adapter in adapters:
+        file = adapter.file or state.store.blob_path(adapter.digest or "")
+        try:
+            check_adapter(file, base, adapter.label)
+        except AdapterError as exc:
+            raise HTTPProblem(400, str(exc), param=f"adapters.{adapter.label}") from None
+
+
 def _check_draft(sources: dict[str, Any], drafts: dict[str, Any], state: DaemonState) -> None:
     """A 400 naming both when the draft cannot draft for the model (vocabulary mismatch)."""
     if not drafts:
@@ -438,6 +507,8 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
         raise HTTPProblem(400, f"not a usable GGUF model: {exc}", param="from") from None
     drafts = _draft_sources(body, state)
     await run_in_threadpool(_check_draft, sources, drafts, state)
+    adapters = _adapter_sources(body, state)
+    await run_in_threadpool(_check_adapters, sources, adapters, state)
     quant: str | None = None
     allow_requantize = bool(body.allow_requantize)
     if body.quantize:
@@ -470,6 +541,7 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
             parameters=parameters or None,
             license=license_text,
             messages=messages,
+            adapters=adapters or None,
             quantize=quantize,
             **sources,
             **drafts,

@@ -499,6 +499,8 @@ async def ps(state: StateDep) -> dict[str, Any]:
         if stat is not None and stat.threads is not None:
             # How many CPU threads the runner uses now, and why (its CPU governor).
             models[-1]["threads"] = dataclasses.asdict(stat.threads)
+        # LoRA adapters, and the other models sharing the runner (the base loaded once).
+        models[-1].update(loaded.share.report(loaded))
         if allocated := loaded.health.get("allocated"):
             # What the load allocated on each device (CPU: the host's RAM), llama.cpp's figures.
             models[-1]["allocated"] = allocated
@@ -531,6 +533,7 @@ async def _snapshot(state: DaemonState) -> dict[str, Any]:
             "keep_alive": model.keep_alive,
             "recent": [vars(r) for r in list(model.recent)[-16:]],
             "history": state.scheduler.history.series(model.name),
+            **model.share.report(model),
         }
         if stat is not None:
             entry.update(

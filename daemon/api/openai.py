@@ -147,6 +147,8 @@ def _ask(
         if len(stops) > 16:
             raise HTTPProblem(400, "stop may hold at most 16 strings", param="stop")
         overrides["stop"] = stops
+    if body.lora is not None:
+        overrides["adapters"] = body.lora
     return Ask(
         model=model,
         api="openai",

@@ -14,6 +14,7 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "CopyRequest",
+    "CreateAdapter",
     "CreateRequest",
     "DeleteRequest",
     "EmbedRequest",
@@ -185,6 +186,13 @@ class PullRequest(_ModelBody):
     stream: bool | None = True
 
 
+class CreateAdapter(_Body):
+    """One adapter of POST /api/create with its scale (localllm's form)."""
+
+    from_: str = Field(alias="from", description="An uploaded blob's digest or a GGUF path.")
+    scale: float = Field(1.0, description="How strongly it applies (1.0 as trained).")
+
+
 class CreateRequest(_ModelBody):
     """POST /api/create."""
 
@@ -202,6 +210,12 @@ class CreateRequest(_ModelBody):
     quantize: str | None = None
     allow_requantize: bool | None = Field(
         False, description="localllm: quantize a source that is already quantized (loses quality)."
+    )
+    adapters: dict[str, str | CreateAdapter] | None = Field(
+        None,
+        description="LoRA adapters (Modelfile ADAPTER), in order: file name → an uploaded "
+        "blob's digest (Ollama's form) or a GGUF path the daemon can read; localllm also takes "
+        '{"from": digest or path, "scale": 0.5}. Each is checked against the model\'s weights.',
     )
     draft: str | None = Field(
         None,

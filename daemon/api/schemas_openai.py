@@ -104,6 +104,11 @@ class _Sampling(_Body):
     mirostat: int | None = Field(None, description="Mirostat sampling: 0 off, 1 or 2.")
     mirostat_tau: float | None = Field(None, description="Mirostat's target surprise.")
     mirostat_eta: float | None = Field(None, description="Mirostat's learning rate.")
+    lora: list[dict[str, Any]] | None = Field(
+        None,
+        description='llama-server\'s per-request LoRA: [{"id": 0, "scale": 0.5}] (ids as the '
+        "model lists its adapters; those not listed are off). Ollama's options.adapters.",
+    )
 
 
 class ChatCompletionRequest(_Sampling):

@@ -21,6 +21,8 @@ Requests (client → runner), tagged ``op``::
     {"op": "stats", "id": ID}                  → stats
     {"op": "threads", "id": ID, "threads": N, "reason": STR, "cpus": [int] | null}
                                                → threads (the daemon's share of the cores)
+    {"op": "adapters", "id": ID, "adapters": [{"digest": D, "path": P}]}  → adapters
+                                               (LoRA adapters loaded on the base model)
     {"op": "tokenize", "id": ID, "text": STR, "add_special": B, "parse_special": B} → tokens
     {"op": "detokenize", "id": ID, "tokens": [int]}                                → text
 
@@ -37,6 +39,10 @@ Every request ends: a generation with ``done`` (also when cancelled, or when the
 or ``error``; everything else with its answer or ``error``. A line the runner cannot read is
 answered with an ``error`` naming its id when the id is readable. If the engine thread dies,
 the runner process exits, so the daemon sees it die and starts a new one.
+
+LoRA: a generation or embedding request's ``adapters`` (``[{"digest": D, "scale": S}]``) must
+name adapters loaded by an ``adapters`` op (``bad_request`` otherwise); requests of different
+adapter sets take turns step by step (see :mod:`.adapters`).
 
 Error codes: ``bad_request``, ``context_overflow``, ``unsupported``, ``internal``.
 

@@ -433,6 +433,14 @@ class RunnerClient:
         assert isinstance(event, protocol.ThreadsEvent)
         return event.threads
 
+    async def load_adapters(self, files: list[protocol.AdapterFile]) -> list[protocol.AdapterStats]:
+        """Load LoRA adapters on the runner's base model (see :class:`AdaptersOp`); every
+        adapter it holds afterwards. A refused one raises :class:`RunnerError` naming it."""
+        op = protocol.AdaptersOp(id=self._next_id("adapters"), adapters=files)
+        event = await self._single(op)
+        assert isinstance(event, protocol.AdaptersEvent)
+        return event.adapters
+
     async def health(self) -> dict[str, Any]:
         """Model facts and readiness: ``{status, n_slots, n_ctx_per_slot, gpu_layers, ...}``."""
         event = await self._single(protocol.HealthOp(id=self._next_id("health")))
@@ -877,6 +885,10 @@ class ProcessRunner:
     async def stats(self) -> protocol.Stats:
         """See :meth:`RunnerClient.stats`."""
         return await self.client.stats()
+
+    async def load_adapters(self, files: list[protocol.AdapterFile]) -> list[protocol.AdapterStats]:
+        """See :meth:`RunnerClient.load_adapters`."""
+        return await self.client.load_adapters(files)
 
     async def set_threads(
         self, threads: int, reason: str, cpus: list[int] | None = None

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .adapters import Adapters, StepGroups, applying
 from .batching import BatchPlan, fill_batch, plan_batch
 from .draft import DraftModel, DraftModelDrafter
 from .drafting import Speculation
@@ -174,6 +175,9 @@ class Engine:
         """Moves idle slots' cells to the prefix cache and back."""
         self.speculation = Speculation(model, self.slots, self.tiers, num_draft, draft)
         """Which slots draft, how much, and with what (see :mod:`.drafting`)."""
+        self.adapters = Adapters(model)
+        """The LoRA adapters loaded on the model; a step runs one adapter set's slots."""
+        self._groups = StepGroups()
         if model.unified_kv:
             least_shared = 1  # sequences share cells by tagging them: nothing is copied
         elif on_gpu:
@@ -209,6 +213,11 @@ class Engine:
     def embed(self, job: EmbeddingJob) -> None:
         """Queue an embedding job (run between generation steps)."""
         self._put("embed", job, lambda: job.emit(_stopped_error(job.id)))
+
+    def call(self, work: Callable[[], None], refuse: Callable[[], None]) -> None:
+        """Run ``work`` on the engine thread between steps (loading LoRA adapters: llama.cpp's
+        model is touched on that thread only); ``refuse`` runs instead once it stopped."""
+        self._put("call", work, refuse)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel everything, end the thread, then free llama.cpp's resources.
@@ -272,6 +281,8 @@ class Engine:
             engine_decode_seconds=clock.decode,
             engine_decodes=clock.decodes,
             threads=self.governor.state(),
+            adapters=self.adapters.stats(self.slots),
+            adapter_switches=self.adapters.switches,
         )
 
     def set_budget(self, threads: int, reason: str) -> None:
@@ -334,6 +345,8 @@ class Engine:
                 self._cancel(payload)
             elif kind == "embed":
                 self.embeddings.append(payload)
+            elif kind == "call":
+                payload()
             elif kind == "stop":
                 return False
 
@@ -372,13 +385,13 @@ class Engine:
                 None if self.model.unified_kv or fills else [s.seq_id for s in self.slots if s.busy]
             )
             wanted = [waiting.prompt for waiting in self.waiting]
-            slot, reuse = choose_slot(free, job.prompt, busy, wanted)
+            slot, reuse = choose_slot(free, job.prompt, busy, wanted, job.adapters.key)
             if job.score is not None:
                 reuse = 0  # every position's logits are needed: the prompt is evaluated whole
             if len(slot.cache) - reuse >= MIN_SAVED_TOKENS:
                 self.tiers.save(slot)  # the cells about to be overwritten stay reachable
             if job.score is None:
-                reuse = self.tiers.restore(slot, job.prompt, reuse)
+                reuse = self.tiers.restore(slot, job.prompt, reuse, job.adapters.key)
             try:
                 sampler = Sampler(
                     self.model.vocab,
@@ -397,6 +410,8 @@ class Engine:
             self.model.seq_remove(slot.seq_id, reuse)
             slot.cache = slot.cache[:reuse]
             slot.shared = min(slot.shared, reuse)
+            slot.adapters = job.adapters.key
+            self.adapters.started(job.adapters)
             slot.job = job
             slot.state = SlotState.PREFILLING
             slot.sampler = sampler
@@ -457,12 +472,12 @@ class Engine:
         prefills reached are decoded first, each on its own)."""
         self._share_prefixes()
         self._prefill_images()
+        group, adapters = self._groups.pick(self.slots)
+        self.adapters.apply(self.model.ctx, adapters)
         prefill_budget = self.model.batch.capacity
         drafting = True
         while True:
-            plan = plan_batch(
-                self.slots, self.model.batch, self.speculation, prefill_budget, drafting
-            )
+            plan = plan_batch(group, self.model.batch, self.speculation, prefill_budget, drafting)
             if plan.empty:
                 return
             fill_batch(plan, self.slots, self.model.batch)
@@ -581,6 +596,7 @@ class Engine:
                 continue
             end = start + image.n_tokens
             last = end == len(job.prompt)
+            self.adapters.apply(self.model.ctx, job.adapters)
             status, index = self.model.decode_embeddings(
                 image.data, image.n_tokens, start, slot.seq_id, last, image.non_causal
             )
@@ -869,7 +885,9 @@ class Engine:
         try:
             threads = self._use_threads("batch")
             started = time.perf_counter()
-            vectors = self.model.embed_many(job.inputs[start:end], rank=job.rank)
+            vectors = self.model.embed_many(
+                job.inputs[start:end], rank=job.rank, prepare=applying(self.adapters, job.adapters)
+            )
             self.governor.observe("batch", threads, tokens, time.perf_counter() - started)
         except Exception as exc:
             log.exception("embedding failed")

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .adapterset import NO_ADAPTERS, AdapterSet
 from .protocol import Event, SamplingOptions
 from .reasoning import ReasoningBudget
 from .scoring import PromptScore
@@ -45,6 +46,8 @@ class GenerationJob:
     """Collects the prompt's log probabilities (``options.prompt_logprobs``)."""
     budget: ReasoningBudget | None = None
     """Ends the reasoning when its budget is spent (``options.reasoning_budget``)."""
+    adapters: AdapterSet = NO_ADAPTERS
+    """The LoRA adapters it runs with (see :mod:`.adapters`)."""
 
     def image_start(self, position: int) -> int:
         """``position``, or the start of the image it falls inside (cached prefixes are
@@ -76,3 +79,5 @@ class EmbeddingJob:
     """Embeddings of ``inputs[:len(vectors)]``, computed so far."""
     rank: bool = False
     """Score each input with the rank head (a reranker) instead of embedding it."""
+    adapters: AdapterSet = NO_ADAPTERS
+    """The LoRA adapters it embeds with."""

@@ -12,9 +12,11 @@ instead of dropping it:
   header, length, sha256); a bad file is deleted, never used. This is what makes a cached
   system prompt survive a runner unload or a daemon restart.
 
-A new prompt asks :meth:`PrefixCache.best` for the saved prefix sharing the longest start with
-it; the engine restores that state into a slot (``llama_state_seq_set_data``) and trims it to
-the shared part. Nothing here touches llama.cpp: the cache holds opaque bytes.
+Each saved prefix belongs to one LoRA adapter set (its ``namespace``: the set's key, empty for
+the base model alone), part of its key, file and header: a prompt finds the prefixes of its own
+set only. A new prompt asks :meth:`PrefixCache.best` for the saved prefix sharing the longest
+start with it; the engine restores that state into a slot (``llama_state_seq_set_data``) and
+trims it to the shared part. Nothing here touches llama.cpp: the cache holds opaque bytes.
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ _MAGIC = b"LOCALLLM-KV 1\n"
 _MAX_HEADER = 16 << 20
 
 
-def _key(tokens: list[int] | tuple[int, ...]) -> str:
-    return hashlib.sha256(array.array("i", tokens).tobytes()).hexdigest()[:32]
+def _key(tokens: list[int] | tuple[int, ...], namespace: str = "") -> str:
+    data = array.array("i", tokens).tobytes()
+    if namespace:
+        data = namespace.encode() + b"\n" + data
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
@@ -74,6 +79,8 @@ class SavedPrefix:
     """The state, while it is in RAM."""
     path: Path | None = None
     """Its file, once it is on disk."""
+    namespace: str = ""
+    """The LoRA adapter set its cells were computed with (empty: none)."""
 
 
 @dataclass
@@ -104,10 +111,13 @@ class PrefixCache:
 
     # -- lookups -----------------------------------------------------------------------------
 
-    def best(self, prompt: list[int]) -> tuple[int, str] | None:
-        """The saved prefix sharing the most leading tokens with ``prompt``: (length, key)."""
+    def best(self, prompt: list[int], namespace: str = "") -> tuple[int, str] | None:
+        """The saved prefix of ``namespace`` sharing the most leading tokens with ``prompt``:
+        (length, key)."""
         best_length, best_key = 0, None
         for key, entry in self._entries.items():
+            if entry.namespace != namespace:
+                continue
             if entry.tokens and entry.tokens[0] == (prompt[0] if prompt else None):
                 length = _common_prefix(entry.tokens, prompt)
                 if length > best_length:
@@ -122,7 +132,7 @@ class PrefixCache:
             return None
         data = entry.data
         if data is None and entry.path is not None:
-            data = self._read(entry.path, entry.tokens)
+            data = self._read(entry.path, entry.tokens, entry.namespace)
             if data is None:
                 self._drop(key)
                 return None
@@ -159,23 +169,28 @@ class PrefixCache:
 
     # -- saving ------------------------------------------------------------------------------
 
-    def save(self, tokens: list[int], data: bytes) -> None:
-        """Keep ``data`` as the state of ``tokens`` in RAM (moving older entries to disk).
+    def save(self, tokens: list[int], data: bytes, namespace: str = "") -> None:
+        """Keep ``data`` as the state of ``tokens`` (computed with the adapter set
+        ``namespace``) in RAM, moving older entries to disk.
 
-        A saved prefix that ``tokens`` extends is replaced: restoring the longer one and
-        trimming it serves every prompt the shorter one served.
+        A saved prefix of the same namespace that ``tokens`` extends is replaced: restoring the
+        longer one and trimming it serves every prompt the shorter one served.
         """
         if not tokens or not data:
             return
         frozen = tuple(tokens)
         for key, entry in list(self._entries.items()):
+            if entry.namespace != namespace:
+                continue
             if len(entry.tokens) <= len(frozen) and frozen[: len(entry.tokens)] == entry.tokens:
                 self._drop(key)
             elif len(entry.tokens) > len(frozen) and entry.tokens[: len(frozen)] == frozen:
                 self._entries.move_to_end(key)  # already covered by a longer prefix
                 return
-        key = _key(frozen)
-        self._entries[key] = SavedPrefix(tokens=frozen, size=len(data), data=data)
+        key = _key(frozen, namespace)
+        self._entries[key] = SavedPrefix(
+            tokens=frozen, size=len(data), data=data, namespace=namespace
+        )
         self._ram_bytes += len(data)
         self._fit_ram()
 
@@ -208,13 +223,14 @@ class PrefixCache:
         assert self.directory is not None and entry.data is not None
         if entry.size > self.disk_budget:
             return
-        header = json.dumps(
-            {
-                "tokens": list(entry.tokens),
-                "size": entry.size,
-                "sha256": hashlib.sha256(entry.data).hexdigest(),
-            }
-        ).encode()
+        fields = {
+            "tokens": list(entry.tokens),
+            "size": entry.size,
+            "sha256": hashlib.sha256(entry.data).hexdigest(),
+        }
+        if entry.namespace:
+            fields["adapters"] = entry.namespace
+        header = json.dumps(fields).encode()
         path = self.directory / f"{key}.kv"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -271,11 +287,13 @@ class PrefixCache:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 continue
-            tokens, size, _ = header
-            self._entries[path.stem] = SavedPrefix(tokens=tokens, size=size, path=path)
+            tokens, size, _, namespace = header
+            self._entries[path.stem] = SavedPrefix(
+                tokens=tokens, size=size, path=path, namespace=namespace
+            )
 
     @staticmethod
-    def _header(path: Path) -> tuple[tuple[int, ...], int, str] | None:
+    def _header(path: Path) -> tuple[tuple[int, ...], int, str, str] | None:
         try:
             with open(path, "rb") as handle:
                 if handle.read(len(_MAGIC)) != _MAGIC:
@@ -284,20 +302,23 @@ class PrefixCache:
             header = json.loads(line)
             tokens = tuple(int(t) for t in header["tokens"])
             size, digest = int(header["size"]), str(header["sha256"])
-        except (OSError, ValueError, KeyError, TypeError):
+            namespace = str(header.get("adapters", ""))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        if path.stat().st_size != len(_MAGIC) + len(line) + size or path.stem != _key(tokens):
+        if path.stat().st_size != len(_MAGIC) + len(line) + size:
             return None
-        return tokens, size, digest
+        if path.stem != _key(tokens, namespace):
+            return None
+        return tokens, size, digest, namespace
 
-    def _read(self, path: Path, tokens: tuple[int, ...]) -> bytes | None:
+    def _read(self, path: Path, tokens: tuple[int, ...], namespace: str) -> bytes | None:
         header = self._header(path)
-        if header is None or header[0] != tokens:
+        if header is None or header[0] != tokens or header[3] != namespace:
             log.warning("deleting damaged saved prefix %s", path)
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
-        _, size, digest = header
+        _, size, digest, _ = header
         try:
             with open(path, "rb") as handle:
                 handle.readline(len(_MAGIC) + 1)

@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
@@ -556,11 +556,17 @@ class LlamaModel:
             raise ModelLoadError("llama.cpp could not create the embedding context")
         return ctx
 
-    def embed_many(self, sequences: list[list[int]], rank: bool = False) -> list[list[float]]:
+    def embed_many(
+        self,
+        sequences: list[list[int]],
+        rank: bool = False,
+        prepare: Callable[[llama_cpp.llama_context_p], None] | None = None,
+    ) -> list[list[float]]:
         """Mean-pooled embeddings of several sequences in one decode (at most
         :attr:`embed_batch_sequences`, their tokens together at most the context per slot);
         ``rank``: each sequence's relevance score instead (rank pooling: the classifier head,
-        one number per label, the first the score). The contexts are created on first use."""
+        one number per label, the first the score). The contexts are created on first use;
+        ``prepare`` is given the context before the decode (to set its LoRA adapters)."""
         if len(sequences) > self.embed_batch_sequences:
             raise ValueError(f"at most {self.embed_batch_sequences} sequences per batch")
         if self._embedding_batch is None:
@@ -575,6 +581,8 @@ class LlamaModel:
             ctx = self._embedding_ctx
         batch = self._embedding_batch
         assert batch is not None
+        if prepare is not None:
+            prepare(ctx)
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         batch.clear()
         for seq_id, tokens in enumerate(sequences):

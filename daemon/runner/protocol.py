@@ -23,6 +23,11 @@ import orjson
 
 __all__ = [
     "IMAGE_MARKER",
+    "AdapterFile",
+    "AdapterStats",
+    "AdapterUse",
+    "AdaptersEvent",
+    "AdaptersOp",
     "CancelOp",
     "DetokenizeOp",
     "DoneEvent",
@@ -237,6 +242,16 @@ class TokenLogprob:
 
 
 @dataclass
+class AdapterUse:
+    """A LoRA adapter a request runs with: one the runner loaded (:class:`AdaptersOp`)."""
+
+    digest: str
+    """``sha256:<hex>`` of the adapter's GGUF."""
+    scale: float = 1.0
+    """How strongly it applies (0: not at all)."""
+
+
+@dataclass
 class GenerationRequest:
     """One completion or chat request for a runner."""
 
@@ -275,6 +290,9 @@ class GenerationRequest:
     one per :data:`IMAGE_MARKER` in the rendered prompt, in order of appearance. Needs a runner
     with a vision projector (``unsupported`` otherwise); a count mismatch or an image that
     cannot be decoded is ``bad_request`` naming the image."""
+    adapters: list[AdapterUse] = field(default_factory=list)
+    """The LoRA adapters to run with (none: the base model alone); each must be loaded
+    (``bad_request`` otherwise). Requests of different adapter sets take turns by step."""
 
 
 @dataclass
@@ -360,6 +378,8 @@ class EmbeddingRequest:
     rank_pairs: list[list[str]] | None = None
     """``[query, document]`` pairs to score instead (a reranker: rank pooling): each one's
     "embedding" is its relevance score alone (then ``inputs`` is empty)."""
+    adapters: list[AdapterUse] = field(default_factory=list)
+    """The LoRA adapters to embed with (as :attr:`GenerationRequest.adapters`)."""
 
 
 @dataclass
@@ -394,6 +414,22 @@ class SlotStats:
     """How much of the prompt is done."""
     generated_tokens: int = 0
     """Tokens generated so far for the current request."""
+
+
+@dataclass
+class AdapterStats:
+    """One LoRA adapter a runner holds on its base model."""
+
+    digest: str
+    """``sha256:<hex>`` of its GGUF."""
+    size: int
+    """Bytes its tensors take (llama.cpp's buffers; counted once, whatever uses it)."""
+    alpha: float = 0.0
+    """``adapter.lora.alpha``."""
+    slots: int = 0
+    """Slots serving a request that runs with it now."""
+    requests_total: int = 0
+    """Requests that ran with it since it loaded."""
 
 
 @dataclass
@@ -434,6 +470,11 @@ class Stats:
     """Generation decodes (steps) run."""
     threads: ThreadStats | None = None
     """What the CPU governor does now (None from a runner without one)."""
+    adapters: list[AdapterStats] = field(default_factory=list)
+    """The LoRA adapters loaded on the base model."""
+    adapter_switches: int = 0
+    """Times a step ran with another adapter set than the step before (each costs llama.cpp
+    a scheduler reserve)."""
 
 
 @dataclass
@@ -543,6 +584,9 @@ class RunnerConfig:
     """Bytes per device that other loaded models may still grow into (not free for this one)."""
     mapped_ram: int = 0
     """Bytes of other runners' mapped weights, which MemAvailable counts as reclaimable."""
+    adapters: list[AdapterUse] = field(default_factory=list, compare=False)
+    """The LoRA adapters (and scales) a request runs with: not how the runner loads, so not
+    part of the config's identity (models sharing the base share the runner)."""
     gpu_memory: int = 0
     """The most bytes the memory plan puts on each local GPU (``LOCALLLM_GPU_MEMORY``; 0: what
     is free)."""
@@ -631,6 +675,25 @@ class ThreadsOp(_Op):
 
 
 @dataclass
+class AdapterFile:
+    """A LoRA adapter GGUF for a runner to load."""
+
+    digest: str
+    """``sha256:<hex>`` of the file: how requests name it."""
+    path: str
+    """The file (a store blob)."""
+
+
+@dataclass
+class AdaptersOp(_Op):
+    """Load LoRA adapters on the base model (those loaded already are kept): one ``adapters``
+    event with every adapter loaded, or an error naming the one llama.cpp refused."""
+
+    op: ClassVar[str] = "adapters"
+    adapters: list[AdapterFile]
+
+
+@dataclass
 class TokenizeOp(_Op):
     """Tokenize text: one ``tokens`` event."""
 
@@ -651,7 +714,15 @@ class DetokenizeOp(_Op):
 
 
 Request = (
-    GenerateOp | EmbedOp | CancelOp | HealthOp | StatsOp | ThreadsOp | TokenizeOp | DetokenizeOp
+    GenerateOp
+    | EmbedOp
+    | CancelOp
+    | HealthOp
+    | StatsOp
+    | ThreadsOp
+    | AdaptersOp
+    | TokenizeOp
+    | DetokenizeOp
 )
 
 
@@ -737,6 +808,14 @@ class ThreadsEvent(_Event):
 
 
 @dataclass
+class AdaptersEvent(_Event):
+    """The answer to :class:`AdaptersOp`: every adapter the runner holds."""
+
+    event: ClassVar[str] = "adapters"
+    adapters: list[AdapterStats]
+
+
+@dataclass
 class TokensEvent(_Event):
     """The answer to :class:`TokenizeOp`."""
 
@@ -761,6 +840,7 @@ Event = (
     | HealthEvent
     | StatsEvent
     | ThreadsEvent
+    | AdaptersEvent
     | TokensEvent
     | TextEvent
 )

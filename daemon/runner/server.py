@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .adapterset import AdapterLoadError, AdapterSet
 from .chat import TemplateRenderError, render_chat
 from .engine import Engine
 from .governor import allowed_cpus, pin_process
@@ -24,6 +25,10 @@ from .jobs import EmbeddingJob, GenerationJob
 from .model import LlamaModel
 from .protocol import (
     IMAGE_MARKER,
+    AdapterFile,
+    AdaptersEvent,
+    AdaptersOp,
+    AdapterUse,
     CancelOp,
     DetokenizeOp,
     DoneEvent,
@@ -594,6 +599,9 @@ class RunnerServer:
                     connection.send(HealthEvent(id=message.id, health=self.health()))
                 case StatsOp():
                     connection.send(StatsEvent(id=message.id, stats=self.engine.stats()))
+                case AdaptersOp():
+                    loaded = await self._load_adapters(message.adapters)
+                    connection.send(AdaptersEvent(id=message.id, adapters=loaded))
                 case ThreadsOp():
                     self._share_cores(message)
                     connection.send(
@@ -631,6 +639,45 @@ class RunnerServer:
         if set(cpus) != self._pinned and pin_process(cpus):
             self._pinned = set(cpus)
 
+    async def _load_adapters(self, files: list[AdapterFile]) -> list[Any]:
+        """Load LoRA adapters on the engine thread (between steps); a refusal is a
+        ``bad_request`` naming the adapter."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[Any]] = loop.create_future()
+
+        def settle(outcome: Any) -> None:
+            if done.done():
+                return
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+        def work() -> None:
+            try:
+                outcome: Any = self.engine.adapters.load(files)
+            except BaseException as exc:
+                outcome = exc
+            loop.call_soon_threadsafe(settle, outcome)
+
+        def refuse() -> None:
+            loop.call_soon_threadsafe(settle, RuntimeError("the engine has stopped"))
+
+        self.engine.call(work, refuse)
+        try:
+            return await done
+        except AdapterLoadError as exc:
+            raise PromptError(str(exc)) from None
+
+    def _adapter_set(self, uses: list[AdapterUse]) -> AdapterSet:
+        """A request's adapters, each loaded in this runner (``bad_request`` otherwise)."""
+        try:
+            adapters = AdapterSet.of(uses)
+            self.engine.adapters.check(adapters)
+        except AdapterLoadError as exc:
+            raise PromptError(str(exc)) from None
+        return adapters
+
     def _cancel(self, connection: _Connection, request_id: str) -> None:
         if request_id in connection.preparing:
             # Not in the engine yet: _generate ends it once preparation returns.
@@ -641,6 +688,7 @@ class RunnerServer:
     async def _generate(self, connection: _Connection, op: GenerateOp) -> None:
         request = op.request
         request.id = op.id
+        adapters = self._adapter_set(request.adapters)
         connection.preparing.add(op.id)
         try:
             # A thread of its own: encoding images computes graphs (see .threads).
@@ -694,6 +742,7 @@ class RunnerServer:
                 images=prompt.images,
                 score=score,
                 budget=budget,
+                adapters=adapters,
             )
         )
 
@@ -737,6 +786,7 @@ class RunnerServer:
 
     async def _embed(self, connection: _Connection, op: EmbedOp) -> None:
         request = op.request
+        adapters = self._adapter_set(request.adapters)
         limit = self.model.n_ctx_per_slot
         inputs = []
         texts: list[str | list[int]] = list(request.inputs)
@@ -766,6 +816,7 @@ class RunnerServer:
                 normalize=request.normalize and not rank,
                 emit=connection.emitter(),
                 rank=rank,
+                adapters=adapters,
             )
         )
 

@@ -80,6 +80,9 @@ class Slot:
         """Leading cells obtained from another sequence (for the KV-use estimate)."""
         self.saved = 0
         """Length of ``cache`` when it was last saved to the prefix cache (0: never)."""
+        self.adapters = ""
+        """The key of the LoRA adapter set ``cache``'s cells were computed with (empty: the
+        base model alone): they serve prompts of that set only."""
         self.last_used = 0.0
         """When its last request ended (the least recently used idle slot goes first)."""
         # -- the current request ----------------------------------------------------------
@@ -162,6 +165,7 @@ def choose_slot(
     prompt: Sequence[int],
     busy: Iterable[int] | None = None,
     wanted: Sequence[Sequence[int]] = (),
+    adapters: str = "",
 ) -> tuple[Slot, int]:
     """The free slot for ``prompt`` and how many of its cached tokens the prompt reuses.
 
@@ -178,8 +182,13 @@ def choose_slot(
     its own) the slots that keep the busy ids in the fewest runs come first: llama.cpp
     computes a batch's sequences in one pass only while their ids are consecutive, and a
     prefix held by another slot is copied over anyway.
+
+    Only cells computed with the prompt's LoRA adapter set (``adapters``, a key) are reused.
     """
-    shared = [(slot, common_prefix_length(slot.cache, prompt)) for slot in free]
+    shared = [
+        (slot, common_prefix_length(slot.cache, prompt) if slot.adapters == adapters else 0)
+        for slot in free
+    ]
     if wanted:
         unclaimed = [
             (slot, mine)
@@ -210,12 +219,13 @@ class PrefixSource:
 
 
 def prefix_source(slot: Slot, slots: Iterable[Slot], prompt: Sequence[int]) -> PrefixSource | None:
-    """The other sequence sharing the most of ``prompt`` beyond what ``slot`` holds."""
+    """The other sequence sharing the most of ``prompt`` beyond what ``slot`` holds (cells
+    computed with the slot's adapter set only)."""
     limit = len(prompt) - 1
     best: PrefixSource | None = None
     held = len(slot.cache)
     for other in slots:
-        if other is slot or not other.cache:
+        if other is slot or not other.cache or other.adapters != slot.adapters:
             continue
         shared = min(common_prefix_length(other.cache, prompt), limit)
         if shared > (best.end if best else held):
@@ -232,6 +242,8 @@ def should_wait_for(slot: Slot, prefilling: Iterable[Slot]) -> bool:
     for other in prefilling:
         if other is slot or other.job is None or other.job.arrived >= job.arrived:
             continue
+        if other.adapters != slot.adapters:
+            continue  # its cells will not serve this prompt: another adapter set
         shared = min(common_prefix_length(other.job.prompt, job.prompt), limit)
         if shared >= len(slot.cache) + MIN_SHARED_WAIT and len(other.cache) < shared:
             return True

@@ -57,7 +57,7 @@ class PrefixTiers:
         except Exception:  # saving is an optimisation: never fail a request over it
             log.exception("could not save the state of slot %d", slot.seq_id)
             return
-        cache.save(slot.cache, data)
+        cache.save(slot.cache, data, slot.adapters)
         slot.saved = len(slot.cache)
 
     def evict_idle(self) -> None:
@@ -71,11 +71,15 @@ class PrefixTiers:
             return
         now = time.perf_counter()
         # A prompt being prefilled may be about to share an idle slot's cells: keep those.
-        wanted = [s.job.prompt for s in self.slots if s.job is not None and s.prefilling]
+        wanted = [s for s in self.slots if s.job is not None and s.prefilling]
         for slot in self.slots:
             if slot.busy or not slot.cache or now - slot.last_used <= _IDLE_EVICT_S:
                 continue
-            if any(common_prefix_length(slot.cache, p) >= MIN_SAVED_TOKENS for p in wanted):
+            if any(
+                w.adapters == slot.adapters
+                and common_prefix_length(slot.cache, w.job.prompt) >= MIN_SAVED_TOKENS  # type: ignore[union-attr]
+                for w in wanted
+            ):
                 continue
             self.evict(slot)
 
@@ -85,20 +89,24 @@ class PrefixTiers:
         self.model.seq_remove(slot.seq_id, 0)
         slot.cache, slot.shared, slot.saved = [], 0, 0
 
-    def restore(self, slot: Slot, prompt: list[int], reuse: int) -> int:
-        """Restore the saved prefix sharing most with ``prompt`` into ``slot`` when it beats
-        what the context holds already; returns the prompt tokens the slot now holds."""
+    def restore(self, slot: Slot, prompt: list[int], reuse: int, adapters: str = "") -> int:
+        """Restore the saved prefix (computed with the adapter set ``adapters``) sharing most
+        with ``prompt`` into ``slot`` when it beats what the context holds already; returns
+        the prompt tokens the slot now holds."""
         cache = self.cache
         if cache is None:
             return reuse
-        found = cache.best(prompt)
+        found = cache.best(prompt, adapters)
         if found is None:
             return reuse
         length, key = found
         length = min(length, len(prompt) - 1)
         # A prefix another slot holds is shared into this one by _share_prefixes (with KV
         # streams only once it adds _least_shared tokens; it is counted here either way).
-        in_context = max(common_prefix_length(s.cache, prompt) for s in self.slots)
+        in_context = max(
+            common_prefix_length(s.cache, prompt) if s.adapters == adapters else 0
+            for s in self.slots
+        )
         gain = length - max(reuse, in_context)
         tokens = cache.tokens(key)
         if tokens is None:
@@ -128,6 +136,7 @@ class PrefixTiers:
             return 0
         slot.cache, slot.shared = list(tokens), 0
         slot.saved = len(slot.cache)
+        slot.adapters = adapters
         log.debug("restored a saved prefix of %d tokens into slot %d", length, slot.seq_id)
         return length
 

@@ -231,6 +231,9 @@ def render_show(data: Mapping[str, Any]) -> str:
                 ],
             ),
         )
+    adapters = data.get("adapters") or []
+    if adapters:
+        sections.insert(1, ("Adapters", [_adapter_row(a) for a in adapters]))
     parameters = []
     for line in str(data.get("parameters") or "").splitlines():
         key, _, value = line.strip().partition(" ")
@@ -248,6 +251,21 @@ def render_show(data: Mapping[str, Any]) -> str:
         out.extend(f"    {key.ljust(width)}{value}".rstrip() for key, value in rows)
         out.append("")
     return "\n".join(out)
+
+
+def _adapter_row(adapter: Mapping[str, Any]) -> tuple[str, str]:
+    """One LoRA adapter in ``show``: its short digest, then scale, rank and size."""
+    from .._format import human_size
+
+    digest = str(adapter.get("digest", "")).removeprefix("sha256:")[:12]
+    facts = [f"scale {adapter.get('scale', 1.0):g}"]
+    if adapter.get("rank"):
+        facts.append(f"rank {adapter['rank']}, {adapter.get('tensors', 0)} weights")
+    facts.append(human_size(int(adapter.get("size", 0))))
+    if adapter.get("problem"):
+        facts.append(str(adapter["problem"]))
+    name = str(adapter.get("name") or "")
+    return f"{name} {digest}".strip(), ", ".join(facts)
 
 
 def _mib(size: int) -> str:
@@ -434,6 +452,34 @@ def _draft_field(client: Client, value: str) -> str:
     return str(source.get("from_") or next(iter(source["files"].values())))
 
 
+def _adapter_fields(client: Client, adapters: list[tuple[str, float]]) -> dict[str, Any]:
+    """``/api/create``'s ``adapters`` for a Modelfile's ``ADAPTER`` lines: each file as a
+    path the daemon reads (a folder too: the daemon says how to convert it) or, for a remote
+    daemon, the digest of its upload; with its scale when it is not 1."""
+    from ..autostart import is_local
+    from ..store.adapters import CONVERT_COMMAND
+
+    local = is_local(load_settings())
+    fields: dict[str, Any] = {}
+    for file, scale in adapters:
+        path = Path(file)
+        if local and path.exists():
+            origin = str(path)
+        elif path.is_dir():
+            raise UsageError(
+                f"{path} is a folder, not a GGUF adapter; convert it: {CONVERT_COMMAND}"
+            )
+        elif not path.is_file():
+            raise UsageError(f"{path}: no such file (an ADAPTER line)")
+        else:
+            origin = client.upload_blob(path)
+        name = path.name
+        while name in fields:  # two adapters of one file name from different folders
+            name = f"{name}+"
+        fields[name] = origin if scale == 1.0 else {"from": origin, "scale": scale}
+    return fields
+
+
 def _run_create(client: Client, name: str, fields: dict[str, Any]) -> None:
     show_progress(client.create(name, **fields))
     print(f"created '{name}'")
@@ -456,6 +502,8 @@ def cmd_create(args: argparse.Namespace) -> int:
             fields = {**modelfile.create_fields(), **_source_fields(client, modelfile.from_)}
             if modelfile.draft is not None:
                 fields["draft"] = _draft_field(client, modelfile.draft)
+            if modelfile.adapters:
+                fields["adapters"] = _adapter_fields(client, modelfile.adapters)
             if modelfile.projector is not None:
                 # The projector always travels as an uploaded blob in ``files`` (Ollama's
                 # create API): the daemon tells it from the model by its ``clip`` header.

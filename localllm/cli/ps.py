@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PS_HEADERS",
+    "adapter_line",
     "add_ps_arguments",
     "cmd_ps",
     "cmd_ps_all",
@@ -153,10 +154,32 @@ def ps_rows(loaded: Sequence[Mapping[str, Any]]) -> str:
     headers = list(PS_HEADERS)
     spans = [line for entry in loaded if (line := threads_line(entry)) is not None]
     spans += [line for entry in loaded if (line := device_line(entry)) is not None]
+    spans += [line for entry in loaded if (line := adapter_line(entry)) is not None]
     spans += [line for entry in loaded if (line := fallback_line(entry)) is not None]
     return table(headers, [ps_row(entry) for entry in loaded]) + "".join(
         f"\n{line}" for line in spans
     )
+
+
+def adapter_line(entry: Mapping[str, Any]) -> str | None:
+    """``NAME LoRA 3f2a9c8d0e1f x0.5 (3.7 MB) on the runner of BASE (also serving A, B)``
+    for a model with LoRA adapters or on a runner it shares; None otherwise."""
+    runner = entry.get("runner")
+    if not isinstance(runner, dict):
+        return None
+    name = str(entry.get("name", ""))
+    parts = [
+        f"{str(a.get('digest', '')).removeprefix('sha256:')[:12]} x{a.get('scale', 1.0):g} "
+        f"({human_size(int(a.get('size', 0) or 0))})"
+        for a in entry.get("adapters") or []
+    ]
+    line = f"{name} LoRA {', '.join(parts)}" if parts else f"{name} no LoRA"
+    owner = str(runner.get("loaded_by", name))
+    others = [str(m) for m in runner.get("models") or [] if m not in (name, owner)]
+    line += " on its own runner" if owner == name else f" on the runner of {owner}"
+    if others:
+        line += f" (also serving {', '.join(others)})"
+    return line
 
 
 def fallback_line(entry: Mapping[str, Any]) -> str | None:

@@ -300,9 +300,12 @@ class AsyncClient:
         quantize: str | None = None,
         allow_requantize: bool | None = None,
         draft: str | None = None,
+        adapters: dict[str, Any] | None = None,
     ) -> AsyncIterator[ProgressLine]:
         """Create a model from another (``from_``), a GGUF path the daemon can read
         (``from_``), or uploaded blobs (``files``: name → digest); yields status lines.
+        ``adapters`` (Modelfile ``ADAPTER``): file name → a blob digest, a GGUF path the
+        daemon can read, or ``{"from": ..., "scale": 0.5}``.
         ``allow_requantize`` (a localllm extension) lets ``quantize`` start from an already
         quantized model. ``draft`` (a localllm extension: Modelfile ``DRAFT``) names the
         draft model: a model, a GGUF path the daemon can read, or an uploaded blob's digest."""

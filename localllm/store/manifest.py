@@ -15,6 +15,7 @@ from typing import Any
 from .._exceptions import InvalidDigestError, StoreError
 
 __all__ = [
+    "ANNOTATION_SCALE",
     "MEDIA_ADAPTER",
     "MEDIA_CONFIG",
     "MEDIA_DRAFT",
@@ -40,6 +41,7 @@ MEDIA_PARAMS = "application/vnd.ollama.image.params"
 MEDIA_LICENSE = "application/vnd.ollama.image.license"
 MEDIA_MESSAGES = "application/vnd.ollama.image.messages"
 MEDIA_ADAPTER = "application/vnd.ollama.image.adapter"
+"""A LoRA adapter's GGUF (Modelfile ``ADAPTER``), applied to the model layer's weights."""
 MEDIA_PROJECTOR = "application/vnd.ollama.image.projector"
 MEDIA_DRAFT = "application/vnd.ollama.image.draft"
 """A draft model's GGUF (Modelfile ``DRAFT``), for speculative decoding."""
@@ -48,6 +50,10 @@ _DIGEST_RE = re.compile(r"sha256[:\-]([0-9a-f]{64})")
 # Manifests are small JSON documents; anything bigger is not one.
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_LAYERS = 256
+ANNOTATION_SCALE = "org.localllm.adapter.scale"
+"""The annotation of an adapter layer that holds its scale (Modelfile ``ADAPTER path SCALE``;
+absent means 1.0, as Ollama applies every adapter)."""
+_MAX_ANNOTATIONS = 16
 
 
 def normalize_digest(digest: str) -> str:
@@ -69,10 +75,24 @@ class Layer:
     """``sha256:<hex>`` of the blob."""
     size: int
     """Size of the blob in bytes."""
+    annotations: tuple[tuple[str, str], ...] = ()
+    """OCI annotations (key, value), in order; an adapter layer's scale is one
+    (:data:`ANNOTATION_SCALE`). Registries and Ollama ignore them."""
+
+    def annotation(self, key: str) -> str | None:
+        """The value of annotation ``key``, if the layer has it."""
+        return next((value for name, value in self.annotations if name == key), None)
 
     def to_json(self) -> dict[str, Any]:
         """The layer as it appears in a manifest."""
-        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        data: dict[str, Any] = {
+            "mediaType": self.media_type,
+            "digest": self.digest,
+            "size": self.size,
+        }
+        if self.annotations:
+            data["annotations"] = dict(self.annotations)
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Layer:
@@ -85,8 +105,18 @@ class Layer:
             raise StoreError("malformed manifest: a layer has no mediaType")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise StoreError("malformed manifest: a layer has no valid size")
+        annotations = data.get("annotations") or {}
+        if (
+            not isinstance(annotations, dict)
+            or len(annotations) > _MAX_ANNOTATIONS
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items())
+        ):
+            raise StoreError("malformed manifest: a layer's annotations are not a small string map")
         return cls(
-            media_type=media_type, digest=normalize_digest(data.get("digest", "")), size=size
+            media_type=media_type,
+            digest=normalize_digest(data.get("digest", "")),
+            size=size,
+            annotations=tuple(annotations.items()),
         )
 
 
@@ -102,6 +132,10 @@ class Manifest:
     def layer(self, media_type: str) -> Layer | None:
         """The first layer of ``media_type``, if any."""
         return next((layer for layer in self.layers if layer.media_type == media_type), None)
+
+    def layers_of(self, media_type: str) -> list[Layer]:
+        """Every layer of ``media_type``, in order (a model may have several adapters)."""
+        return [layer for layer in self.layers if layer.media_type == media_type]
 
     @property
     def digests(self) -> set[str]:

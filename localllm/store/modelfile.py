@@ -1,5 +1,6 @@
 """Ollama's Modelfile: ``FROM``, ``PARAMETER``, ``TEMPLATE``, ``SYSTEM``, ``LICENSE``, ``MESSAGE``,
-``DRAFT`` (a draft model for speculative decoding: a model name or a GGUF file).
+``ADAPTER`` (a LoRA adapter GGUF, with an optional scale: ``ADAPTER ./lora.gguf 0.5``; one line
+per adapter), ``DRAFT`` (a draft model for speculative decoding: a model name or a GGUF file).
 
 A second ``FROM`` names a vision projector (an mmproj GGUF), as in Ollama.
 
@@ -7,8 +8,8 @@ A second ``FROM`` names a vision projector (an mmproj GGUF), as in Ollama.
 one ``PARAMETER name value`` (also typed at ``/set parameter`` in ``localllm run``) into the
 typed option value the API expects. The grammar follows Ollama's parser: instructions are
 case-insensitive, ``#`` starts a comment line, a value is the rest of the line, a ``"..."``
-string, or a ``\"\"\"...\"\"\"`` block that may span lines. ``ADAPTER`` is recognised and refused
-(localllm has no LoRA adapters yet), so a Modelfile never silently loses a line.
+string, or a ``\"\"\"...\"\"\"`` block that may span lines; an instruction that is not
+understood is an error, so a Modelfile never silently loses a line.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class Modelfile:
     """``MESSAGE role content`` lines: an example conversation."""
     draft: str | None = None
     """``DRAFT``: the draft model, a model name or a GGUF path (resolved as ``FROM``'s)."""
+    adapters: list[tuple[str, float]] = field(default_factory=list)
+    """``ADAPTER path [scale]`` lines in order: a LoRA adapter GGUF (resolved against the
+    Modelfile's folder) and its scale (1.0 when not given)."""
 
     def create_fields(self) -> dict[str, Any]:
         """The ``/api/create`` fields besides the source (``None`` where the file says nothing)."""
@@ -181,6 +185,24 @@ def _instructions(text: str) -> list[tuple[int, str, str, str]]:
     return out
 
 
+def _adapter(raw: str, number: int) -> tuple[str, float]:
+    """``ADAPTER``'s value: a path, then an optional scale (a number)."""
+    path, scale = raw.strip(), 1.0
+    parts = path.rsplit(None, 1)
+    if len(parts) == 2:
+        try:
+            scale = float(parts[1])
+        except ValueError:
+            pass
+        else:
+            if scale != scale or scale in (float("inf"), float("-inf")):
+                raise ModelfileError(f"line {number}: ADAPTER's scale must be a finite number")
+            path = _unquote(parts[0].strip())
+    if not path:
+        raise ModelfileError(f"line {number}: ADAPTER needs a LoRA adapter file (and a scale)")
+    return path, scale
+
+
 def parse_modelfile(text: str) -> Modelfile:
     """Parse a Modelfile's text; raises :class:`ModelfileError` naming the line at fault."""
     source: str | None = None
@@ -199,7 +221,7 @@ def parse_modelfile(text: str) -> Modelfile:
                     f"line {number}: at most two FROM lines (the model, then a vision projector)"
                 )
         elif keyword == "adapter":
-            raise ModelfileError(f"line {number}: ADAPTER (LoRA) is not supported by localllm yet")
+            result.adapters.append(_adapter(raw, number))
         elif keyword == "draft":
             if not raw:
                 raise ModelfileError(f"line {number}: DRAFT needs a model name or a file")
@@ -256,4 +278,8 @@ def read_modelfile(path: Path) -> Modelfile:
             modelfile.draft = str(draft)
     if modelfile.projector is not None:
         modelfile.projector = str((path.parent / Path(modelfile.projector).expanduser()).resolve())
+    modelfile.adapters = [
+        (str((path.parent / Path(file).expanduser()).resolve()), scale)
+        for file, scale in modelfile.adapters
+    ]
     return modelfile

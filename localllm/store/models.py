@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from .._exceptions import GGUFError, InvalidNameError, LocalLLMError, QuantizeError, StoreError
 from ..gguf_info import GGUFInfo, inspect_gguf
 from ..settings import parse_rpc_workers
+from .adapters import AdapterSource, ModelAdapter, check_adapter, model_adapters, with_scale
 from .manifest import (
+    MEDIA_ADAPTER,
     MEDIA_CONFIG,
     MEDIA_DRAFT,
     MEDIA_LICENSE,
@@ -235,6 +237,11 @@ class LocalModel:
         return self._inspected(self.draft_layer, _inspect_blob)
 
     @property
+    def adapters(self) -> list[ModelAdapter]:
+        """The model's LoRA adapters (Modelfile ``ADAPTER``), in order, with their scales."""
+        return model_adapters(self.entry.manifest, self.store.blob_path)
+
+    @property
     def projector_layer(self) -> Layer | None:
         """The vision projector (``mmproj``) layer, if the model has one."""
         return self.entry.manifest.layer(MEDIA_PROJECTOR)
@@ -410,6 +417,7 @@ class ModelParts(TypedDict, total=False):
     draft_digest: str | None
     projector_file: Path | None
     projector_digest: str | None
+    adapters: list[AdapterSource] | None
     quantize: Quantize | None
 
 
@@ -422,6 +430,8 @@ def create_model(store: Store, name: ModelName | str, **parts: Unpack[ModelParts
     ``FROM``) comes from ``projector_file`` or ``projector_digest``, else from ``base``.
     ``draft_file`` or ``draft_digest`` (a GGUF blob) becomes the draft layer (Modelfile
     ``DRAFT``); its vocabulary is checked against the model's by the caller (the daemon).
+    ``adapters`` (Modelfile ``ADAPTER``) are added after those ``base`` has, each checked
+    against the model's weights first (:func:`~localllm.store.adapters.check_adapter`).
     ``template``, ``system``, ``license``, ``parameters`` and ``messages`` become layers. With
     ``quantize``, the model's weights are quantized first.
 
@@ -454,11 +464,13 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
     inherited: dict[str, Layer] = {}
     merged_options: ModelOptions = {}
     model_layers: list[Layer] = []
+    own_adapters: list[Layer] = []
     if base is not None:
         entry = base if isinstance(base, ModelEntry) else store.get(base)
         parent = LocalModel(entry=entry, store=store)
         model_layers = [x for x in parent.entry.manifest.layers if x.media_type == MEDIA_MODEL]
         inherited = {x.media_type: x for x in parent.entry.manifest.layers}
+        own_adapters = parent.entry.manifest.layers_of(MEDIA_ADAPTER)
         info = parent.info
         paths = parent.gguf_paths
         what = parent.name.short
@@ -488,6 +500,7 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
         model_layers = [store.import_file(Path(gguf_file), MEDIA_MODEL)]
 
     layers = list(model_layers)
+    layers += _adapter_layers(store, parts.get("adapters") or [], paths, info, own_adapters)
     projector = _projector_layer(store, parts.get("projector_file"), parts.get("projector_digest"))
     if projector is None:
         projector = inherited.get(MEDIA_PROJECTOR)
@@ -530,6 +543,43 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
 
     config = _config_blob(store, info, layers)
     return Manifest(config=config, layers=tuple(layers))
+
+
+def _adapter_layers(
+    store: Store,
+    sources: list[AdapterSource],
+    paths: list[Path],
+    info: GGUFInfo,
+    inherited: list[Layer],
+) -> list[Layer]:
+    """The adapter layers of a new model: the base's, then ``sources``, each checked against
+    the model's weights (every part of a split GGUF) before it is copied into the store."""
+    if not sources:
+        return list(inherited)
+    parts = [info] if len(paths) == 1 else [inspect_gguf(p) for p in paths]
+    layers = list(inherited)
+    for source in sources:
+        if source.file is not None:
+            path, label = Path(source.file), source.label or Path(source.file).name
+        else:
+            assert source.digest is not None
+            if not store.has_blob(source.digest):
+                raise StoreError(
+                    f"adapter blob {source.digest} not found; upload it first (POST /api/blobs)"
+                )
+            path, label = store.blob_path(source.digest), source.label or source.digest
+        check_adapter(path, parts, label)
+        if source.file is not None:
+            layer = store.import_file(path, MEDIA_ADAPTER)
+        else:
+            layer = Layer(MEDIA_ADAPTER, normalize_digest(source.digest or ""), path.stat().st_size)
+        if any(existing.digest == layer.digest for existing in layers):
+            raise LocalLLMError(
+                f"adapter {label} is applied already (llama.cpp applies an adapter once: give "
+                "one ADAPTER line with the scale wanted)"
+            )
+        layers.append(with_scale(layer, source.scale))
+    return layers
 
 
 def quantize_model(
@@ -579,6 +629,9 @@ def render_modelfile(model: LocalModel) -> str:
     ]
     if model.projector_path is not None:
         lines.append(f"FROM {model.projector_path}")
+    for adapter in model.adapters:
+        scale = f" {adapter.scale:g}" if adapter.scale != 1.0 else ""
+        lines.append(f"ADAPTER {adapter.path}{scale}")
     if model.entry.manifest.layer(MEDIA_TEMPLATE) is not None and model.template:
         lines.append(f'TEMPLATE """{model.template}"""')
     if model.system:

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from .._exceptions import (
+    AdapterError,
     GGUFError,
     InvalidNameError,
     LocalLLMError,
@@ -57,6 +58,7 @@ from .._exceptions import (
 from .._format import human_size
 from ..settings import Settings
 from ..sources.progress import PullProgress, RateMeter
+from .adapters import check_adapter
 from .manifest import MAX_MANIFEST_BYTES, MEDIA_ADAPTER, MEDIA_MODEL, Layer, Manifest
 from .names import ModelName, parse_name
 from .store import Store
@@ -242,11 +244,6 @@ def _read_model(path: Path, parts: tuple[str, str, str, str]) -> OllamaModel:
     if manifest.layer(MEDIA_MODEL) is None:
         # Ollama's safetensors-based or adapter-only models: nothing llama.cpp can load here.
         return OllamaModel(label, path, name, manifest, problem="it has no GGUF model layer")
-    if manifest.layer(MEDIA_ADAPTER) is not None:
-        # Imported, it would answer as its base model with the adapter silently left out.
-        return OllamaModel(
-            label, path, name, manifest, problem="it has a LoRA adapter (not applied by localllm)"
-        )
     return OllamaModel(label, path, name, manifest)
 
 
@@ -437,9 +434,29 @@ class OllamaImporter:
         layer = manifest.layer(MEDIA_MODEL)
         assert layer is not None  # models without one were skipped when scanned
         try:
-            inspect_gguf(pending.get(layer.digest) or self.store.blob_path(layer.digest))
+            info = inspect_gguf(pending.get(layer.digest) or self.store.blob_path(layer.digest))
         except GGUFError as exc:
             raise _Skip(f"its model layer is not a GGUF localllm can read: {exc}") from None
+        # Its LoRA adapters are checked against the weights now, as a create checks them: an
+        # adapter llama.cpp would refuse at load time keeps the model out, with the reason.
+        adapters = manifest.layers_of(MEDIA_ADAPTER)
+        rest = manifest.layers_of(MEDIA_MODEL)[1:] if adapters else []
+        try:
+            parts = [info]
+            for part in rest:
+                parts.append(
+                    inspect_gguf(pending.get(part.digest) or self.store.blob_path(part.digest))
+                )
+        except GGUFError as exc:
+            raise _Skip(
+                f"a part of its model layer is not a GGUF localllm can read: {exc}"
+            ) from None
+        for adapter in adapters:
+            path = pending.get(adapter.digest) or self.store.blob_path(adapter.digest)
+            try:
+                check_adapter(path, parts, adapter.digest.removeprefix("sha256:")[:12])
+            except AdapterError as exc:
+                raise _Skip(str(exc)) from None
 
     # -- one blob -----------------------------------------------------------------------
 

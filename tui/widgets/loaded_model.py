@@ -18,7 +18,7 @@ from textual.widgets import Button, Label, ProgressBar, Sparkline
 
 from ..format import countdown, duration_ms, rate
 
-__all__ = ["LoadedModelCard", "slot_text", "threads_text"]
+__all__ = ["LoadedModelCard", "adapters_text", "slot_text", "threads_text"]
 
 _SLOT_STYLE = {"decode": "bold green", "prefill": "bold yellow", "idle": "dim"}
 _SLOT_GLYPH = {"decode": "●", "prefill": "◐", "idle": "○"}
@@ -56,6 +56,28 @@ def threads_text(threads: Any) -> Text:
         text.append(f" · {threads.get('reason', '')}", style="bold yellow")
     elif threads.get("mode") == "fixed":
         text.append(" (fixed)", style="dim")
+    return text
+
+
+def adapters_text(entry: dict[str, Any]) -> Text:
+    """``LoRA 3f2a9c8d0e1f ×0.5 · 3.7 MB · on the runner of BASE with A, B``: a model's
+    adapters and the runner it shares (the base loaded once); empty for a plain model."""
+    runner = entry.get("runner")
+    if not isinstance(runner, dict):
+        return Text("")
+    from localllm._format import human_size
+
+    name = str(entry.get("name", ""))
+    adapters = [
+        f"{str(a.get('digest', '')).removeprefix('sha256:')[:12]} ×{a.get('scale', 1.0):g} · "
+        f"{human_size(int(a.get('size', 0) or 0))}"
+        for a in entry.get("adapters") or []
+    ]
+    text = Text("LoRA " + ", ".join(adapters) if adapters else "no LoRA", style="bold")
+    owner = str(runner.get("loaded_by", name))
+    others = [str(m) for m in runner.get("models") or [] if m not in (name, owner)]
+    where = " · own runner" if owner == name else f" · on the runner of {owner}"
+    text.append(where + (f" with {', '.join(others)}" if others else ""), style="dim")
     return text
 
 
@@ -110,6 +132,8 @@ class LoadedModelCard(Vertical, can_focus=True):
         self._slots = Label("", classes="slots")
         self._requests = Label("", classes="requests")
         self._threads = Label("", classes="threads")
+        self._adapters = Label("", classes="adapters")
+        self._adapters.display = False
         self._kv = ProgressBar(total=1, show_eta=False, classes="kv")
         self._kv_cells = Label("", classes="kv-cells")
         self._decode = Sparkline(list(self.decode_history), classes="decode")
@@ -131,6 +155,7 @@ class LoadedModelCard(Vertical, can_focus=True):
             yield Button("Unload", classes="unload", compact=True)
         yield self._requests
         yield self._threads
+        yield self._adapters
         gauges = (
             ("KV cache", self._kv, self._kv_cells),
             ("decode", self._decode, self._decode_rate),
@@ -167,6 +192,9 @@ class LoadedModelCard(Vertical, can_focus=True):
             f"context {entry.get('context_length', 0):,} per slot"
         )
         self._threads.update(threads_text(entry.get("threads")))
+        lora = adapters_text(entry)
+        self._adapters.update(lora)
+        self._adapters.display = bool(lora.plain)
         used = int(entry.get("kv_cells_used") or 0)
         total = int(entry.get("kv_cells_total") or 0)
         self._kv.update(total=max(total, 1), progress=used)
