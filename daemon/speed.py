@@ -96,6 +96,8 @@ class Calibration:
     not measured; the F16 weights' rate stands in)."""
     seconds: float = 0.0
     """How long the probe took (the last part of it, when types were added later)."""
+    others: float = 0.0
+    """Cores other programs used on average while the probe ran."""
     measured_at: float = field(default_factory=time.time)
     """When (seconds since the epoch)."""
 
@@ -156,6 +158,7 @@ class Calibration:
             batch=batch,
             types=rates,
             seconds=seconds,
+            others=float(report.get("others", 0.0)),
         )
 
     def merged(self, newer: Calibration) -> Calibration:

@@ -163,7 +163,9 @@ def test_cached_figures_are_found_again_and_completed_per_type(
     asked: list[list[str]] = []
     base = make_calibration(**{t: TypeRate(1e9, 1e9) for t in speedprobe.BASE_TYPES})
 
-    def child(threads: int, repack: bool, types: list[str], timeout: float) -> dict[str, object]:
+    def child(
+        threads: int, repack: bool, types: list[str], timeout: float, cancelled: object = None
+    ) -> dict[str, object]:
         asked.append(list(types))
         return {"types": types}
 

@@ -449,6 +449,8 @@ class Engine:
         self._share_prefixes()
         self._prefill_images()
         prefill_budget = self.model.batch.capacity
+        if any(slot.prefilling for slot in self.slots) and (held := self.governor.batch_tokens()):
+            prefill_budget = min(prefill_budget, held)  # other programs hold the threads down
         drafting = True
         while True:
             plan = plan_batch(

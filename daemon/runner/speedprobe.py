@@ -32,6 +32,7 @@ Only the child (``python -m localllm.daemon.runner.speedprobe``) imports llama.c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,14 @@ from localllm.settings import Settings
 from ..speed import Calibration
 from .cpu import decide, decision_key, default_threads
 
-__all__ = ["BASE_TYPES", "PROBE_VERSION", "ProbeFailed", "cached_calibration", "calibrate"]
+__all__ = [
+    "BASE_TYPES",
+    "PROBE_VERSION",
+    "ProbeFailed",
+    "ProbeInterrupted",
+    "cached_calibration",
+    "calibrate",
+]
 
 log = logging.getLogger("localllm.speedprobe")
 
@@ -62,6 +70,8 @@ BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
 K-quant mixes, the legacy 4- and 8-bit types, unquantized). Others are probed on demand."""
 _TIMEOUT_S = 120.0
+_POLL_S = 0.1
+"""How often a probe that may be interrupted looks whether it must give way."""
 
 # The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks), as
 # many layers as make ~48 MB (beyond a 32 MB last-level cache) up to 6.
@@ -83,6 +93,11 @@ _probing = threading.Lock()
 
 class ProbeFailed(RuntimeError):
     """The probe child did not give figures (it crashed, timed out or printed nothing)."""
+
+
+class ProbeInterrupted(ProbeFailed):
+    """The probe was stopped before it finished (work came in), or measured while other
+    programs were busy: nothing was kept, and it can be run again at a quieter moment."""
 
 
 # -- the parent -----------------------------------------------------------------------------
@@ -139,22 +154,40 @@ def _write_cache(settings: Settings, calibration: Calibration) -> None:
         log.warning("could not cache the speed probe's figures in %s: %s", file, exc)
 
 
-def _run_child(threads: int, repack: bool, types: Sequence[str], timeout: float) -> dict[str, Any]:
+def _run_child(
+    threads: int,
+    repack: bool,
+    types: Sequence[str],
+    timeout: float,
+    cancelled: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     command = [sys.executable, "-P", "-m", "localllm.daemon.runner.speedprobe"]
     with tempfile.TemporaryDirectory(prefix="localllm-speed-") as workdir:
         args = ["--threads", str(threads), "--workdir", workdir, "--types", ",".join(types)]
         if not repack:
             args.append("--no-repack")
+        child = subprocess.Popen(
+            [*command, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout
         try:
-            done = subprocess.run(
-                [*command, *args],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise ProbeFailed(f"the speed probe did not finish within {timeout:.0f} s") from None
+            # Its output is small (one JSON line, a few log lines): the pipes cannot fill.
+            while child.poll() is None:
+                if cancelled is not None and cancelled():
+                    raise ProbeInterrupted("the speed probe gave way to work that came in")
+                if time.monotonic() > deadline:
+                    raise ProbeFailed(f"the speed probe did not finish within {timeout:.0f} s")
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(_POLL_S)
+            stdout, stderr = child.communicate()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    done = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     report, failure = child_report(done)
     if report is None:
         raise ProbeFailed(f"the speed probe {failure}")
@@ -168,11 +201,18 @@ def calibrate(
     types: Iterable[str] = (),
     fresh: bool = False,
     timeout: float = _TIMEOUT_S,
+    cancelled: Callable[[], bool] | None = None,
+    max_others: float | None = None,
 ) -> Calibration:
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
-    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run."""
+    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run.
+
+    ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
+    child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures
+    measured while other programs used more cores than that on average are not kept
+    (:class:`ProbeInterrupted` too): a probe beside a busy program measures the program."""
     count = _threads(settings, threads)
     with _probing:
         known = cached_calibration(settings, count)
@@ -187,8 +227,12 @@ def calibrate(
         if paths.error:
             raise ProbeFailed(paths.error)
         started = time.monotonic()
-        report = _run_child(count, paths.repack, missing, timeout)
+        report = _run_child(count, paths.repack, missing, timeout, cancelled)
         measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
+        if max_others is not None and measured.others > max_others:
+            raise ProbeInterrupted(
+                f"other programs used {measured.others:.1f} cores while the speed probe ran"
+            )
         calibration = measured if cached is None else cached.merged(measured)
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())
@@ -373,7 +417,21 @@ def _bandwidth(threads: int) -> float:
     return data.nbytes / best
 
 
+def _others_since(first: Any) -> float:
+    """Cores other processes used on average since the reading ``first`` (0 when the
+    readings cannot be taken)."""
+    from .governor import allowed_cpus, read_cpu
+
+    last = read_cpu(allowed_cpus())
+    if first is None or last is None or last.at <= first.at:
+        return 0.0
+    return max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / (last.at - first.at))
+
+
 def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+    from .governor import allowed_cpus, read_cpu
+
+    began = read_cpu(allowed_cpus())
     runner = _Runner(threads, repack)
     report: dict[str, Any] = {"threads": threads, "repack": repack, "batch": _BATCH}
     paths = []
@@ -424,6 +482,8 @@ def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> d
         }
     report["types"] = measured
     report["bandwidth"] = _bandwidth(threads)
+    # What else ran meanwhile: figures measured beside a busy program are not this machine's.
+    report["others"] = round(_others_since(began), 3)
     return report
 
 
