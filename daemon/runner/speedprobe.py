@@ -64,7 +64,7 @@ __all__ = [
 
 log = logging.getLogger("localllm.speedprobe")
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 """Bumped when the probe's models or workload change, so older figures are measured again."""
 BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1")
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
@@ -87,6 +87,13 @@ _TINY_TURNS = 3
 # The attention's pace: a batch at this position against one at the start, on this type.
 _LATE = 449
 _ATTENTION_TYPE = "Q8_0"
+# The output head and the sampler: a one-layer model with a large vocabulary and narrow rows
+# (Q8_0, 512 wide, 131,072 tokens: 71 MB, beyond the last-level cache, like a real head),
+# decoded with logits and without; then the runner's samplers on its logits.
+_HEAD_EMBD, _HEAD_VOCAB, _HEAD_TYPE = 512, 131072, "Q8_0"
+_HEAD_STEPS = 8
+# The runner's own work per step: the engine on the 2-layer tiny model for this many tokens.
+_ENGINE_TOKENS = 48
 
 _probing = threading.Lock()
 
@@ -305,27 +312,51 @@ class _Weights:
         base = self._base(cols)
         return self._np.tile(base, (-(-rows // self._ROWS), 1))[:rows]
 
+    def layer_bytes_of(self, rows: int, cols: int) -> int:
+        """Bytes of one ``rows`` x ``cols`` matrix."""
+        return self._base(cols).nbytes // self._ROWS * rows
+
     def layer_bytes(self, embd: int, ffn: int) -> int:
         """Bytes of one layer's seven matrices."""
         rows = {embd: 4 * embd + ffn * 2, ffn: embd}
         return sum(self._base(cols).nbytes // self._ROWS * count for cols, count in rows.items())
 
 
-def _write_model(path: Path, type_name: str, embd: int, ffn: int, heads: int, layers: int) -> None:
+def _write_model(
+    path: Path,
+    type_name: str,
+    embd: int,
+    ffn: int,
+    heads: int,
+    layers: int,
+    vocab: int = _VOCAB,
+    head_type: str | None = None,
+) -> None:
+    """A probe model whose layers are all ``type_name``; its output head is F32 (its bytes
+    counted apart), or ``head_type``. The control tokens' head rows are zero, so that sampling
+    never ends a generation (their logit 0 is below the top 40 of random ones)."""
     import numpy as np
 
     from .synthetic import write_llama
 
     weights = _Weights(type_name)
-    head = (np.random.default_rng(1).standard_normal((_VOCAB, embd)) * 0.05).astype(np.float32)
     quantized = weights.kind.name not in ("F32", "F16")
+    if head_type is None:
+        head = (np.random.default_rng(1).standard_normal((vocab, embd)) * 0.05).astype(np.float32)
+        head[:3] = 0
+        head_matrix: tuple[Any, Any] = (head, None)
+    else:
+        header = _Weights(head_type)
+        rows = header.matrix(vocab, embd)
+        rows[:3] = 0  # zero blocks: scale 0, so logit 0 in any ggml type
+        head_matrix = (rows, header.kind)
 
     def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
-        if layer < 0:  # the output head stays F32 (its bytes are counted apart)
-            return head, None
+        if layer < 0:
+            return head_matrix
         return weights.matrix(rows, cols), weights.kind if quantized else None
 
-    write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=_VOCAB, matrix=matrix)
+    write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=vocab, matrix=matrix)
 
 
 class _Runner:
@@ -398,6 +429,112 @@ class _Runner:
             llama.llama_free(ctx)
             llama.llama_model_free(model)
 
+    def time_head(self, path: Path, vocab: int) -> dict[str, float]:
+        """The head model's best decode step with logits and without (``logits_s``,
+        ``plain_s``), and the runner's samplers on its logits: greedy (``greedy_s``, the
+        largest logit) and Ollama's default options (``default_s``: penalties, top-k, top-p,
+        temperature, a draw)."""
+        from .protocol import SamplingOptions
+        from .sampling import Sampler
+        from .synthetic import fill_batch
+
+        llama = self.llama
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 0
+        params.use_extra_bufts = self.repack
+        params.use_mmap = False
+        model = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path.name}")
+        ctx_params = llama.llama_context_default_params()
+        ctx_params.n_ctx = 4 * _HEAD_STEPS + 8
+        ctx_params.n_batch = ctx_params.n_ubatch = 8
+        ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
+        ctx = llama.llama_init_from_model(model, ctx_params)
+        batch = llama.llama_batch_init(8, 0, 1)
+        samplers = {
+            "greedy_s": Sampler(
+                llama.llama_model_get_vocab(model), vocab, SamplingOptions(temperature=0), None, 64
+            ),
+            "default_s": Sampler(
+                llama.llama_model_get_vocab(model), vocab, SamplingOptions(seed=1), None, 64
+            ),
+        }
+        try:
+            best = dict.fromkeys(("logits_s", "plain_s", *samplers), float("inf"))
+            position = 0
+            for step in range(_HEAD_STEPS + 1):
+                for key in ("logits_s", "plain_s"):
+                    fill_batch(batch, position, 1)
+                    batch.logits[0] = key == "logits_s"
+                    began = time.perf_counter()
+                    if llama.llama_decode(ctx, batch) != 0:
+                        raise RuntimeError("llama_decode failed in the speed probe")
+                    spent = time.perf_counter() - began
+                    position += 1
+                    if step:  # the first step sets up the graph
+                        best[key] = min(best[key], spent)
+                    if key == "logits_s":
+                        for name, sampler in samplers.items():
+                            began = time.perf_counter()
+                            sampler.sample(ctx, 0)
+                            best[name] = min(best[name], time.perf_counter() - began)
+            return best
+        finally:
+            for sampler in samplers.values():
+                sampler.close()
+            llama.llama_batch_free(batch)
+            llama.llama_free(ctx)
+            llama.llama_model_free(model)
+
+
+def _runner_step(path: Path, threads: int, repack: bool) -> float:
+    """Seconds the runner's engine spends per step outside ``llama_decode`` (planning and
+    filling the batch, sampling with Ollama's default options, detokenizing, stop checks,
+    handing the token over), generating on the tiny model ``path`` (its vocabulary is tiny:
+    the sampler's share that grows with the vocabulary is measured by :meth:`_Runner.time_head`)."""
+    import threading as threads_module
+
+    from .engine import Engine
+    from .jobs import GenerationJob
+    from .model import LlamaModel
+    from .protocol import DoneEvent, ErrorEvent, Event, RunnerConfig, SamplingOptions
+
+    config = RunnerConfig(
+        model_path=str(path),
+        n_slots=1,
+        n_ctx_per_slot=2 * _ENGINE_TOKENS + 64,
+        n_threads=threads,
+        fixed_threads=True,
+        n_gpu_layers=0,
+        cpu_repack=repack,
+    )
+    model = LlamaModel(config)
+    engine = Engine(model)
+    engine.start()
+    done = threads_module.Event()
+
+    def emit(event: Event) -> None:
+        if isinstance(event, DoneEvent | ErrorEvent):
+            done.set()
+
+    best = float("inf")
+    try:
+        for turn in range(3):  # the first turn warms up
+            clock = engine.time
+            steps, decode, decodes = clock.steps, clock.decode, clock.decodes
+            done.clear()
+            options = SamplingOptions(num_predict=_ENGINE_TOKENS, seed=turn)
+            engine.submit(GenerationJob(f"probe-{turn}", [1, 3 + turn, 4], options, None, emit))
+            if not done.wait(60):
+                raise RuntimeError("the engine did not finish the speed probe's generation")
+            count = clock.decodes - decodes
+            if turn and count:
+                best = min(best, ((clock.steps - steps) - (clock.decode - decode)) / count)
+    finally:
+        engine.stop()
+    return best
+
 
 def _bandwidth(threads: int) -> float:
     """Bytes per second numpy reads from a buffer 8x a 32 MB last-level cache with ``threads``
@@ -444,12 +581,15 @@ def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> d
         for best, path in zip(tiny, paths, strict=True):
             for key, value in runner.time(path).items():
                 best[key] = min(best[key], value)
+    # The runner's own work per step, on the smaller tiny model.
+    report["runner_step_s"] = _runner_step(paths[0], threads, repack)
     for path in paths:
         path.unlink()
     report["tiny"] = {
         "layers": list(_TINY_LAYERS),
         "layer_bytes": _Weights("Q8_0").layer_bytes(_TINY_EMBD, _TINY_FFN),
         "layer_params": 4 * _TINY_EMBD**2 + 3 * _TINY_EMBD * _TINY_FFN,
+        "layer_rows": 5 * _TINY_EMBD + 2 * _TINY_FFN,
         "decode_s": [t["decode_s"] for t in tiny],
         "batch_s": [t["batch_s"] for t in tiny],
     }
@@ -475,12 +615,27 @@ def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> d
             "layers": layers,
             "layer_bytes": layer_bytes,
             "layer_params": 4 * _EMBD**2 + 3 * _EMBD * _FFN,
+            "layer_rows": 5 * _EMBD + 2 * _FFN,
             "decode_s": timings["decode_s"],
             "batch_s": timings["batch_s"],
             # its output head is wider than the tiny models' (whose is in the fixed cost)
             "output_bytes": _VOCAB * (_EMBD - _TINY_EMBD) * 4,
         }
     report["types"] = measured
+    # The output head and the sampler, which grow with the vocabulary.
+    path = workdir / "head.gguf"
+    _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, _HEAD_VOCAB, _HEAD_TYPE)
+    report["head"] = {
+        **runner.time_head(path, _HEAD_VOCAB),
+        "vocab": _HEAD_VOCAB,
+        "embd": _HEAD_EMBD,
+        "type": _HEAD_TYPE,
+        "bytes": _Weights(_HEAD_TYPE).layer_bytes_of(_HEAD_VOCAB, _HEAD_EMBD),
+        "layer_bytes": _Weights("Q8_0").layer_bytes(_HEAD_EMBD, 2 * _HEAD_EMBD),
+    }
+    path.unlink()
+    # A device's measurement (a GPU: its layers' rates by type, its fixed costs) would be one
+    # more part here, under report["devices"][name], read by Calibration.from_probe.
     report["bandwidth"] = _bandwidth(threads)
     # What else ran meanwhile: figures measured beside a busy program are not this machine's.
     report["others"] = round(_others_since(began), 3)
