@@ -351,6 +351,7 @@ def main() -> int:
         try:
             for server in servers:
                 server.ready(models)
+                server.prefill_rate(args.prompt_tokens)  # sizes its prompt (a tokenize call)
             runs: dict[str, list[float]] = {}
 
             def record(key: str, value: float) -> None:
