@@ -427,8 +427,11 @@ class Governor:
             return self.max_threads
         now = self._clock()
         self._last_step = now
-        # A batch is long and decided once: it gets a fresh reading (see batch_tokens).
-        if now >= self._next_sample or (kind == "batch" and now - self._last_sample >= _QUICK_S):
+        # A batch is long and decided once: it gets a fresh reading (see batch_tokens); while
+        # others hold the count down, so does every step a tenth of a second on, so that the
+        # end of their burst is seen at once.
+        fresh = kind == "batch" or self._cpu_cap[kind] < self.max_threads
+        if now >= self._next_sample or (fresh and now - self._last_sample >= _QUICK_S):
             self._sample(now)
         cap = self.cap(kind)
         tuner = self._tuners[kind]
