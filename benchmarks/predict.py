@@ -147,6 +147,19 @@ def _measure(
     }
 
 
+def _cost(settings: Any, name: str) -> Any:
+    """What a token costs the model ``name`` of the home (:class:`~localllm.daemon.speed.ModelCost`)."""
+    from localllm.daemon.memlayout import layout_from_gguf
+    from localllm.daemon.speed import model_cost
+    from localllm.gguf_info import inspect_gguf
+    from localllm.store.models import load_model
+    from localllm.store.store import Store
+
+    model = load_model(Store(settings.data_dir), name)
+    parts = [inspect_gguf(p) for p in model.gguf_paths]
+    return model_cost(parts, layout_from_gguf(parts, settings.kv_cache_type).kv_per_cell)
+
+
 def _ratio(predicted: float | None, measured: float) -> float | None:
     return round(predicted / measured, 3) if predicted and measured else None
 
@@ -168,14 +181,10 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown models: {', '.join(unknown)}")
 
-    from localllm.daemon.memlayout import layout_from_gguf
     from localllm.daemon.runner.speedprobe import calibrate
     from localllm.daemon.speed import corrected as speed_corrected
-    from localllm.daemon.speed import model_cost, predict
-    from localllm.gguf_info import inspect_gguf
+    from localllm.daemon.speed import predict
     from localllm.settings import Settings
-    from localllm.store.models import load_model
-    from localllm.store.store import Store
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     home = Path(args.home) if args.home else cache / "localllm-bench" / "predict"
@@ -207,8 +216,12 @@ def main() -> int:
                 _make_models(env, http, args.models, Path(scratch))
             if args.make_only:
                 return 0
+            # Every weight type the models hold is measured (Gemma's 640-wide rows make its
+            # K-quants fall back to Q5_0 and Q8_0 in places), as `show` would on demand.
+            costs = {name: _cost(settings, name) for name in args.models}
+            types = sorted({t for cost in costs.values() for t in cost.types})
             started = time.monotonic()
-            calibration = calibrate(settings, fresh=True)
+            calibration = calibrate(settings, fresh=True, types=types)
             probe_seconds = time.monotonic() - started
             results["probe_seconds"] = round(probe_seconds, 2)
             results["probe_others"] = calibration.others
@@ -235,13 +248,10 @@ def main() -> int:
     finally:
         stop(daemon)
 
-    store = Store(settings.data_dir)
     probe_only: dict[str, dict[str, float | None]] = {}
     main_types: dict[str, str | None] = {}
     for name in best:
-        model = load_model(store, name)
-        parts = [inspect_gguf(p) for p in model.gguf_paths]
-        cost = model_cost(parts, layout_from_gguf(parts, settings.kv_cache_type).kv_per_cell)
+        cost = costs[name]
         guess = predict(
             cost,
             calibration,
