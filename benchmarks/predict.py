@@ -148,7 +148,7 @@ def _measure(
 
 
 def _cost(settings: Any, name: str) -> Any:
-    """What a token costs the model ``name`` of the home (:class:`~localllm.daemon.speed.ModelCost`)."""
+    """What a token costs the model ``name`` of the home (a ``ModelCost``)."""
     from localllm.daemon.memlayout import layout_from_gguf
     from localllm.daemon.speed import model_cost
     from localllm.gguf_info import inspect_gguf
