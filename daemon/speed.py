@@ -7,7 +7,12 @@ prompt tokens reuses each weight for every token, two floating-point operations 
 an add) per weight per token. So, per decode step::
 
     seconds = fixed + layers × per_layer + Σ_type weight_bytes[type] / rate[type]
-              + kv_bytes(context) / rate[kv type]
+              + rows × per_row + kv_bytes(context) / rate[kv type]
+              + runner + vocabulary × per_token_sampled
+
+(``rows``: the rows of every matrix a step goes through, the output head's one per token of
+the vocabulary: a large vocabulary's head of short rows is slower per byte than a layer;
+``runner``: the runner's own work per step; the sampler looks at every logit)
 
 and per prefill batch of ``B`` tokens::
 
@@ -16,11 +21,11 @@ and per prefill batch of ``B`` tokens::
 
 The rates are not constants: ggml's kernels unpack each weight type at their own pace, so
 :mod:`.runner.speedprobe` measures them on this machine (:class:`Calibration`): bytes per
-second a decode step reads, operations per second a batch does, and the fixed costs of a step
-and of a layer. What the probe cannot see (the runner's own work around each step: sampling,
-detokenizing, the event hand-over; another program's load) is learned from the models the
-runner serves (:mod:`.speedbook`): seconds added to (or taken off) each decode step and each
-prompt token. Added, not multiplied: what a 100 MB model teaches about a step's own costs says
+second a decode step reads, operations per second a batch does, the fixed costs of a step, a
+layer and a matrix row, the runner's own work per step and the sampler's per vocabulary
+entry. Nothing is fitted to a model. What the probe cannot see (another program's usual load,
+the daemon's relay) is learned from the models the runner serves (:mod:`.speedbook`): seconds
+added to (or taken off) each decode step and each prompt token. Added, not multiplied: what a 100 MB model teaches about a step's own costs says
 little about the bytes a 5 GB model reads.
 
 Mixture-of-experts layers read only the experts a token is routed to
