@@ -461,6 +461,10 @@ class Governor:
         if held >= min(self.max_threads, self.budget):
             return None
         pace = self._batch_pace.get(held)
+        if pace is None and self._batch_pace:
+            # Not measured at this count yet: another count's pace, as if threads scaled.
+            count, seconds = max(self._batch_pace.items())
+            pace = seconds * count / held
         least, unknown = _HELD_BATCH_TOKENS
         return max(least, int(_HELD_BATCH_S / pace)) if pace else unknown
 
