@@ -5,18 +5,22 @@ later), and ``show`` predicting on a fresh data root and cache without ``localll
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from speed_support import make_calibration
+from speed_support import make_calibration, seed_calibration
 from test_cli_support import cli_home
 
 from localllm.daemon.runner import speedprobe
-from localllm.daemon.runner.governor import CpuReading
+from localllm.daemon.runner.governor import CpuReading, allowed_cpus
 from localllm.daemon.speed import Calibration, TypeRate
 from localllm.daemon.speedwatch import ProbeState, SpeedWatch
 from localllm.settings import Settings
@@ -162,3 +166,59 @@ def test_show_predicts_on_a_fresh_machine_without_doctor(tmp_path: Path) -> None
         assert re.search(r"decode\s+predicted \d+ tokens/s", out), out
         assert re.search(r"prefill\s+predicted \d+ tokens/s", out), out
         assert list((cache / "localllm" / "speed-probe").glob("*.json"))
+
+
+@contextlib.contextmanager
+def busy_machine() -> Iterator[None]:
+    """A process spinning on every CPU this test may use (bounded: killed when it ends)."""
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in allowed_cpus()
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
+    tmp_path: Path,
+) -> None:
+    """On a busy machine the probe waits and the TUI's model pane says so; once this machine's
+    figures exist (here written as `doctor` would), the pane shows the prediction by itself."""
+    from test_daemon_support import running_daemon
+    from test_tui_support import make_app, wait_for
+    from textual.widgets import DataTable, Markdown
+
+    from localllm.tui.screens.models import ModelsScreen
+
+    cache = tmp_path / "cache"
+    with pytest.MonkeyPatch.context() as patch, busy_machine():
+        patch.setenv("XDG_CACHE_HOME", str(cache))
+        with running_daemon(tmp_path / "home", num_threads=1) as daemon:
+            app = make_app(daemon, tmp_path / "tui")
+            async with app.run_test(size=(100, 30)) as pilot:
+                await wait_for(pilot, lambda: app.connection == "connected", "the connection")
+                await pilot.press("f3")
+                screen = await wait_for(
+                    pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen, "models"
+                )
+                await wait_for(pilot, lambda: screen.models, "the model list")
+                table = screen.query_one(DataTable)
+                names = [m["name"] for m in screen.models]
+                table.move_cursor(row=names.index("smollm2:135m"))
+                details = screen.query_one("#details", Markdown)
+                await wait_for(pilot, lambda: "quiet moment" in details.source, "the reason")
+                assert "other programs use" in details.source
+                seed_calibration(cache, threads=1)
+                await wait_for(
+                    pilot, lambda: "predicted" in details.source, "the prediction", timeout=30
+                )
