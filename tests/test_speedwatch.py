@@ -5,13 +5,9 @@ later), and ``show`` predicting on a fresh data root and cache without ``localll
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -168,25 +164,6 @@ def test_show_predicts_on_a_fresh_machine_without_doctor(tmp_path: Path) -> None
         assert list((cache / "localllm" / "speed-probe").glob("*.json"))
 
 
-@contextlib.contextmanager
-def busy_machine() -> Iterator[None]:
-    """A process spinning on every CPU this test may use (bounded: killed when it ends)."""
-    spinners = [
-        subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-        for _ in allowed_cpus()
-    ]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
@@ -194,14 +171,14 @@ async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
 ) -> None:
     """On a busy machine the probe waits and the TUI's model pane says so; once this machine's
     figures exist (here written as `doctor` would), the pane shows the prediction by itself."""
-    from test_daemon_support import running_daemon
+    from test_daemon_support import busy_processes, running_daemon
     from test_tui_support import make_app, wait_for
     from textual.widgets import DataTable, Markdown
 
     from localllm.tui.screens.models import ModelsScreen
 
     cache = tmp_path / "cache"
-    with pytest.MonkeyPatch.context() as patch, busy_machine():
+    with pytest.MonkeyPatch.context() as patch, busy_processes(len(allowed_cpus())):
         patch.setenv("XDG_CACHE_HOME", str(cache))
         with running_daemon(tmp_path / "home", num_threads=1) as daemon:
             app = make_app(daemon, tmp_path / "tui")
