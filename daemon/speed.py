@@ -25,8 +25,8 @@ second a decode step reads, operations per second a batch does, the fixed costs 
 layer and a matrix row, the runner's own work per step and the sampler's per vocabulary
 entry. Nothing is fitted to a model. What the probe cannot see (another program's usual load,
 the daemon's relay) is learned from the models the runner serves (:mod:`.speedbook`): seconds
-added to (or taken off) each decode step and each prompt token. Added, not multiplied: what a 100 MB model teaches about a step's own costs says
-little about the bytes a 5 GB model reads.
+added to (or taken off) each decode step and each prompt token. Added, not multiplied: what a
+100 MB model teaches about a step's own costs says little about the bytes a 5 GB model reads.
 
 Mixture-of-experts layers read only the experts a token is routed to
 (``expert_used_count`` of ``expert_count``); a model whose output head is its token embedding
