@@ -112,16 +112,20 @@ class SpeedWatch:
 
     def wait(self, timeout: float) -> Calibration | None:
         """The figures, waiting up to ``timeout`` seconds while they are being measured or
-        the machine is quiet enough to measure them (blocking; not on the event loop)."""
-        figures = self._cached()
-        if figures is not None or self._state in (ProbeState.FAILED, ProbeState.OFF):
-            return figures
-        if self._state is ProbeState.WAITING and (
-            self._working() or self._others is None or self._others > self._quiet_cores
-        ):
-            return None  # busy: the answer says what it waits for instead
-        self._settled.wait(timeout)
-        return self._cached()
+        the machine is quiet enough to measure them; None at once while it is busy (blocking;
+        not on the event loop)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            figures = self._cached()
+            if figures is not None or self._state in (ProbeState.FAILED, ProbeState.OFF):
+                return figures
+            busy = self._working() or (
+                self._others is not None and self._others > self._quiet_cores
+            )
+            left = deadline - time.monotonic()
+            if (self._state is ProbeState.WAITING and busy) or left <= 0:
+                return None  # the answer says what it waits for instead
+            self._settled.wait(min(left, self._interval))
 
     def why(self) -> str:
         """Why there is no prediction (for ``show``, ``ps``, the TUI); "" once measured."""
@@ -143,6 +147,8 @@ class SpeedWatch:
             return f"{waiting}: models are working now"
         if self._others is not None and self._others > self._quiet_cores:
             return f"{waiting}: other programs use {self._others:.1f} of {self._cpus} cores now"
+        if self._others is None:
+            return f"{waiting}: reading the machine's load"
         return f"{waiting}: about to start"
 
     @property
