@@ -23,17 +23,25 @@ Scenarios, each run ``--repeat`` times, the servers interleaved (the order alter
    together/alone (time-sharing the cores gives 1.0), ``issue`` = their summed tokens/s
    against the faster one alone (the figure issue 33 reported: 0.40);
 4. **8 clients**: 8 streams at once on one model (8 slots), idle and beside 1 busy process;
-   all tokens received / the wave's wall time.
+   all tokens received / the wave's wall time;
+5. **after activity**: decode and prefill of a request sent the moment another program's
+   burst ends (``cores`` busy processes for ``--burst`` seconds, then killed): an editor or an
+   agent that just used the CPU, a build or a test run that just ended, the commonest case
+   on a desktop (the idle rows wait 2 s of quiet instead).
 
 The ratios printed: ``on/off`` idle decode (the governor must not cost on an idle machine:
 target ≥ 0.97), busy/idle for each server (target ≥ 0.5 for ``on`` with one busy process on 2
 cores: the one-thread speed is the limit), two models ``shared`` (target ≥ 0.9), 8 clients
-busy/idle. The last line is one JSON object with every figure.
+busy/idle, and after activity ``on/off`` decode and prefill (target ≥ 0.95: a burst that has
+ended must cost nothing). The last line is one JSON object with every figure.
+
+``--model PATH`` measures another GGUF (e.g. a random-weight Llama-3.2-1B shape written by
+``predict.py``) in the single-model scenarios; the two-models scenario stays on the starter.
 
 Usage::
 
-    python benchmarks/contention.py [--repeat 3] [--tokens 96] [--threads N]
-        [--llama-server PATH] [--only decode,prefill,two,clients | idle]
+    python benchmarks/contention.py [--repeat 3] [--tokens 96] [--threads N] [--model PATH]
+        [--llama-server PATH] [--only decode,prefill,two,clients,after | idle] [--burst 2]
 
 ``--only idle`` measures only the idle machine (decode and prefill, each after 2 s of quiet), the
 A/B that says whether the governor costs anything there; use more ``--repeat`` for it.
@@ -86,17 +94,47 @@ def busy(count: int) -> Iterator[None]:
             spinner.wait()
 
 
-def _prompt(tokens: int) -> str:
+@contextlib.contextmanager
+def after_activity(cores: int, seconds: float) -> Iterator[None]:
+    """``cores`` busy processes for ``seconds``, then killed: the block starts the moment
+    they are gone (after the machine was quiet for a moment before the burst)."""
+    time.sleep(IDLE_SETTLE_S)
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True) for _ in range(cores)
+    ]
+    time.sleep(seconds)
+    for spinner in spinners:
+        spinner.kill()
+    for spinner in spinners:
+        spinner.wait()
+    yield
+
+
+def _prompt(words: int) -> str:
     # A number no earlier request started with: nothing of it is cached.
     lead = f"{time.time_ns()} "
-    return lead + " ".join(f"word{i % 97}" for i in range(tokens))
+    return lead + " ".join(f"word{i % 97}" for i in range(words))
+
+
+def _words(url: str, body: dict[str, Any], tokens: int) -> int:
+    """Words of :func:`_prompt` that make about ``tokens`` tokens for the server's model
+    (``body``: its /tokenize request but the text)."""
+    sample = _prompt(100)
+    response = httpx.post(url + "/tokenize", json={**body, "content": sample}, timeout=600)
+    response.raise_for_status()
+    return max(10, round(100 * tokens / max(len(response.json()["tokens"]), 1)))
 
 
 class Daemon:
     """A localllm daemon on a temporary home."""
 
-    def __init__(self, name: str, home: str, threads: int, governor: bool) -> None:
+    def __init__(
+        self, name: str, home: str, threads: int, governor: bool, model: str | None = None
+    ) -> None:
         self.name = name
+        self.path = model
+        """A GGUF to measure in the single-model scenarios (None: the starter)."""
+        self.model = "bench-model" if model else STARTER
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
         env.update(
@@ -110,10 +148,16 @@ class Daemon:
             LOCALLLM_GOVERNOR="on" if governor else "off",
         )
         self.url = f"http://127.0.0.1:{port}"
+        self.env = env
+        self.words: dict[int, int] = {}
         self.process = start_daemon(env)
 
     def ready(self, models: list[str]) -> None:
         wait_http(self.url, self.process, 180, "/api/version")
+        if self.path:
+            command = [sys.executable, "-m", "localllm", "create", self.model, "--from", self.path]
+            subprocess.run(command, env=self.env, check=True, stdout=subprocess.DEVNULL)
+            models = [*models, self.model]
         if QUANTIZED in models:
             body = {
                 "model": QUANTIZED,
@@ -145,7 +189,9 @@ class Daemon:
         return float(final["eval_rate"])
 
     def prefill_rate(self, tokens: int) -> float:
-        final = self.generate(STARTER, _prompt(tokens), 1)
+        if tokens not in self.words:  # asked once, not between a burst and the request
+            self.words[tokens] = _words(self.url, {"model": self.model}, tokens)
+        final = self.generate(self.model, _prompt(self.words[tokens]), 1)
         return float(final["prompt_eval_rate"])
 
     def together(self, models: list[str], tokens: int) -> list[float]:
@@ -173,7 +219,7 @@ class Daemon:
 
         async def one(client: httpx.AsyncClient, index: int) -> int:
             body = {
-                "model": STARTER,
+                "model": self.model,
                 "prompt": f"Story number {index}: once upon a time",
                 "stream": False,
                 "options": {"temperature": 0, "num_predict": tokens, "seed": index},
@@ -205,12 +251,15 @@ class Daemon:
 class LlamaServer:
     """llama.cpp's own server on the starter's GGUF (single-stream scenarios)."""
 
-    def __init__(self, binary: str, threads: int) -> None:
+    def __init__(self, binary: str, threads: int, model: str | None = None) -> None:
         self.name = "llama-server"
+        self.model = "model"
+        self.words: dict[int, int] = {}
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        path = model or str(starter_gguf_path())
         command = [
-            binary, "-m", str(starter_gguf_path()), "--host", "127.0.0.1", "--port", str(port),
+            binary, "-m", path, "--host", "127.0.0.1", "--port", str(port),
             "-np", "1", "-c", "2048", "-t", str(threads), "-tb", str(threads), "--no-webui",
         ]  # fmt: skip
         self.process = subprocess.Popen(
@@ -241,7 +290,9 @@ class LlamaServer:
         return float(self._complete(prompt, tokens)["predicted_per_second"])
 
     def prefill_rate(self, tokens: int) -> float:
-        return float(self._complete(_prompt(tokens), 1)["prompt_per_second"])
+        if tokens not in self.words:
+            self.words[tokens] = _words(self.url, {}, tokens)
+        return float(self._complete(_prompt(self.words[tokens]), 1)["prompt_per_second"])
 
     def threads(self) -> str:
         return ""
@@ -269,7 +320,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=400)
     parser.add_argument("--threads", type=int, default=0, help="0: the physical cores")
     parser.add_argument("--llama-server", help="a llama-server binary to measure as a peer")
-    parser.add_argument("--only", default="decode,prefill,two,clients")
+    parser.add_argument("--only", default="decode,prefill,two,clients,after")
+    parser.add_argument("--model", help="a GGUF for the single-model scenarios (the starter)")
+    parser.add_argument("--burst", type=float, default=2.0, help="seconds of the burst before")
     args = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so that no busy process or server outlives the script.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -284,11 +337,11 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as on_home, tempfile.TemporaryDirectory() as off_home:
         servers: list[Any] = [
-            Daemon("on", on_home, threads, governor=True),
-            Daemon("off", off_home, threads, governor=False),
+            Daemon("on", on_home, threads, governor=True, model=args.model),
+            Daemon("off", off_home, threads, governor=False, model=args.model),
         ]
         if args.llama_server:
-            servers.append(LlamaServer(args.llama_server, threads))
+            servers.append(LlamaServer(args.llama_server, threads, args.model))
         results: dict[str, Any] = {
             "threads": threads,
             "cores": cores,
@@ -298,6 +351,7 @@ def main() -> int:
         try:
             for server in servers:
                 server.ready(models)
+                server.prefill_rate(args.prompt_tokens)  # sizes its prompt (a tokenize call)
             runs: dict[str, list[float]] = {}
 
             def record(key: str, value: float) -> None:
@@ -308,7 +362,7 @@ def main() -> int:
                 for level in levels if "decode" in only else []:
                     for server in order:
                         with busy(level):
-                            rate = server.decode_rate(STARTER, args.tokens)
+                            rate = server.decode_rate(server.model, args.tokens)
                             seen = server.threads()
                         record(f"{server.name}_decode_busy{level}", rate)
                         print(
@@ -323,6 +377,20 @@ def main() -> int:
                         record(f"{server.name}_prefill_busy{level}", rate)
                         print(
                             f"[{repetition}] {server.name} prefill, {level} busy: {rate:.1f} tok/s",
+                            flush=True,
+                        )
+                for server in order if "after" in only else ():
+                    for kind in ("decode", "prefill"):
+                        with after_activity(cores, args.burst):
+                            if kind == "decode":
+                                rate = server.decode_rate(server.model, args.tokens)
+                            else:
+                                rate = server.prefill_rate(args.prompt_tokens)
+                            seen = server.threads()
+                        record(f"{server.name}_{kind}_after", rate)
+                        print(
+                            f"[{repetition}] {server.name} {kind} after activity: {rate:.1f} "
+                            f"tok/s" + (f" (threads {seen})" if seen else ""),
                             flush=True,
                         )
                 daemons = [s for s in order if isinstance(s, Daemon)]
@@ -386,6 +454,15 @@ def main() -> int:
             mean = statistics.fmean(shared)
             _show(f"{name}: two models together, shared", (mean, shared), "≥ 0.9")
             _show(f"{name}: two models together, issue's measure", (statistics.fmean(issue), issue))
+    if "after" in only:
+        for kind in ("decode", "prefill"):
+            pairs = _ratio(runs[f"on_{kind}_after"], runs[f"off_{kind}_after"])
+            results[f"{kind}_after_on_vs_off"] = pairs[0]
+            _show(f"{kind} after activity, governor on / off", pairs, "≥ 0.95")
+            if "llama-server" in names:
+                pairs = _ratio(runs[f"on_{kind}_after"], runs[f"llama-server_{kind}_after"])
+                results[f"{kind}_after_on_vs_llama_server"] = pairs[0]
+                _show(f"{kind} after activity, governor on / llama-server", pairs)
     if "clients" in only:
         for name in ("on", "off"):
             pairs = _ratio(runs[f"{name}_clients8_busy1"], runs[f"{name}_clients8_busy0"])

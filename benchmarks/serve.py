@@ -43,10 +43,17 @@ object: per server and level the median aggregate (``daemon_agg8_tps``, ``peer_a
 the mean paired ratio (``daemon_vs_peer_agg8``...), the daemon's engine shares
 (``daemon_engine8``) and the raw baselines.
 
+The TTFT p50 of each level is compared per pair too (daemon / peer, mean and range), and
+with ``--cold N`` (llama-server only) N more interleaved pairs measure a cold first token:
+the daemon's after its model was unloaded (``keep_alive: 0``; the daemon stays up, the
+runner starts again: process, imports, load, prefill) against llama-server's from the
+start of its process (``start-to-first-token``: process, load, prefill), one streamed chat
+request of 1 token each. The daemon's answer says where its time went (load duration).
+
 Usage::
 
     python benchmarks/serve.py [--threads N] [--tokens 128] [--clients 1,8,32] [--slots 8]
-        [--ctx 2048] [--repeat 3] [--endpoint completions|chat]
+        [--ctx 2048] [--repeat 3] [--endpoint completions|chat] [--cold N]
         [--peer llama-server PATH | --peer llama-cpp-python | --skip-peer]
 """
 
@@ -478,6 +485,93 @@ def _table(server: Server, levels: list[int]) -> None:
             print(f"{clients:>7} clients, engine thread: {_engine_shares(engine)}")
 
 
+def _first_token_ms(url: str, model: str, started: float, deadline: float) -> float:
+    """Milliseconds from ``started`` (``time.perf_counter()``) to the first streamed content
+    of a 1-token chat request to ``url``, retrying while the server does not answer yet."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": _question(0)}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": True,
+    }
+    while True:
+        try:
+            with httpx.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, timeout=120
+            ) as response:
+                if response.status_code == 503:  # llama-server: still loading
+                    raise httpx.TransportError("loading")
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if line.startswith("data:") and '"content"' in line:
+                        return (time.perf_counter() - started) * 1000
+                raise RuntimeError(f"{url} streamed no content")
+        except httpx.TransportError:
+            if time.perf_counter() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def cold_pairs(
+    args: argparse.Namespace, daemon: Server, peer_command: list[str], peer_url: str, count: int
+) -> list[tuple[float, float, float]]:
+    """``count`` interleaved pairs of cold first tokens: (daemon after an unload, its load
+    duration, llama-server from its start), in ms (see the module docstring)."""
+    pairs = []
+    for index in range(count):
+        results: dict[str, float] = {}
+        for side in ("daemon", "peer") if index % 2 == 0 else ("peer", "daemon"):
+            if side == "daemon":
+                httpx.post(
+                    f"{daemon.url}/api/generate",
+                    json={"model": daemon.model, "keep_alive": 0},
+                    timeout=60,
+                ).raise_for_status()
+                deadline = time.monotonic() + 60
+                while httpx.get(f"{daemon.url}/api/ps", timeout=30).json()["models"]:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the daemon did not unload its model")
+                    time.sleep(0.05)
+                before = _load_seconds(daemon.url)
+                started = time.perf_counter()
+                results["daemon"] = _first_token_ms(
+                    daemon.url, daemon.model, started, started + 120
+                )
+                results["load"] = (_load_seconds(daemon.url) - before) * 1000
+            else:
+                started = time.perf_counter()
+                process = subprocess.Popen(
+                    peer_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+                try:
+                    results["peer"] = _first_token_ms(peer_url, "model", started, started + 120)
+                finally:
+                    stop(process)
+        pairs.append((results["daemon"], results["load"], results["peer"]))
+        print(
+            f"cold first token: daemon {results['daemon']:.0f} ms (load {results['load']:.0f}), "
+            f"llama-server from start {results['peer']:.0f} ms",
+            flush=True,
+        )
+    return pairs
+
+
+def _load_seconds(url: str) -> float:
+    """The daemon's summed model load seconds so far (``localllm_model_load_seconds``)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "localllm_model_load_seconds_sum":
+                total += sample.value
+    return total
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.mean(values):.3f} ({min(values):.3f}-{max(values):.3f}, n={len(values)})"
+
+
 def _engine_total(rows: list[dict[str, Any]]) -> dict[str, float]:
     """The runs' engine seconds by part, summed (empty for a peer)."""
     total: dict[str, float] = collections.defaultdict(float)
@@ -505,6 +599,9 @@ def main() -> int:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     parser.add_argument("--repeat", type=int, default=3, help="runs per level and server")
+    parser.add_argument(
+        "--cold", type=int, default=0, help="cold first-token pairs (llama-server peer only)"
+    )
     args = parser.parse_args()
     levels = [int(n) for n in args.clients.split(",")]
     model = starter_gguf_path()
@@ -514,6 +611,7 @@ def main() -> int:
 
     raw_before = (bench_raw(args, model), bench_raw_batched(args, model))
     servers: list[Server] = []
+    colds: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
         try:
             servers.append(start_daemon_server(args, home))
@@ -527,6 +625,10 @@ def main() -> int:
                     order = servers if (repetition + index) % 2 == 0 else servers[::-1]
                     for server in order:
                         server.run(clients, args.tokens)
+            if args.cold and peer is not None and peer.name == "llama-server":
+                command = list(peer.process.args)  # type: ignore[arg-type]
+                stop(peer.process)
+                colds = cold_pairs(args, servers[0], command, peer.url, args.cold)
         finally:
             for server in servers:
                 stop(server.process)
@@ -588,6 +690,24 @@ def main() -> int:
             summary[f"daemon_vs_peer_agg{clients}"] = round(mean, 3)
             summary[f"daemon_vs_peer_agg{clients}_min"] = round(min(pairs), 3)
             print(f"{clients:>4} clients: mean {mean:.3f} ({', '.join(f'{p:.3f}' for p in pairs)})")
+        print(f"\ndaemon / {servers[1].name}, TTFT p50 per interleaved pair:")
+        for clients in levels:
+            pairs = [
+                d["ttft_p50_ms"] / p["ttft_p50_ms"]
+                for d, p in zip(servers[0].rows[clients], servers[1].rows[clients], strict=True)
+            ]
+            summary[f"daemon_vs_peer_ttft{clients}"] = round(statistics.mean(pairs), 3)
+            print(f"{clients:>4} clients: {_spread(pairs)}")
+    if colds:
+        ratios = [daemon / peer for daemon, _, peer in colds]
+        print(
+            f"\ncold first token, daemon after an unload / llama-server from its start: "
+            f"{_spread(ratios)}; daemon {statistics.median(c[0] for c in colds):.0f} ms "
+            f"(load {statistics.median(c[1] for c in colds):.0f} ms), llama-server "
+            f"{statistics.median(c[2] for c in colds):.0f} ms (medians)"
+        )
+        summary["cold_daemon_vs_peer"] = round(statistics.mean(ratios), 3)
+        summary["cold_pairs_ms"] = [[round(v) for v in c] for c in colds]
     print(json.dumps(summary))
     return 0
 

@@ -52,6 +52,7 @@ from .speed import Calibration, ModelCost, Prediction, model_cost, predict
 if TYPE_CHECKING:
     from .scheduler import LoadedModel, Scheduler
     from .speedbook import SpeedBook
+    from .speedwatch import SpeedWatch
 
 log = logging.getLogger("localllm.discover")
 
@@ -509,11 +510,12 @@ def cached_calibration(settings: Settings) -> Calibration | None:
     return cached(settings, probe_threads(settings))
 
 
-def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook]:
-    """The daemon's discovery and speed book, the scheduler telling the book of every
-    finished request."""
+def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook, SpeedWatch]:
+    """The daemon's discovery, speed book (the scheduler telling it of every finished
+    request) and the watch that measures this machine's speed at its first quiet moment."""
     from .runner.speedprobe import calibrate, probe_key
     from .speedbook import SpeedBook
+    from .speedwatch import SpeedWatch
 
     threads = probe_threads(settings)
     book = SpeedBook(settings.cache_dir / "speed-observed", lambda: probe_key(threads))
@@ -535,7 +537,13 @@ def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook
         correction=correction,
     )
     scheduler.on_request_done = lambda loaded, result: _observe(book, loaded, result, threads)
-    return discovery, book
+    watch = SpeedWatch(
+        settings,
+        threads,
+        lambda: scheduler.working,
+        cached=lambda: cached_calibration(settings),
+    )
+    return discovery, book, watch
 
 
 def _observe(book: SpeedBook, loaded: LoadedModel, result: Any, threads: int) -> None:

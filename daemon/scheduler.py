@@ -442,6 +442,16 @@ class Scheduler:
         queues (what ``max_queue`` bounds)."""
         return self._waiting_here + runner_queue(self._models.values())
 
+    @property
+    def working(self) -> bool:
+        """Whether a model is loading or a request is being served or waits (what the speed
+        probe gives way to)."""
+        return (
+            bool(self._loading)
+            or self._waiting_here > 0
+            or any(m.busy() for m in self._models.values())
+        )
+
     def loaded(self) -> list[LoadedModel]:
         """Models loaded now (dead runners left out), most recently used first."""
         models = [m for m in self._models.values() if m.alive()]

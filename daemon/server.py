@@ -188,14 +188,30 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
         except (LocalLLMError, OSError) as exc:
             log.warning("could not import the starter model: %s", exc)
         preloading = asyncio.create_task(preload(state)) if settings.preload else None
+        probing = asyncio.create_task(_measure_speed(state))
         await asyncio.gather(servers[0].serve([unix_sock]), servers[1].serve([tcp_sock]))
         if preloading is not None and not preloading.done():
             preloading.cancel()
+        probing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probing
     finally:
         for signum in _STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         await state.scheduler.close()
         log.info("daemon stopped")
+
+
+async def _measure_speed(state: DaemonState) -> None:
+    """This machine's speed at the first quiet moment (see :mod:`.speedwatch`), once the CPU
+    probe's decision (which the speed probe follows) is known."""
+    try:
+        await state.scheduler.cpu_paths()
+        await state.speedwatch.run()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # predictions are a convenience: never a reason for the daemon to stop
+        log.exception("the speed probe could not be run")
 
 
 def _check_store(state: DaemonState) -> None:

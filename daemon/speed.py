@@ -7,7 +7,12 @@ prompt tokens reuses each weight for every token, two floating-point operations 
 an add) per weight per token. So, per decode step::
 
     seconds = fixed + layers × per_layer + Σ_type weight_bytes[type] / rate[type]
-              + kv_bytes(context) / rate[kv type]
+              + rows × per_row + kv_bytes(context) / rate[kv type]
+              + runner + vocabulary × per_token_sampled
+
+(``rows``: the rows of every matrix a step goes through, the output head's one per token of
+the vocabulary: a large vocabulary's head of short rows is slower per byte than a layer;
+``runner``: the runner's own work per step; the sampler looks at every logit)
 
 and per prefill batch of ``B`` tokens::
 
@@ -16,12 +21,12 @@ and per prefill batch of ``B`` tokens::
 
 The rates are not constants: ggml's kernels unpack each weight type at their own pace, so
 :mod:`.runner.speedprobe` measures them on this machine (:class:`Calibration`): bytes per
-second a decode step reads, operations per second a batch does, and the fixed costs of a step
-and of a layer. What the probe cannot see (the runner's own work around each step: sampling,
-detokenizing, the event hand-over; another program's load) is learned from the models the
-runner serves (:mod:`.speedbook`): seconds added to (or taken off) each decode step and each
-prompt token. Added, not multiplied: what a 100 MB model teaches about a step's own costs says
-little about the bytes a 5 GB model reads.
+second a decode step reads, operations per second a batch does, the fixed costs of a step, a
+layer and a matrix row, the runner's own work per step and the sampler's per vocabulary
+entry. Nothing is fitted to a model. What the probe cannot see (another program's usual load,
+the daemon's relay) is learned from the models the runner serves (:mod:`.speedbook`): seconds
+added to (or taken off) each decode step and each prompt token. Added, not multiplied: what a
+100 MB model teaches about a step's own costs says little about the bytes a 5 GB model reads.
 
 Mixture-of-experts layers read only the experts a token is routed to
 (``expert_used_count`` of ``expert_count``); a model whose output head is its token embedding
@@ -94,8 +99,22 @@ class Calibration:
     attention: float = 0.0
     """Floating-point operations per second of a batch's attention over earlier tokens (0:
     not measured; the F16 weights' rate stands in)."""
+    row: float = 0.0
+    """Seconds each row of a weight matrix adds to a decode step besides its bytes (a dot
+    product's setup and its result: what makes a head of many short rows, a large
+    vocabulary's, slower per byte than a layer's matrices)."""
+    runner_step: float = 0.0
+    """Seconds of the runner's own work per decode step outside llama.cpp (the batch, the
+    sampler's fixed part, detokenizing, handing the token over)."""
+    sample_token: float = 0.0
+    """Seconds per vocabulary entry of sampling one token with Ollama's default options
+    (penalties, top-k, top-p, temperature: every logit is looked at)."""
+    greedy_token: float = 0.0
+    """The same for greedy sampling (the largest logit)."""
     seconds: float = 0.0
     """How long the probe took (the last part of it, when types were added later)."""
+    others: float = 0.0
+    """Cores other programs used on average while the probe ran."""
     measured_at: float = field(default_factory=time.time)
     """When (seconds since the epoch)."""
 
@@ -116,15 +135,27 @@ class Calibration:
         fixed = max(step_a - layers_a * raw_layer, 0.0)
         batch_fixed = max(batch_a - layers_a * raw_batch_layer, 0.0)
         per_layer, per_batch_layer = raw_layer, raw_batch_layer
+        head = report.get("head")
+        head_s = max(float(head["logits_s"]) - float(head["plain_s"]), 0.0) if head else 0.0
+        row = 0.0
         rates: dict[str, TypeRate] = {}
-        # The tiny layers' own weights (Q8_0) are part of their per-layer time: once a Q8_0
-        # rate is known, take them out and work everything out again (a fixed point, reached
-        # in a few rounds as those weights are a small part).
-        for _ in range(8 if "Q8_0" in raw else 1):
+        # The tiny layers' own weights (Q8_0) are part of their per-layer time, and every
+        # matrix's rows cost a little besides its bytes (the head model tells how much, once
+        # the Q8_0 rate is known): take them out and work everything out again (a fixed
+        # point; the two models' bytes per row are only a few times apart, so it converges
+        # slowly: 40 rounds of arithmetic).
+        for _ in range(40 if "Q8_0" in raw else 1):
             for name, entry in raw.items():
                 layers = int(entry["layers"])
                 step = float(entry["decode_s"])
-                spent = step - fixed - layers * per_layer - entry.get("output_bytes", 0) / bandwidth
+                rows = layers * int(entry.get("layer_rows", 0))
+                spent = (
+                    step
+                    - fixed
+                    - layers * per_layer
+                    - rows * row
+                    - entry.get("output_bytes", 0) / bandwidth
+                )
                 weights = layers * int(entry["layer_bytes"])
                 work = 2 * batch * layers * int(entry["layer_params"])
                 batch_spent = float(entry["batch_s"]) - batch_fixed - layers * per_batch_layer
@@ -134,7 +165,14 @@ class Calibration:
                 )
             if "Q8_0" in rates:
                 q8 = rates["Q8_0"]
-                per_layer = max(raw_layer - tiny["layer_bytes"] / q8.decode, 0.0)
+                if head:
+                    # The head model's one layer is in both of its steps: the difference is
+                    # the head's bytes and rows (and its logits: one float a row).
+                    row = max(head_s - int(head["bytes"]) / q8.decode, 0.0) / int(head["vocab"])
+                per_layer = max(
+                    raw_layer - tiny["layer_bytes"] / q8.decode - tiny.get("layer_rows", 0) * row,
+                    0.0,
+                )
                 per_batch_layer = max(
                     raw_batch_layer - 2 * batch * tiny["layer_params"] / q8.prefill, 0.0
                 )
@@ -143,6 +181,7 @@ class Calibration:
             extra = float(late["late_batch_s"]) - float(late["batch_s"])
             work = 4 * late["width"] * batch * late["positions"] * late["layers"]
             attention = work / extra if extra > 0 else 0.0
+        vocab = int(head["vocab"]) if head else 0
         return cls(
             key=key,
             attention=attention,
@@ -156,6 +195,11 @@ class Calibration:
             batch=batch,
             types=rates,
             seconds=seconds,
+            others=float(report.get("others", 0.0)),
+            row=row,
+            runner_step=float(report.get("runner_step_s", 0.0)),
+            sample_token=float(head["default_s"]) / vocab if head else 0.0,
+            greedy_token=float(head["greedy_s"]) / vocab if head else 0.0,
         )
 
     def merged(self, newer: Calibration) -> Calibration:
@@ -213,6 +257,11 @@ class ModelCost:
     """KV bytes per cell of each layer."""
     attention_width: int
     """Query heads × head size (the attention's work per position, per layer)."""
+    layer_rows: tuple[int, ...] = ()
+    """Per layer: rows of the weight matrices a decode step goes through (routed experts
+    only)."""
+    vocab: int = 0
+    """Rows of the output head: the logits a decode step makes and the sampler looks at."""
 
     @property
     def types(self) -> set[str]:
@@ -252,6 +301,8 @@ class ModelCost:
             output_params=self.output_params,
             kv_per_cell=self.kv_per_cell,
             attention_width=self.attention_width,
+            layer_rows=self.layer_rows,
+            vocab=self.vocab,
         )
 
     def retyped(self, mapping: Mapping[str, str]) -> ModelCost:
@@ -273,6 +324,8 @@ class ModelCost:
             output_params=rename(self.output_params),
             kv_per_cell=self.kv_per_cell,
             attention_width=self.attention_width,
+            layer_rows=self.layer_rows,
+            vocab=self.vocab,
         )
 
 
@@ -292,9 +345,12 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
     routed = used / experts if isinstance(experts, int) and isinstance(used, int) and experts else 1
     layer_bytes: list[dict[str, int]] = [{} for _ in range(n_layer)]
     layer_params: list[dict[str, int]] = [{} for _ in range(n_layer)]
+    layer_rows = [0] * n_layer
+    vocab = 0
     output_bytes: dict[str, int] = {}
     output_params: dict[str, int] = {}
     embedding: tuple[str, int, int] | None = None
+    embedding_rows = 0
     has_output = False
     for part in parts:
         for tensor in part.tensors:
@@ -307,17 +363,22 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
                 _add(layer_bytes[int(index)], tensor.type, round(tensor.n_bytes * share))
                 if len(tensor.shape) >= 2:
                     _add(layer_params[int(index)], tensor.type, round(tensor.n_elements * share))
+                    rows = tensor.n_elements // max(tensor.shape[0], 1)
+                    layer_rows[int(index)] += round(rows * share)
             elif name.startswith(("output.", "output_norm.")):
                 has_output = has_output or name == "output.weight"
                 _add(output_bytes, tensor.type, tensor.n_bytes)
                 if len(tensor.shape) >= 2:
                     _add(output_params, tensor.type, tensor.n_elements)
+                    vocab = tensor.n_elements // max(tensor.shape[0], 1)
             elif name == "token_embd.weight":
                 embedding = (tensor.type, tensor.n_bytes, tensor.n_elements)
+                embedding_rows = tensor.n_elements // max(tensor.shape[0], 1)
     if not has_output and embedding is not None:
         # Tied: the token embedding is the output head, read whole for every token.
         _add(output_bytes, embedding[0], embedding[1])
         _add(output_params, embedding[0], embedding[2])
+        vocab = embedding_rows
     heads = info.head_count or 0
     key_length = meta.get(f"{arch}.attention.key_length")
     head_size = (
@@ -331,6 +392,8 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
         output_params=output_params,
         kv_per_cell=tuple(kv_per_cell),
         attention_width=heads * head_size,
+        layer_rows=tuple(layer_rows),
+        vocab=vocab,
     )
 
 
@@ -385,13 +448,17 @@ def predict(
     gpu_layers: int = 0,
     kv_cache_type: str = "f16",
     n_batch: int = PREFILL_TOKENS,
+    prompt: int = PREFILL_TOKENS,
+    greedy: bool = False,
     correction: tuple[float, float] = (0.0, 0.0),
 ) -> Prediction:
     """Predicted decode and prefill rates of one stream on the CPU (see the module docstring).
 
-    ``context`` is the KV the full-context decode figure reads; ``correction`` adds seconds to
-    each decode step and each prompt token (what served models taught,
-    :class:`~.speedbook.SpeedBook`), never taking off more than three quarters of either.
+    ``context`` is the KV the full-context decode figure reads; ``prompt`` the prompt tokens
+    the prefill figure is for; ``greedy`` prices the greedy sampler instead of Ollama's
+    default options; ``correction`` adds seconds to each decode step and each prompt token
+    (what served models taught, :class:`~.speedbook.SpeedBook`), never taking off more than
+    three quarters of either.
     """
     if gpu_layers > 0:
         return Prediction(
@@ -411,31 +478,43 @@ def predict(
     # memory's own pace where the probe has none for it).
     kv_rate = calibration.types.get(kv_type) or calibration.types.get("F16")
     read = _seconds(weights, calibration, prefill=False) or 0.0
-    step = calibration.decode_fixed + cost.n_layer * calibration.decode_layer + read
+    rows = sum(cost.layer_rows) + cost.vocab
+    sampler = cost.vocab * (calibration.greedy_token if greedy else calibration.sample_token)
+    step = (
+        calibration.decode_fixed
+        + cost.n_layer * calibration.decode_layer
+        + read
+        + rows * calibration.row
+        + calibration.runner_step
+        + sampler
+    )
     kv_bytes = sum(cost.kv_per_cell) * context
     step_full = step + kv_bytes / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
 
-    tokens = min(n_batch, PREFILL_TOKENS)
+    prompt = max(prompt, 1)
     work: dict[str, float] = {}
     for layer in cost.layer_params:
         for name, amount in layer.items():
-            work[name] = work.get(name, 0) + 2 * tokens * amount
+            work[name] = work.get(name, 0) + 2 * prompt * amount
     for name, amount in cost.output_params.items():
         work[name] = work.get(name, 0) + 2 * amount  # the last token's logits only
     compute = _seconds(work, calibration, prefill=True) or 0.0
-    chunks = math.ceil(PREFILL_TOKENS / tokens)
+    chunks = math.ceil(prompt / max(n_batch, 1))
     stand_in = calibration.types.get("F16") or next(iter(calibration.types.values()))
     attention_rate = calibration.attention or stand_in.prefill
 
-    # Each token attends to the positions before it: PREFILL_TOKENS²/2 pairs in all, two
-    # products (scores and values) of attention_width each, per layer.
-    attention = 2 * 2 * cost.attention_width * cost.n_layer * PREFILL_TOKENS**2 / 2
+    # Each token attends to the positions before it: prompt²/2 pairs in all, two products
+    # (scores and values) of attention_width each, per layer.
+    attention = 2 * 2 * cost.attention_width * cost.n_layer * prompt**2 / 2
     batch_seconds = (
-        chunks * (calibration.batch_fixed + cost.n_layer * calibration.batch_layer + compute)
+        chunks * (calibration.batch_fixed + cost.n_layer * calibration.batch_layer)
+        + compute
         + attention / attention_rate
+        + calibration.runner_step
+        + sampler  # the first token is sampled before the prompt's rate is known
     )
     step_extra, token_extra = correction
-    per_token = batch_seconds / PREFILL_TOKENS
+    per_token = batch_seconds / prompt
     return Prediction(
         decode=1 / corrected(step, step_extra),
         decode_full=1 / corrected(step_full, step_extra),

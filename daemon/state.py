@@ -17,6 +17,7 @@ from .scheduler import Scheduler
 if TYPE_CHECKING:
     from .discover import Discovery
     from .speedbook import SpeedBook
+    from .speedwatch import SpeedWatch
 
 __all__ = ["DaemonState", "StateDep", "get_state"]
 
@@ -39,11 +40,13 @@ class DaemonState:
     """Hub repositories planned and predicted on this machine (:mod:`.api.discover`)."""
     speedbook: SpeedBook = field(init=False)
     """Speeds the runners measured while serving (:mod:`.speedbook`)."""
+    speedwatch: SpeedWatch = field(init=False)
+    """Measures this machine's speed at the first quiet moment (:mod:`.speedwatch`)."""
 
     def __post_init__(self) -> None:
         from .discover import wire
 
-        self.discovery, self.speedbook = wire(self.settings, self.scheduler)
+        self.discovery, self.speedbook, self.speedwatch = wire(self.settings, self.scheduler)
 
     @classmethod
     def create(cls, settings: Settings) -> DaemonState:

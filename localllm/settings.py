@@ -279,6 +279,13 @@ class Settings:
         "gives them now, and models working at the same time share the cores (on, or off for "
         "a fixed count).",
     )
+    speed_probe: bool = _setting(
+        "LOCALLLM_SPEED_PROBE",
+        True,
+        "Measure this machine's speed (the speed probe: a few seconds in a child process) at "
+        "the daemon's first quiet moment when it is not measured yet, so that show and the "
+        "TUI predict speeds (on, or off: only localllm doctor measures it).",
+    )
     cpu_affinity: bool = _setting(
         "LOCALLLM_CPU_AFFINITY",
         True,
@@ -595,6 +602,7 @@ class Settings:
             values["cpu_repack"] = mode
         for name, attr in (
             ("LOCALLLM_GOVERNOR", "governor"),
+            ("LOCALLLM_SPEED_PROBE", "speed_probe"),
             ("LOCALLLM_CPU_AFFINITY", "cpu_affinity"),
         ):
             if (raw := get(name)) is not None:

@@ -26,6 +26,7 @@ from localllm.settings import Settings
 
 __all__ = [
     "Daemon",
+    "busy_processes",
     "free_port",
     "run_daemon_expecting_failure",
     "running_daemon",
@@ -163,3 +164,22 @@ def wait_for_stats(daemon: Daemon, condition: Any, timeout: float = 60) -> dict[
             if time.monotonic() > deadline:
                 raise AssertionError(f"condition not met within {timeout}s: {snapshot}")
     raise AssertionError("the stats stream ended before the condition held")
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` processes spinning a core each (bounded: killed when the block ends)."""
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

@@ -290,3 +290,68 @@ def test_cores_are_shared_evenly_with_cpus_of_their_own() -> None:
     many = shares(["a", "b", "c"], 2, [0, 1], pin=True)
     assert [s.threads for s in many] == [1, 1, 1] and {s.cpus for s in many} == {None}
     assert {s.cpus for s in shares(["a", "b"], 2, [0, 1], pin=False)} == {None}
+
+
+def test_a_request_right_after_another_programs_burst_gets_every_thread_back() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    run_for(gov, machine, 1.0, IDLE)
+    machine.others = 2.0  # a build, or llama-server answering, while the engine waits
+    idle(gov, machine, 3.0)
+    assert gov.cap("decode") == 1 and gov.cap("batch") == 1
+    # Held down, the idle readings come every tenth of a second...
+    assert gov.idle_wait() == pytest.approx(0.1, abs=0.01)
+    machine.others = 0.0
+    idle(gov, machine, 0.25)  # ...so the burst's end is seen before the next request comes
+    assert step(gov, machine, IDLE) == 2
+    assert step(gov, machine, IDLE, kind="batch", tokens=64) == 2
+    assert gov.changes == 0  # no step ever ran on one thread
+
+
+def test_held_down_batches_are_short_so_the_end_of_a_burst_lifts_the_count_soon() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    assert gov.batch_tokens() is None  # free: as many as fit
+    machine.others = 1.0
+    run_for(gov, machine, 0.5, BUSY)
+    prompt = {1: 0.005, 2: 0.2}  # seconds per prompt token beside the busy process
+    for _ in range(3):
+        step(gov, machine, prompt, kind="batch", tokens=64)
+    assert gov.state().batch == 1
+    # 5 ms a token at one thread: a quarter second's worth
+    assert gov.batch_tokens() == int(0.25 / 0.005)
+    machine.others = 0.0
+    machine.advance(0.15, 1)  # one held batch later, the fresh reading sees the end
+    assert gov.batch_tokens() is None
+    assert step(gov, machine, IDLE, kind="batch", tokens=512) == 2
+
+
+def test_a_load_that_pauses_and_comes_back_does_not_make_the_count_flap() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    run_for(gov, machine, 1.0, IDLE)
+    changes = []
+    for _ in range(20):  # busy 0.4 s, quiet 0.3 s, over and over
+        machine.others = 1.0
+        run_for(gov, machine, 0.4, BUSY)
+        machine.others = 0.0
+        counts = run_for(gov, machine, 0.3, IDLE)
+        changes.append(gov.changes)
+    # The first pauses raise the count at once (a trial); lost trials make the next wait
+    # longer, so later cycles change it far less than twice each.
+    late = changes[-1] - changes[9]
+    assert changes[1] >= 2 and late <= 6, changes
+    assert counts  # the quiet spells still decode
+
+
+def test_steps_right_after_a_burst_get_the_threads_back_within_a_reading_or_two() -> None:
+    machine = Machine()
+    gov = governor(machine)
+    run_for(gov, machine, 1.0, IDLE)
+    machine.others = 2.0
+    idle(gov, machine, 3.0)
+    machine.others = 0.0  # the burst ends and a request comes the same moment
+    counts = run_for(gov, machine, 1.0, IDLE)
+    # Before: half a second of readings had to agree. Now the first quiet tenth of a second
+    # raises the count (a trial that holds).
+    assert counts[-1] == 2 and counts.count(1) * IDLE[1] <= 0.25, counts.count(1)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_daemon_support import Daemon, running_daemon, wait_for_stats
+from test_daemon_support import Daemon, busy_processes, running_daemon, wait_for_stats
 
 from localllm.daemon.runner.governor import allowed_cpus
 
@@ -36,25 +34,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         home, num_threads=THREADS, num_parallel=2, context_length=512, keep_alive=-1
     ) as d:
         yield d
-
-
-@contextlib.contextmanager
-def busy_processes(count: int) -> Iterator[None]:
-    """``count`` processes spinning a core each (bounded: killed when the block ends)."""
-    spinners = [
-        subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
-            start_new_session=True,
-            stdin=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 @contextlib.contextmanager

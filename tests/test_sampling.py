@@ -145,10 +145,19 @@ def _reference_chain(model: LlamaModel, options: SamplingOptions, grammar: str |
             ),
             None,
         ),
+        # below 1 a repeat penalty raises repeated tokens: the greedy shortcut must not stand
+        (SamplingOptions(temperature=0, repeat_penalty=0.5, repeat_last_n=16), None),
         (SamplingOptions(temperature=0.9, top_k=40, top_p=0.9, seed=7), None),
         (SamplingOptions(temperature=0, repeat_penalty=1.5), "root ::= [a-z ]+"),
     ],
-    ids=["greedy-strong", "greedy-default", "greedy-all-three", "seeded-sampling", "grammar"],
+    ids=[
+        "greedy-strong",
+        "greedy-default",
+        "greedy-all-three",
+        "greedy-boost",
+        "seeded-sampling",
+        "grammar",
+    ],
 )
 def test_penalties_applied_here_pick_what_llama_cpps_penalties_sampler_picks(
     model: LlamaModel, options: SamplingOptions, grammar: str | None

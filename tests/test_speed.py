@@ -30,6 +30,13 @@ def test_a_token_costs_the_layers_and_the_tied_output_head(smollm2_gguf: Path) -
     assert cost.weight_bytes == blocks + embedding.n_bytes + norm.n_bytes
     assert cost.output_params == {"Q8_0": embedding.n_elements}
     assert cost.kv_per_cell == layout.kv_per_cell and cost.attention_width == 576
+    # the head's rows are the vocabulary; a layer's rows are its matrices' output rows
+    assert cost.vocab == embedding.shape[1] == 49152
+    assert cost.layer_rows[0] == sum(
+        t.n_elements // t.shape[0]
+        for t in info.tensors
+        if t.name.startswith("blk.0.") and len(t.shape) >= 2
+    )
 
 
 def test_experts_cost_only_what_a_token_is_routed_to() -> None:
@@ -72,6 +79,17 @@ def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) 
             per_type[name] = per_type.get(name, 0) + amount
     step = 0.5e-3 + 30 * 0.1e-3 + sum(b / figures.types[t].decode for t, b in per_type.items())
     assert guess.decode == pytest.approx(1 / step)
+    # what grows with the rows and the vocabulary, and the runner's own work, add up too
+    figures.row, figures.runner_step, figures.sample_token = 2e-9, 0.3e-3, 4e-9
+    rows = sum(cost.layer_rows) + cost.vocab
+    busier = predict(cost, figures, context=2048)
+    assert busier.decode == pytest.approx(1 / (step + rows * 2e-9 + 0.3e-3 + 49152 * 4e-9))
+    figures.greedy_token = 1e-9
+    greedy = predict(cost, figures, context=2048, greedy=True)
+    assert greedy.decode == pytest.approx(1 / (step + rows * 2e-9 + 0.3e-3 + 49152 * 1e-9))
+    figures.row = figures.runner_step = figures.sample_token = figures.greedy_token = 0.0
+    # a longer prompt's tokens each attend to more before them: slower per token
+    assert predict(cost, figures, context=2048, prompt=2048).prefill < guess.prefill  # type: ignore[operator]
     kv = sum(cost.kv_per_cell) * 2048 / figures.bandwidth  # no F16 figure: memory's pace
     assert guess.decode_full == pytest.approx(1 / (step + kv))
     assert guess.prefill and guess.prefill > guess.decode  # a batch reuses its weights
@@ -118,6 +136,9 @@ def test_rates_come_back_from_the_probes_timings() -> None:
             + 2 * batch * layers * params / rate.prefill,
         }
     (step_a, batch_a), (step_b, batch_b) = tiny(2), tiny(26)
+    # the head model: 131,072 rows of 512 in Q8_0, 6 ns a row besides its bytes
+    row, vocab, head_bytes = 6e-9, 131072, 71_303_168
+    head_s = head_bytes / q8.decode + vocab * row
     report = {
         "threads": 2,
         "repack": True,
@@ -131,8 +152,25 @@ def test_rates_come_back_from_the_probes_timings() -> None:
             "batch_s": [batch_a, batch_b],
         },
         "types": types,
+        "head": {
+            "logits_s": 0.002 + head_s,
+            "plain_s": 0.002,
+            "greedy_s": vocab * 1e-9,
+            "default_s": vocab * 3e-9,
+            "vocab": vocab,
+            "bytes": head_bytes,
+        },
+        "runner_step_s": 0.25e-3,
     }
+    for entry in types.values():  # every row of the type models' layers costs too
+        entry["layer_rows"] = 10752
+        entry["decode_s"] += entry["layers"] * 10752 * row  # type: ignore[operator]
     figures = Calibration.from_probe(report, "key", 1.0)
+    assert figures.row == pytest.approx(row, rel=0.02)
+    assert figures.runner_step == 0.25e-3
+    assert figures.sample_token == pytest.approx(3e-9) and figures.greedy_token == pytest.approx(
+        1e-9
+    )
     assert figures.decode_fixed == pytest.approx(fixed, rel=0.02)
     assert figures.decode_layer == pytest.approx(layer, rel=0.02)
     for name, rate in rates.items():
@@ -163,7 +201,9 @@ def test_cached_figures_are_found_again_and_completed_per_type(
     asked: list[list[str]] = []
     base = make_calibration(**{t: TypeRate(1e9, 1e9) for t in speedprobe.BASE_TYPES})
 
-    def child(threads: int, repack: bool, types: list[str], timeout: float) -> dict[str, object]:
+    def child(
+        threads: int, repack: bool, types: list[str], timeout: float, cancelled: object = None
+    ) -> dict[str, object]:
         asked.append(list(types))
         return {"types": types}
 

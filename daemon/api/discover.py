@@ -32,6 +32,7 @@ from ..discover import NothingFits, cached_calibration, pick_quant, probe_thread
 from ..errors import HTTPProblem, InsufficientMemoryError
 from ..speed import ModelCost, model_cost, predict
 from ..speedbook import SpeedBook
+from ..speedwatch import SHOW_WAIT_S
 from ..state import DaemonState, StateDep
 
 if TYPE_CHECKING:
@@ -163,8 +164,9 @@ def local_speed(
 ) -> dict[str, Any]:
     """Predicted and measured speed of a model in the store (``model``: its LocalModel) under
     ``plan`` (a MemoryPlan or None). Uses the probe's cached figures; with ``probe``, measures
-    weight types they lack (a second or so each), never the whole machine. Blocking (reads
-    the GGUF header)."""
+    weight types they lack (a second or so each) and, while the machine's figures are being
+    measured (:mod:`..speedwatch`), waits for them up to a few seconds; without it, says the
+    figures are coming (``measuring``: true). Blocking (reads the GGUF header)."""
     answer: dict[str, Any] = {}
     book: SpeedBook = state.speedbook
     digest = model.entry.digest
@@ -176,9 +178,13 @@ def local_speed(
             "requests": max(len(observed.decode), len(observed.prefill)),
         }
     calibration = cached_calibration(state.settings)
+    watch = state.speedwatch
+    if calibration is None and probe:
+        calibration = watch.wait(SHOW_WAIT_S)
     if calibration is None:
         answer["predicted"] = None
-        answer["why"] = "this machine's speed is not measured yet: run `localllm doctor`"
+        answer["why"] = watch.why() or "this machine's speed is not measured yet"
+        answer["measuring"] = watch.measuring
         return answer
     kv_type = loaded.config.kv_cache_type if loaded is not None else state.settings.kv_cache_type
     try:

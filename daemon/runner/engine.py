@@ -475,6 +475,8 @@ class Engine:
         group, adapters = self._groups.pick(self.slots)
         self.adapters.apply(self.model.ctx, adapters)
         prefill_budget = self.model.batch.capacity
+        if any(slot.prefilling for slot in self.slots) and (held := self.governor.batch_tokens()):
+            prefill_budget = min(prefill_budget, held)  # other programs hold the threads down
         drafting = True
         while True:
             plan = plan_batch(group, self.model.batch, self.speculation, prefill_budget, drafting)

@@ -71,8 +71,6 @@ KINDS: tuple[Kind, ...] = ("decode", "batch")
 
 _SAMPLE_S = 0.25
 """How often the CPU readings are taken while the engine works."""
-_WINDOW = 2
-"""Readings a decision spans (the last half second)."""
 _IDLE_SAMPLE_S = 1.0
 """How often the readings go on while the engine has been idle a while: a request arriving
 after a quiet minute is decided on the last second, not on what the minute averaged (a busy
@@ -88,7 +86,26 @@ threads stayed faster up to 0.7 (1.29x) and fell behind only beside a full one (
 _RAISE_MARGIN = 0.15
 """Going up needs this much more room than staying, so that a count does not flap."""
 _RAISE_SPAN = 0.5
-"""Seconds of readings that must allow more threads before the count goes up."""
+"""Seconds of readings that must allow more threads before the count goes up..."""
+_QUICK_S = 0.1
+"""...unless the latest reading, over at least this long, shows the others' time has stopped
+growing: then the count goes up at once, as a trial (a request that follows another
+program's burst, a build or a test run that just ended, must not run on one thread)."""
+_QUICK_HOLD_S = 1.0
+"""A quick raise undone within this long was a trial lost (a load that pauses and comes
+back)..."""
+_QUICK_BACKOFF_S = (2.0, 16.0)
+"""...after which quick raises wait this long, doubling up to the second figure while they
+keep losing; a quick raise that holds resets it."""
+_HELD_IDLE_S = 0.1
+"""How often the readings go on while the engine waits and other processes hold a count
+down: the end of their burst is seen within this, before the next request comes."""
+_HELD_BATCH_S = 0.25
+"""While other processes hold the batch count down, a batch holds about this many seconds of
+prompt tokens (by the pace measured at that count), so that the count is decided again soon
+after they stop, rather than a whole 512-token batch running on one thread..."""
+_HELD_BATCH_TOKENS = (32, 64)
+"""...never fewer tokens than the first figure; the second when no pace is known yet."""
 _TRIAL_PAIRS = 4
 """Steps at each count in a tuner trial."""
 _FIRST_TRIAL = 64
@@ -336,6 +353,13 @@ class Governor:
         runnable meanwhile, on average)."""
         self._window_threads: list[float] = []
         """That, for each interval between the readings kept."""
+        self._quick_raised: dict[Kind, float | None] = dict.fromkeys(KINDS)
+        """When each kind's cap last went up on a quick reading (None: it held, or none)."""
+        self._quick_backoff = _QUICK_BACKOFF_S[0]
+        self._quick_after = 0.0
+        """No quick raise before this (on the injectable clock)."""
+        self._batch_pace: dict[int, float] = {}
+        """Seconds per prompt token of the latest batch step at each count."""
         self._binding: dict[Kind, str] = dict.fromkeys(KINDS, "max")
         self._tuners = {kind: _Tuner(preferred=self.max_threads) for kind in KINDS}
         self._current: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
@@ -369,6 +393,8 @@ class Governor:
         self._thread_seconds += threads * seconds
         tuner = self._tuners[kind]
         per_token = seconds / tokens
+        if kind == "batch":
+            self._batch_pace[threads] = per_token
         key = (threads, _size_class(tokens))
         best = tuner.best.get(key)
         if best is None or per_token < best:
@@ -401,7 +427,11 @@ class Governor:
             return self.max_threads
         now = self._clock()
         self._last_step = now
-        if now >= self._next_sample:
+        # A batch is long and decided once: it gets a fresh reading (see batch_tokens); while
+        # others hold the count down, so does every step a tenth of a second on, so that the
+        # end of their burst is seen at once.
+        fresh = kind == "batch" or self._cpu_cap[kind] < self.max_threads
+        if now >= self._next_sample or (fresh and now - self._last_sample >= _QUICK_S):
             self._sample(now)
         cap = self.cap(kind)
         tuner = self._tuners[kind]
@@ -417,13 +447,39 @@ class Governor:
         self._set(kind, count)
         return count
 
+    def batch_tokens(self) -> int | None:
+        """The most prompt tokens the next batch should hold (None: as many as fit), from a
+        fresh reading: while other processes hold the batch count below what this runner
+        may use, about :data:`_HELD_BATCH_S` of them, so that the end of their burst lifts
+        the count within a batch or two."""
+        if self.fixed:
+            return None
+        now = self._clock()
+        if now - self._last_sample >= _QUICK_S:
+            self._sample(now)
+        held = self._cpu_cap["batch"]
+        if held >= min(self.max_threads, self.budget):
+            return None
+        pace = self._batch_pace.get(held)
+        if pace is None and self._batch_pace:
+            # Not measured at this count yet: another count's pace, as if threads scaled.
+            count, seconds = max(self._batch_pace.items())
+            pace = seconds * count / held
+        least, unknown = _HELD_BATCH_TOKENS
+        return max(least, int(_HELD_BATCH_S / pace)) if pace else unknown
+
     def idle_wait(self) -> float | None:
         """While the engine waits for work: seconds until the next reading is due (None:
         none is needed), so that a request arriving later starts on current readings."""
         if self.fixed:
             return None
         now = self._clock()
-        pace = _SAMPLE_S if now - self._last_step < _IDLE_FAST_S else _IDLE_SAMPLE_S
+        if min(self._cpu_cap.values()) < self.max_threads:
+            pace = _HELD_IDLE_S  # others hold a count down: see the end of it at once
+        elif now - self._last_step < _IDLE_FAST_S:
+            pace = _SAMPLE_S
+        else:
+            pace = _IDLE_SAMPLE_S
         return max(0.0, self._last_sample + pace - now)
 
     def tick(self) -> None:
@@ -527,18 +583,29 @@ class Governor:
         readings.append(reading)
         if len(readings) < 2:
             return
-        del readings[: -(_WINDOW + 1)]
-        del threads[:-_WINDOW]
+        # The window: the newest reading at least _RAISE_SPAN old and those after it (the
+        # readings come every quarter second while working, every tenth while held down).
+        first = next(
+            (
+                i
+                for i in range(len(readings) - 2, -1, -1)
+                if reading.at - readings[i].at >= _RAISE_SPAN
+            ),
+            0,
+        )
+        del readings[:first]
+        del threads[:first]
         # Down on the latest interval alone (a busy process costs most at once), up on the
-        # whole window.
+        # whole window, or at once on a latest interval that shows the others stopped.
         latest = self._others(readings[-2], readings[-1], threads[-1])
         window = self._others(readings[0], readings[-1], sum(threads))
         if latest is None or window is None:
             return
         self.others = window
         span = readings[-1].at - readings[0].at
+        latest_span = readings[-1].at - readings[-2].at
         for kind in KINDS:
-            self._cap_kind(kind, latest, window, span)
+            self._cap_kind(kind, latest, window, span, latest_span, now)
 
     def _others(self, first: CpuReading, last: CpuReading, thread_seconds: float) -> float | None:
         span = last.at - first.at
@@ -547,8 +614,17 @@ class Governor:
         used = max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / span)
         return demand(used, thread_seconds / span, self.cpus)
 
-    def _cap_kind(self, kind: Kind, latest: float, window: float, span: float) -> None:
+    def _cap_kind(
+        self,
+        kind: Kind,
+        latest: float,
+        window: float,
+        span: float,
+        latest_span: float,
+        now: float,
+    ) -> None:
         cap = max(1, min(self.max_threads, math.floor(self.cpus - latest + _ALLOWANCE[kind])))
+        raised = self._quick_raised[kind]
         if cap < self._cpu_cap[kind]:
             self._cpu_cap[kind] = cap
             self._cap_why = f"CPU busy: other processes need {latest:.1f} of {self.cpus} cores"
@@ -556,11 +632,25 @@ class Governor:
             tuner = self._tuners[kind]
             tuner.slow = 0
             tuner.due[-1] = max(tuner.due[-1], tuner.wait[-1])
+            if raised is not None and now - raised < _QUICK_HOLD_S:
+                # The quick raise lost: the load pauses and comes back. Wait before the next.
+                self._quick_after = now + self._quick_backoff
+                self._quick_backoff = min(self._quick_backoff * 2, _QUICK_BACKOFF_S[1])
+            self._quick_raised[kind] = None
             return
+        if raised is not None and now - raised >= _QUICK_HOLD_S:
+            self._quick_raised[kind] = None
+            self._quick_backoff = _QUICK_BACKOFF_S[0]  # it held
         room = self.cpus - window + _ALLOWANCE[kind] - _RAISE_MARGIN
         raise_to = max(1, min(self.max_threads, math.floor(room)))
         if raise_to > self._cpu_cap[kind] and span >= _RAISE_SPAN:
             self._cpu_cap[kind] = raise_to
+            return
+        quick = self.cpus - latest + _ALLOWANCE[kind] - _RAISE_MARGIN
+        quick_to = max(1, min(self.max_threads, math.floor(quick)))
+        if quick_to > self._cpu_cap[kind] and latest_span >= _QUICK_S and now >= self._quick_after:
+            self._cpu_cap[kind] = quick_to
+            self._quick_raised[kind] = now
 
     def _set(self, kind: Kind, count: int, why: str | None = None) -> None:
         before = self._current[kind]

@@ -113,6 +113,9 @@ class Penalties:
         self.window: collections.deque[int] = collections.deque()
         self.counts: dict[int, int] = {}
         """Token → its occurrences in the window (only tokens that occur)."""
+        self.lowers_only = repeat >= 1 and frequency >= 0 and present >= 0
+        """Whether a penalised logit is never above the model's own (a repeat penalty below
+        1, or a negative frequency or presence penalty, raises repeated tokens instead)."""
 
     def accept(self, token: int) -> None:
         """``token`` was sampled (or is part of the prompt): it enters the window, and the
@@ -255,10 +258,20 @@ class Sampler:
         if penalties is None:
             return self._sample(ctx, batch_index)
         if self._greedy:
-            logits = logits_at(ctx, batch_index, self.n_vocab).copy()
-            ids, values = penalties.penalised(logits)
-            logits[ids] = values
+            logits = logits_at(ctx, batch_index, self.n_vocab)
             token = int(logits.argmax())
+            if token in penalties.counts or not penalties.lowers_only:
+                # The best token is one the penalties change (or they may raise others):
+                # the largest of the penalised logits, put in for this one look.
+                ids, values = penalties.penalised(logits)
+                original = logits[ids]
+                logits[ids] = values
+                try:
+                    token = int(logits.argmax())
+                finally:
+                    logits[ids] = original
+            # Else it stands: the penalties only lower the window's tokens, and it is not
+            # one of them (a tie is the first largest either way).
         else:
             # The chain reads llama.cpp's logits: penalised there for this one sample, then
             # put back (logprobs are of the model's own logits).

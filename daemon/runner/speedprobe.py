@@ -4,34 +4,30 @@ Decode is bound by memory: each token reads every weight once. But it reads them
 ggml's kernels, which unpack each weight type at their own pace, so on a CPU a quantized type
 reaches only a fraction of what ``memcpy`` moves. Prefill is bound by compute: a batch reuses
 each weight for every token. So the probe measures, with the runner's thread count and weight
-repacking as decided for this machine (:mod:`.cpu`):
+repacking as decided for this machine (:mod:`.cpu`), in a child process
+(:mod:`.speedmeasure`, which says what each part measures):
 
-* **memory bandwidth**: numpy reading a buffer much larger than the last-level cache (what the
-  hardware gives, for reference);
-* **per weight type** (``Q4_K``, ``Q8_0``, ``F16``...): a synthetic llama-architecture model
-  whose matrices are all of that type, sized beyond the last-level cache, decoded token by
-  token (bytes of weights read per second) and fed one batch (multiply-adds per second);
-* **fixed costs**: two tiny models of 2 and 26 layers, in turns, give the cost of a decode
-  step and of each layer beyond the weights it reads (graph, thread barriers, the small
-  operators);
-* **attention**: one batch late in a context against one at its start (the Q8_0 model): the
-  pace of the attention over earlier tokens, which a long prompt's prefill adds.
-
-The weights are real ggml blocks: a few rows quantized by ggml itself
-(``ggml_quantize_chunk``), repeated to fill each matrix (the values do not change the speed).
-Each figure is the best of several steps: a shared machine only ever makes a step slower.
+* **per weight type** (``Q4_K``, ``Q8_0``, ``F16``...): a synthetic model whose matrices are
+  all of that type, decoded token by token and fed one batch;
+* **fixed costs**: tiny models of 2 and 26 layers (a step's and a layer's cost besides the
+  weights) and the runner's own work per step;
+* **the output head and the sampler**: a 131,072-token head with logits and without, and the
+  runner's samplers on its logits;
+* **attention**: a batch late in a context; **memory bandwidth**, for reference.
 
 The result (:class:`~localllm.daemon.speed.Calibration`) is cached in the user's cache dir per
 llama.cpp build, CPU, thread count and ``OMP_WAIT_POLICY``; ``localllm doctor`` measures it
-again. Types a model needs that the first probe skipped are measured when first needed
-(:func:`calibrate` with ``types``) and added to the cache.
+again, and the daemon at its first quiet moment when there is none (:mod:`..speedwatch`).
+Types a model needs that the first probe skipped are measured when first needed
+(:func:`calibrate` with ``types``) and added to the cache. A probe can be stopped (the child
+killed) and refuses figures measured while other programs were busy.
 
-Only the child (``python -m localllm.daemon.runner.speedprobe``) imports llama.cpp.
+Only the child imports llama.cpp.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -42,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,37 +48,36 @@ from localllm.settings import Settings
 from ..speed import Calibration
 from .cpu import decide, decision_key, default_threads
 
-__all__ = ["BASE_TYPES", "PROBE_VERSION", "ProbeFailed", "cached_calibration", "calibrate"]
+__all__ = [
+    "BASE_TYPES",
+    "PROBE_VERSION",
+    "ProbeFailed",
+    "ProbeInterrupted",
+    "cached_calibration",
+    "calibrate",
+]
 
 log = logging.getLogger("localllm.speedprobe")
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 """Bumped when the probe's models or workload change, so older figures are measured again."""
 BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1")
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
 K-quant mixes, the legacy 4- and 8-bit types, unquantized). Others are probed on demand."""
 _TIMEOUT_S = 120.0
-
-# The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks), as
-# many layers as make ~48 MB (beyond a 32 MB last-level cache) up to 6.
-_EMBD, _FFN, _HEADS, _VOCAB = 1024, 2816, 8, 320
-_TARGET_BYTES = 48 << 20
-_MAX_LAYERS = 6
-# The fixed-cost models: 128 wide, FFN 256, Q8_0, 2 and 26 layers.
-_TINY_EMBD, _TINY_FFN, _TINY_HEADS, _TINY_LAYERS = 128, 256, 4, (2, 26)
-_BATCH = 128
-_DECODE_STEPS = 16
-_BATCHES = 1
-_TINY_TURNS = 3
-# The attention's pace: a batch at this position against one at the start, on this type.
-_LATE = 449
-_ATTENTION_TYPE = "Q8_0"
+_POLL_S = 0.1
+"""How often a probe that may be interrupted looks whether it must give way."""
 
 _probing = threading.Lock()
 
 
 class ProbeFailed(RuntimeError):
     """The probe child did not give figures (it crashed, timed out or printed nothing)."""
+
+
+class ProbeInterrupted(ProbeFailed):
+    """The probe was stopped before it finished (work came in), or measured while other
+    programs were busy: nothing was kept, and it can be run again at a quieter moment."""
 
 
 # -- the parent -----------------------------------------------------------------------------
@@ -139,22 +134,40 @@ def _write_cache(settings: Settings, calibration: Calibration) -> None:
         log.warning("could not cache the speed probe's figures in %s: %s", file, exc)
 
 
-def _run_child(threads: int, repack: bool, types: Sequence[str], timeout: float) -> dict[str, Any]:
-    command = [sys.executable, "-P", "-m", "localllm.daemon.runner.speedprobe"]
+def _run_child(
+    threads: int,
+    repack: bool,
+    types: Sequence[str],
+    timeout: float,
+    cancelled: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    command = [sys.executable, "-P", "-m", "localllm.daemon.runner.speedmeasure"]
     with tempfile.TemporaryDirectory(prefix="localllm-speed-") as workdir:
         args = ["--threads", str(threads), "--workdir", workdir, "--types", ",".join(types)]
         if not repack:
             args.append("--no-repack")
+        child = subprocess.Popen(
+            [*command, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout
         try:
-            done = subprocess.run(
-                [*command, *args],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise ProbeFailed(f"the speed probe did not finish within {timeout:.0f} s") from None
+            # Its output is small (one JSON line, a few log lines): the pipes cannot fill.
+            while child.poll() is None:
+                if cancelled is not None and cancelled():
+                    raise ProbeInterrupted("the speed probe gave way to work that came in")
+                if time.monotonic() > deadline:
+                    raise ProbeFailed(f"the speed probe did not finish within {timeout:.0f} s")
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(_POLL_S)
+            stdout, stderr = child.communicate()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    done = subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
     report, failure = child_report(done)
     if report is None:
         raise ProbeFailed(f"the speed probe {failure}")
@@ -168,11 +181,18 @@ def calibrate(
     types: Iterable[str] = (),
     fresh: bool = False,
     timeout: float = _TIMEOUT_S,
+    cancelled: Callable[[], bool] | None = None,
+    max_others: float | None = None,
 ) -> Calibration:
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
-    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run."""
+    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run.
+
+    ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
+    child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures
+    measured while other programs used more cores than that on average are not kept
+    (:class:`ProbeInterrupted` too): a probe beside a busy program measures the program."""
     count = _threads(settings, threads)
     with _probing:
         known = cached_calibration(settings, count)
@@ -187,265 +207,13 @@ def calibrate(
         if paths.error:
             raise ProbeFailed(paths.error)
         started = time.monotonic()
-        report = _run_child(count, paths.repack, missing, timeout)
+        report = _run_child(count, paths.repack, missing, timeout, cancelled)
         measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
+        if max_others is not None and measured.others > max_others:
+            raise ProbeInterrupted(
+                f"other programs used {measured.others:.1f} cores while the speed probe ran"
+            )
         calibration = measured if cached is None else cached.merged(measured)
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())
         return calibration
-
-
-# -- the child ------------------------------------------------------------------------------
-
-
-def _ggml() -> Any:
-    import ctypes
-
-    from llama_cpp._ggml import libggml
-
-    libggml.ggml_quantize_chunk.restype = ctypes.c_size_t
-    libggml.ggml_quantize_chunk.argtypes = [
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-    ]
-    libggml.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
-    libggml.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
-    return libggml
-
-
-class _Weights:
-    """Matrices of one ggml type: a few rows quantized by ggml, repeated."""
-
-    _ROWS = 8
-
-    def __init__(self, type_name: str) -> None:
-        import gguf
-        import numpy as np
-
-        self.kind = gguf.GGMLQuantizationType[type_name]
-        self._np = np
-        self._rng = np.random.default_rng(0)
-        self._rows: dict[int, Any] = {}
-
-    def _base(self, cols: int) -> Any:
-        import gguf
-
-        np = self._np
-        if cols not in self._rows:
-            src = (self._rng.standard_normal((self._ROWS, cols)) * 0.05).astype(np.float32)
-            kind = self.kind
-            if kind == gguf.GGMLQuantizationType.F32:
-                self._rows[cols] = src
-            elif kind == gguf.GGMLQuantizationType.F16:
-                self._rows[cols] = src.astype(np.float16)
-            else:
-                libggml = _ggml()
-                block, size = gguf.GGML_QUANT_SIZES[kind]
-                out = np.zeros((self._ROWS, cols // block * size), dtype=np.uint8)
-                # Types that need an importance matrix get a flat one: the speed is the same.
-                flat = np.ones(cols, dtype=np.float32)
-                imatrix = flat.ctypes.data if libggml.ggml_quantize_requires_imatrix(kind) else None
-                libggml.ggml_quantize_chunk(
-                    int(kind), src.ctypes.data, out.ctypes.data, 0, self._ROWS, cols, imatrix
-                )
-                self._rows[cols] = out
-        return self._rows[cols]
-
-    def matrix(self, rows: int, cols: int) -> Any:
-        """A ``rows`` × ``cols`` matrix (raw bytes for quantized types)."""
-        base = self._base(cols)
-        return self._np.tile(base, (-(-rows // self._ROWS), 1))[:rows]
-
-    def layer_bytes(self, embd: int, ffn: int) -> int:
-        """Bytes of one layer's seven matrices."""
-        rows = {embd: 4 * embd + ffn * 2, ffn: embd}
-        return sum(self._base(cols).nbytes // self._ROWS * count for cols, count in rows.items())
-
-
-def _write_model(path: Path, type_name: str, embd: int, ffn: int, heads: int, layers: int) -> None:
-    import numpy as np
-
-    from .synthetic import write_llama
-
-    weights = _Weights(type_name)
-    head = (np.random.default_rng(1).standard_normal((_VOCAB, embd)) * 0.05).astype(np.float32)
-    quantized = weights.kind.name not in ("F32", "F16")
-
-    def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
-        if layer < 0:  # the output head stays F32 (its bytes are counted apart)
-            return head, None
-        return weights.matrix(rows, cols), weights.kind if quantized else None
-
-    write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=_VOCAB, matrix=matrix)
-
-
-class _Runner:
-    """Loads a probe model and times its batch and its decode steps."""
-
-    def __init__(self, threads: int, repack: bool) -> None:
-        import ctypes
-
-        import llama_cpp
-
-        self.llama = llama_cpp
-        self.threads = threads
-        self.repack = repack
-        self._quiet = llama_cpp.llama_log_callback(lambda *_: None)
-        llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-
-    def time(self, path: Path, late: int = 0) -> dict[str, float]:
-        """Seconds of the best decode step (``decode_s``) and of the best batch of
-        :data:`_BATCH` tokens (``batch_s``); with ``late``, also of a batch that starts at
-        that position (``late_batch_s``: the attention over the tokens before it)."""
-        from .synthetic import fill_batch
-
-        llama = self.llama
-        params = llama.llama_model_default_params()
-        params.n_gpu_layers = 0
-        params.use_extra_bufts = self.repack
-        params.use_mmap = False  # weights in memory before the clock starts, no page faults
-        model = llama.llama_model_load_from_file(str(path).encode(), params)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {path.name}")
-        ctx_params = llama.llama_context_default_params()
-        ctx_params.n_ctx = max(1 + _BATCH * _BATCHES + _DECODE_STEPS, late + _BATCH)
-        ctx_params.n_batch = ctx_params.n_ubatch = _BATCH
-        ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
-        ctx = llama.llama_init_from_model(model, ctx_params)
-        if not ctx:
-            llama.llama_model_free(model)
-            raise RuntimeError("llama.cpp could not create the probe's context")
-        batch = llama.llama_batch_init(_BATCH, 0, 1)
-
-        def decode(start: int, count: int) -> float:
-            fill_batch(batch, start, count)
-            began = time.perf_counter()
-            if llama.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed in the speed probe")
-            return time.perf_counter() - began
-
-        try:
-            decode(0, 1)  # the first step sets up the graph and touches every weight
-            position = 1
-            batches = []
-            for _ in range(_BATCHES):
-                batches.append(decode(position, _BATCH))
-                position += _BATCH
-            steps = []
-            for _ in range(_DECODE_STEPS):
-                steps.append(decode(position, 1))
-                position += 1
-            timings = {"decode_s": min(steps), "batch_s": min(batches)}
-            if late:
-                while position < late:
-                    count = min(_BATCH, late - position)
-                    decode(position, count)
-                    position += count
-                timings["late_batch_s"] = decode(late, _BATCH)
-            return timings
-        finally:
-            llama.llama_batch_free(batch)
-            llama.llama_free(ctx)
-            llama.llama_model_free(model)
-
-
-def _bandwidth(threads: int) -> float:
-    """Bytes per second numpy reads from a buffer 8x a 32 MB last-level cache with ``threads``
-    threads (numpy's reductions let go of the GIL), best of 3."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-
-    data = np.ones(32 << 20, dtype=np.float64)  # 256 MiB
-    parts = np.array_split(data, threads)
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(3):
-            began = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = min(best, time.perf_counter() - began)
-    return data.nbytes / best
-
-
-def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
-    runner = _Runner(threads, repack)
-    report: dict[str, Any] = {"threads": threads, "repack": repack, "batch": _BATCH}
-    paths = []
-    for layers in _TINY_LAYERS:
-        paths.append(workdir / f"tiny-{layers}.gguf")
-        _write_model(paths[-1], "Q8_0", _TINY_EMBD, _TINY_FFN, _TINY_HEADS, layers)
-    # The two tiny models in turns, best of each: a busy moment hits one turn, not all.
-    tiny = [{"decode_s": float("inf"), "batch_s": float("inf")} for _ in paths]
-    for _ in range(_TINY_TURNS):
-        for best, path in zip(tiny, paths, strict=True):
-            for key, value in runner.time(path).items():
-                best[key] = min(best[key], value)
-    for path in paths:
-        path.unlink()
-    report["tiny"] = {
-        "layers": list(_TINY_LAYERS),
-        "layer_bytes": _Weights("Q8_0").layer_bytes(_TINY_EMBD, _TINY_FFN),
-        "layer_params": 4 * _TINY_EMBD**2 + 3 * _TINY_EMBD * _TINY_FFN,
-        "decode_s": [t["decode_s"] for t in tiny],
-        "batch_s": [t["batch_s"] for t in tiny],
-    }
-    measured: dict[str, Any] = {}
-    for type_name in types:
-        weights = _Weights(type_name)
-        layer_bytes = weights.layer_bytes(_EMBD, _FFN)
-        layers = max(1, min(_MAX_LAYERS, round(_TARGET_BYTES / layer_bytes)))
-        path = workdir / f"{type_name}.gguf"
-        _write_model(path, type_name, _EMBD, _FFN, _HEADS, layers)
-        # One type's model also times a batch late in its context: the attention's pace.
-        timings = runner.time(path, late=_LATE if type_name == _ATTENTION_TYPE else 0)
-        path.unlink()
-        if "late_batch_s" in timings:
-            report["attention"] = {
-                "layers": layers,
-                "width": _EMBD,
-                "batch_s": timings["batch_s"],
-                "late_batch_s": timings["late_batch_s"],
-                "positions": _LATE - 1,
-            }
-        measured[type_name] = {
-            "layers": layers,
-            "layer_bytes": layer_bytes,
-            "layer_params": 4 * _EMBD**2 + 3 * _EMBD * _FFN,
-            "decode_s": timings["decode_s"],
-            "batch_s": timings["batch_s"],
-            # its output head is wider than the tiny models' (whose is in the fixed cost)
-            "output_bytes": _VOCAB * (_EMBD - _TINY_EMBD) * 4,
-        }
-    report["types"] = measured
-    report["bandwidth"] = _bandwidth(threads)
-    return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]``."""
-    parser = argparse.ArgumentParser(prog="python -m localllm.daemon.runner.speedprobe")
-    parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--types", default=",".join(BASE_TYPES))
-    parser.add_argument("--no-repack", action="store_true")
-    args = parser.parse_args(argv)
-    types = [t for t in args.types.split(",") if t]
-    import gguf
-
-    unknown = [t for t in types if t not in gguf.GGMLQuantizationType.__members__]
-    if unknown:
-        print(f"unknown ggml types: {', '.join(unknown)}", file=sys.stderr)
-        return 2
-    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types)
-    print(json.dumps(report))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -180,8 +180,13 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
     lines = [
         f"speed ({figures.threads} threads, measured in {figures.seconds:.1f} s): memory "
         f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
-        f"+ {figures.decode_layer * 1e6:.0f} us a layer"
+        f"+ {figures.decode_layer * 1e6:.0f} us a layer + {figures.row * 1e9:.1f} ns a matrix "
+        f"row; the runner {figures.runner_step * 1e6:.0f} us a step; sampling "
+        f"{figures.sample_token * 1e9:.1f} us per 1,000 tokens of vocabulary "
+        f"(greedy {figures.greedy_token * 1e9:.1f})"
     ]
+    if figures.others > 0.2:
+        lines.append(f"  (other programs used {figures.others:.1f} cores while it measured)")
     for name, rate in figures.types.items():
         share = rate.decode / figures.bandwidth
         lines.append(

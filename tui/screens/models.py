@@ -30,7 +30,10 @@ from ..widgets.transfer import TransferPanel
 from .base import MainScreen
 from .dialogs import ConfirmDialog, NameDialog, QuantizeDialog
 
-__all__ = ["ModelsScreen", "details_markdown", "speed_markdown"]
+__all__ = ["SPEED_RETRY_S", "ModelsScreen", "details_markdown", "speed_markdown"]
+
+SPEED_RETRY_S = 3.0
+"""While the daemon measures this machine's speed, the details ask for it again this often."""
 
 _COLUMNS = ("Name", "Size", "Quantization", "Parameters", "Modified")
 _TEMPLATE_LINES = 8
@@ -234,6 +237,14 @@ class ModelsScreen(MainScreen):
         head, _, rest = details_markdown(name, show).partition("\n\n")
         text = "\n\n".join(p for p in (head, speed_markdown(speed), rest) if p)
         await settle(self.query_one("#details", Markdown).update(text))
+        if speed.get("measuring"):
+            # The daemon is measuring this machine's speed (or waits for a quiet moment to):
+            # ask again shortly, while the model is still the one shown.
+            self.set_timer(SPEED_RETRY_S, lambda: self._speed_again(name))
+
+    def _speed_again(self, name: str) -> None:
+        if self.selected == name and self.is_current:
+            self.show_details(name)
 
     # -- actions --------------------------------------------------------------------------
 

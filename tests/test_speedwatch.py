@@ -1,0 +1,202 @@
+"""This machine's speed measured at the daemon's first quiet moment: never while other programs
+are busy, never in a request's way (work that comes in stops the probe, which is tried again
+later), and ``show`` predicting on a fresh data root and cache without ``localllm doctor``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from speed_support import make_calibration, seed_calibration
+from test_cli_support import cli_home
+
+from localllm.daemon.runner import speedprobe
+from localllm.daemon.runner.governor import CpuReading, allowed_cpus
+from localllm.daemon.speed import Calibration, TypeRate
+from localllm.daemon.speedwatch import ProbeState, SpeedWatch
+from localllm.settings import Settings
+
+
+class Machine:
+    """Made-up CPU readings: other processes use ``others`` cores from now on."""
+
+    def __init__(self) -> None:
+        self.others = 0.0
+        self._busy = 0.0
+        self._at = time.monotonic()
+
+    def read(self) -> CpuReading:
+        now = time.monotonic()
+        self._busy += self.others * (now - self._at)
+        self._at = now
+        return CpuReading(at=now, busy=self._busy, own=0.0)
+
+
+def _watch(
+    tmp_path: Path, machine: Machine, working: list[bool], calibrate: Any
+) -> tuple[SpeedWatch, list[Calibration]]:
+    settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path)})
+    measured: list[Calibration] = []
+    watch = SpeedWatch(
+        settings,
+        2,
+        lambda: working[0],
+        cached=lambda: measured[-1] if measured else None,
+        calibrate=calibrate,
+        reader=machine.read,
+        cpus=2,
+        quiet_span=0.2,
+        interval=0.05,
+    )
+    return watch, measured
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_probe_waits_for_quiet_and_gives_way_to_work(tmp_path: Path) -> None:
+    machine, working = Machine(), [False]
+    machine.others = 1.5  # a build runs
+    calls: list[str] = []
+    started, interrupted = threading.Event(), threading.Event()
+
+    def calibrate(settings: Settings, **kwargs: Any) -> Calibration:
+        calls.append("start")
+        started.set()
+        if len(calls) == 1:
+            # work comes in while the first attempt runs: it must see that and stop
+            while not kwargs["cancelled"]():
+                time.sleep(0.01)
+            interrupted.set()
+            raise speedprobe.ProbeInterrupted("gave way")
+        assert kwargs["max_others"] == pytest.approx(0.4)  # 0.2 of 2 cores
+        figures = make_calibration(Q4_0=TypeRate(1e9, 1e9))
+        measured.append(figures)
+        return figures
+
+    watch, measured = _watch(tmp_path, machine, working, calibrate)
+    task = asyncio.create_task(watch.run())
+    try:
+        # Busy: nothing starts, and the reason says what it waits for.
+        deadline = time.monotonic() + 10
+        while "other programs use 1.5 of 2 cores" not in watch.why():
+            assert time.monotonic() < deadline, watch.why()
+            await asyncio.sleep(0.02)
+        assert watch.state is ProbeState.WAITING and not calls and watch.measuring
+        assert watch.wait(5) is None  # busy: show does not wait for it
+        machine.others = 0.1
+        await asyncio.to_thread(started.wait, 10)
+        assert watch.state is ProbeState.MEASURING and "measuring" in watch.why()
+        working[0] = True  # a request arrives
+        await asyncio.to_thread(interrupted.wait, 10)
+        deadline = time.monotonic() + 10
+        while watch.state is not ProbeState.WAITING:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert "models are working" in watch.why() and len(calls) == 1
+        working[0] = False  # the request is over: the next quiet moment measures
+        figures = await asyncio.to_thread(watch.wait, 10)
+        assert figures is not None and figures is measured[-1] and len(calls) == 2
+        await asyncio.wait_for(task, 10)
+        assert watch.state is ProbeState.MEASURED and watch.why() == ""
+    finally:
+        task.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_failed_or_switched_off_probe_says_what_to_do(tmp_path: Path) -> None:
+    machine = Machine()
+
+    def failing(settings: Settings, **kwargs: Any) -> Calibration:
+        raise speedprobe.ProbeFailed("the speed probe exited with signal SIGILL")
+
+    watch, _ = _watch(tmp_path, machine, [False], failing)
+    await asyncio.wait_for(watch.run(), 10)
+    assert watch.state is ProbeState.FAILED and not watch.measuring
+    assert "SIGILL" in watch.why() and "localllm doctor" in watch.why()
+    assert watch.wait(5) is None
+
+    off = Settings.from_env({"LOCALLLM_HOME": str(tmp_path), "LOCALLLM_SPEED_PROBE": "off"})
+    quiet = SpeedWatch(off, 2, lambda: False, cached=lambda: None, calibrate=failing)
+    await asyncio.wait_for(quiet.run(), 10)
+    assert quiet.state is ProbeState.OFF and "LOCALLLM_SPEED_PROBE=off" in quiet.why()
+
+
+def test_the_probe_child_is_stopped_when_work_comes_in() -> None:
+    began = time.monotonic()
+    with pytest.raises(speedprobe.ProbeInterrupted):
+        speedprobe._run_child(
+            1, True, ["Q4_0"], timeout=120, cancelled=lambda: time.monotonic() - began > 0.3
+        )
+    assert time.monotonic() - began < 5  # killed, not waited for
+
+
+@pytest.mark.slow
+def test_show_predicts_on_a_fresh_machine_without_doctor(tmp_path: Path) -> None:
+    """A fresh data root and cache dir: the daemon measures this machine's speed at its first
+    quiet moment, and ``show`` predicts (waiting for the probe while it runs). On a shared
+    machine the quiet moment may take a while: the test waits for it, bounded."""
+    cache = tmp_path / "cache"
+    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(cache)) as cli:
+        cli.ok("list")  # starts the daemon
+        deadline = time.monotonic() + 240
+        with cli.client() as client:
+            while True:
+                speed = client.plan("smollm2:135m")["speed"]
+                if (speed.get("predicted") or {}).get("decode"):
+                    break
+                # Not yet: it says why (a quiet moment awaited, or the probe running).
+                assert speed["measuring"], speed
+                assert "quiet moment" in speed["why"] or "measuring" in speed["why"], speed
+                assert time.monotonic() < deadline, speed
+                time.sleep(1)
+        out = cli.ok("show", "smollm2:135m")
+        assert re.search(r"decode\s+predicted \d+ tokens/s", out), out
+        assert re.search(r"prefill\s+predicted \d+ tokens/s", out), out
+        assert list((cache / "localllm" / "speed-probe").glob("*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
+    tmp_path: Path,
+) -> None:
+    """On a busy machine the probe waits and the TUI's model pane says so; once this machine's
+    figures exist (here written as `doctor` would), the pane shows the prediction by itself."""
+    from test_daemon_support import busy_processes, running_daemon
+    from test_tui_support import make_app, wait_for
+    from textual.widgets import DataTable, Markdown
+
+    from localllm.tui.screens.models import ModelsScreen
+
+    cache = tmp_path / "cache"
+    with pytest.MonkeyPatch.context() as patch, busy_processes(len(allowed_cpus())):
+        patch.setenv("XDG_CACHE_HOME", str(cache))
+        with running_daemon(tmp_path / "home", num_threads=1) as daemon:
+            app = make_app(daemon, tmp_path / "tui")
+            async with app.run_test(size=(100, 30)) as pilot:
+                await wait_for(pilot, lambda: app.connection == "connected", "the connection")
+                await pilot.press("f3")
+                screen = await wait_for(
+                    pilot, lambda: isinstance(app.screen, ModelsScreen) and app.screen, "models"
+                )
+                await wait_for(pilot, lambda: screen.models, "the model list")
+                table = screen.query_one(DataTable)
+                names = [m["name"] for m in screen.models]
+                table.move_cursor(row=names.index("smollm2:135m"))
+                details = screen.query_one("#details", Markdown)
+                # (asked again every few seconds: the first answer may still be reading)
+                await wait_for(pilot, lambda: "other programs use" in details.source, "the reason")
+                assert "quiet moment" in details.source
+                seed_calibration(cache, threads=1)
+                await wait_for(
+                    pilot, lambda: "predicted" in details.source, "the prediction", timeout=30
+                )
