@@ -30,8 +30,16 @@ added to (or taken off) each decode step and each prompt token. Added, not multi
 
 Mixture-of-experts layers read only the experts a token is routed to
 (``expert_used_count`` of ``expert_count``); a model whose output head is its token embedding
-(tied) reads that whole matrix per token. Layers offloaded to a GPU are not predicted: the
-probe measures the CPU only.
+(tied) reads that whole matrix per token.
+
+Layers offloaded to a GPU (llama.cpp offloads the last ``n_gpu_layers`` layers, and the output
+head with all of them) are priced at the GPU's own figures (:class:`DeviceRates`: the probe
+times synthetic models with every layer on the device, as it does on the CPU): its fixed cost
+per step and per layer, the bytes per second its decode steps read and the operations per
+second of its batches, by weight type where measured (the nearest measured type otherwise).
+A split model pays both devices' fixed costs; what crosses between them (one activation row a
+token) is left out. A software device (Mesa's llvmpipe) is measured like any other and named
+as such beside the figures.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from localllm.gguf_info import GGUFInfo
 __all__ = [
     "PREFILL_TOKENS",
     "Calibration",
+    "DeviceRates",
     "ModelCost",
     "Prediction",
     "TypeRate",
@@ -60,6 +69,9 @@ PREFILL_TOKENS = 512
 _KV_RATE_TYPE = {"f16": "F16", "bf16": "BF16", "f32": "F32", "q8_0": "Q8_0", "q4_0": "Q4_0"}
 # A timing less than this share of a step left after the fixed costs is noise, not a rate.
 _FLOOR = 0.2
+# A GPU reads its weights in a small part of a step that launching its kernels fills (and is
+# not shared with busy programs): a smaller share is still a reading there.
+_DEVICE_FLOOR = 0.02
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,106 @@ class TypeRate:
     """Bytes of weights a decode step reads per second."""
     prefill: float
     """Floating-point operations per second of a batch (two per weight per token)."""
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """How fast one GPU device runs layers offloaded to it, measured by the speed probe."""
+
+    name: str
+    """llama.cpp's name for it (``CUDA0``, ``Vulkan0``)."""
+    description: str
+    """What its driver calls it."""
+    software: bool
+    """A CPU pretending to be a GPU (Mesa's llvmpipe): its figures are real but slow."""
+    decode_fixed: float
+    """Seconds of a decode step on the device besides its layers."""
+    decode_layer: float
+    """Seconds each layer adds to a decode step besides reading its weights."""
+    batch_fixed: float
+    """Seconds of a batch besides its layers."""
+    batch_layer: float
+    """Seconds each layer adds to a batch besides its multiply-adds."""
+    types: dict[str, TypeRate]
+    """Rates per measured weight type."""
+
+    @classmethod
+    def from_probe(cls, name: str, report: Mapping[str, Any], batch: int) -> DeviceRates:
+        """Rates from the probe's timings on the device (``report["devices"][name]``): the
+        tiny models' two layer counts give the fixed costs, each type's model its rates."""
+        tiny = report["tiny"]
+        layers_a, layers_b = tiny["layers"]
+        step_a, step_b = tiny["decode_s"]
+        batch_a, batch_b = tiny["batch_s"]
+        per_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
+        per_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
+        fixed = max(step_a - layers_a * per_layer, 0.0)
+        batch_fixed = max(batch_a - layers_a * per_batch_layer, 0.0)
+        rates = {}
+        for kind, entry in report["types"].items():
+            layers = int(entry["layers"])
+            step, batch_s = float(entry["decode_s"]), float(entry["batch_s"])
+            spent = step - fixed - layers * per_layer
+            batch_spent = batch_s - batch_fixed - layers * per_batch_layer
+            work = 2 * batch * layers * int(entry["layer_params"])
+            rates[kind] = TypeRate(
+                decode=layers * int(entry["layer_bytes"]) / max(spent, _DEVICE_FLOOR * step),
+                prefill=work / max(batch_spent, _DEVICE_FLOOR * batch_s),
+            )
+        return cls(
+            name=name,
+            description=str(report.get("description", "")),
+            software=bool(report.get("software", False)),
+            decode_fixed=fixed,
+            decode_layer=per_layer,
+            batch_fixed=batch_fixed,
+            batch_layer=per_batch_layer,
+            types=rates,
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceRates:
+        """The inverse of :func:`dataclasses.asdict` (raises KeyError/TypeError/ValueError)."""
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k != "types"}
+        types = {
+            str(kind): TypeRate(float(rate["decode"]), float(rate["prefill"]))
+            for kind, rate in data["types"].items()
+        }
+        return cls(**fields, types=types)
+
+    def rate(self, kind: str) -> TypeRate:
+        """``kind``'s rates, or the measured type nearest in bits per weight."""
+        if kind in self.types:
+            return self.types[kind]
+        bits = _BITS.get(kind, 8.0)
+        nearest = min(self.types, key=lambda name: abs(_BITS.get(name, 8.0) - bits))
+        return self.types[nearest]
+
+    def label(self) -> str:
+        """``Vulkan0 (llvmpipe ..., a software device)`` for people."""
+        said = self.description or self.name
+        return (
+            f"{self.name} ({said}, a software device)" if self.software else f"{self.name} ({said})"
+        )
+
+
+# Bits per weight of the common types: which measured GPU rate stands in for another type.
+_BITS = {
+    "F32": 32.0,
+    "F16": 16.0,
+    "BF16": 16.0,
+    "Q8_0": 8.5,
+    "Q6_K": 6.6,
+    "Q5_K": 5.5,
+    "Q5_0": 5.5,
+    "Q5_1": 6.0,
+    "Q4_K": 4.5,
+    "Q4_0": 4.5,
+    "Q4_1": 5.0,
+    "Q3_K": 3.4,
+    "Q2_K": 2.6,
+    "IQ4_XS": 4.3,
+}
 
 
 @dataclass
@@ -117,6 +229,8 @@ class Calibration:
     """Cores other programs used on average while the probe ran."""
     measured_at: float = field(default_factory=time.time)
     """When (seconds since the epoch)."""
+    devices: dict[str, DeviceRates] = field(default_factory=dict)
+    """The GPUs llama.cpp offloads to, each with its own figures (empty: none measured)."""
 
     @classmethod
     def from_probe(cls, report: Mapping[str, Any], key: str, seconds: float) -> Calibration:
@@ -200,13 +314,21 @@ class Calibration:
             runner_step=float(report.get("runner_step_s", 0.0)),
             sample_token=float(head["default_s"]) / vocab if head else 0.0,
             greedy_token=float(head["greedy_s"]) / vocab if head else 0.0,
+            devices={
+                name: DeviceRates.from_probe(name, part, batch)
+                for name, part in report.get("devices", {}).items()
+            },
         )
 
     def merged(self, newer: Calibration) -> Calibration:
         """These figures with ``newer``'s added (a probe of more types); the newer fixed costs
         win, having been measured closer to now."""
         return Calibration(
-            **{**asdict(newer), "types": {**self.types, **newer.types}},
+            **{
+                **asdict(newer),
+                "types": {**self.types, **newer.types},
+                "devices": newer.devices or self.devices,
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -216,12 +338,20 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
         """The inverse of :meth:`to_dict` (raises KeyError/TypeError/ValueError on bad data)."""
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "types"}
+        fields = {
+            k: data[k]
+            for k in cls.__dataclass_fields__
+            if k in data and k not in ("types", "devices")
+        }
         types = {
             str(name): TypeRate(float(rate["decode"]), float(rate["prefill"]))
             for name, rate in data["types"].items()
         }
-        return cls(**fields, types=types)
+        devices = {
+            str(name): DeviceRates.from_dict(part)
+            for name, part in (data.get("devices") or {}).items()
+        }
+        return cls(**fields, types=types, devices=devices)
 
     def describe(self) -> str:
         """One line: memory bandwidth, a few types' rates, the fixed costs."""
@@ -235,6 +365,16 @@ class Calibration:
         parts.append(
             f"per step {self.decode_fixed * 1e3:.2f} ms + {self.decode_layer * 1e6:.0f} us a layer"
         )
+        for device in self.devices.values():
+            rates = ", ".join(
+                f"{kind} decode {rate.decode / 1e9:.1f} GB/s, prefill {rate.prefill / 1e9:.0f} "
+                "GFLOP/s"
+                for kind, rate in device.types.items()
+            )
+            parts.append(
+                f"{device.label()}: {rates}; per step {device.decode_fixed * 1e3:.2f} ms + "
+                f"{device.decode_layer * 1e6:.0f} us a layer"
+            )
         return f"{self.threads} threads: " + "; ".join(parts)
 
 
@@ -414,6 +554,9 @@ class Prediction:
     correction: tuple[float, float] = (0.0, 0.0)
     """Seconds learned from served models that were added to a decode step and to a prompt
     token ((0, 0): none)."""
+    device: str = ""
+    """The GPU whose figures priced the offloaded layers (``""``: the CPU alone), with
+    ``a software device`` in it for one such as llvmpipe."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, rates rounded to 0.1 token/s."""
@@ -436,8 +579,23 @@ def _seconds(amounts: Mapping[str, float], calibration: Calibration, prefill: bo
     return total
 
 
-def _missing(cost: ModelCost, calibration: Calibration) -> list[str]:
-    return sorted(t for t in cost.types if t not in calibration.types)
+def _summed(parts: Sequence[Mapping[str, int]]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for part in parts:
+        for name, amount in part.items():
+            total[name] = total.get(name, 0) + amount
+    return total
+
+
+def _on_device(amounts: Mapping[str, float], device: DeviceRates | None, prefill: bool) -> float:
+    if device is None:
+        return 0.0
+    rates = {name: device.rate(name) for name in amounts}
+    return sum(
+        amount / (rates[name].prefill if prefill else rates[name].decode)
+        for name, amount in amounts.items()
+        if amount
+    )
 
 
 def predict(
@@ -452,64 +610,88 @@ def predict(
     greedy: bool = False,
     correction: tuple[float, float] = (0.0, 0.0),
 ) -> Prediction:
-    """Predicted decode and prefill rates of one stream on the CPU (see the module docstring).
+    """Predicted decode and prefill rates of one stream (see the module docstring).
 
+    ``gpu_layers`` is the plan's ``n_gpu_layers`` (the last layers go to the first GPU the
+    probe measured; more than the model's layers puts the output head there too);
     ``context`` is the KV the full-context decode figure reads; ``prompt`` the prompt tokens
     the prefill figure is for; ``greedy`` prices the greedy sampler instead of Ollama's
     default options; ``correction`` adds seconds to each decode step and each prompt token
     (what served models taught, :class:`~.speedbook.SpeedBook`), never taking off more than
     three quarters of either.
     """
+    offloaded = min(max(gpu_layers, 0), cost.n_layer)
+    device: DeviceRates | None = None
     if gpu_layers > 0:
-        return Prediction(
-            None, None, None, context, "layers on a GPU: the speed probe measures the CPU only"
-        )
-    missing = _missing(cost, calibration)
+        if not calibration.devices:
+            why = "layers on a GPU: the speed probe measured no GPU (`localllm doctor` measures)"
+            return Prediction(None, None, None, context, why)
+        device = next(iter(calibration.devices.values()))
+    head_on_device = device is not None and gpu_layers > cost.n_layer
+    split = cost.n_layer - offloaded  # llama.cpp offloads the last layers
+    cpu_head = {} if head_on_device else cost.output_bytes
+    cpu_weights = _summed([*cost.layer_bytes[:split], cpu_head])
+    missing = sorted(
+        t for t, amount in cpu_weights.items() if amount and t not in calibration.types
+    )
     if missing:
         return Prediction(None, None, None, context, f"no figures for {', '.join(missing)}")
-    weights: dict[str, float] = {}
-    for layer in cost.layer_bytes:
-        for name, amount in layer.items():
-            weights[name] = weights.get(name, 0) + amount
-    for name, amount in cost.output_bytes.items():
-        weights[name] = weights.get(name, 0) + amount
+    device_weights = _summed(
+        [*cost.layer_bytes[split:], cost.output_bytes if head_on_device else {}]
+    )
     kv_type = _KV_RATE_TYPE.get(kv_cache_type, "F16")
     # The KV cache is read through the attention's kernels at its element type's rate (the
     # memory's own pace where the probe has none for it).
     kv_rate = calibration.types.get(kv_type) or calibration.types.get("F16")
-    read = _seconds(weights, calibration, prefill=False) or 0.0
-    rows = sum(cost.layer_rows) + cost.vocab
+    read = (_seconds(cpu_weights, calibration, prefill=False) or 0.0) + _on_device(
+        device_weights, device, prefill=False
+    )
+    rows = sum(cost.layer_rows[:split]) + (0 if head_on_device else cost.vocab)
     sampler = cost.vocab * (calibration.greedy_token if greedy else calibration.sample_token)
+    device_step = device.decode_fixed + offloaded * device.decode_layer if device else 0.0
     step = (
         calibration.decode_fixed
-        + cost.n_layer * calibration.decode_layer
+        + split * calibration.decode_layer
+        + device_step
         + read
         + rows * calibration.row
         + calibration.runner_step
         + sampler
     )
-    kv_bytes = sum(cost.kv_per_cell) * context
-    step_full = step + kv_bytes / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
+    cpu_kv = sum(cost.kv_per_cell[:split]) * context
+    device_kv = sum(cost.kv_per_cell[split:]) * context
+    step_full = (
+        step
+        + cpu_kv / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
+        + _on_device({kv_type: device_kv}, device, prefill=False)
+    )
 
     prompt = max(prompt, 1)
-    work: dict[str, float] = {}
-    for layer in cost.layer_params:
-        for name, amount in layer.items():
-            work[name] = work.get(name, 0) + 2 * prompt * amount
-    for name, amount in cost.output_params.items():
-        work[name] = work.get(name, 0) + 2 * amount  # the last token's logits only
-    compute = _seconds(work, calibration, prefill=True) or 0.0
+    head_work = {name: 2 * amount for name, amount in cost.output_params.items()}
+    cpu_work = _summed(cost.layer_params[:split])
+    device_work = _summed(cost.layer_params[split:])
+    for work in (cpu_work, device_work):
+        for name in work:
+            work[name] *= 2 * prompt
+    for name, amount in head_work.items():  # the last token's logits only
+        target = device_work if head_on_device else cpu_work
+        target[name] = target.get(name, 0) + amount
+    compute = (_seconds(cpu_work, calibration, prefill=True) or 0.0) + _on_device(
+        device_work, device, prefill=True
+    )
     chunks = math.ceil(prompt / max(n_batch, 1))
     stand_in = calibration.types.get("F16") or next(iter(calibration.types.values()))
     attention_rate = calibration.attention or stand_in.prefill
 
     # Each token attends to the positions before it: prompt²/2 pairs in all, two products
     # (scores and values) of attention_width each, per layer.
-    attention = 2 * 2 * cost.attention_width * cost.n_layer * prompt**2 / 2
+    attention = 2 * 2 * cost.attention_width * prompt**2 / 2
+    device_batch = device.batch_fixed + offloaded * device.batch_layer if device else 0.0
     batch_seconds = (
-        chunks * (calibration.batch_fixed + cost.n_layer * calibration.batch_layer)
+        chunks * (calibration.batch_fixed + split * calibration.batch_layer + device_batch)
         + compute
-        + attention / attention_rate
+        + split * attention / attention_rate
+        + _on_device({"F16": offloaded * attention}, device, prefill=True)
         + calibration.runner_step
         + sampler  # the first token is sampled before the prompt's rate is known
     )
@@ -521,6 +703,7 @@ def predict(
         prefill=1 / corrected(per_token, token_extra),
         context=context,
         correction=correction,
+        device=device.label() if device is not None else "",
     )
 
 

@@ -108,3 +108,21 @@ def test_a_gpu_fault_ends_its_request_named_and_a_second_one_moves_the_model_to_
         assert "100% CPU" in table and "tiny:latest on the CPU: the GPU failed" in table
         log = (cli.settings.log_dir / "daemon.log").read_text(errors="replace")
         assert "runs on the CPU until the daemon restarts" in log
+
+
+def test_the_speed_probe_measures_the_device_and_show_predicts_on_it(
+    tmp_path: Path, modelfile: Path, gpu_device: dict[str, Any]
+) -> None:
+    with _home(tmp_path, modelfile, XDG_CACHE_HOME=str(tmp_path / "cache")) as cli:
+        doctor = cli.run("doctor", timeout=TIMEOUT)
+        assert doctor.returncode == 0, doctor.stderr
+        device = str(gpu_device["name"])
+        software = "a software device" if gpu_device.get("software") else ""
+        said = re.search(rf"on {device} \(.*\): a decode step [\d.]+ ms", doctor.stdout)
+        assert said and software in said.group(0), doctor.stdout
+        assert re.search(r"Q8_0 +decode +[\d.]+ GB/s, prefill +\d+ GFLOP/s", doctor.stdout)
+        # show prices the layers the plan puts on the device at the device's figures
+        shown = cli.ok("show", "tiny")
+        assert re.search(r"decode\s+predicted \d+ tokens/s", shown), shown
+        assert f"predicted on {device}" in re.sub(r"\s+", " ", shown), shown
+        assert software in shown

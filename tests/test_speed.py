@@ -4,6 +4,7 @@ from served requests."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,14 @@ from speed_support import make_calibration
 
 from localllm.daemon.memlayout import layout_from_gguf
 from localllm.daemon.runner import speedprobe
-from localllm.daemon.speed import PREFILL_TOKENS, Calibration, TypeRate, model_cost, predict
+from localllm.daemon.speed import (
+    PREFILL_TOKENS,
+    Calibration,
+    DeviceRates,
+    TypeRate,
+    model_cost,
+    predict,
+)
 from localllm.daemon.speedbook import MIN_DECODED, SpeedBook
 from localllm.gguf_info import GGUFInfo, TensorInfo, inspect_gguf
 from localllm.settings import Settings
@@ -104,9 +112,121 @@ def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) 
     missing = predict(cost, make_calibration(Q4_1=TypeRate(5e9, 40e9)), context=2048)
     assert missing.decode is None and "no figures for F32, Q8_0" in missing.why
     offloaded = predict(cost, figures, context=2048, gpu_layers=31)
-    assert offloaded.decode is None and "GPU" in offloaded.why
+    assert offloaded.decode is None and "measured no GPU" in offloaded.why
     assert guess.to_dict()["decode"] == round(guess.decode, 1)
     assert PREFILL_TOKENS == 512
+
+
+def _device(software: bool = False) -> DeviceRates:
+    return DeviceRates(
+        name="Vulkan0",
+        description="llvmpipe (LLVM 15.0.6, 256 bits)" if software else "a GPU",
+        software=software,
+        decode_fixed=2e-3,
+        decode_layer=50e-6,
+        batch_fixed=3e-3,
+        batch_layer=80e-6,
+        types={"Q8_0": TypeRate(400e9, 20e12), "Q4_K": TypeRate(300e9, 15e12)},
+    )
+
+
+def test_layers_on_a_gpu_are_priced_at_its_own_figures(smollm2_gguf: Path) -> None:
+    info = inspect_gguf(smollm2_gguf)
+    cost = model_cost([info], layout_from_gguf([info]).kv_per_cell)
+    cpu = {"Q4_1": TypeRate(5e9, 40e9), "Q8_0": TypeRate(10e9, 60e9), "F32": TypeRate(20e9, 8e10)}
+    figures = make_calibration(**cpu)
+    figures.devices = {"Vulkan0": _device()}
+    alone = predict(cost, figures, context=2048)
+    # every layer and the head on the device: the CPU keeps its step's fixed cost only
+    full = predict(cost, figures, context=2048, gpu_layers=cost.n_layer + 1)
+    device = figures.devices["Vulkan0"]
+    weights: dict[str, int] = {}
+    for part in (*cost.layer_bytes, cost.output_bytes):
+        for name, amount in part.items():
+            weights[name] = weights.get(name, 0) + amount
+    on_device = sum(amount / device.rate(name).decode for name, amount in weights.items())
+    step = 0.5e-3 + 2e-3 + 30 * 50e-6 + on_device
+    assert full.decode == pytest.approx(1 / step)
+    assert full.device == "Vulkan0 (a GPU)"
+    # Q4_1 and F32 were not timed on the device: the nearest type in bits stands in
+    assert (
+        device.rate("Q4_1") == device.types["Q4_K"] and device.rate("F32") == device.types["Q8_0"]
+    )
+    # N of M layers: the last N on the device, the rest and the head on the CPU
+    half = predict(cost, figures, context=2048, gpu_layers=10)
+    cpu_part = predict(
+        dataclasses.replace(
+            cost,
+            n_layer=20,
+            layer_bytes=cost.layer_bytes[:20],
+            layer_rows=cost.layer_rows[:20],
+            layer_params=cost.layer_params[:20],
+            kv_per_cell=cost.kv_per_cell[:20],
+        ),
+        make_calibration(**cpu),
+        context=2048,
+    )
+    device_part = (
+        2e-3
+        + 10 * 50e-6
+        + sum(
+            amount / device.rate(name).decode
+            for layer in cost.layer_bytes[20:]
+            for name, amount in layer.items()
+        )
+    )
+    assert half.decode == pytest.approx(1 / (1 / cpu_part.decode + device_part))  # type: ignore[operator]
+    assert alone.decode < half.decode < full.decode  # type: ignore[operator]
+    assert full.prefill > alone.prefill  # type: ignore[operator]
+    # a software device is named as such beside its figures
+    figures.devices = {"Vulkan0": _device(software=True)}
+    said = predict(cost, figures, context=2048, gpu_layers=99).device
+    assert said == "Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits), a software device)"
+    # the figures survive the cache file
+    again = Calibration.from_dict(json.loads(json.dumps(figures.to_dict())))
+    assert again.devices == figures.devices
+
+
+def test_a_devices_rates_come_back_from_its_timings() -> None:
+    device = _device()
+    batch, tiny_bytes, tiny_params = 128, 174080, 163840
+
+    def tiny(layers: int) -> tuple[float, float]:
+        return (
+            device.decode_fixed + layers * device.decode_layer,
+            device.batch_fixed + layers * device.batch_layer,
+        )
+
+    types = {}
+    for name, rate in device.types.items():
+        layers, layer_bytes, params = 8, 13_647_872, 12_845_056
+        types[name] = {
+            "layers": layers,
+            "layer_bytes": layer_bytes,
+            "layer_params": params,
+            "decode_s": device.decode_fixed
+            + layers * (device.decode_layer + layer_bytes / rate.decode),
+            "batch_s": device.batch_fixed
+            + layers * (device.batch_layer + 2 * batch * params / rate.prefill),
+        }
+    report = {
+        "description": "a GPU",
+        "software": False,
+        "tiny": {
+            "layers": [2, 26],
+            "layer_bytes": tiny_bytes,
+            "layer_params": tiny_params,
+            "decode_s": [tiny(2)[0], tiny(26)[0]],
+            "batch_s": [tiny(2)[1], tiny(26)[1]],
+        },
+        "types": types,
+    }
+    back = DeviceRates.from_probe("Vulkan0", report, batch)
+    assert back.decode_fixed == pytest.approx(device.decode_fixed)
+    assert back.decode_layer == pytest.approx(device.decode_layer)
+    for name, rate in device.types.items():
+        assert back.types[name].decode == pytest.approx(rate.decode)
+        assert back.types[name].prefill == pytest.approx(rate.prefill)
 
 
 def test_rates_come_back_from_the_probes_timings() -> None:

@@ -13,9 +13,12 @@ The measurement is a list of parts, each adding its timings to the report:
   without, and the runner's samplers on its logits;
 * the memory bandwidth numpy reads, and what other programs used meanwhile.
 
-A GPU device's measurement would be one more part (its layers' rates by type and its fixed
-costs, under ``report["devices"][name]``), run when llama.cpp lists the device, and read by
-``Calibration.from_probe`` into per-device figures.
+* :func:`gpu_device` — when llama.cpp lists a GPU, the tiny models and a few weight types'
+  models again with every layer on the first one (``report["devices"][name]``, read into
+  :class:`~localllm.daemon.speed.DeviceRates`); a software device (llvmpipe) is flagged.
+
+The CPU parts keep every operation on the CPU (no layers offloaded, and no large batch sent to
+a GPU for its multiplications, which llama.cpp does by default when one exists).
 
 The weights are real ggml blocks: a few rows quantized by ggml itself
 (``ggml_quantize_chunk``), repeated to fill each matrix (the values do not change the speed).
@@ -35,7 +38,7 @@ from typing import Any
 
 from .speedprobe import BASE_TYPES
 
-__all__ = ["fixed_costs", "main", "output_head", "weight_types"]
+__all__ = ["fixed_costs", "gpu_device", "main", "output_head", "weight_types"]
 
 # The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks), as
 # many layers as make ~48 MB (beyond a 32 MB last-level cache) up to 6.
@@ -58,6 +61,14 @@ _HEAD_EMBD, _HEAD_VOCAB, _HEAD_TYPE = 512, 131072, "Q8_0"
 _HEAD_STEPS = 8
 # The runner's own work per step: the engine on the 2-layer tiny model for this many tokens.
 _ENGINE_TOKENS = 48
+# A GPU's part: the weight types timed on it (others are priced at the nearest in bits), and
+# the turns of its tiny models (a GPU is not shared with busy programs as a CPU is).
+_GPU_TYPES = ("Q8_0", "Q4_K")
+_GPU_TURNS = 1
+_GPU_DECODE_STEPS = 4
+# A GPU reads 48 MB in microseconds: its models are larger (up to 256 MB, 32 layers), but a
+# software device reads ~100 MB/s, so its are one or two layers.
+_GPU_TARGET_BYTES, _GPU_MAX_LAYERS, _SOFTWARE_TARGET_BYTES = 256 << 20, 32, 16 << 20
 
 
 def _ggml() -> Any:
@@ -173,7 +184,7 @@ def _write_model(
 class _Runner:
     """Loads a probe model and times its batch and its decode steps."""
 
-    def __init__(self, threads: int, repack: bool) -> None:
+    def __init__(self, threads: int, repack: bool, gpu: bool = False) -> None:
         import ctypes
 
         import llama_cpp
@@ -181,9 +192,29 @@ class _Runner:
         self.llama = llama_cpp
         self.threads = threads
         self.repack = repack
+        self.gpu = gpu
+        """Every layer on the first GPU (else everything, batches included, on the CPU)."""
+        self.decode_steps = _GPU_DECODE_STEPS if gpu else _DECODE_STEPS
         self._quiet = llama_cpp.llama_log_callback(lambda *_: None)
         llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
+
+    def _load(self, path: Path) -> Any:
+        llama = self.llama
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 999 if self.gpu else 0
+        params.use_extra_bufts = self.repack
+        params.use_mmap = False  # weights in memory before the clock starts, no page faults
+        model = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path.name}")
+        return model
+
+    def _context_params(self) -> Any:
+        params = self.llama.llama_context_default_params()
+        # On the CPU, batches stay on the CPU too (a GPU build sends large ones to the GPU).
+        params.op_offload = params.offload_kqv = self.gpu
+        return params
 
     def time(self, path: Path, late: int = 0) -> dict[str, float]:
         """Seconds of the best decode step (``decode_s``) and of the best batch of
@@ -192,15 +223,11 @@ class _Runner:
         from .synthetic import fill_batch
 
         llama = self.llama
-        params = llama.llama_model_default_params()
-        params.n_gpu_layers = 0
-        params.use_extra_bufts = self.repack
-        params.use_mmap = False  # weights in memory before the clock starts, no page faults
-        model = llama.llama_model_load_from_file(str(path).encode(), params)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {path.name}")
-        ctx_params = llama.llama_context_default_params()
-        ctx_params.n_ctx = max(1 + _BATCH * _BATCHES + _DECODE_STEPS, late + _BATCH)
+        model = self._load(path)
+        ctx_params = self._context_params()
+        # (a GPU's first batch builds its pipelines: it runs one batch before the clock)
+        warm = _BATCH if self.gpu else 0
+        ctx_params.n_ctx = max(1 + warm + _BATCH * _BATCHES + self.decode_steps, late + _BATCH)
         ctx_params.n_batch = ctx_params.n_ubatch = _BATCH
         ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
         ctx = llama.llama_init_from_model(model, ctx_params)
@@ -219,12 +246,15 @@ class _Runner:
         try:
             decode(0, 1)  # the first step sets up the graph and touches every weight
             position = 1
+            if warm:
+                decode(position, warm)
+                position += warm
             batches = []
             for _ in range(_BATCHES):
                 batches.append(decode(position, _BATCH))
                 position += _BATCH
             steps = []
-            for _ in range(_DECODE_STEPS):
+            for _ in range(self.decode_steps):
                 steps.append(decode(position, 1))
                 position += 1
             timings = {"decode_s": min(steps), "batch_s": min(batches)}
@@ -250,14 +280,8 @@ class _Runner:
         from .synthetic import fill_batch
 
         llama = self.llama
-        params = llama.llama_model_default_params()
-        params.n_gpu_layers = 0
-        params.use_extra_bufts = self.repack
-        params.use_mmap = False
-        model = llama.llama_model_load_from_file(str(path).encode(), params)
-        if not model:
-            raise RuntimeError(f"llama.cpp could not load {path.name}")
-        ctx_params = llama.llama_context_default_params()
+        model = self._load(path)
+        ctx_params = self._context_params()
         ctx_params.n_ctx = 4 * _HEAD_STEPS + 8
         ctx_params.n_batch = ctx_params.n_ubatch = 8
         ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
@@ -376,25 +400,26 @@ def _others_since(first: Any) -> float:
     return max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / (last.at - first.at))
 
 
-def fixed_costs(runner: _Runner, workdir: Path) -> dict[str, Any]:
-    """The tiny models' best decode steps and batches (``tiny``), and the runner's own work
-    per step (``runner_step_s``)."""
+def fixed_costs(runner: _Runner, workdir: Path, turns: int = _TINY_TURNS) -> dict[str, Any]:
+    """The tiny models' best decode steps and batches (``tiny``), and on the CPU the runner's
+    own work per step (``runner_step_s``)."""
     paths = []
     for layers in _TINY_LAYERS:
         paths.append(workdir / f"tiny-{layers}.gguf")
         _write_model(paths[-1], "Q8_0", _TINY_EMBD, _TINY_FFN, _TINY_HEADS, layers)
     # The two tiny models in turns, best of each: a busy moment hits one turn, not all.
     tiny = [{"decode_s": float("inf"), "batch_s": float("inf")} for _ in paths]
-    for _ in range(_TINY_TURNS):
+    for _ in range(turns):
         for best, path in zip(tiny, paths, strict=True):
             for key, value in runner.time(path).items():
                 best[key] = min(best[key], value)
-    # The runner's own work per step, on the smaller tiny model.
-    runner_step = _runner_step(paths[0], runner.threads, runner.repack)
+    report: dict[str, Any] = {}
+    if not runner.gpu:  # the runner's own work per step, on the smaller tiny model
+        report["runner_step_s"] = _runner_step(paths[0], runner.threads, runner.repack)
     for path in paths:
         path.unlink()
     return {
-        "runner_step_s": runner_step,
+        **report,
         "tiny": {
             "layers": list(_TINY_LAYERS),
             "layer_bytes": _Weights("Q8_0").layer_bytes(_TINY_EMBD, _TINY_FFN),
@@ -406,7 +431,13 @@ def fixed_costs(runner: _Runner, workdir: Path) -> dict[str, Any]:
     }
 
 
-def weight_types(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+def weight_types(
+    runner: _Runner,
+    workdir: Path,
+    types: Sequence[str],
+    target_bytes: int = _TARGET_BYTES,
+    max_layers: int = _MAX_LAYERS,
+) -> dict[str, Any]:
     """Each weight type's model: its best decode step and batch (``types``); one of them also
     a batch late in its context (``attention``)."""
     report: dict[str, Any] = {}
@@ -414,11 +445,12 @@ def weight_types(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[s
     for type_name in types:
         weights = _Weights(type_name)
         layer_bytes = weights.layer_bytes(_EMBD, _FFN)
-        layers = max(1, min(_MAX_LAYERS, round(_TARGET_BYTES / layer_bytes)))
+        layers = max(1, min(max_layers, round(target_bytes / layer_bytes)))
         path = workdir / f"{type_name}.gguf"
         _write_model(path, type_name, _EMBD, _FFN, _HEADS, layers)
         # One type's model also times a batch late in its context: the attention's pace.
-        timings = runner.time(path, late=_LATE if type_name == _ATTENTION_TYPE else 0)
+        late = _LATE if type_name == _ATTENTION_TYPE and not runner.gpu else 0
+        timings = runner.time(path, late=late)
         path.unlink()
         if "late_batch_s" in timings:
             report["attention"] = {
@@ -458,6 +490,28 @@ def output_head(runner: _Runner, workdir: Path) -> dict[str, Any]:
     return {"head": head}
 
 
+def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
+    """The first GPU llama.cpp lists, with every layer on it: the tiny models' steps and a few
+    weight types' (``devices``: its name, description and whether it is a software device);
+    nothing when there is none."""
+    from .gpuinfo import is_software
+    from .measure import llama_devices
+
+    devices = llama_devices()
+    if not devices:
+        return {}
+    device = devices[0]
+    runner = _Runner(threads, repack=False, gpu=True)
+    part: dict[str, Any] = {
+        "description": device.description,
+        "software": is_software(device.description),
+    }
+    part.update(fixed_costs(runner, workdir, turns=_GPU_TURNS))
+    target = _SOFTWARE_TARGET_BYTES if part["software"] else _GPU_TARGET_BYTES
+    part["types"] = weight_types(runner, workdir, _GPU_TYPES, target, _GPU_MAX_LAYERS)["types"]
+    return {"devices": {device.name: part}}
+
+
 def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
     from .governor import allowed_cpus, read_cpu
 
@@ -467,7 +521,7 @@ def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> d
     report.update(fixed_costs(runner, workdir))
     report.update(weight_types(runner, workdir, types))
     report.update(output_head(runner, workdir))
-    # (A GPU device's part would go here: see the module docstring.)
+    report.update(gpu_device(threads, workdir))
     report["bandwidth"] = _bandwidth(threads)
     # What else ran meanwhile: figures measured beside a busy program are not this machine's.
     report["others"] = round(_others_since(began), 3)

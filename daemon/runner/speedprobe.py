@@ -13,7 +13,9 @@ repacking as decided for this machine (:mod:`.cpu`), in a child process
   weights) and the runner's own work per step;
 * **the output head and the sampler**: a 131,072-token head with logits and without, and the
   runner's samplers on its logits;
-* **attention**: a batch late in a context; **memory bandwidth**, for reference.
+* **attention**: a batch late in a context; **memory bandwidth**, for reference;
+* **a GPU**, when llama.cpp lists one: the fixed costs and two weight types with every layer
+  on it (a software device such as llvmpipe is measured too, and flagged).
 
 The result (:class:`~localllm.daemon.speed.Calibration`) is cached in the user's cache dir per
 llama.cpp build, CPU, thread count and ``OMP_WAIT_POLICY``; ``localllm doctor`` measures it
@@ -47,6 +49,7 @@ from localllm.settings import Settings
 
 from ..speed import Calibration
 from .cpu import decide, decision_key, default_threads
+from .gpuinfo import HIDDEN_GPUS
 
 __all__ = [
     "BASE_TYPES",
@@ -59,12 +62,12 @@ __all__ = [
 
 log = logging.getLogger("localllm.speedprobe")
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 """Bumped when the probe's models or workload change, so older figures are measured again."""
 BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1")
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
 K-quant mixes, the legacy 4- and 8-bit types, unquantized). Others are probed on demand."""
-_TIMEOUT_S = 120.0
+_TIMEOUT_S = 300.0
 _POLL_S = 0.1
 """How often a probe that may be interrupted looks whether it must give way."""
 
@@ -91,12 +94,14 @@ def probe_key(threads: int) -> str:
     """What the figures are cached under: the CPU probe's key (llama.cpp build, CPU, threads),
     how OpenMP's threads wait (spinning or sleeping changes every step's cost) and this
     probe's version."""
-    return _probe_key(threads, os.environ.get("OMP_WAIT_POLICY", "").lower() or "default")
+    gpus = ",".join(f"{name}={os.environ.get(name)}" for name in sorted(HIDDEN_GPUS))
+    return _probe_key(threads, os.environ.get("OMP_WAIT_POLICY", "").lower() or "default", gpus)
 
 
 @functools.lru_cache(maxsize=8)
-def _probe_key(threads: int, wait: str) -> str:
-    text = f"{decision_key(threads)}|omp={wait}|speed={PROBE_VERSION}"
+def _probe_key(threads: int, wait: str, gpus: str) -> str:
+    # The GPUs a build may use (the visible-device variables) decide the devices' part.
+    text = f"{decision_key(threads)}|omp={wait}|gpus={gpus}|speed={PROBE_VERSION}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

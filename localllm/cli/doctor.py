@@ -193,6 +193,16 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
             f"  {name:6} decode {rate.decode / 1e9:5.1f} GB/s ({share:.0%} of memory), "
             f"prefill {rate.prefill / 1e9:4.0f} GFLOP/s"
         )
+    for device in figures.devices.values():
+        lines.append(
+            f"  on {device.label()}: a decode step {device.decode_fixed * 1e3:.2f} ms + "
+            f"{device.decode_layer * 1e6:.0f} us a layer"
+        )
+        for name, rate in device.types.items():
+            lines.append(
+                f"    {name:6} decode {rate.decode / 1e9:5.1f} GB/s, "
+                f"prefill {rate.prefill / 1e9:4.0f} GFLOP/s"
+            )
     return lines
 
 

@@ -323,6 +323,8 @@ def speed_rows(speed: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         rows.append((kind, ", ".join(parts)))
     if why:
         rows.append(("speed", f"not predicted: {why}"))
+    elif device := ((speed or {}).get("predicted") or {}).get("device"):
+        rows.append(("predicted on", str(device)))  # says so for a software device
     return rows
 
 

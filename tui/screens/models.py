@@ -91,7 +91,9 @@ def speed_markdown(speed: dict[str, Any]) -> str:
         parts.append(f"{kind} {' / '.join(said)} tok/s")
     if not parts and not why:
         return ""
-    return "**Speed here** " + " · ".join(parts) + (f" ({why})" if why else "")
+    device = (speed.get("predicted") or {}).get("device")
+    where = f" on {device}" if device and not why else ""
+    return "**Speed here** " + " · ".join(parts) + where + (f" ({why})" if why else "")
 
 
 class ModelsScreen(MainScreen):
