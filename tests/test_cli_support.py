@@ -62,6 +62,8 @@ class CliHome:
             "HF_ENDPOINT": closed_port_url(),
             # no MCP servers but a test's own: never the ones this machine's user configured
             "LOCALLLM_MCP_CONFIG": str(home / "mcp.json"),
+            # no speed probe at the daemon's quiet moments beside the suite, unless asked
+            "LOCALLLM_SPEED_PROBE": "off",
             **env,
         }
         self.settings = Settings.from_env(self.env)

@@ -155,6 +155,7 @@ class _Model:
     def __init__(self, name: str) -> None:
         self.name = parse_name(name)
         self.parameters: dict[str, Any] = {}
+        self.adapters: list[Any] = []  # no LoRA adapters
 
 
 def _answer(tiny_gguf: Path, tmp_path: Path, probe: list[str]) -> _Runners:

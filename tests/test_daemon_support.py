@@ -98,6 +98,9 @@ def start_daemon(
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
     env["LOCALLLM_HOME"] = str(home)
     env.setdefault("LOCALLLM_HOST", f"127.0.0.1:{free_port()}")
+    # No speed probe at a quiet moment (a child measuring the CPU beside the suite), unless
+    # a test asks for it (speed_probe="on").
+    env["LOCALLLM_SPEED_PROBE"] = "off"
     for key, value in settings.items():
         env[f"LOCALLLM_{key.upper()}"] = str(value)
     process = subprocess.Popen(

@@ -6,6 +6,7 @@ speculative drafts verified under the request's own adapters."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,19 @@ from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.runner import GenerationRequest, GenerationResult, RunnerConfig, RunnerError
-from localllm.daemon.runner.protocol import AdapterFile, AdapterUse
+from localllm.daemon.runner.adapterset import NO_ADAPTERS, AdapterSet
+from localllm.daemon.runner.engine import Engine
+from localllm.daemon.runner.jobs import GenerationJob
+from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.runner.protocol import (
+    AdapterFile,
+    AdapterUse,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    TokenEvent,
+)
+from localllm.daemon.runner.speculative import BatchCost
 
 
 def digest(path: Path) -> str:
@@ -194,17 +207,57 @@ def _first_runner(runner: RunnerHarness, a: AdapterUse, b: AdapterUse) -> tuple[
 
 
 def test_speculative_drafts_are_verified_with_the_requests_adapters(
-    endless: Path, adapters: list[AdapterFile], tmp_path: Path
+    endless: Path, adapters: list[AdapterFile]
 ) -> None:
-    harness = tiny_runner(endless, tmp_path / "spec", tmp_path / "kv", num_draft=8)
-    copy = "abcdefgh ijklmnop " * 12
+    # In process, so that drafting is told it always pays (on a busy or slow machine the
+    # runner's own cost curve may judge that it never does, and no draft would be tested).
+    model = LlamaModel(
+        RunnerConfig(
+            model_path=str(endless),
+            n_slots=1,
+            n_ctx_per_slot=512,
+            n_threads=1,
+            flash_attention="off",
+        )
+    )
+    prompt = model.tokenize("abcdefgh ijklmnop " * 12, add_special=True)
+    adapted = AdapterSet.of([AdapterUse(adapters[0].digest)])
+
+    def generate(num_draft: int, aset: AdapterSet) -> tuple[str, GenerationResult]:
+        for seq in range(model.n_slots + (model.scratch_seq is not None)):
+            model.seq_remove(seq, 0)  # each run from an empty cache
+        engine = Engine(model, num_draft=num_draft)
+        engine.adapters.load(adapters)
+        if num_draft:
+            engine.speculation.fixed_cost = BatchCost({1: 1.0, 64: 1.0})
+        text: list[str] = []
+        done: list[GenerationResult] = []
+        finished = threading.Event()
+
+        def emit(event: Event) -> None:
+            if isinstance(event, TokenEvent):
+                text.append(event.text)
+            elif isinstance(event, DoneEvent | ErrorEvent):
+                done.extend([event.result] if isinstance(event, DoneEvent) else [])
+                finished.set()
+
+        options = greedy(num_predict=48, repeat_penalty=1.0)
+        engine.start()
+        try:
+            job = GenerationJob("lora-draft", prompt, options, None, emit, adapters=aset)
+            engine.submit(job)
+            assert finished.wait(120) and done, "the generation did not finish"
+        finally:  # the thread only: Engine.stop would close the model the runs share
+            engine._put("stop", None)
+            engine._thread.join(30)
+        return "".join(text), done[0]
+
     try:
-        harness.run(harness.client.load_adapters(adapters))
-        use = AdapterUse(adapters[0].digest)
-        plain, _ = harness.generate(ask(copy, use, num_predict=48, num_draft=0))
-        drafted, result = harness.generate(ask(copy, use, num_predict=48))
-        base, _ = harness.generate(ask(copy, num_predict=48, num_draft=0))
+        # the base first: a new engine takes its context to run without adapters
+        base, _ = generate(0, NO_ADAPTERS)
+        plain, _ = generate(0, adapted)
+        drafted, result = generate(8, adapted)
     finally:
-        harness.close()
+        model.close()
     assert result.timings.draft_tokens > 0
     assert drafted == plain != base

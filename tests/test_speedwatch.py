@@ -145,7 +145,7 @@ def test_show_predicts_on_a_fresh_machine_without_doctor(tmp_path: Path) -> None
     quiet moment, and ``show`` predicts (waiting for the probe while it runs). On a shared
     machine the quiet moment may take a while: the test waits for it, bounded."""
     cache = tmp_path / "cache"
-    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(cache)) as cli:
+    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(cache), LOCALLLM_SPEED_PROBE="on") as cli:
         cli.ok("list")  # starts the daemon
         deadline = time.monotonic() + 240
         with cli.client() as client:
@@ -180,7 +180,7 @@ async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
     cache = tmp_path / "cache"
     with pytest.MonkeyPatch.context() as patch, busy_processes(len(allowed_cpus())):
         patch.setenv("XDG_CACHE_HOME", str(cache))
-        with running_daemon(tmp_path / "home", num_threads=1) as daemon:
+        with running_daemon(tmp_path / "home", num_threads=1, speed_probe="on") as daemon:
             app = make_app(daemon, tmp_path / "tui")
             async with app.run_test(size=(100, 30)) as pilot:
                 await wait_for(pilot, lambda: app.connection == "connected", "the connection")
