@@ -78,9 +78,14 @@ _WORDS = [
 ]  # fmt: skip
 
 
+# Each run's prompts lead with a number of their own: the daemon's KV tiers keep prompts on disk
+# across restarts, and a prompt a home saw in an earlier run is restored, not prefilled.
+_RUN = random.SystemRandom().randrange(10**9)
+
+
 def _prompt(seed: int, words: int) -> str:
     rng = random.Random(seed)
-    return f"[{seed}] " + " ".join(rng.choice(_WORDS) for _ in range(words))
+    return f"[{_RUN}-{seed}] " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
 def _cli(env: dict[str, str], *args: str) -> None:
