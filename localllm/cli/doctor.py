@@ -199,10 +199,13 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
             f"{device.decode_layer * 1e6:.0f} us a layer"
         )
         for name, rate in device.types.items():
-            lines.append(
-                f"    {name:6} decode {rate.decode / 1e9:5.1f} GB/s, "
-                f"prefill {rate.prefill / 1e9:4.0f} GFLOP/s"
+            # a software device reads megabytes a second: its figures keep their digits
+            read = (
+                f"{rate.decode / 1e9:5.1f} GB/s"
+                if rate.decode >= 1e9
+                else f"{rate.decode / 1e6:5.1f} MB/s"
             )
+            lines.append(f"    {name:6} decode {read}, prefill {rate.prefill / 1e9:6.2f} GFLOP/s")
     return lines
 
 
