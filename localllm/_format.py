@@ -17,6 +17,7 @@ __all__ = [
     "processor",
     "speed_figures",
     "table",
+    "tokens_per_second",
 ]
 
 REBUILD_FOR_THIS_CPU = (
@@ -68,6 +69,11 @@ def speed_figures(
     if predicted.get("decode"):
         return figures, ""
     return figures, str(predicted.get("why") or (speed or {}).get("why") or "")
+
+
+def tokens_per_second(rate: float) -> str:
+    """``48``, ``1,204``; a rate under 10 keeps a decimal (``0.6``: a software device's)."""
+    return f"{rate:,.0f}" if rate >= 10 else f"{rate:.1f}"
 
 
 def human_size(size: float) -> str:

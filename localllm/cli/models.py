@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._format import human_since, human_size, speed_figures, table
+from .._format import human_since, human_size, speed_figures, table, tokens_per_second
 from .common import (
     UsageError,
     connect,
@@ -317,7 +317,7 @@ def speed_rows(speed: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     requests = ((speed or {}).get("measured") or {}).get("requests", 0)
     rows = []
     for kind, predicted, measured in figures:
-        parts = [f"predicted {predicted:.0f} tokens/s"] if predicted else []
+        parts = [f"predicted {tokens_per_second(predicted)} tokens/s"] if predicted else []
         if measured:
             parts.append(f"measured {measured:.0f} ({requests} requests)")
         rows.append((kind, ", ".join(parts)))

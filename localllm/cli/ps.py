@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import APIError, DaemonUnavailableError
-from .._format import human_size, human_until, processor, table
+from .._format import human_size, human_until, processor, table, tokens_per_second
 from .commands import EXIT_OK
 from .common import UsageError, connect, load_settings, parse_time, print_json
 
@@ -136,7 +136,9 @@ def ps_row(entry: Mapping[str, Any]) -> list[str]:
         f"{busy}/{total}" if total else "",
         _threads(entry),
         f"{rate:.1f}" if isinstance(rate, int | float) and rate > 0 else "-",
-        f"{predicted:.0f}" if isinstance(predicted, int | float) and predicted > 0 else "-",
+        tokens_per_second(predicted)
+        if isinstance(predicted, int | float) and predicted > 0
+        else "-",
         _until(entry.get("expires_at"), bool(entry.get("pinned"))),
     ]
 

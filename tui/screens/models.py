@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Markdown
 from textual.worker import Worker
 
 from localllm._exceptions import APIError, DaemonError, LocalLLMError
-from localllm._format import human_size, speed_figures
+from localllm._format import human_size, speed_figures, tokens_per_second
 from localllm.client import ModelSummary, ShowResponse
 from localllm.store.ollama_import import ImportReport, OllamaModel
 from localllm.store.quantize import QUANT_TYPES
@@ -85,7 +85,7 @@ def speed_markdown(speed: dict[str, Any]) -> str:
     figures, why = speed_figures(speed)
     parts = []
     for kind, predicted, measured in figures:
-        said = [f"predicted **{predicted:,.0f}**"] if predicted else []
+        said = [f"predicted **{tokens_per_second(predicted)}**"] if predicted else []
         if measured:
             said.append(f"measured **{measured:,.0f}**")
         parts.append(f"{kind} {' / '.join(said)} tok/s")
