@@ -490,6 +490,20 @@ _CAUSES = (
 _TAIL_BYTES = 64 << 10
 
 
+def _device_fault_line(path: Path, since: int) -> str | None:
+    """The engine's last ``the GPU ...: the runner exits`` line after byte ``since``."""
+    try:
+        with open(path, "rb") as log_file:
+            log_file.seek(max(since, log_file.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            lines = log_file.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if (start := line.find("the GPU ")) >= 0 and line.endswith(": the runner exits"):
+            return line[start : -len(": the runner exits")][:300]
+    return None
+
+
 def _cause_line(path: Path, since: int, *, newest: bool = False) -> str:
     """One line saying why a runner died, from what it logged after ``since``: the first
     matching line of a load, or (``newest``) the last one near the end of a long log."""
@@ -696,8 +710,12 @@ class RunnerProcess:
         if code == EXIT_DEVICE_FAULT:
             cause = _cause_line(self.log_path, self._log_start, newest=True)
             return cause or "the GPU failed a decode"
-        if code is not None and code < 0:
-            return gpu_cause(self.log_path, self._log_start)
+        if code is not None and code < 0 and (cause := gpu_cause(self.log_path, self._log_start)):
+            return cause
+        if code is not None:
+            # Stopped by the daemon while it was already exiting of a GPU fault: its engine
+            # said so (``the GPU ...: the runner exits``) before the signal came.
+            return _device_fault_line(self.log_path, self._log_start)
         return None
 
     async def _connect(self) -> RunnerClient:
@@ -867,7 +885,13 @@ class ProcessRunner:
         return self.process.process.poll() if self.process.process else None
 
     def gpu_failure(self) -> str | None:
-        """See :meth:`RunnerProcess.gpu_failure`."""
+        """See :meth:`RunnerProcess.gpu_failure`. A runner that closed its connection is
+        exiting: its end is waited for (briefly), so that a GPU fault is not missed because
+        the daemon looked a moment before the process was gone."""
+        child = self.process.process
+        if not self.client.alive and child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
         return self.process.gpu_failure()
 
     async def open_generation(
