@@ -72,8 +72,8 @@ def speed_figures(
 
 
 def tokens_per_second(rate: float) -> str:
-    """``48``, ``1,204``; a rate under 10 keeps a decimal (``0.6``: a software device's)."""
-    return f"{rate:,.0f}" if rate >= 10 else f"{rate:.1f}"
+    """``48``, ``1204``; a rate under 10 keeps a decimal (``0.6``: a software device's)."""
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.1f}"
 
 
 def human_size(size: float) -> str:
