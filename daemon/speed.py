@@ -84,6 +84,19 @@ class TypeRate:
     """Floating-point operations per second of a batch (two per weight per token)."""
 
 
+def _step_costs(tiny: Mapping[str, Any]) -> tuple[float, float, float, float]:
+    """A decode step's and a batch's fixed seconds and seconds per layer (its weights
+    included), from the probe's two tiny models of different layer counts."""
+    layers_a, layers_b = tiny["layers"]
+    step_a, step_b = tiny["decode_s"]
+    batch_a, batch_b = tiny["batch_s"]
+    per_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
+    per_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
+    fixed = max(step_a - layers_a * per_layer, 0.0)
+    batch_fixed = max(batch_a - layers_a * per_batch_layer, 0.0)
+    return fixed, per_layer, batch_fixed, per_batch_layer
+
+
 @dataclass(frozen=True)
 class DeviceRates:
     """How fast one GPU device runs layers offloaded to it, measured by the speed probe."""
@@ -109,14 +122,7 @@ class DeviceRates:
     def from_probe(cls, name: str, report: Mapping[str, Any], batch: int) -> DeviceRates:
         """Rates from the probe's timings on the device (``report["devices"][name]``): the
         tiny models' two layer counts give the fixed costs, each type's model its rates."""
-        tiny = report["tiny"]
-        layers_a, layers_b = tiny["layers"]
-        step_a, step_b = tiny["decode_s"]
-        batch_a, batch_b = tiny["batch_s"]
-        per_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
-        per_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
-        fixed = max(step_a - layers_a * per_layer, 0.0)
-        batch_fixed = max(batch_a - layers_a * per_batch_layer, 0.0)
+        fixed, per_layer, batch_fixed, per_batch_layer = _step_costs(report["tiny"])
         rates = {}
         for kind, entry in report["types"].items():
             layers = int(entry["layers"])
@@ -238,16 +244,10 @@ class Calibration:
         time beyond the fixed costs, divided into the bytes it read or the work it did."""
         bandwidth = float(report["bandwidth"])
         tiny = report["tiny"]
-        layers_a, layers_b = tiny["layers"]
-        step_a, step_b = tiny["decode_s"]
-        batch_a, batch_b = tiny["batch_s"]
         batch = int(report["batch"])
         raw = report["types"]
-        raw_layer = max((step_b - step_a) / (layers_b - layers_a), 0.0)
-        raw_batch_layer = max((batch_b - batch_a) / (layers_b - layers_a), 0.0)
         # A tiny model's step is its fixed cost and, per layer, the overhead and its weights.
-        fixed = max(step_a - layers_a * raw_layer, 0.0)
-        batch_fixed = max(batch_a - layers_a * raw_batch_layer, 0.0)
+        fixed, raw_layer, batch_fixed, raw_batch_layer = _step_costs(tiny)
         per_layer, per_batch_layer = raw_layer, raw_batch_layer
         head = report.get("head")
         head_s = max(float(head["logits_s"]) - float(head["plain_s"]), 0.0) if head else 0.0
