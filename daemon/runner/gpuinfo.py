@@ -13,9 +13,12 @@ llama.cpp.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
+import subprocess
+import sys
 from typing import Any
 
 __all__ = [
@@ -55,10 +58,24 @@ def gpu_build_command() -> str:
 def _vulkan_devices_at(index: int, timeout: float) -> list[dict[str, Any]] | None:
     """The Vulkan devices llama.cpp lists with only ``index`` visible; None when there is no
     such index (llama.cpp then fails to start its Vulkan backend) or the child fails."""
-    from .cpu import system_report  # its child process: llama.cpp's own report
-
-    report = system_report(timeout, env=dict(os.environ, GGML_VK_VISIBLE_DEVICES=str(index)))
-    if "error" in report:
+    environment = dict(os.environ, GGML_VK_VISIBLE_DEVICES=str(index))
+    command = [sys.executable, "-P", "-m", "localllm.daemon.runner.cpu", "info"]
+    try:
+        done = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+            env=environment,
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        report = json.loads(done.stdout.decode(errors="replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
         return None
     return [d for d in report.get("devices", []) if str(d.get("name", "")).startswith("Vulkan")]
 
