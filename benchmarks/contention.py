@@ -66,7 +66,7 @@ from typing import Any
 import httpx
 from _daemon import free_port, start_daemon, stop, wait_http
 
-from localllm.daemon.runner.cpu import default_threads
+from localllm.daemon.devices.cpu import default_threads
 from localllm.starter import starter_gguf_path
 
 STARTER = "smollm2:135m"

@@ -49,6 +49,7 @@ from pathlib import Path
 import llama_cpp
 from _daemon import model_parser, model_path, runner_process
 
+from localllm.daemon.engine.model import default_threads, route_llama_log
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
@@ -57,7 +58,6 @@ from localllm.daemon.runner import (
     TokenChunk,
     cpu,
 )
-from localllm.daemon.runner.model import default_threads, route_llama_log
 
 _WORD_TEXT = (
     "sky blue light river stone garden window music paper table winter summer mountain "

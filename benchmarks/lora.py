@@ -61,8 +61,8 @@ from _daemon import daemon_env, start_daemon, stop, wait_http
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from lora_support import write_lora_gguf
 
-from localllm.daemon.runner.adapters import TURN_STEPS
-from localllm.daemon.runner.cpu import default_threads
+from localllm.daemon.devices.cpu import default_threads
+from localllm.daemon.lora.adapters import TURN_STEPS
 from localllm.starter import starter_gguf_path
 
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -165,8 +165,7 @@ def raw_loops(adapters: list[Path], threads: int, repeat: int, steps: int = 24) 
 
     import llama_cpp as ll
 
-    from localllm.daemon.runner import cpu
-
+    from localllm.daemon.devices import cpu
     quiet = ll.llama_log_callback(lambda level, text, data: None)
     ll.llama_log_set(quiet, ctypes.c_void_p(0))  # its debug lines would be most of the time
     ll.llama_backend_init()

@@ -1,4 +1,5 @@
-"""Predicted against measured speed: the speed model (daemon/speed.py) on models of several shapes
+"""Predicted against measured speed: the speed model (daemon/speed/model.py) on models of several
+shapes
 and weight types, none of which any of its figures was fitted to, as ratios.
 
     python benchmarks/predict.py [--rounds 3] [--tokens 96] [--models NAME ...] [--home DIR]
@@ -154,8 +155,8 @@ def _measure(
 
 def _cost(settings: Any, name: str) -> Any:
     """What a token costs the model ``name`` of the home (a ``ModelCost``)."""
-    from localllm.daemon.memlayout import layout_from_gguf
-    from localllm.daemon.speed import model_cost
+    from localllm.daemon.memory.layout import layout_from_gguf
+    from localllm.daemon.speed.model import model_cost
     from localllm.gguf_info import inspect_gguf
     from localllm.store.models import load_model
     from localllm.store.store import Store
@@ -181,7 +182,7 @@ _COSTS = (
 def _best_of(probes: list[Any]) -> Any:
     """One calibration from several probes: each rate the highest measured, each cost the
     lowest (a busy moment only ever makes a figure worse)."""
-    from localllm.daemon.speed import Calibration, TypeRate
+    from localllm.daemon.speed.model import Calibration, TypeRate
 
     data = probes[0].to_dict()
     for name in data:
@@ -224,9 +225,9 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown models: {', '.join(unknown)}")
 
-    from localllm.daemon.runner.speedprobe import calibrate
-    from localllm.daemon.speed import corrected as speed_corrected
-    from localllm.daemon.speed import predict
+    from localllm.daemon.speed.model import corrected as speed_corrected
+    from localllm.daemon.speed.model import predict
+    from localllm.daemon.speed.probe import calibrate
     from localllm.settings import Settings
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

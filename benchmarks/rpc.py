@@ -34,6 +34,7 @@ from pathlib import Path
 from _daemon import free_port, model_parser, model_path, runner_process
 from engine import timed_decode, words  # benchmarks/ is the script's folder, on sys.path
 
+from localllm.daemon.devices.workers import probe
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
@@ -41,7 +42,6 @@ from localllm.daemon.runner import (
     SamplingOptions,
     TokenChunk,
 )
-from localllm.daemon.runner.workers import probe
 
 
 @contextlib.contextmanager

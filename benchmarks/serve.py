@@ -345,8 +345,7 @@ def _raw_loop(args: argparse.Namespace, model: Path, streams: int) -> tuple[Any,
     vocab and a greedy sampler for the raw loops; the caller frees them."""
     import llama_cpp as llama
 
-    from localllm.daemon.runner import cpu
-
+    from localllm.daemon.devices import cpu
     _quiet_llama()
     llama.llama_backend_init()
     handle = llama.llama_model_load_from_file(str(model).encode(), cpu.model_params())

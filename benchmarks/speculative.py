@@ -49,6 +49,7 @@ import httpx
 import llama_cpp
 from _daemon import daemon_env, model_parser, model_path, runner_process, start_daemon, stop
 
+from localllm.daemon.engine.model import default_threads, route_llama_log
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerClient,
@@ -56,8 +57,7 @@ from localllm.daemon.runner import (
     SamplingOptions,
     cpu,
 )
-from localllm.daemon.runner.model import default_threads, route_llama_log
-from localllm.daemon.runner.speculative import BatchCost, NgramDrafter
+from localllm.daemon.speculation.policy import BatchCost, NgramDrafter
 from localllm.settings import Settings
 from localllm.starter import STARTER_NAME as STARTER
 from localllm.starter import starter_gguf_path

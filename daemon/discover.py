@@ -10,8 +10,9 @@ type (``Q8_0`` for Q8_0, ``Q5_K`` for Q5_K_M...); :attr:`QuantReport.shapes` say
 header can be read (a server without ranges, an unreadable file), the Hub's metadata stands in:
 the parameter count and context length, all weights in one block, no KV cache counted.
 
-Each quantization is planned by :func:`~.memplan.plan` with the GGUF estimate
-(:func:`~.memlayout.estimate`) on this machine's devices as a load would see them (free RAM
+Each quantization is planned by :func:`~localllm.daemon.memory.plan.plan` with the GGUF estimate
+(:func:`~localllm.daemon.memory.layout.estimate`) on this machine's devices as a load would see
+them (free RAM
 less what loaded models may still grow into; llama.cpp's GPUs, listed by a child process), at
 the settings' slots and context. :func:`fit_verdict` words the outcome as LM Studio's model
 browser does: all layers on the GPU, N of M layers on the GPU, CPU only, or does not fit.
@@ -45,14 +46,14 @@ from localllm.sources.hub import (
     read_header,
 )
 
-from .memlayout import ModelLayout, estimate, layout_from_gguf
-from .memplan import HOST, Device, DoesNotFit, MemoryPlan, PlanRequest, plan, refusal
-from .speed import Calibration, ModelCost, Prediction, model_cost, predict
+from .memory.layout import ModelLayout, estimate, layout_from_gguf
+from .memory.plan import HOST, Device, DoesNotFit, MemoryPlan, PlanRequest, plan, refusal
+from .speed.model import Calibration, ModelCost, Prediction, model_cost, predict
 
 if TYPE_CHECKING:
     from .scheduler import LoadedModel, Scheduler
-    from .speedbook import SpeedBook
-    from .speedwatch import SpeedWatch
+    from .speed.book import SpeedBook
+    from .speed.watch import SpeedWatch
 
 log = logging.getLogger("localllm.discover")
 
@@ -92,7 +93,8 @@ def main_type(label: str | None) -> str | None:
 
 
 def host_device(memory_free: int, total: int) -> Device:
-    """The host's RAM as a device (what :func:`~.runner.measure.host_device` gives a runner)."""
+    """The host's RAM as a device (what :func:`~localllm.daemon.memory.measure.host_device` gives a
+    runner)."""
     return Device(HOST, "cpu", max(memory_free, 0), total, "host RAM")
 
 
@@ -461,7 +463,7 @@ class DeviceCache:
         self._listed = 0.0
 
     def _list_gpus(self) -> list[Device]:
-        from .runner.cpu import system_report
+        from .devices.llamareport import system_report
 
         report = system_report()
         kinds = [d for d in report.get("devices", []) if d.get("type") in ("gpu", "igpu")]
@@ -479,7 +481,7 @@ class DeviceCache:
 
     def __call__(self) -> list[Device]:
         """The host (free RAM less what loaded models may grow into), then the GPUs."""
-        from .sysmem import host_memory
+        from .memory.system import host_memory
 
         now = time.monotonic()
         if now - self._listed > self._ttl:
@@ -498,14 +500,14 @@ class DeviceCache:
 
 def probe_threads(settings: Settings) -> int:
     """The thread count runners use at most, which the speed probe measures with."""
-    from .runner.cpu import default_threads
+    from .devices.cpu import default_threads
 
     return settings.num_threads or default_threads()
 
 
 def cached_calibration(settings: Settings) -> Calibration | None:
     """The probe's figures for the runners' thread count, if measured (never probes)."""
-    from .runner.speedprobe import cached_calibration as cached
+    from .speed.probe import cached_calibration as cached
 
     return cached(settings, probe_threads(settings))
 
@@ -513,9 +515,9 @@ def cached_calibration(settings: Settings) -> Calibration | None:
 def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook, SpeedWatch]:
     """The daemon's discovery, speed book (the scheduler telling it of every finished
     request) and the watch that measures this machine's speed at its first quiet moment."""
-    from .runner.speedprobe import calibrate, probe_key
-    from .speedbook import SpeedBook
-    from .speedwatch import SpeedWatch
+    from .speed.book import SpeedBook
+    from .speed.probe import calibrate, probe_key
+    from .speed.watch import SpeedWatch
 
     threads = probe_threads(settings)
     book = SpeedBook(settings.cache_dir / "speed-observed", lambda: probe_key(threads))

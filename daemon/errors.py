@@ -80,7 +80,7 @@ class QueueFullError(HTTPProblem):
 
 class InsufficientMemoryError(HTTPProblem):
     """A model cannot be loaded in the memory that is free: 507, naming what is needed, what
-    is free and what to change (:func:`~.memplan.refusal`)."""
+    is free and what to change (:func:`~localllm.daemon.memory.plan.refusal`)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(507, message, code="insufficient_memory")

@@ -26,6 +26,7 @@ from localllm.store.models import LocalModel, load_model
 from localllm.store.names import parse_name
 
 from .errors import ClientGone, HTTPProblem, problem_from
+from .lora.sharing import adapter_uses
 from .options import runner_config
 from .runner.client import GenerationStream, RunnerDiedError, RunnerError, TokenChunk
 from .runner.protocol import (
@@ -35,7 +36,6 @@ from .runner.protocol import (
     RunnerConfig,
 )
 from .runner.protocol import GenerationResult as Result
-from .runnershare import adapter_uses
 from .scheduler import Lease
 from .state import DaemonState
 

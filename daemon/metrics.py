@@ -239,8 +239,8 @@ class Metrics:
         self.engine_decodes.labels(name).set(stats.engine_decodes)
 
     def _memory(self, loaded: list[LoadedModel]) -> None:
-        from .memplan import HOST
-        from .sysmem import host_memory, process_memory
+        from .memory.plan import HOST
+        from .memory.system import host_memory, process_memory
 
         host = host_memory()
         self.device_memory.labels(HOST, "free").set(host.available)

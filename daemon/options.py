@@ -6,7 +6,8 @@ them. Ten options change how the model is *loaded* (``num_ctx``, ``num_parallel`
 ``draft_model``, ``rpc_workers``: :data:`LOAD_OPTIONS`); a request whose load options differ
 from the loaded runner's reloads it. ``rpc_workers`` (``host:port,...``; empty for none)
 overrides ``LOCALLLM_RPC_WORKERS``. ``num_ctx`` and ``num_gpu`` not given (nor
-``LOCALLLM_CONTEXT_LENGTH``) are left to the memory plan (:mod:`.memplan`); a ``num_ctx`` above
+``LOCALLLM_CONTEXT_LENGTH``) are left to the memory plan (:mod:`localllm.daemon.memory.plan`); a
+``num_ctx`` above
 the trained length is honoured, and the plan warns about it. ``keep_alive`` is a model parameter
 only (a Modelfile's ``PARAMETER keep_alive``, the model's default): a request gives its own at
 the top level.
@@ -28,7 +29,8 @@ reason at any other. A ``null`` value means "not given".
 per-request ``lora`` does: ``[{"id": 0, "scale": 0.5}]``, ``id`` the adapter's place in the
 model's list (``show``; a ``digest`` prefix of 12 or more hex digits names it too); adapters
 not listed are off for the request, so ``[]`` runs the base model alone. Requests of different
-adapter sets are served by one runner, taking turns step by step (:mod:`.runner.adapters`).
+adapter sets are served by one runner, taking turns step by step
+(:mod:`localllm.daemon.lora.adapters`).
 """
 
 from __future__ import annotations

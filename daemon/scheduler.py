@@ -4,7 +4,7 @@
   same model share one load (a per-model lock). A model made of the same GGUF blob as a
   loaded one, wanting the same load options, joins that model's runner instead: the base is
   loaded once and counted once, each model running with its own LoRA adapters
-  (:mod:`.runnershare`).
+  (:mod:`localllm.daemon.lora.sharing`).
 * Each loaded model takes one request per runner slot, and one more per slot that waits in
   the runner's own queue, prompt already prepared: a slot that frees is refilled at the
   runner's next step, not after a round trip through the daemon (a burst of 32 requests on 8
@@ -20,11 +20,13 @@
 * A runner that died is noticed on the next request and started again; the requests it was
   serving fail with their own error (the runner client raises ``RunnerDiedError``). When RPC
   workers took it down, that load may go on without them (``RunnerConfig.rpc_lost``).
-* Every load follows the CPU probe's decision (:mod:`.runner.cpu`, once per thread count, in a
+* Every load follows the CPU probe's decision (:mod:`localllm.daemon.devices.cpu`, once per thread
+  count, in a
   thread): weight repacking on or off, or a one-line refusal when llama.cpp cannot run on this
   CPU at all. A runner with repacking on that dies by a native fault the probe missed (SIGILL,
   SIGSEGV) turns repacking off for later loads, and a load that died so is tried once without.
-* Memory (:mod:`.memplan`): runners plan their load against free memory before allocating
+* Memory (:mod:`localllm.daemon.memory.plan`): runners plan their load against free memory before
+  allocating
   anything, one load at a time, each told what the loaded models may still grow into (their
   plan less what they hold now). A load that does not fit unloads idle models, least
   recently used first, and tries again; while models that would make room are busy, it
@@ -59,12 +61,14 @@ from localllm._exceptions import SettingsError
 from localllm.settings import Settings, parse_duration
 from localllm.store.models import LocalModel
 
-from .cpubudget import CpuBudget
+from .devices import cpu
+from .devices.cpubudget import CpuBudget
+from .devices.gpuhealth import GpuHealth
+from .devices.procfs import allowed_cpus
 from .errors import InsufficientMemoryError, QueueFullError
-from .gpuhealth import GpuHealth
 from .history import RequestHistory
-from .memplan import HOST, MemoryPlan, NoFitReport, refusal
-from .runner import cpu
+from .lora.sharing import RunnerShare, runner_for, runner_queue, working_runners
+from .memory.plan import HOST, MemoryPlan, NoFitReport, refusal
 from .runner.client import (
     DoesNotFitError,
     GenerationStream,
@@ -72,7 +76,6 @@ from .runner.client import (
     RunnerStartError,
     plan_only,
 )
-from .runner.governor import allowed_cpus
 from .runner.protocol import (
     EmbeddingRequest,
     EmbeddingResult,
@@ -82,7 +85,6 @@ from .runner.protocol import (
     Stats,
     ThreadStats,
 )
-from .runnershare import RunnerShare, runner_for, runner_queue, working_runners
 
 __all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
 
@@ -285,7 +287,8 @@ class LoadedModel:
 
     def memory_size(self) -> tuple[int, int]:
         """(bytes in all, bytes in GPU memory), as ``/api/ps`` reports them: what the load
-        allocated (llama.cpp's own figures, :mod:`.runner.allocations`) with the plan's share
+        allocated (llama.cpp's own figures, :mod:`localllm.daemon.devices.allocations`) with the
+        plan's share
         for what is loaded beside the model (projector, draft); without those figures the
         memory plan's, or for a runner without one an estimate from the GGUF (all on the GPU
         when every layer is offloaded, else in proportion). A model on another model's runner
@@ -536,7 +539,8 @@ class Scheduler:
         self._after_idle(loaded)
 
     def _share_cores(self) -> None:
-        """Tell the working runners their share of the cores (see :mod:`.cpubudget`)."""
+        """Tell the working runners their share of the cores (see
+        :mod:`localllm.daemon.devices.cpubudget`)."""
         self.cpu_budget.working(working_runners(self._models.values()))
 
     def _after_idle(self, loaded: LoadedModel) -> None:
@@ -813,7 +817,7 @@ class Scheduler:
     def reservations(self, key: str) -> tuple[dict[str, int], int]:
         """What loaded models may still grow into (their plan less what they hold), and their
         mapped weights, which MemAvailable counts as free cache."""
-        from .sysmem import process_memory
+        from .memory.system import process_memory
 
         growth, mapped = 0, 0
         for other in self._models.values():
@@ -901,7 +905,8 @@ class Scheduler:
             self._lost_workers[loaded.key] = list(lost)
 
     def _note_gpu_failure(self, loaded: LoadedModel) -> None:
-        """Count it when the GPU is why ``loaded``'s runner ended (:mod:`.gpuhealth`)."""
+        """Count it when the GPU is why ``loaded``'s runner ended
+        (:mod:`localllm.daemon.devices.gpuhealth`)."""
         failure = getattr(loaded.runner, "gpu_failure", None)
         if failure is not None and not loaded.runner.alive():
             self.gpu_health.failed(loaded.key, failure(), runner=loaded.pid)

@@ -203,7 +203,8 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
 
 
 async def _measure_speed(state: DaemonState) -> None:
-    """This machine's speed at the first quiet moment (see :mod:`.speedwatch`), once the CPU
+    """This machine's speed at the first quiet moment (see :mod:`localllm.daemon.speed.watch`),
+    once the CPU
     probe's decision (which the speed probe follows) is known."""
     try:
         await state.scheduler.cpu_paths()

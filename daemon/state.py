@@ -16,8 +16,8 @@ from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from .discover import Discovery
-    from .speedbook import SpeedBook
-    from .speedwatch import SpeedWatch
+    from .speed.book import SpeedBook
+    from .speed.watch import SpeedWatch
 
 __all__ = ["DaemonState", "StateDep", "get_state"]
 
@@ -39,9 +39,10 @@ class DaemonState:
     discovery: Discovery = field(init=False)
     """Hub repositories planned and predicted on this machine (:mod:`.api.discover`)."""
     speedbook: SpeedBook = field(init=False)
-    """Speeds the runners measured while serving (:mod:`.speedbook`)."""
+    """Speeds the runners measured while serving (:mod:`localllm.daemon.speed.book`)."""
     speedwatch: SpeedWatch = field(init=False)
-    """Measures this machine's speed at the first quiet moment (:mod:`.speedwatch`)."""
+    """Measures this machine's speed at the first quiet moment
+    (:mod:`localllm.daemon.speed.watch`)."""
 
     def __post_init__(self) -> None:
         from .discover import wire

@@ -40,7 +40,7 @@ _MAX_SOCKET_PATH = 100
 
 
 TEST_FAULTS = ("device-lost", "decode-failed", "out-of-memory")
-"""The GPU faults ``LOCALLLM_TEST_FAULT`` can stand in for (see localllm.daemon.runner.faults)."""
+"""The GPU faults ``LOCALLLM_TEST_FAULT`` can stand in for (see localllm.daemon.devices.faults)."""
 
 
 def _setting(env: str, default: Any, description: str) -> Any:

@@ -113,8 +113,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def gpu_device(request: pytest.FixtureRequest) -> dict[str, object]:
     """The first GPU device llama.cpp sees (as ``localllm doctor`` reports it)."""
-    from localllm.daemon.runner.cpu import system_report
-    from localllm.daemon.runner.gpuinfo import gpu_build_command
+    from localllm.daemon.devices.gpuinfo import gpu_build_command
+    from localllm.daemon.devices.llamareport import system_report
 
     report = system_report()
     devices = [d for d in report.get("devices", []) if d.get("type") in ("gpu", "igpu")]

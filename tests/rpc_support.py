@@ -13,8 +13,8 @@ import llama_cpp
 import pytest
 from test_daemon_support import free_port
 
-from localllm.daemon.runner.rpc import REBUILD_HINT
-from localllm.daemon.runner.workers import probe
+from localllm.daemon.devices.rpc import REBUILD_HINT
+from localllm.daemon.devices.workers import probe
 
 __all__ = ["NEEDS_RPC", "Worker"]
 

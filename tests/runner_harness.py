@@ -21,7 +21,7 @@ from localllm.daemon.runner import (
 )
 
 if TYPE_CHECKING:
-    from localllm.daemon.runner.model import LlamaModel
+    from localllm.daemon.engine.model import LlamaModel
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ __all__ = ["RunnerHarness", "greedy", "load_failure", "loaded_model"]
 def loaded_model(path: Path, **config: Any) -> Iterator[LlamaModel]:
     """The model at ``path`` loaded in this process (``config``: :class:`RunnerConfig`'s
     fields), closed when the block ends."""
-    from localllm.daemon.runner.model import LlamaModel
+    from localllm.daemon.engine.model import LlamaModel
 
     model = LlamaModel(RunnerConfig(model_path=str(path), **config))
     try:

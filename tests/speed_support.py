@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localllm.daemon.speed import Calibration, TypeRate
+from localllm.daemon.speed.model import Calibration, TypeRate
 
 __all__ = ["make_calibration", "seed_calibration"]
 
@@ -29,7 +29,7 @@ def make_calibration(key: str = "test", threads: int = 2, **rates: TypeRate) -> 
 def seed_calibration(cache: Path, threads: int) -> Calibration:
     """Fixed figures (every base type at 10 GB/s and 50 GFLOP/s) where a daemon with
     ``threads`` threads and ``XDG_CACHE_HOME=cache`` looks for this machine's: no probe runs."""
-    from localllm.daemon.runner.speedprobe import BASE_TYPES, probe_key
+    from localllm.daemon.speed.probe import BASE_TYPES, probe_key
 
     rates = {t: TypeRate(decode=10e9, prefill=50e9) for t in BASE_TYPES}
     figures = make_calibration(probe_key(threads), threads, **rates)

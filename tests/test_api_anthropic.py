@@ -24,8 +24,8 @@ from test_daemon_support import Daemon
 
 from localllm.client import Client
 from localllm.daemon.api.errorshapes import anthropic_error
+from localllm.daemon.engine.text import TextStream
 from localllm.daemon.errors import HTTPProblem
-from localllm.daemon.runner.text import TextStream
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ import pytest
 from test_daemon_support import Daemon, running_daemon
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner import cpu
+from localllm.daemon.devices import cpu
 
 pytestmark = pytest.mark.slow
 

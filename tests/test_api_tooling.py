@@ -21,9 +21,9 @@ from localllm.daemon.api.tooling import (
     split_output,
     supports_tools,
 )
+from localllm.daemon.engine.reasoning import grammar_after
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.runner.protocol import GenerationRequest
-from localllm.daemon.runner.reasoning import grammar_after
 from localllm.daemon.toolcalls import thinking_style
 from localllm.store.models import create_model, load_model
 from localllm.store.store import Store

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_cli_support import cli_home
 
-from localllm.daemon.runner import cpu
+from localllm.daemon.devices import cpu
 
 pytestmark = pytest.mark.slow
 

@@ -275,7 +275,7 @@ def test_ps_marks_pinned_models() -> None:
 
 
 def test_show_prints_the_memory_plan_or_why_it_does_not_fit() -> None:
-    from localllm.daemon.memplan import Device, DeviceUse, MemoryPlan
+    from localllm.daemon.memory.plan import Device, DeviceUse, MemoryPlan
 
     mib = 1 << 20
     plan = MemoryPlan(

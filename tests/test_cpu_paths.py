@@ -20,7 +20,7 @@ import pytest
 from runner_harness import greedy
 
 from localllm._format import REBUILD_FOR_THIS_CPU
-from localllm.daemon.runner import cpu
+from localllm.daemon.devices import cpu
 from localllm.daemon.runner.client import ProcessRunner, RunnerProcess, RunnerStartError
 from localllm.daemon.runner.protocol import GenerationRequest, GenerationResult, RunnerConfig
 from localllm.daemon.scheduler import Scheduler
@@ -29,7 +29,7 @@ from localllm.store.names import parse_name
 
 DEADLINE_S = 120.0
 
-# Stands in for `python -m localllm.daemon.runner.cpu probe`: dies by SIGILL in the modes named by
+# Stands in for `python -m localllm.daemon.devices.cpu probe`: dies by SIGILL in the modes named by
 # its first argument, else answers as the real probe does.
 _FAKE_PROBE = """
 import json, os, signal, sys

@@ -21,9 +21,9 @@ from localllm.daemon.discover import (
     main_type,
     pick_quant,
 )
-from localllm.daemon.memlayout import ModelLayout, estimate
-from localllm.daemon.memplan import Device, DoesNotFit, MemoryPlan, PlanRequest, plan
-from localllm.daemon.speed import Calibration, TypeRate
+from localllm.daemon.memory.layout import ModelLayout, estimate
+from localllm.daemon.memory.plan import Device, DoesNotFit, MemoryPlan, PlanRequest, plan
+from localllm.daemon.speed.model import Calibration, TypeRate
 from localllm.settings import Settings
 from localllm.sources.gguf_files import HubFile
 from localllm.sources.hub import QuantFiles

@@ -18,10 +18,10 @@ import pytest
 from runner_harness import RunnerHarness, greedy, loaded_model
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.runner import EmbeddingRequest, GenerationRequest, RunnerConfig, TokenChunk
-from localllm.daemon.runner.engine import Engine
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import DoneEvent, Event, TokenEvent
 
 

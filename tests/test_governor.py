@@ -6,13 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from localllm.daemon.cpubudget import shares
-from localllm.daemon.runner.governor import (
-    CpuReading,
-    Governor,
-    busy_seconds,
-    demand,
-)
+from localllm.daemon.devices.cpubudget import shares
+from localllm.daemon.devices.governor import Governor, demand
+from localllm.daemon.devices.procfs import CpuReading, busy_seconds
 
 SAMPLE_S = 0.25
 

@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_daemon_support import Daemon, busy_processes, running_daemon, wait_for_stats
 
-from localllm.daemon.runner.governor import allowed_cpus
+from localllm.daemon.devices.procfs import allowed_cpus
 
 SMOL = "smollm2:135m"
 # The runner's own count: 2 whatever the machine, so there is a thread to take away.

@@ -26,7 +26,9 @@ from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 from tiny_mmproj import png_bytes, write_tiny_mmproj
 
-from localllm.daemon.memplan import MemoryPlan
+from localllm.daemon.devices.gpuinfo import hidden_vulkan_devices, is_software
+from localllm.daemon.devices.llamareport import system_report
+from localllm.daemon.memory.plan import MemoryPlan
 from localllm.daemon.runner import (
     EmbeddingRequest,
     GenerationRequest,
@@ -35,8 +37,6 @@ from localllm.daemon.runner import (
     TokenChunk,
 )
 from localllm.daemon.runner.client import plan_only
-from localllm.daemon.runner.cpu import system_report
-from localllm.daemon.runner.gpuinfo import hidden_vulkan_devices, is_software
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.usefixtures("gpu_device")]
 
@@ -218,8 +218,8 @@ def test_a_draft_model_on_the_device_drafts_and_keeps_the_greedy_answer(
     from test_speculative import JOBS, Run
     from test_speculative_draft import DraftRun
 
-    from localllm.daemon.runner.draft import DraftModel
-    from localllm.daemon.runner.model import LlamaModel
+    from localllm.daemon.engine.model import LlamaModel
+    from localllm.daemon.speculation.draft_model import DraftModel
 
     config = RunnerConfig(model_path=str(tiny), n_slots=3, n_ctx_per_slot=512, kv_cells=1535)
     model = LlamaModel(config)

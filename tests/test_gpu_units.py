@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from localllm._exceptions import SettingsError
-from localllm.daemon.gpuhealth import FAILURES_BEFORE_CPU, WINDOW_S, GpuHealth
-from localllm.daemon.runner.allocations import allocated
-from localllm.daemon.runner.faults import FaultHook, decode_failure, gpu_cause
-from localllm.daemon.runner.gpuinfo import HIDDEN_GPUS, is_software
+from localllm.daemon.devices.allocations import allocated
+from localllm.daemon.devices.faults import FaultHook, decode_failure, gpu_cause
+from localllm.daemon.devices.gpuhealth import FAILURES_BEFORE_CPU, WINDOW_S, GpuHealth
+from localllm.daemon.devices.gpuinfo import HIDDEN_GPUS, is_software
 from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.settings import Settings
 

@@ -9,8 +9,8 @@ import pytest
 from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.kv.prefixcache import PrefixCache, layout_folder
 from localllm.daemon.runner import GenerationRequest, GenerationResult, RunnerConfig
-from localllm.daemon.runner.kvcache import PrefixCache, layout_folder
 
 # -- the tiers, without llama.cpp ------------------------------------------------------------
 

@@ -16,11 +16,11 @@ from lora_support import write_lora_gguf
 from runner_harness import RunnerHarness, greedy
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.lora.adapterset import NO_ADAPTERS, AdapterSet
 from localllm.daemon.runner import GenerationRequest, GenerationResult, RunnerConfig, RunnerError
-from localllm.daemon.runner.adapterset import NO_ADAPTERS, AdapterSet
-from localllm.daemon.runner.engine import Engine
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import (
     AdapterFile,
     AdapterUse,
@@ -29,7 +29,7 @@ from localllm.daemon.runner.protocol import (
     Event,
     TokenEvent,
 )
-from localllm.daemon.runner.speculative import BatchCost
+from localllm.daemon.speculation.policy import BatchCost
 
 
 def digest(path: Path) -> str:

@@ -14,12 +14,12 @@ from lora_support import write_lora_gguf
 
 from localllm._exceptions import AdapterError, GGUFError, LocalLLMError
 from localllm.cli.ps import adapter_line
-from localllm.daemon.runner.adapters import TURN_SECONDS, TURN_STEPS, StepGroups
-from localllm.daemon.runner.adapterset import AdapterSet
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.kvcache import PrefixCache
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.slots import Slot, SlotState, choose_slot, prefix_source
+from localllm.daemon.kv.prefixcache import PrefixCache
+from localllm.daemon.lora.adapters import TURN_SECONDS, TURN_STEPS, StepGroups
+from localllm.daemon.lora.adapterset import AdapterSet
 from localllm.daemon.runner.protocol import AdapterUse, SamplingOptions
-from localllm.daemon.runner.slots import Slot, SlotState, choose_slot, prefix_source
 from localllm.gguf_info import inspect_gguf
 from localllm.store.adapters import CONVERT_COMMAND, AdapterSource, check_adapter
 from localllm.store.manifest import ANNOTATION_SCALE, MEDIA_ADAPTER, Manifest

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from test_daemon_support import running_daemon
 
-from localllm.daemon.sysmem import memory_cgroup
+from localllm.daemon.memory.system import memory_cgroup
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """The memory plan's decisions with injected devices: fast, no llama.cpp.
 
 A synthetic model (ten 500 MiB layers, 40 KiB of KV per cell) is priced by the GGUF estimate
-(:func:`~localllm.daemon.memplan.estimate`, flash attention on so compute is fixed) against
+(:func:`~localllm.daemon.memory.plan.estimate`, flash attention on so compute is fixed) against
 devices made up for each case: the CPU alone, one GPU that holds it, one that holds half, two
 models competing for one machine, nothing that fits. Every decision is checked against the
 same measure: what the plan chose fits, and the next step up does not.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from localllm.daemon.memlayout import ModelLayout, estimate, place_layers
-from localllm.daemon.memplan import (
+from localllm.daemon.memory.layout import ModelLayout, estimate, place_layers
+from localllm.daemon.memory.plan import (
     AUTO_HEADROOM,
     MIB,
     Device,

@@ -16,13 +16,13 @@ import llama_cpp
 import pytest
 from runner_harness import RunnerHarness
 
-from localllm.daemon.memlayout import layout_from_gguf
-from localllm.daemon.memplan import MIB, DoesNotFit, MemoryPlan, NoFitReport, refusal
+from localllm.daemon.engine.model import route_llama_log
+from localllm.daemon.memory.layout import layout_from_gguf
+from localllm.daemon.memory.measure import llama_devices, plan_load
+from localllm.daemon.memory.plan import MIB, DoesNotFit, MemoryPlan, NoFitReport, refusal
+from localllm.daemon.memory.system import host_memory
 from localllm.daemon.runner import RunnerConfig, RunnerProcess
 from localllm.daemon.runner.client import DoesNotFitError, plan_only
-from localllm.daemon.runner.measure import llama_devices, plan_load
-from localllm.daemon.runner.model import route_llama_log
-from localllm.daemon.sysmem import host_memory
 from localllm.gguf_info import inspect_gguf
 
 pytestmark = pytest.mark.slow
@@ -157,7 +157,7 @@ def test_a_planned_runner_reports_its_plan_and_runs_it(tmp_path: Path, tiny_gguf
 
 
 def test_the_log_tap_sees_what_llama_cpp_logs(tiny_gguf: Path) -> None:
-    from localllm.daemon.runner.model import tap_llama_log
+    from localllm.daemon.engine.model import tap_llama_log
 
     with tap_llama_log() as lines:
         assert _model_size(tiny_gguf) > 0
@@ -166,6 +166,5 @@ def test_the_log_tap_sees_what_llama_cpp_logs(tiny_gguf: Path) -> None:
 
 
 def _log_taps_left() -> bool:
-    from localllm.daemon.runner import model
-
+    from localllm.daemon.engine import model
     return bool(model._log_taps)

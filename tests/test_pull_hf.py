@@ -10,7 +10,7 @@ from fakes.helpers import EventLog, TinyModels
 from fakes.hf_hub import FakeHub
 
 from localllm import AuthRequiredError, RemoteNotFoundError
-from localllm.daemon.runner import cpu
+from localllm.daemon.devices import cpu
 from localllm.settings import Settings
 from localllm.sources import linked_splits, model_paths, pull
 from localllm.store.manifest import MEDIA_MODEL

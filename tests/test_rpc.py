@@ -30,8 +30,8 @@ from test_fault_support import create_from_file, read_stream
 from tiny_gguf import write_tiny_gguf
 
 from localllm.cli.ps import ps_rows
+from localllm.daemon.devices.rpc import doctor_line
 from localllm.daemon.runner import GenerationRequest, RunnerConfig
-from localllm.daemon.runner.rpc import doctor_line
 
 pytestmark = [NEEDS_RPC, pytest.mark.slow]
 

@@ -15,13 +15,13 @@ import pytest
 
 from localllm._exceptions import LocalLLMError, SettingsError
 from localllm.cli.ps import device_line, ps_rows
+from localllm.daemon.devices.backends import Device
+from localllm.daemon.devices.placement import place_layers, split_units
+from localllm.daemon.devices.rpc import exposure_warning
+from localllm.daemon.devices.workers import expected_protocol, probe
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.options import merge_options, runner_config
-from localllm.daemon.runner.backends import Device
-from localllm.daemon.runner.placement import place_layers, split_units
 from localllm.daemon.runner.protocol import RunnerConfig
-from localllm.daemon.runner.rpc import exposure_warning
-from localllm.daemon.runner.workers import expected_protocol, probe
 from localllm.settings import Settings, parse_rpc_workers
 from localllm.store.models import LOAD_OPTIONS, create_model, load_model, parse_parameters
 from localllm.store.store import Store

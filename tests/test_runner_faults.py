@@ -13,6 +13,9 @@ import pytest
 from runner_harness import RunnerHarness, greedy, load_failure
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.runner import (
     EmbeddingRequest,
     GenerationRequest,
@@ -23,9 +26,6 @@ from localllm.daemon.runner import (
     RunnerStartError,
     TokenChunk,
 )
-from localllm.daemon.runner.engine import Engine
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import DoneEvent, ErrorEvent, Event, SamplingOptions
 
 # A template that takes a while to render (millions of sandboxed loop steps) and then renders

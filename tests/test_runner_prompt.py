@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from runner_harness import loaded_model
 
-from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.engine.text import TextStream
 from localllm.daemon.runner.protocol import GenerationRequest, SamplingOptions
 from localllm.daemon.runner.server import PromptError, prepare_prompt
-from localllm.daemon.runner.text import TextStream
 
 
 @pytest.fixture(scope="module")

@@ -16,16 +16,17 @@ from runner_harness import RunnerHarness, greedy, load_failure
 from tiny_gguf import write_tiny_gguf
 from tiny_mmproj import image_tokens, png_bytes, write_tiny_mmproj
 
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.engine.sampling import grammar_for
+from localllm.daemon.engine.vision import VisionProjector
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerConfig,
     RunnerError,
     TokenChunk,
 )
-from localllm.daemon.runner.draft import DraftModel
-from localllm.daemon.runner.engine import Engine
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.model import LlamaModel
 from localllm.daemon.runner.protocol import (
     IMAGE_MARKER,
     DoneEvent,
@@ -33,10 +34,9 @@ from localllm.daemon.runner.protocol import (
     GenerationResult,
     TokenEvent,
 )
-from localllm.daemon.runner.sampling import grammar_for
 from localllm.daemon.runner.server import prepare
-from localllm.daemon.runner.speculative import BatchCost
-from localllm.daemon.runner.vision import VisionProjector
+from localllm.daemon.speculation.draft_model import DraftModel
+from localllm.daemon.speculation.policy import BatchCost
 
 N_IMAGE = image_tokens()
 RED = base64.b64encode(png_bytes((255, 0, 0))).decode()

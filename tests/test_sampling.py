@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from runner_harness import loaded_model
 
+from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.engine.sampling import Sampler, logits_at
 from localllm.daemon.runner import SamplingOptions
-from localllm.daemon.runner.model import LlamaModel
-from localllm.daemon.runner.sampling import Sampler, logits_at
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from localllm.daemon.cpubudget import CpuBudget
+from localllm.daemon.devices.cpubudget import CpuBudget
 from localllm.daemon.errors import QueueFullError
 from localllm.daemon.runner.client import RunnerError, RunnerStartError
 from localllm.daemon.runner.protocol import AdapterFile, AdapterStats, RunnerConfig, Stats
@@ -455,7 +455,7 @@ class MemoryFactory(Factory):
         self.refused: list[str] = []
 
     async def __call__(self, model: Any, config: RunnerConfig) -> Any:
-        from localllm.daemon.memplan import Device, DeviceUse, MemoryPlan, NoFitReport, Trial
+        from localllm.daemon.memory.plan import Device, DeviceUse, MemoryPlan, NoFitReport, Trial
         from localllm.daemon.runner.client import DoesNotFitError
 
         assert config.memory_plan

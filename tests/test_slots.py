@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner.engine import Engine
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.engine.slots import Slot, busy_runs, choose_slot
 from localllm.daemon.runner.protocol import (
     DoneEvent,
     Event,
@@ -19,7 +20,6 @@ from localllm.daemon.runner.protocol import (
     RunnerConfig,
     SamplingOptions,
 )
-from localllm.daemon.runner.slots import Slot, busy_runs, choose_slot
 
 
 def slots_with(

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.runner.engine import Engine
-from localllm.daemon.runner.jobs import GenerationJob
-from localllm.daemon.runner.model import LlamaModel
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.engine.sampling import grammar_for
 from localllm.daemon.runner.protocol import (
     DoneEvent,
     ErrorEvent,
@@ -27,8 +28,7 @@ from localllm.daemon.runner.protocol import (
     TokenEvent,
     TokenLogprob,
 )
-from localllm.daemon.runner.sampling import grammar_for
-from localllm.daemon.runner.speculative import BatchCost, DecodeCosts, DraftPolicy, NgramDrafter
+from localllm.daemon.speculation.policy import BatchCost, DecodeCosts, DraftPolicy, NgramDrafter
 
 # -- drafting and deciding, no llama.cpp ------------------------------------------------------
 

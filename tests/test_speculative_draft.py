@@ -22,16 +22,16 @@ from test_daemon_support import Daemon, running_daemon
 from test_speculative import JOBS, Run, options
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.options import draft_for, drafter_label, runner_config
-from localllm.daemon.runner.draft import (
+from localllm.daemon.runner.protocol import RunnerConfig
+from localllm.daemon.speculation.draft_model import (
     PROBE_SHARE,
     DraftModel,
     DraftModelDrafter,
     DraftVocabularyError,
 )
-from localllm.daemon.runner.model import LlamaModel
-from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.settings import Settings
 from localllm.store.manifest import MEDIA_DRAFT
 from localllm.store.modelfile import ModelfileError, parse_modelfile, read_modelfile

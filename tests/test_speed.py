@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from speed_support import make_calibration
 
-from localllm.daemon.memlayout import layout_from_gguf
-from localllm.daemon.runner import speedprobe
-from localllm.daemon.speed import (
+from localllm.daemon.memory.layout import layout_from_gguf
+from localllm.daemon.speed import probe as speedprobe
+from localllm.daemon.speed.book import MIN_DECODED, SpeedBook
+from localllm.daemon.speed.model import (
     PREFILL_TOKENS,
     Calibration,
     DeviceRates,
@@ -21,7 +22,6 @@ from localllm.daemon.speed import (
     model_cost,
     predict,
 )
-from localllm.daemon.speedbook import MIN_DECODED, SpeedBook
 from localllm.gguf_info import GGUFInfo, TensorInfo, inspect_gguf
 from localllm.settings import Settings
 

@@ -15,10 +15,10 @@ import pytest
 from speed_support import make_calibration, seed_calibration
 from test_cli_support import cli_home
 
-from localllm.daemon.runner import speedprobe
-from localllm.daemon.runner.governor import CpuReading, allowed_cpus
-from localllm.daemon.speed import Calibration, TypeRate
-from localllm.daemon.speedwatch import ProbeState, SpeedWatch
+from localllm.daemon.devices.procfs import CpuReading, allowed_cpus
+from localllm.daemon.speed import probe as speedprobe
+from localllm.daemon.speed.model import Calibration, TypeRate
+from localllm.daemon.speed.watch import ProbeState, SpeedWatch
 from localllm.settings import Settings
 
 

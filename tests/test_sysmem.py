@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from localllm.daemon.sysmem import host_memory, process_memory
+from localllm.daemon.memory.system import host_memory, process_memory
 
 MIB = 1 << 20
 MEMINFO = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n"

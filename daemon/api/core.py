@@ -297,7 +297,7 @@ def _continuation(ask: Ask, template: str | None, kwargs: dict[str, Any]) -> str
     the earlier exchange and is not repeated; a ``system`` in the request is. The prompt
     continues a sequence, so the template's BOS text is left out (``bos_token`` is empty).
     """
-    from ..runner.chat import TemplateRenderError, render_chat
+    from ..prompt.template import TemplateRenderError, render_chat
 
     messages: list[dict[str, Any]] = []
     if ask.system:

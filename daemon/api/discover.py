@@ -30,9 +30,9 @@ from localllm.store.names import ModelName, parse_name
 
 from ..discover import NothingFits, cached_calibration, pick_quant, probe_threads
 from ..errors import HTTPProblem, InsufficientMemoryError
-from ..speed import ModelCost, model_cost, predict
-from ..speedbook import SpeedBook
-from ..speedwatch import SHOW_WAIT_S
+from ..speed.book import SpeedBook
+from ..speed.model import ModelCost, model_cost, predict
+from ..speed.watch import SHOW_WAIT_S
 from ..state import DaemonState, StateDep
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def _local_cost(paths: tuple[str, ...], kv_cache_type: str) -> ModelCost:
     """A stored model's cost per token (blobs never change, so it is read once)."""
     from localllm.gguf_info import inspect_gguf
 
-    from ..memlayout import layout_from_gguf
+    from ..memory.layout import layout_from_gguf
 
     parts = [inspect_gguf(p) for p in paths]
     return model_cost(parts, layout_from_gguf(parts, kv_cache_type).kv_per_cell)
@@ -165,7 +165,8 @@ def local_speed(
     """Predicted and measured speed of a model in the store (``model``: its LocalModel) under
     ``plan`` (a MemoryPlan or None). Uses the probe's cached figures; with ``probe``, measures
     weight types they lack (a second or so each) and, while the machine's figures are being
-    measured (:mod:`..speedwatch`), waits for them up to a few seconds; without it, says the
+    measured (:mod:`localllm.daemon.speed.watch`), waits for them up to a few seconds; without it,
+    says the
     figures are coming (``measuring``: true). Blocking (reads the GGUF header)."""
     answer: dict[str, Any] = {}
     book: SpeedBook = state.speedbook
@@ -195,7 +196,7 @@ def local_speed(
         return answer
     missing = sorted(t for t in cost.types if t not in calibration.types)
     if missing and probe:
-        from ..runner.speedprobe import calibrate
+        from ..speed.probe import calibrate
 
         calibration = calibrate(
             state.settings, threads=probe_threads(state.settings), types=missing

@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..generation import resolve_model
-from ..memplan import MemoryPlan
+from ..memory.plan import MemoryPlan
 from ..options import merge_options, runner_config
 from ..state import StateDep
 

@@ -23,10 +23,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from localllm import __version__
 from localllm.store.models import LocalModel
 
+from ..engine.text import unicode_problem
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, load_only, parse_keep_alive, resolve_model
 from ..options import drafter_label, merge_options, runner_config
-from ..runner.text import unicode_problem
 from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
 from . import models as model_routes

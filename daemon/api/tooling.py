@@ -21,7 +21,7 @@ from typing import Any
 from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
-from ..runner.chat import is_go_template
+from ..prompt.template import is_go_template
 from ..runner.protocol import GenerationRequest, SamplingOptions
 from ..toolcalls.core import Parsed, ToolCall, new_call_id
 from ..toolcalls.detect import detect_family, grammar_syntax, parser_for, template_supports_tools

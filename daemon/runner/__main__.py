@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .faults import EXIT_DEVICE_FAULT
-from .kvcache import PrefixCache, layout_folder
+from ..devices.faults import EXIT_DEVICE_FAULT
+from ..kv.prefixcache import PrefixCache, layout_folder
 from .protocol import RunnerConfig
 from .threads import in_own_thread
 
 if TYPE_CHECKING:
-    from ..memplan import MemoryPlan
-    from .model import LlamaModel
+    from ..engine.model import LlamaModel
+    from ..memory.plan import MemoryPlan
 
 # How often the runner checks that the daemon that started it is still alive.
 _PARENT_CHECK_S = 1.0
@@ -167,8 +167,8 @@ def _report(args: argparse.Namespace, key: str, value: dict[str, Any]) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from .engine import Engine
-    from .model import LlamaModel, ModelLoadError
+    from ..engine.loop import Engine
+    from ..engine.model import LlamaModel, ModelLoadError
     from .server import RunnerServer
 
     config = RunnerConfig(
@@ -206,8 +206,8 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     plan: MemoryPlan | None = None
     if config.memory_plan:
-        from ..memplan import DoesNotFit
-        from .measure import MeasureError, plan_load
+        from ..memory.measure import MeasureError, plan_load
+        from ..memory.plan import DoesNotFit
 
         runner_log = logging.getLogger("localllm.runner")
         try:
@@ -241,7 +241,7 @@ async def _serve(args: argparse.Namespace) -> int:
         return 2
     draft = None
     if config.draft_model:
-        from .draft import DraftModel
+        from ..speculation.draft_model import DraftModel
 
         try:
             draft = await in_own_thread(
@@ -253,7 +253,7 @@ async def _serve(args: argparse.Namespace) -> int:
             return 2
     projector = None
     if config.projector is not None:
-        from .vision import VisionProjector
+        from ..engine.vision import VisionProjector
 
         try:
             projector = await in_own_thread(
@@ -370,11 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     # daemon reports. Only that thread's: walking the others' frames while they run can itself
     # crash the handler (seen: a SIGILL reported as SIGSEGV, its dump cut off mid-frame).
     faulthandler.enable(file=stream, all_threads=False)
-    from .model import route_llama_log
+    from ..engine.model import route_llama_log
 
     route_llama_log(stream, debug=args.debug)
     if args.projector is not None:
-        from .vision import route_mtmd_log
+        from ..engine.vision import route_mtmd_log
 
         route_mtmd_log()
     try:

@@ -27,10 +27,10 @@ from typing import Any
 
 from localllm._format import exit_status
 
+from ..devices.faults import EXIT_DEVICE_FAULT, gpu_cause
+from ..devices.gpuinfo import HIDDEN_GPUS
+from ..devices.workers import probe_all
 from . import protocol
-from .faults import EXIT_DEVICE_FAULT, gpu_cause
-from .gpuinfo import HIDDEN_GPUS
-from .workers import probe_all
 
 __all__ = [
     "DoesNotFitError",
@@ -99,7 +99,7 @@ class DoesNotFitError(RunnerStartError):
     def __init__(self, report: dict[str, Any]) -> None:
         super().__init__("the model does not fit in the memory that is free")
         self.report = report
-        """The plan's :class:`~localllm.daemon.memplan.NoFitReport`, as a dict."""
+        """The plan's :class:`~localllm.daemon.memory.plan.NoFitReport`, as a dict."""
 
 
 @dataclass(frozen=True)

@@ -578,7 +578,7 @@ class RunnerConfig:
     on without those still down when the model fits on the rest. Not part of the config's
     identity, so the next request naming the same workers does not reload again."""
     memory_plan: bool = False
-    """Plan the load against free memory first (:mod:`localllm.daemon.memplan`): choose the
+    """Plan the load against free memory first (:mod:`localllm.daemon.memory.plan`): choose the
     context and GPU layers left open, and refuse before allocating what cannot fit."""
     memory_reserved: dict[str, int] = field(default_factory=dict)
     """Bytes per device that other loaded models may still grow into (not free for this one)."""

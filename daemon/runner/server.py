@@ -17,12 +17,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .adapterset import AdapterLoadError, AdapterSet
-from .chat import TemplateRenderError, render_chat
-from .engine import Engine
-from .governor import allowed_cpus, pin_process
-from .jobs import EmbeddingJob, GenerationJob
-from .model import LlamaModel
+from ..devices.procfs import allowed_cpus, pin_process
+from ..engine.jobs import EmbeddingJob, GenerationJob
+from ..engine.loop import Engine
+from ..engine.model import LlamaModel
+from ..engine.reasoning import ReasoningBudget, grammar_after
+from ..engine.sampling import GrammarError, check_sampling, grammar_for
+from ..engine.scoring import PromptScore
+from ..engine.slots import common_prefix_length
+from ..engine.text import unicode_problem
+from ..engine.vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
+from ..lora.adapterset import AdapterLoadError, AdapterSet
+from ..prompt.template import TemplateRenderError, render_chat
 from .protocol import (
     IMAGE_MARKER,
     AdapterFile,
@@ -57,13 +63,7 @@ from .protocol import (
     decode,
     encode,
 )
-from .reasoning import ReasoningBudget, grammar_after
-from .sampling import GrammarError, check_sampling, grammar_for
-from .scoring import PromptScore
-from .slots import common_prefix_length
-from .text import unicode_problem
 from .threads import in_own_thread
-from .vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
 
 __all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
 
@@ -483,7 +483,8 @@ class RunnerServer:
         self.socket_path = socket_path
         self.default_template = model.config.chat_template or model.chat_template()
         self.memory_plan: dict[str, Any] | None = None
-        """The memory plan the model was loaded by (:class:`~..memplan.MemoryPlan`), if any."""
+        """The memory plan the model was loaded by
+        (:class:`~localllm.daemon.memory.plan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
         # Dispatched requests; close() waits for them, because prompt preparation reads the

@@ -21,7 +21,7 @@ call, is not content (a reply that is only calls has empty content).
 families' equivalents); :class:`HarmonyParser` handles GPT-OSS, whose channels carry both.
 
 :func:`tool_call_grammar` builds a GBNF grammar (strict JSON, see
-:mod:`localllm.daemon.runner.jsongrammar`) that forces a call to one of the given tools in a
+:mod:`localllm.daemon.engine.jsongrammar`) that forces a call to one of the given tools in a
 family's syntax, for ``tool_choice: "required"`` or a named function; :func:`lazy_triggers`
 gives the patterns that start a lazy grammar for ``tool_choice: "auto"``.
 

@@ -1,5 +1,5 @@
 """Grammars for tool calls: :func:`tool_call_grammar` builds a GBNF grammar (strict JSON, see
-:mod:`localllm.daemon.runner.jsongrammar`) that forces a call to one of the given tools in a
+:mod:`localllm.daemon.engine.jsongrammar`) that forces a call to one of the given tools in a
 family's syntax, for ``tool_choice: "required"`` or a named function; :func:`lazy_triggers`
 gives the patterns that start a lazy grammar for ``tool_choice: "auto"``."""
 
@@ -41,7 +41,7 @@ def _rename_root(grammar: str, new_root: str) -> str:
 
 
 def _schema_grammar(schema: dict[str, Any], root: str, order: list[str]) -> str:
-    from ..runner.jsongrammar import schema_gbnf
+    from ..engine.jsongrammar import schema_gbnf
 
     try:
         grammar = schema_gbnf(schema, order)

@@ -63,8 +63,9 @@ def _endpoint(settings: Any, **where: Any) -> dict[str, Any]:
 
 def _threads(settings: Any, system_info: str) -> dict[str, Any]:
     """How llama.cpp's CPU threads wait, and what the CPU governor does about it."""
-    from ..daemon.runner.cpu import default_threads
-    from ..daemon.runner.governor import allowed_cpus, openmp_build, others_now
+    from ..daemon.devices.cpu import default_threads
+    from ..daemon.devices.governor import openmp_build
+    from ..daemon.devices.procfs import allowed_cpus, others_now
 
     return {
         "openmp": openmp_build(system_info),
@@ -126,9 +127,11 @@ def _store(settings: Any, verify: bool) -> dict[str, Any]:
 def diagnose(verify: bool = True) -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
-    from ..daemon.runner import cpu, speedprobe
-    from ..daemon.runner.gpuinfo import gpu_build_command, hidden_vulkan_devices
-    from ..daemon.runner.rpc import doctor_line
+    from ..daemon.devices import cpu
+    from ..daemon.devices.gpuinfo import gpu_build_command, hidden_vulkan_devices
+    from ..daemon.devices.llamareport import system_report
+    from ..daemon.devices.rpc import doctor_line
+    from ..daemon.speed import probe as speedprobe
     from .common import load_settings
 
     settings = load_settings()
@@ -139,7 +142,7 @@ def diagnose(verify: bool = True) -> dict[str, Any]:
         speed = speedprobe.calibrate(settings, fresh=True).to_dict()
     except speedprobe.ProbeFailed as exc:
         speed = {"error": str(exc)}
-    llama = cpu.system_report()
+    llama = system_report()
     if "error" not in llama:
         llama["hidden_devices"] = hidden_vulkan_devices(llama, settings.vulkan_visible_devices)
         llama["gpu_build"] = gpu_build_command()
@@ -174,7 +177,7 @@ def _describe_endpoint(name: str, report: dict[str, Any]) -> str:
 def _speed_lines(speed: dict[str, Any]) -> list[str]:
     if "error" in speed:
         return [f"speed: not measured ({speed['error']})"]
-    from ..daemon.speed import Calibration
+    from ..daemon.speed.model import Calibration
 
     figures = Calibration.from_dict(speed)
     lines = [

@@ -1,7 +1,7 @@
 """``localllm worker``: serve this machine's devices to other machines' runners over RPC.
 
 The worker is llama.cpp's own RPC server, started from the installed llama-cpp-python by the
-runner package (``python -m localllm.daemon.runner.rpc``, see there). This command replaces
+runner package (``python -m localllm.daemon.devices.rpc``, see there). This command replaces
 itself with that process (``exec``): the server blocks in C for the life of the process and
 llama.cpp ends the process on internal errors, so llama.cpp stays out of the CLI, as it stays
 out of the daemon, and signals and the exit status reach the worker with no process between.
@@ -16,7 +16,7 @@ import sys
 
 __all__ = ["WORKER_MODULE", "add_worker_arguments", "cmd_worker", "worker_command"]
 
-WORKER_MODULE = "localllm.daemon.runner.rpc"
+WORKER_MODULE = "localllm.daemon.devices.rpc"
 """The module that runs the RPC server."""
 
 

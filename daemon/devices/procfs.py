@@ -1,0 +1,107 @@
+"""What the kernel says about the CPUs: the CPUs this process may run on, their busy time from
+``/proc/stat``, the cores other processes use now, and pinning a process's threads.
+
+The governor, the speed probe's quiet-moment watch, the scheduler and ``doctor`` read the machine
+through these functions; each returns None (or a fallback) where the system has no such file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import NamedTuple
+
+__all__ = ["CpuReading", "allowed_cpus", "busy_seconds", "others_now", "pin_process", "read_cpu"]
+
+
+class CpuReading(NamedTuple):
+    """CPU time counters at one moment, in seconds: ``at`` on the monotonic clock, ``busy``
+    spent busy on the CPUs this process may use by everything (steal included), ``own`` used
+    by this process."""
+
+    at: float
+    busy: float
+    own: float
+
+
+def allowed_cpus() -> frozenset[int]:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return frozenset(os.sched_getaffinity(0))
+    return frozenset(range(os.cpu_count() or 1))
+
+
+_TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def busy_seconds(lines: Iterable[str], cpus: frozenset[int]) -> float | None:
+    """CPU time spent busy on ``cpus`` according to ``/proc/stat``'s per-CPU lines: user,
+    nice, system, irq, softirq and steal (guest time is inside user); None when no line
+    names one of them."""
+    total = 0
+    seen = False
+    for line in lines:
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, _, rest = line.partition(" ")
+        try:
+            index = int(name[3:])
+        except ValueError:
+            continue
+        if index not in cpus:
+            continue
+        values = [int(v) for v in rest.split()]
+        if len(values) < 4:
+            continue
+        seen = True
+        # user nice system idle iowait irq softirq steal ...
+        total += values[0] + values[1] + values[2] + sum(values[5:8])
+    return total * _TICK if seen else None
+
+
+def read_cpu(cpus: frozenset[int], path: str = "/proc/stat") -> CpuReading | None:
+    """The counters now, or None where ``/proc/stat`` cannot be read (not Linux)."""
+    try:
+        with open(path) as stat:
+            busy = busy_seconds(stat, cpus)
+    except OSError:
+        return None
+    if busy is None:
+        return None
+    return CpuReading(at=time.monotonic(), busy=busy, own=time.process_time())
+
+
+def pin_process(cpus: Iterable[int]) -> bool:
+    """Let every thread of this process (OpenMP's workers included) run only on ``cpus``;
+    threads started later inherit it from the thread that starts them. False where the
+    system has no per-thread affinity or refuses it."""
+    wanted = set(cpus)
+    if not wanted or not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        tasks = [int(task) for task in os.listdir("/proc/self/task")]
+    except OSError:
+        tasks = [0]
+    pinned = False
+    for task in tasks:
+        try:
+            os.sched_setaffinity(task, wanted)
+            pinned = True
+        except OSError:  # a thread that just ended, or CPUs this process may not use
+            continue
+    return pinned
+
+
+
+def others_now(cpus: frozenset[int] | None = None, seconds: float = 0.25) -> float | None:
+    """Cores other processes use over ``seconds`` (this one sleeps meanwhile); None where it
+    cannot be read."""
+    cpu_set = cpus if cpus is not None else allowed_cpus()
+    first = read_cpu(cpu_set)
+    time.sleep(seconds)
+    last = read_cpu(cpu_set)
+    if first is None or last is None or last.at <= first.at:
+        return None
+    used = (last.busy - first.busy) - (last.own - first.own)
+    return max(0.0, used / (last.at - first.at))

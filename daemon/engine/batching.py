@@ -1,0 +1,96 @@
+"""One engine step's batch: which tokens go in (:func:`plan_batch`) and writing them into
+llama.cpp's batch (:func:`fill_batch`).
+
+A step holds one token for every slot that is generating (followed by its draft when it
+speculates), then prompt chunks of slots still prefilling, oldest request first, until the
+batch is full: a long prompt never stalls other streams' decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..speculation.drafting import Speculation
+from .model import Batch
+from .slots import Slot, SlotState
+
+__all__ = ["BatchPlan", "fill_batch", "plan_batch"]
+
+
+@dataclass
+class BatchPlan:
+    """What one step's batch holds: every generating slot's pending token (followed by its
+    draft, when it speculates), then prompt chunks of slots still prefilling."""
+
+    decoding: list[Slot]
+    """Slots generating, in batch order."""
+    prefill: list[tuple[Slot, int]]
+    """Slots prefilling and how many prompt tokens each puts in."""
+
+    @property
+    def empty(self) -> bool:
+        """True when there is nothing to decode."""
+        return not self.decoding and not any(count for _, count in self.prefill)
+
+
+def plan_batch(
+    slots: Sequence[Slot],
+    batch: Batch,
+    speculation: Speculation,
+    prefill_budget: int,
+    drafting: bool,
+) -> BatchPlan:
+    """Choose this step's tokens: pending tokens (and drafts), then prompt chunks, oldest
+    request first, within the batch size."""
+    decoding = [slot for slot in slots if slot.decoding]
+    for slot in decoding:
+        slot.draft = []
+        slot.state = SlotState.DECODING
+    prefilling = sorted(
+        (slot for slot in slots if slot.state is SlotState.PREFILLING),
+        key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
+    )
+    capacity = batch.capacity - len(decoding)
+    if drafting:
+        wanted = sum(slot.remaining_prompt for slot in prefilling)
+        capacity -= speculation.plan(decoding, min(wanted, prefill_budget, capacity))
+    budget = min(capacity, prefill_budget)
+    prefill = []
+    for slot in prefilling:
+        count = max(min(slot.remaining_prompt, budget), 0)
+        if slot.job is not None and slot.job.images:
+            count = min(count, slot.job.text_run(len(slot.cache)))
+        prefill.append((slot, count))
+        budget -= count
+    return BatchPlan(decoding=decoding, prefill=prefill)
+
+
+def fill_batch(plan: BatchPlan, slots: Sequence[Slot], batch: Batch) -> None:
+    """Write the plan into llama.cpp's batch, noting where each slot's logits will be."""
+    batch.clear()
+    for slot in slots:
+        slot.batch_index, slot.chunk, slot.draft_indices = -1, 0, []
+        if slot.job is not None and slot.job.score is not None:
+            slot.job.score.unmark()  # a batch refilled after a failed decode
+    for slot in plan.decoding:
+        position = len(slot.cache)
+        slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
+        slot.draft_indices = [
+            batch.add(token, position + 1 + i, slot.seq_id, True)
+            for i, token in enumerate(slot.draft)
+        ]
+    for slot, count in plan.prefill:
+        if not count:
+            continue
+        prompt = slot.job.prompt  # type: ignore[union-attr]
+        start, last = len(slot.cache), len(prompt) - 1
+        score = slot.job.score  # type: ignore[union-attr]
+        for position in range(start, start + count):
+            wanted = position == last or score is not None
+            index = batch.add(prompt[position], position, slot.seq_id, wanted)
+            if score is not None:
+                score.mark(position, index)
+        slot.chunk = count
+        if start + count == len(prompt):
+            slot.batch_index = index

@@ -1,0 +1,1 @@
+"""The prompt: the GGUF's chat template rendered in a sandbox."""

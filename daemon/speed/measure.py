@@ -1,0 +1,552 @@
+"""The speed probe's child (``python -m localllm.daemon.speed.measure``): llama.cpp
+timed on synthetic models, one JSON report printed for :mod:`.speedprobe` to turn into rates
+(:meth:`~localllm.daemon.speed.model.Calibration.from_probe`).
+
+The measurement is a list of parts, each adding its timings to the report:
+
+* :func:`fixed_costs` — two tiny models of 2 and 26 layers, in turns (a step's and a layer's
+  cost besides the weights), and the runner's own engine generating on the smaller one (its
+  work per step outside llama.cpp);
+* :func:`weight_types` — a model per weight type, its decode step and its batch (and, for one
+  type, a batch late in a context: the attention's pace);
+* :func:`output_head` — a one-layer model with a large vocabulary decoded with logits and
+  without, and the runner's samplers on its logits;
+* the memory bandwidth numpy reads, and what other programs used meanwhile.
+
+* :func:`gpu_device` — when llama.cpp lists a GPU, the tiny models and a few weight types'
+  models again with every layer on the first one (``report["devices"][name]``, read into
+  :class:`~localllm.daemon.speed.model.DeviceRates`); a software device (llvmpipe) is flagged.
+
+The CPU parts keep every operation on the CPU (no layers offloaded, and no large batch sent to
+a GPU for its multiplications, which llama.cpp does by default when one exists).
+
+The weights are real ggml blocks: a few rows quantized by ggml itself
+(``ggml_quantize_chunk``), repeated to fill each matrix (the values do not change the speed).
+Each figure is the best of several steps: a shared machine only ever makes a step slower.
+Only this child imports llama.cpp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .probe import BASE_TYPES
+
+__all__ = ["fixed_costs", "gpu_device", "main", "output_head", "weight_types"]
+
+# The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks), as
+# many layers as make ~48 MB (beyond a 32 MB last-level cache) up to 6.
+_EMBD, _FFN, _HEADS, _VOCAB = 1024, 2816, 8, 320
+_TARGET_BYTES = 48 << 20
+_MAX_LAYERS = 6
+# The fixed-cost models: 128 wide, FFN 256, Q8_0, 2 and 26 layers.
+_TINY_EMBD, _TINY_FFN, _TINY_HEADS, _TINY_LAYERS = 128, 256, 4, (2, 26)
+_BATCH = 128
+_DECODE_STEPS = 16
+_BATCHES = 1
+_TINY_TURNS = 3
+# The attention's pace: a batch at this position against one at the start, on this type.
+_LATE = 449
+_ATTENTION_TYPE = "Q8_0"
+# The output head and the sampler: a one-layer model with a large vocabulary and narrow rows
+# (Q8_0, 512 wide, 131,072 tokens: 71 MB, beyond the last-level cache, like a real head),
+# decoded with logits and without; then the runner's samplers on its logits.
+_HEAD_EMBD, _HEAD_VOCAB, _HEAD_TYPE = 512, 131072, "Q8_0"
+_HEAD_STEPS = 8
+# The runner's own work per step: the engine on the 2-layer tiny model for this many tokens.
+_ENGINE_TOKENS = 48
+# A GPU's part: the weight types timed on it (others are priced at the nearest in bits), and
+# the turns of its tiny models (a GPU is not shared with busy programs as a CPU is).
+_GPU_TYPES = ("Q8_0", "Q4_K")
+_GPU_TURNS = 1
+_GPU_DECODE_STEPS = 4
+# A GPU reads 48 MB in microseconds: its models are larger (up to 256 MB, 32 layers), but a
+# software device reads ~100 MB/s, so its are one or two layers.
+_GPU_TARGET_BYTES, _GPU_MAX_LAYERS, _SOFTWARE_TARGET_BYTES = 256 << 20, 32, 16 << 20
+
+
+def _ggml() -> Any:
+    import ctypes
+
+    from llama_cpp._ggml import libggml
+
+    libggml.ggml_quantize_chunk.restype = ctypes.c_size_t
+    libggml.ggml_quantize_chunk.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
+    libggml.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    libggml.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    return libggml
+
+
+class _Weights:
+    """Matrices of one ggml type: a few rows quantized by ggml, repeated."""
+
+    _ROWS = 8
+
+    def __init__(self, type_name: str) -> None:
+        import gguf
+        import numpy as np
+
+        self.kind = gguf.GGMLQuantizationType[type_name]
+        self._np = np
+        self._rng = np.random.default_rng(0)
+        self._rows: dict[int, Any] = {}
+
+    def _base(self, cols: int) -> Any:
+        import gguf
+
+        np = self._np
+        if cols not in self._rows:
+            src = (self._rng.standard_normal((self._ROWS, cols)) * 0.05).astype(np.float32)
+            kind = self.kind
+            if kind == gguf.GGMLQuantizationType.F32:
+                self._rows[cols] = src
+            elif kind == gguf.GGMLQuantizationType.F16:
+                self._rows[cols] = src.astype(np.float16)
+            else:
+                libggml = _ggml()
+                block, size = gguf.GGML_QUANT_SIZES[kind]
+                out = np.zeros((self._ROWS, cols // block * size), dtype=np.uint8)
+                # Types that need an importance matrix get a flat one: the speed is the same.
+                flat = np.ones(cols, dtype=np.float32)
+                imatrix = flat.ctypes.data if libggml.ggml_quantize_requires_imatrix(kind) else None
+                libggml.ggml_quantize_chunk(
+                    int(kind), src.ctypes.data, out.ctypes.data, 0, self._ROWS, cols, imatrix
+                )
+                self._rows[cols] = out
+        return self._rows[cols]
+
+    def matrix(self, rows: int, cols: int) -> Any:
+        """A ``rows`` × ``cols`` matrix (raw bytes for quantized types)."""
+        base = self._base(cols)
+        return self._np.tile(base, (-(-rows // self._ROWS), 1))[:rows]
+
+    def layer_bytes_of(self, rows: int, cols: int) -> int:
+        """Bytes of one ``rows`` x ``cols`` matrix."""
+        return self._base(cols).nbytes // self._ROWS * rows
+
+    def layer_bytes(self, embd: int, ffn: int) -> int:
+        """Bytes of one layer's seven matrices."""
+        rows = {embd: 4 * embd + ffn * 2, ffn: embd}
+        return sum(self._base(cols).nbytes // self._ROWS * count for cols, count in rows.items())
+
+
+def _write_model(
+    path: Path,
+    type_name: str,
+    embd: int,
+    ffn: int,
+    heads: int,
+    layers: int,
+    vocab: int = _VOCAB,
+    head_type: str | None = None,
+) -> None:
+    """A probe model whose layers are all ``type_name``; its output head is F32 (its bytes
+    counted apart), or ``head_type``. The control tokens' head rows are zero, so that sampling
+    never ends a generation (their logit 0 is below the top 40 of random ones)."""
+    import numpy as np
+
+    from ..devices.synthetic import write_llama
+
+    weights = _Weights(type_name)
+    quantized = weights.kind.name not in ("F32", "F16")
+    if head_type is None:
+        head = (np.random.default_rng(1).standard_normal((vocab, embd)) * 0.05).astype(np.float32)
+        head[:3] = 0
+        head_matrix: tuple[Any, Any] = (head, None)
+    else:
+        header = _Weights(head_type)
+        rows = header.matrix(vocab, embd)
+        rows[:3] = 0  # zero blocks: scale 0, so logit 0 in any ggml type
+        head_matrix = (rows, header.kind)
+
+    def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
+        if layer < 0:
+            return head_matrix
+        return weights.matrix(rows, cols), weights.kind if quantized else None
+
+    write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=vocab, matrix=matrix)
+
+
+class _Runner:
+    """Loads a probe model and times its batch and its decode steps."""
+
+    def __init__(self, threads: int, repack: bool, gpu: bool = False) -> None:
+        import ctypes
+
+        import llama_cpp
+
+        self.llama = llama_cpp
+        self.threads = threads
+        self.repack = repack
+        self.gpu = gpu
+        """Every layer on the first GPU (else everything, batches included, on the CPU)."""
+        self.decode_steps = _GPU_DECODE_STEPS if gpu else _DECODE_STEPS
+        self._quiet = llama_cpp.llama_log_callback(lambda *_: None)
+        llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+
+    def _load(self, path: Path) -> Any:
+        llama = self.llama
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 999 if self.gpu else 0
+        params.use_extra_bufts = self.repack
+        params.use_mmap = False  # weights in memory before the clock starts, no page faults
+        model = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise RuntimeError(f"llama.cpp could not load {path.name}")
+        return model
+
+    def _context_params(self) -> Any:
+        params = self.llama.llama_context_default_params()
+        # On the CPU, batches stay on the CPU too (a GPU build sends large ones to the GPU).
+        params.op_offload = params.offload_kqv = self.gpu
+        return params
+
+    def time(self, path: Path, late: int = 0) -> dict[str, float]:
+        """Seconds of the best decode step (``decode_s``) and of the best batch of
+        :data:`_BATCH` tokens (``batch_s``); with ``late``, also of a batch that starts at
+        that position (``late_batch_s``: the attention over the tokens before it)."""
+        from ..devices.synthetic import fill_batch
+
+        llama = self.llama
+        model = self._load(path)
+        ctx_params = self._context_params()
+        # (a GPU's first batch builds its pipelines: it runs one batch before the clock)
+        warm = _BATCH if self.gpu else 0
+        ctx_params.n_ctx = max(1 + warm + _BATCH * _BATCHES + self.decode_steps, late + _BATCH)
+        ctx_params.n_batch = ctx_params.n_ubatch = _BATCH
+        ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
+        ctx = llama.llama_init_from_model(model, ctx_params)
+        if not ctx:
+            llama.llama_model_free(model)
+            raise RuntimeError("llama.cpp could not create the probe's context")
+        batch = llama.llama_batch_init(_BATCH, 0, 1)
+
+        def decode(start: int, count: int) -> float:
+            fill_batch(batch, start, count)
+            began = time.perf_counter()
+            if llama.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed in the speed probe")
+            return time.perf_counter() - began
+
+        try:
+            decode(0, 1)  # the first step sets up the graph and touches every weight
+            position = 1
+            if warm:
+                decode(position, warm)
+                position += warm
+            batches = []
+            for _ in range(_BATCHES):
+                batches.append(decode(position, _BATCH))
+                position += _BATCH
+            steps = []
+            for _ in range(self.decode_steps):
+                steps.append(decode(position, 1))
+                position += 1
+            timings = {"decode_s": min(steps), "batch_s": min(batches)}
+            if late:
+                while position < late:
+                    count = min(_BATCH, late - position)
+                    decode(position, count)
+                    position += count
+                timings["late_batch_s"] = decode(late, _BATCH)
+            return timings
+        finally:
+            llama.llama_batch_free(batch)
+            llama.llama_free(ctx)
+            llama.llama_model_free(model)
+
+    def time_head(self, path: Path, vocab: int) -> dict[str, float]:
+        """The head model's best decode step with logits and without (``logits_s``,
+        ``plain_s``), and the runner's samplers on its logits: greedy (``greedy_s``, the
+        largest logit) and Ollama's default options (``default_s``: penalties, top-k, top-p,
+        temperature, a draw)."""
+        from ..devices.synthetic import fill_batch
+        from ..engine.sampling import Sampler
+        from ..runner.protocol import SamplingOptions
+
+        llama = self.llama
+        model = self._load(path)
+        ctx_params = self._context_params()
+        ctx_params.n_ctx = 4 * _HEAD_STEPS + 8
+        ctx_params.n_batch = ctx_params.n_ubatch = 8
+        ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
+        ctx = llama.llama_init_from_model(model, ctx_params)
+        batch = llama.llama_batch_init(8, 0, 1)
+        samplers = {
+            "greedy_s": Sampler(
+                llama.llama_model_get_vocab(model), vocab, SamplingOptions(temperature=0), None, 64
+            ),
+            "default_s": Sampler(
+                llama.llama_model_get_vocab(model), vocab, SamplingOptions(seed=1), None, 64
+            ),
+        }
+        try:
+            best = dict.fromkeys(("logits_s", "plain_s", *samplers), float("inf"))
+            position = 0
+            for step in range(_HEAD_STEPS + 1):
+                for key in ("logits_s", "plain_s"):
+                    fill_batch(batch, position, 1)
+                    batch.logits[0] = key == "logits_s"
+                    began = time.perf_counter()
+                    if llama.llama_decode(ctx, batch) != 0:
+                        raise RuntimeError("llama_decode failed in the speed probe")
+                    spent = time.perf_counter() - began
+                    position += 1
+                    if step:  # the first step sets up the graph
+                        best[key] = min(best[key], spent)
+                    if key == "logits_s":
+                        for name, sampler in samplers.items():
+                            began = time.perf_counter()
+                            sampler.sample(ctx, 0)
+                            best[name] = min(best[name], time.perf_counter() - began)
+            return best
+        finally:
+            for sampler in samplers.values():
+                sampler.close()
+            llama.llama_batch_free(batch)
+            llama.llama_free(ctx)
+            llama.llama_model_free(model)
+
+
+def _runner_step(path: Path, threads: int, repack: bool) -> float:
+    """Seconds the runner's engine spends per step outside ``llama_decode`` (planning and
+    filling the batch, sampling with Ollama's default options, detokenizing, stop checks,
+    handing the token over), generating on the tiny model ``path`` (its vocabulary is tiny:
+    the sampler's share that grows with the vocabulary is measured by :meth:`_Runner.time_head`)."""
+    import threading as threads_module
+
+    from ..engine.jobs import GenerationJob
+    from ..engine.loop import Engine
+    from ..engine.model import LlamaModel
+    from ..runner.protocol import DoneEvent, ErrorEvent, Event, RunnerConfig, SamplingOptions
+
+    config = RunnerConfig(
+        model_path=str(path),
+        n_slots=1,
+        n_ctx_per_slot=2 * _ENGINE_TOKENS + 64,
+        n_threads=threads,
+        fixed_threads=True,
+        n_gpu_layers=0,
+        cpu_repack=repack,
+    )
+    model = LlamaModel(config)
+    engine = Engine(model)
+    engine.start()
+    done = threads_module.Event()
+
+    def emit(event: Event) -> None:
+        if isinstance(event, DoneEvent | ErrorEvent):
+            done.set()
+
+    best = float("inf")
+    try:
+        for turn in range(3):  # the first turn warms up
+            clock = engine.time
+            steps, decode, decodes = clock.steps, clock.decode, clock.decodes
+            done.clear()
+            options = SamplingOptions(num_predict=_ENGINE_TOKENS, seed=turn)
+            engine.submit(GenerationJob(f"probe-{turn}", [1, 3 + turn, 4], options, None, emit))
+            if not done.wait(60):
+                raise RuntimeError("the engine did not finish the speed probe's generation")
+            count = clock.decodes - decodes
+            if turn and count:
+                best = min(best, ((clock.steps - steps) - (clock.decode - decode)) / count)
+    finally:
+        engine.stop()
+    return best
+
+
+def _bandwidth(threads: int) -> float:
+    """Bytes per second numpy reads from a buffer 8x a 32 MB last-level cache with ``threads``
+    threads (numpy's reductions let go of the GIL), best of 3."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    data = np.ones(32 << 20, dtype=np.float64)  # 256 MiB
+    parts = np.array_split(data, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
+            began = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - began)
+    return data.nbytes / best
+
+
+def _others_since(first: Any) -> float:
+    """Cores other processes used on average since the reading ``first`` (0 when the
+    readings cannot be taken)."""
+    from ..devices.procfs import allowed_cpus, read_cpu
+
+    last = read_cpu(allowed_cpus())
+    if first is None or last is None or last.at <= first.at:
+        return 0.0
+    return max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / (last.at - first.at))
+
+
+def fixed_costs(runner: _Runner, workdir: Path, turns: int = _TINY_TURNS) -> dict[str, Any]:
+    """The tiny models' best decode steps and batches (``tiny``), and on the CPU the runner's
+    own work per step (``runner_step_s``)."""
+    paths = []
+    for layers in _TINY_LAYERS:
+        paths.append(workdir / f"tiny-{layers}.gguf")
+        _write_model(paths[-1], "Q8_0", _TINY_EMBD, _TINY_FFN, _TINY_HEADS, layers)
+    # The two tiny models in turns, best of each: a busy moment hits one turn, not all.
+    tiny = [{"decode_s": float("inf"), "batch_s": float("inf")} for _ in paths]
+    for _ in range(turns):
+        for best, path in zip(tiny, paths, strict=True):
+            for key, value in runner.time(path).items():
+                best[key] = min(best[key], value)
+    report: dict[str, Any] = {}
+    if not runner.gpu:  # the runner's own work per step, on the smaller tiny model
+        report["runner_step_s"] = _runner_step(paths[0], runner.threads, runner.repack)
+    for path in paths:
+        path.unlink()
+    return {
+        **report,
+        "tiny": {
+            "layers": list(_TINY_LAYERS),
+            "layer_bytes": _Weights("Q8_0").layer_bytes(_TINY_EMBD, _TINY_FFN),
+            "layer_params": 4 * _TINY_EMBD**2 + 3 * _TINY_EMBD * _TINY_FFN,
+            "layer_rows": 5 * _TINY_EMBD + 2 * _TINY_FFN,
+            "decode_s": [t["decode_s"] for t in tiny],
+            "batch_s": [t["batch_s"] for t in tiny],
+        },
+    }
+
+
+def weight_types(
+    runner: _Runner,
+    workdir: Path,
+    types: Sequence[str],
+    target_bytes: int = _TARGET_BYTES,
+    max_layers: int = _MAX_LAYERS,
+) -> dict[str, Any]:
+    """Each weight type's model: its best decode step and batch (``types``); one of them also
+    a batch late in its context (``attention``)."""
+    report: dict[str, Any] = {}
+    measured: dict[str, Any] = {}
+    for type_name in types:
+        weights = _Weights(type_name)
+        layer_bytes = weights.layer_bytes(_EMBD, _FFN)
+        layers = max(1, min(max_layers, round(target_bytes / layer_bytes)))
+        path = workdir / f"{type_name}.gguf"
+        _write_model(path, type_name, _EMBD, _FFN, _HEADS, layers)
+        # One type's model also times a batch late in its context: the attention's pace.
+        late = _LATE if type_name == _ATTENTION_TYPE and not runner.gpu else 0
+        timings = runner.time(path, late=late)
+        path.unlink()
+        if "late_batch_s" in timings:
+            report["attention"] = {
+                "layers": layers,
+                "width": _EMBD,
+                "batch_s": timings["batch_s"],
+                "late_batch_s": timings["late_batch_s"],
+                "positions": _LATE - 1,
+            }
+        measured[type_name] = {
+            "layers": layers,
+            "layer_bytes": layer_bytes,
+            "layer_params": 4 * _EMBD**2 + 3 * _EMBD * _FFN,
+            "layer_rows": 5 * _EMBD + 2 * _FFN,
+            "decode_s": timings["decode_s"],
+            "batch_s": timings["batch_s"],
+            # its output head is wider than the tiny models' (whose is in the fixed cost)
+            "output_bytes": _VOCAB * (_EMBD - _TINY_EMBD) * 4,
+        }
+    report["types"] = measured
+    return report
+
+
+def output_head(runner: _Runner, workdir: Path) -> dict[str, Any]:
+    """The head model's steps with logits and without, and the samplers on its logits
+    (``head``): what grows with a model's vocabulary."""
+    path = workdir / "head.gguf"
+    _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, _HEAD_VOCAB, _HEAD_TYPE)
+    head = {
+        **runner.time_head(path, _HEAD_VOCAB),
+        "vocab": _HEAD_VOCAB,
+        "embd": _HEAD_EMBD,
+        "type": _HEAD_TYPE,
+        "bytes": _Weights(_HEAD_TYPE).layer_bytes_of(_HEAD_VOCAB, _HEAD_EMBD),
+    }
+    path.unlink()
+    return {"head": head}
+
+
+def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
+    """The first GPU llama.cpp lists, with every layer on it: the tiny models' steps and a few
+    weight types' (``devices``: its name, description and whether it is a software device);
+    nothing when there is none."""
+    from ..devices.gpuinfo import is_software
+    from ..memory.measure import llama_devices
+
+    devices = llama_devices()
+    if not devices:
+        return {}
+    device = devices[0]
+    runner = _Runner(threads, repack=False, gpu=True)
+    part: dict[str, Any] = {
+        "description": device.description,
+        "software": is_software(device.description),
+    }
+    part.update(fixed_costs(runner, workdir, turns=_GPU_TURNS))
+    target = _SOFTWARE_TARGET_BYTES if part["software"] else _GPU_TARGET_BYTES
+    part["types"] = weight_types(runner, workdir, _GPU_TYPES, target, _GPU_MAX_LAYERS)["types"]
+    return {"devices": {device.name: part}}
+
+
+def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+    from ..devices.procfs import allowed_cpus, read_cpu
+
+    began = read_cpu(allowed_cpus())
+    runner = _Runner(threads, repack)
+    report: dict[str, Any] = {"threads": threads, "repack": repack, "batch": _BATCH}
+    report.update(fixed_costs(runner, workdir))
+    report.update(weight_types(runner, workdir, types))
+    report.update(output_head(runner, workdir))
+    report.update(gpu_device(threads, workdir))
+    report["bandwidth"] = _bandwidth(threads)
+    # What else ran meanwhile: figures measured beside a busy program are not this machine's.
+    report["others"] = round(_others_since(began), 3)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]``."""
+    parser = argparse.ArgumentParser(prog="python -m localllm.daemon.speed.measure")
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--types", default=",".join(BASE_TYPES))
+    parser.add_argument("--no-repack", action="store_true")
+    args = parser.parse_args(argv)
+    types = [t for t in args.types.split(",") if t]
+    import gguf
+
+    unknown = [t for t in types if t not in gguf.GGMLQuantizationType.__members__]
+    if unknown:
+        print(f"unknown ggml types: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
