@@ -202,3 +202,18 @@ def test_the_map_names_only_what_is_in_the_tree() -> None:
         for folder in sorted((ROOT / top).iterdir()):
             if (folder / "__init__.py").exists():
                 assert f"| `{top}/{folder.name}/` |" in text, f"the map has no {top}/{folder.name}/"
+
+
+def test_the_api_page_lists_every_route(tmp_path: Path) -> None:
+    from localllm.daemon.app import create_app
+
+    page = (DOCS / "api.md").read_text(encoding="utf-8")
+    rows = "\n".join(line for line in page.splitlines() if line.startswith("| `"))
+    paths = create_app(Settings(home=tmp_path)).openapi()["paths"]
+    assert len(paths) > 30  # the app's routes were read
+    for path, operations in paths.items():
+        for method in operations:
+            assert f"`{method.upper()} {path}`" in rows or (
+                # a route served for HEAD too is listed under its GET or POST
+                method == "head" and f" {path}`" in rows
+            ), f"docs/api.md has no row for {method.upper()} {path}"
