@@ -139,7 +139,7 @@ def check_strict(tools: ToolPlan | None, strict: bool, field: str = "tools") -> 
         )
 
 
-def _plan_tools(ask: PromptAsk) -> ToolPlan | None:
+def _plan_tools(ask: PromptAsk, template: str | None) -> ToolPlan | None:
     """:func:`plan_tools` with its 400s naming the fields as the family spells them."""
     try:
         tools = plan_tools(
@@ -148,6 +148,7 @@ def _plan_tools(ask: PromptAsk) -> ToolPlan | None:
             tool_choice=ask.tool_choice,
             parallel=ask.parallel,
             constrained_output=ask.format is not None,
+            template=template,
         )
     except HTTPProblem as exc:
         if not ask.tool_renames:
@@ -243,21 +244,42 @@ def _budget(ask: PromptAsk, think: ThinkPlan) -> int | None:
     return None
 
 
+def _offer(request: GenerationRequest, tools: ToolPlan) -> None:
+    """Put the tools, their grammar and the control-token output the call parsers read into
+    the runner request (its sampling options final but for the reasoning's fields)."""
+    request.tools = tools.tools
+    request.render_special = True
+    if tools.grammar is not None:
+        request.options.grammar = tools.grammar
+    elif tools.lazy_grammar is not None:
+        request.options.grammar = tools.lazy_grammar
+        request.options.grammar_triggers = list(tools.triggers)
+
+
 def plan_prompt(ask: PromptAsk, sampling: SamplingOptions) -> PromptPlan:
     """Plan the prompt of ``ask`` whose sampling options (format included) are ``sampling``
     (left as they are: the plan holds a copy with the grammar plan set). Every problem with
     the request's tools, reasoning, history or template is a 400 here, before anything
     runs."""
     model = ask.model
-    tools = _plan_tools(ask) if ask.tools is not None or ask.tool_choice is not None else None
-    template = ask.template or model_template(model)
+    # The templates are looked up once: the Modelfile's Jinja TEMPLATE, else the GGUF's
+    # (effective_template()) decides the tools' call syntax; the request's own template, else
+    # the Modelfile's, is the one rendered (None: the runner renders the GGUF's).
+    modelfile = model_template(model)
+    effective = modelfile or model.info.chat_template
+    template = ask.template or modelfile
+    tools = None
+    if ask.tools is not None or ask.tool_choice is not None:
+        tools = _plan_tools(ask, effective)
     templated = not (ask.raw or ask.suffix is not None or ask.prompt_tokens is not None)
     think: ThinkPlan | None = None
     if templated:
-        think = plan_thinking(model, ask.think, field=ask.think_field, template=template)
+        think = plan_thinking(
+            model, ask.think, field=ask.think_field, template=template or effective
+        )
     elif ask.raw and ask.think:
         # no template to switch: the reasoning the model writes is split out
-        think = plan_thinking(model, ask.think, field=ask.think_field)
+        think = plan_thinking(model, ask.think, field=ask.think_field, template=effective)
     # The tool and reasoning plans set their fields on a runner request (they are applied
     # in this order, as the reasoning plan reads the grammar the tools set).
     request = GenerationRequest(id="", options=dataclasses.replace(sampling))
@@ -278,7 +300,7 @@ def plan_prompt(ask: PromptAsk, sampling: SamplingOptions) -> PromptPlan:
         request.messages = _history(model, user, ask.system, has_system=False)
         request.template = template
     if tools is not None:
-        tools.apply(request)
+        _offer(request, tools)
     if think is not None:
         think.apply(request, _budget(ask, think))
     # explicit template variables win over the ones the reasoning switch sets

@@ -15,12 +15,12 @@ import secrets
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
-from ..runner.protocol import GenerationRequest
 from ..toolcalls.core import ToolCall, new_call_id
 from ..toolcalls.detect import detect_family, grammar_syntax, parser_for, template_supports_tools
 from ..toolcalls.grammar import ToolGrammarError, lazy_triggers, tool_call_grammar
@@ -73,17 +73,6 @@ class ToolPlan:
     def parser(self, thinking: ThinkingSplitter | None = None) -> OutputParser:
         """A fresh output parser for one answer (splitting reasoning out first, if given)."""
         return OutputParser(parser_for(self.template, self.tools), thinking)
-
-    def apply(self, request: GenerationRequest) -> None:
-        """Put the tools, their grammar and the control-token output the parsers read into
-        a runner request (its sampling options must be final, format included)."""
-        request.tools = self.tools
-        request.render_special = True
-        if self.grammar is not None:
-            request.options.grammar = self.grammar
-        elif self.lazy_grammar is not None:
-            request.options.grammar = self.lazy_grammar
-            request.options.grammar_triggers = list(self.triggers)
 
     def finish_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
         """The calls an answer reports: the first only when parallel calls are off."""
@@ -205,8 +194,10 @@ def plan_tools(
     parallel: bool | None = None,
     constrained_output: bool = False,
     field: str = "tools",
+    template: str | None = None,
 ) -> ToolPlan | None:
-    """Check a request's tools; None when there are none to offer the model.
+    """Check a request's tools; None when there are none to offer the model. ``template``
+    is the model's effective template when the caller has it (None: looked up here).
 
     A model whose template takes no tools answers Ollama's 400 (``<model> does not support
     tools``) unless ``tool_choice`` is ``none``, which drops the tools. ``constrained_output``
@@ -221,7 +212,8 @@ def plan_tools(
         raise _problem("tool_choice needs tools", "tool_choice")
     if not definitions or mode == "none":
         return None
-    template = effective_template(model)
+    if template is None:
+        template = effective_template(model)
     if not template_supports_tools(template):
         raise _problem(
             f"{model.name.short} does not support tools: its chat template does not render "
@@ -232,28 +224,47 @@ def plan_tools(
     plan = ToolPlan(tools=offered, template=template, parallel=parallel is not False)
     family = detect_family(template)
     plan.mistral_ids = family is not None and family.family == "mistral"
-    syntax = grammar_syntax(template) or "json"
-    if mode == "required":
-        if constrained_output:
-            raise _problem(
-                "a required tool call cannot be combined with a response format",
-                "tool_choice",
-            )
-        try:
-            plan.grammar = tool_call_grammar(syntax, offered, name=forced, parallel=plan.parallel)
-        except ToolGrammarError as exc:
-            raise _problem(f"{field}: {exc}", field) from None
-    elif not constrained_output and (triggers := lazy_triggers(syntax)):
+    if mode == "required" and constrained_output:
+        raise _problem(
+            "a required tool call cannot be combined with a response format", "tool_choice"
+        )
+    if mode == "required" or not constrained_output:
         # auto: prose stays free; once the model writes its family's call opener, the lazy
         # grammar keeps the call valid for the schemas (llama.cpp's lazy grammar). A format
         # already constrains the whole output, and bare-JSON families have no opener to wait
         # for: those parse what the model writes unconstrained.
-        try:
-            plan.lazy_grammar = tool_call_grammar(syntax, offered, parallel=plan.parallel)
-        except ToolGrammarError as exc:
-            raise _problem(f"{field}: {exc}", field) from None
-        plan.triggers = triggers
+        key = json.dumps(offered, ensure_ascii=False)
+        grammar, triggers, error = _grammar(
+            template, key, mode == "required", forced, plan.parallel
+        )
+        if error is not None:
+            raise _problem(f"{field}: {error}", field)
+        if mode == "required":
+            plan.grammar = grammar
+        elif triggers:
+            plan.lazy_grammar, plan.triggers = grammar, list(triggers)
     return plan
+
+
+@lru_cache(maxsize=32)
+def _grammar(
+    template: str, tools: str, required: bool, name: str | None, parallel: bool
+) -> tuple[str | None, tuple[str, ...], str | None]:
+    """The calls' grammar for ``tools`` (JSON text) in ``template``'s call syntax: forced
+    (``required``) or lazy, with the triggers that start it (none: no opener to wait for, no
+    grammar), and why a grammar cannot be built (raised naming the request's field).
+
+    Cached: an agent sends the same tools on every turn, and turning their schemas into a
+    grammar is the costliest part of planning a prompt (the schemas converted to GBNF)."""
+    syntax = grammar_syntax(template) or "json"
+    triggers = () if required else tuple(lazy_triggers(syntax))
+    if not required and not triggers:
+        return None, (), None
+    try:
+        grammar = tool_call_grammar(syntax, json.loads(tools), name=name, parallel=parallel)
+    except ToolGrammarError as exc:
+        return None, triggers, str(exc)
+    return grammar, triggers, None
 
 
 def _arguments(value: Any, where: str) -> dict[str, Any]:
