@@ -196,9 +196,9 @@ class Plan:
     """The request."""
     jobs: list[Job]
     """One job per choice."""
-    prompt: PromptPlan | None
-    """The prompt planned (its tools and reasoning say how to read the answer); None for a
-    batch's later prompts, which have neither."""
+    prompt: PromptPlan
+    """The prompt planned (its tools and reasoning say how to read the answer; a batch's
+    are the first prompt's, as its prompts have neither)."""
     counted: bool = False
     """The runner reports log probabilities only to count tokens (a reply may be cut short
     here); they are not the client's."""
@@ -206,12 +206,12 @@ class Plan:
     @property
     def tools(self) -> ToolPlan | None:
         """The tools offered, their grammar and parser."""
-        return self.prompt.tools if self.prompt is not None else None
+        return self.prompt.tools
 
     @property
     def think(self) -> ThinkPlan | None:
         """The reasoning switch and splitter."""
-        return self.prompt.think if self.prompt is not None else None
+        return self.prompt.think
 
 
 def _sampling(ask: Ask) -> SamplingOptions:
