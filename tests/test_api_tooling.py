@@ -16,9 +16,10 @@ from localllm.daemon.api.tooling import (
 )
 from localllm.daemon.engine.reasoning import grammar_after
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.prompt.history import history_tool_calls, map_call_id
 from localllm.daemon.prompt.template import effective_template
 from localllm.daemon.prompt.thinking import ThinkPlan, plan_thinking
-from localllm.daemon.prompt.tools import history_tool_calls, map_call_id, plan_tools, supports_tools
+from localllm.daemon.prompt.tools import plan_tools, supports_tools
 from localllm.daemon.runner.protocol import GenerationRequest
 from localllm.daemon.toolcalls import thinking_style
 from localllm.store.models import create_model, load_model

@@ -22,28 +22,12 @@ from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
 from ..runner.protocol import GenerationRequest, SamplingOptions
+from .history import PromptTurn, conversation
 from .template import TemplateRenderError, model_template, render_chat
 from .thinking import LEVEL_BUDGETS, ThinkPlan, plan_thinking
-from .tools import ToolPlan, history_tool_calls, map_call_id, plan_tools
+from .tools import ToolPlan, plan_tools
 
-__all__ = ["PromptAsk", "PromptPlan", "PromptTurn", "check_strict", "plan_prompt"]
-
-
-class PromptTurn(Protocol):
-    """One message of a conversation, as the prompt reads it (the core's ``Turn``)."""
-
-    @property
-    def role(self) -> str: ...
-    @property
-    def content(self) -> str: ...
-    @property
-    def thinking(self) -> str | None: ...
-    @property
-    def tool_calls(self) -> list[dict[str, Any]] | None: ...
-    @property
-    def tool_name(self) -> str | None: ...
-    @property
-    def tool_call_id(self) -> str | None: ...
+__all__ = ["PromptAsk", "PromptPlan", "check_strict", "plan_prompt"]
 
 
 class PromptAsk(Protocol):
@@ -162,47 +146,6 @@ def _plan_tools(ask: PromptAsk, template: str | None) -> ToolPlan | None:
     return tools
 
 
-def _history(
-    model: LocalModel, turns: list[dict[str, Any]], system: str | None, has_system: bool
-) -> list[dict[str, Any]]:
-    """The conversation the runner renders: the system prompt (the request's, else the
-    model's SYSTEM unless the turns hold one), the model's MESSAGEs, then the turns."""
-    out: list[dict[str, Any]] = []
-    system_text = system if system is not None else model.system
-    if system_text and not has_system:
-        out.append({"role": "system", "content": system_text})
-    for example in model.messages:
-        out.append(
-            {"role": str(example.get("role", "user")), "content": example.get("content", "")}
-        )
-    return out + turns
-
-
-def _turns(turns: Sequence[PromptTurn], tools: ToolPlan | None) -> list[dict[str, Any]]:
-    """The request's turns as chat templates read them (Hugging Face's convention): an
-    assistant's ``tool_calls`` with arguments as objects, a tool result's ``tool_call_id``
-    and its tool's ``name`` (and Ollama's ``tool_name``), an assistant's reasoning as
-    ``reasoning_content`` (what Qwen3's and DeepSeek's templates read) and ``thinking``
-    (Ollama's name)."""
-    out: list[dict[str, Any]] = []
-    for index, turn in enumerate(turns):
-        item: dict[str, Any] = {"role": turn.role.lower(), "content": turn.content}
-        if turn.thinking:
-            item["reasoning_content"] = turn.thinking
-            item["thinking"] = turn.thinking
-        if turn.tool_calls:
-            item["tool_calls"] = history_tool_calls(
-                turn.tool_calls, f"messages[{index}].tool_calls", tools
-            )
-        if turn.tool_name:
-            item["tool_name"] = turn.tool_name
-            item["name"] = turn.tool_name
-        if turn.tool_call_id:
-            item["tool_call_id"] = map_call_id(turn.tool_call_id, tools)
-        out.append(item)
-    return out
-
-
 # The runner's template for a model that has none (its prepare() falls back to the same).
 _PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}"
 
@@ -284,8 +227,7 @@ def plan_prompt(ask: PromptAsk, sampling: SamplingOptions) -> PromptPlan:
     # in this order, as the reasoning plan reads the grammar the tools set).
     request = GenerationRequest(id="", options=dataclasses.replace(sampling))
     if ask.turns is not None:
-        has_system = any(turn.role == "system" for turn in ask.turns)
-        request.messages = _history(model, _turns(ask.turns, tools), ask.system, has_system)
+        request.messages = conversation(model, ask.turns, ask.system, tools)
         request.template = template
     elif ask.prompt_tokens is not None:
         request.prompt, request.raw, request.context = "", True, list(ask.prompt_tokens)
@@ -296,8 +238,7 @@ def plan_prompt(ask: PromptAsk, sampling: SamplingOptions) -> PromptPlan:
         request.prompt, request.raw = _continuation(ask, template, kwargs), True
         request.context = list(ask.context)
     else:
-        user = [{"role": "user", "content": ask.prompt or ""}]
-        request.messages = _history(model, user, ask.system, has_system=False)
+        request.messages = conversation(model, None, ask.system, None, prompt=ask.prompt or "")
         request.template = template
     if tools is not None:
         _offer(request, tools)

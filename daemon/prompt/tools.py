@@ -8,12 +8,10 @@ objects, ``role: tool`` results). The parser that reads the calls back is chosen
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import secrets
 import string
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -30,8 +28,6 @@ from .template import effective_template
 
 __all__ = [
     "ToolPlan",
-    "history_tool_calls",
-    "map_call_id",
     "plan_tools",
     "supports_tools",
 ]
@@ -265,64 +261,3 @@ def _grammar(
     except ToolGrammarError as exc:
         return None, triggers, str(exc)
     return grammar, triggers, None
-
-
-def _arguments(value: Any, where: str) -> dict[str, Any]:
-    if value is None or value == "":
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise _problem(f"{where} is not valid JSON", where) from None
-    if not isinstance(value, dict):
-        raise _problem(f"{where} must be a JSON object", where)
-    return value
-
-
-def _mistral_id(value: str) -> str:
-    """Any call id as the 9 letters and digits Mistral templates require (stable per id)."""
-    if len(value) == 9 and value.isalnum():
-        return value
-    digest = int.from_bytes(hashlib.sha256(value.encode()).digest()[:8], "big")
-    out = []
-    for _ in range(9):
-        digest, rest = divmod(digest, len(_ALNUM))
-        out.append(_ALNUM[rest])
-    return "".join(out)
-
-
-def history_tool_calls(
-    calls: Sequence[Any], where: str, plan: ToolPlan | None
-) -> list[dict[str, Any]]:
-    """An assistant message's calls as templates read them: ``{"id", "type": "function",
-    "function": {"name", "arguments": {...}}}`` (Ollama sends arguments as an object, OpenAI
-    as a JSON string; templates write them with ``tojson``, so they get the object)."""
-    out = []
-    for index, call in enumerate(calls):
-        at = f"{where}[{index}]"
-        if not isinstance(call, dict):
-            raise _problem(f"{at} must be an object", at)
-        function = call.get("function")
-        if not isinstance(function, dict):
-            raise _problem(f"{at}.function must be an object", f"{at}.function")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise _problem(f"{at}.function.name is required", f"{at}.function.name")
-        item: dict[str, Any] = {
-            "type": "function",
-            "function": {
-                "name": name,
-                "arguments": _arguments(function.get("arguments"), f"{at}.function.arguments"),
-            },
-        }
-        call_id = call.get("id")
-        if isinstance(call_id, str) and call_id:
-            item["id"] = map_call_id(call_id, plan)
-        out.append(item)
-    return out
-
-
-def map_call_id(call_id: str, plan: ToolPlan | None) -> str:
-    """A call id from the history as the template needs it."""
-    return _mistral_id(call_id) if plan is not None and plan.mistral_ids else call_id
