@@ -10,19 +10,16 @@ from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.api.tooling import (
     AnswerStream,
-    ThinkPlan,
-    effective_template,
-    history_tool_calls,
-    map_call_id,
     parse_think,
-    plan_thinking,
-    plan_tools,
     reasoning_effort_think,
     split_output,
-    supports_tools,
 )
 from localllm.daemon.engine.reasoning import grammar_after
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.prompt.history import history_tool_calls, map_call_id
+from localllm.daemon.prompt.template import effective_template
+from localllm.daemon.prompt.thinking import ThinkPlan, plan_thinking
+from localllm.daemon.prompt.tools import plan_tools, supports_tools
 from localllm.daemon.runner.protocol import GenerationRequest
 from localllm.daemon.toolcalls import thinking_style
 from localllm.store.models import create_model, load_model
@@ -270,7 +267,7 @@ def test_lazy_call_grammar_waits_for_the_reasoning_to_close() -> None:
 
 
 def test_go_templates_of_every_shape_are_never_sent_to_the_runner() -> None:
-    from localllm.daemon.api.tooling import jinja_override
+    from localllm.daemon.prompt.template import jinja_override
 
     for go in ("{{ .Prompt }}", "{{- if .System }}x{{ end }}", "{{ range .Messages }}y{{ end }}"):
         assert jinja_override(go) is None

@@ -213,7 +213,7 @@ OLLAMA_TEMPLATES = [
 def test_go_template_layers_are_shown_but_the_gguf_template_renders(
     ollama: OllamaStore, local: Store, tiny_gguf: Path, template: str
 ) -> None:
-    from localllm.daemon.api.tooling import effective_template, model_template
+    from localllm.daemon.prompt.template import effective_template, model_template
 
     layers = [
         ollama.blob(tiny_gguf.read_bytes(), MEDIA_MODEL),

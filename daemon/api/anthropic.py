@@ -36,12 +36,14 @@ from localllm.store.models import LocalModel
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
 from ..options import merge_options
+from ..prompt.thinking import plan_thinking
+from ..prompt.tools import ToolPlan
 from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
 from .core import Ask, Delta, Done, Reply, Turn, plan
 from .errorshapes import anthropic_error, error_route
 from .streaming import ClosingStreamingResponse, dumps
-from .tooling import ToolPlan, flat_tool, plan_thinking
+from .tooling import flat_tool
 from .vision import Images, no_vision
 
 __all__ = [

@@ -21,7 +21,8 @@ What differs between the families on purpose, decided by each adapter through th
   Responses ``reasoning.effort``, Anthropic ``output_config.effort``. One reasoning budget
   for all (:attr:`Ask.thinking_budget`, ended as llama-server ends it: the close tag is
   inserted, then the answer follows): Anthropic's ``budget_tokens``, the ``thinking_budget``
-  option, and a level on a template without levels (:data:`LEVEL_BUDGETS`).
+  option, and a level on a template without levels
+  (:data:`~localllm.daemon.prompt.thinking.LEVEL_BUDGETS`).
 * **Stop handling and stop reasons**: all stop strings are the runner's. Ollama reports
   ``stop``/``length``; OpenAI ``stop``, ``length``, ``tool_calls``; Anthropic ``end_turn``,
   ``max_tokens``, ``stop_sequence`` (with the string) and ``tool_use``; Responses
@@ -63,25 +64,18 @@ from localllm.store.models import LocalModel
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import Generation, Job, Outcome, start, until_disconnect
 from ..options import sampling_options
+from ..prompt.plan import PromptPlan, plan_prompt
+from ..prompt.thinking import ThinkPlan
+from ..prompt.tools import ToolPlan
 from ..runner.client import TokenChunk
 from ..runner.protocol import GenerationRequest, SamplingOptions, Timings, TokenLogprob
 from ..state import DaemonState
 from ..toolcalls import Parsed, ToolCall
 from .logprobs import apply_logprobs
-from .tooling import (
-    AnswerStream,
-    ThinkPlan,
-    ToolPlan,
-    history_tool_calls,
-    map_call_id,
-    model_template,
-    plan_thinking,
-    plan_tools,
-)
+from .tooling import AnswerStream
 from .vision import Images
 
 __all__ = [
-    "LEVEL_BUDGETS",
     "Ask",
     "Delta",
     "Done",
@@ -90,7 +84,6 @@ __all__ = [
     "TextCut",
     "Turn",
     "Whole",
-    "check_strict",
     "plan",
     "plan_batch",
 ]
@@ -203,133 +196,22 @@ class Plan:
     """The request."""
     jobs: list[Job]
     """One job per choice."""
-    tools: ToolPlan | None
-    """The tools offered, their grammar and parser."""
-    think: ThinkPlan | None
-    """The reasoning switch and splitter."""
+    prompt: PromptPlan
+    """The prompt planned (its tools and reasoning say how to read the answer; a batch's
+    are the first prompt's, as its prompts have neither)."""
     counted: bool = False
     """The runner reports log probabilities only to count tokens (a reply may be cut short
     here); they are not the client's."""
 
+    @property
+    def tools(self) -> ToolPlan | None:
+        """The tools offered, their grammar and parser."""
+        return self.prompt.tools
 
-def check_strict(tools: ToolPlan | None, strict: bool, field: str = "tools") -> None:
-    """Strict tools need every call checked against its schema: by the forced call's grammar
-    or the lazy one that starts at the family's call opener. Without either, a 400."""
-    if strict and tools is not None and tools.grammar is None and tools.lazy_grammar is None:
-        raise HTTPProblem(
-            400,
-            "strict tools: calls cannot be checked against their schemas here (this model's "
-            "call syntax has no opener to start checking at, or the output has a format); "
-            "drop strict, or force a call with tool_choice",
-            param=field,
-        )
-
-
-def _plan_tools(ask: Ask) -> ToolPlan | None:
-    """:func:`plan_tools` with its 400s naming the fields as the family spells them."""
-    try:
-        tools = plan_tools(
-            ask.model,
-            ask.tools,
-            tool_choice=ask.tool_choice,
-            parallel=ask.parallel,
-            constrained_output=ask.format is not None,
-        )
-    except HTTPProblem as exc:
-        if not ask.tool_renames:
-            raise
-        message, param = exc.message, exc.param
-        for old, new in ask.tool_renames:
-            message = message.replace(old, new)
-            param = param.replace(old, new) if param else param
-        raise HTTPProblem(exc.status, message, param=param, code=exc.code) from None
-    check_strict(tools, ask.strict)
-    return tools
-
-
-def _history(
-    model: LocalModel, turns: Sequence[Turn], system: str | None, tools: ToolPlan | None
-) -> list[dict[str, Any]]:
-    """The conversation the runner renders: the system prompt (the request's, else the
-    model's SYSTEM unless the turns hold one), the model's MESSAGEs, then the turns.
-
-    Calls and tool results keep the fields chat templates read (Hugging Face's convention):
-    an assistant's ``tool_calls`` with arguments as objects, a tool result's
-    ``tool_call_id`` and its tool's ``name`` (and Ollama's ``tool_name``), an assistant's
-    reasoning as ``reasoning_content`` (what Qwen3's and DeepSeek's templates read) and
-    ``thinking`` (Ollama's name)."""
-    out: list[dict[str, Any]] = []
-    system_text = system if system is not None else model.system
-    if system_text and not any(turn.role == "system" for turn in turns):
-        out.append({"role": "system", "content": system_text})
-    for example in model.messages:
-        out.append(
-            {"role": str(example.get("role", "user")), "content": example.get("content", "")}
-        )
-    for index, turn in enumerate(turns):
-        item: dict[str, Any] = {"role": turn.role.lower(), "content": turn.content}
-        if turn.thinking:
-            item["reasoning_content"] = turn.thinking
-            item["thinking"] = turn.thinking
-        if turn.tool_calls:
-            item["tool_calls"] = history_tool_calls(
-                turn.tool_calls, f"messages[{index}].tool_calls", tools
-            )
-        if turn.tool_name:
-            item["tool_name"] = turn.tool_name
-            item["name"] = turn.tool_name
-        if turn.tool_call_id:
-            item["tool_call_id"] = map_call_id(turn.tool_call_id, tools)
-        out.append(item)
-    return out
-
-
-# The runner's template for a model that has none (its prepare() falls back to the same).
-_PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}"
-
-
-def _continuation(ask: Ask, template: str | None, kwargs: dict[str, Any]) -> str:
-    """The templated prompt of a request that continues ``context``.
-
-    Ollama renders the new prompt and puts it after the context's tokens; the runner takes
-    ``context`` only before a prompt it does not template, so the template is rendered here
-    (in the same sandbox the runner uses). The model's default system prompt was part of
-    the earlier exchange and is not repeated; a ``system`` in the request is. The prompt
-    continues a sequence, so the template's BOS text is left out (``bos_token`` is empty).
-    """
-    from ..prompt.template import TemplateRenderError, render_chat
-
-    messages: list[dict[str, Any]] = []
-    if ask.system:
-        messages.append({"role": "system", "content": ask.system})
-    messages.append({"role": "user", "content": ask.prompt or ""})
-    try:
-        return render_chat(
-            template or ask.model.info.chat_template or _PLAIN_TEMPLATE,
-            messages,
-            add_generation_prompt=True,
-            extra=kwargs,
-        )
-    except TemplateRenderError as exc:
-        raise HTTPProblem(400, str(exc), param="template") from None
-
-
-LEVEL_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "max": None}
-"""Reasoning budgets of the levels (Ollama's ``think``, OpenAI's ``reasoning_effort``...) on a
-template that has no level switch of its own (one with ``reasoning_effort`` gets the level)."""
-
-
-def _budget(ask: Ask, think: ThinkPlan) -> int | None:
-    """The reasoning budget: the request's, else the ``thinking_budget`` option, else its
-    level's where the template cannot take the level itself."""
-    if ask.thinking_budget is not None:
-        return ask.thinking_budget
-    option = ask.options.get("thinking_budget")
-    if option is not None and option >= 0:
-        return int(option)
-    if isinstance(ask.think, str) and not think.style.takes_level:
-        return LEVEL_BUDGETS.get(ask.think)
-    return None
+    @property
+    def think(self) -> ThinkPlan | None:
+        """The reasoning switch and splitter."""
+        return self.prompt.think
 
 
 def _sampling(ask: Ask) -> SamplingOptions:
@@ -350,50 +232,31 @@ def _sampling(ask: Ask) -> SamplingOptions:
 
 
 def plan(state: DaemonState, ask: Ask) -> Plan:
-    """Plan ``ask``: the tools and their grammar, the reasoning switch, the sampling, the
-    prompt (rendered by the runner, or here for a continued context), one job per choice.
-    Every problem with the request is a 400 here, before anything runs."""
+    """Plan ``ask``: the sampling, the prompt (:func:`~localllm.daemon.prompt.plan.plan_prompt`:
+    template, tools, reasoning, grammar), one job per choice. Every problem with the request
+    is a 400 here, before anything runs."""
     model = ask.model
     if "completion" not in model.capabilities():
         wording = "does not support generate" if ask.api == "ollama" else "cannot generate text"
         raise HTTPProblem(400, f"{model.name.short} {wording}", param="model")
-    tools = _plan_tools(ask) if ask.tools is not None or ask.tool_choice is not None else None
-    template = ask.template or model_template(model)
-    templated = not (ask.raw or ask.suffix is not None or ask.prompt_tokens is not None)
-    think: ThinkPlan | None = None
-    if templated:
-        think = plan_thinking(model, ask.think, field=ask.think_field, template=template)
-    elif ask.raw and ask.think:
-        # no template to switch: the reasoning the model writes is split out
-        think = plan_thinking(model, ask.think, field=ask.think_field)
-    sampling = _sampling(ask)
+    prompt = plan_prompt(ask, _sampling(ask))
+    sampling = prompt.options
     request = GenerationRequest(
         id="",
-        options=sampling,
+        prompt=prompt.text,
+        messages=prompt.messages,
+        suffix=prompt.suffix,
+        template=prompt.template,
+        raw=prompt.raw,
         truncate=ask.truncate,
-        images=ask.images.encoded if ask.images is not None else [],
+        options=sampling,
+        context=prompt.context,
         return_context=ask.return_context,
+        tools=prompt.tool_definitions,
+        template_kwargs=prompt.template_kwargs,
+        render_special=prompt.render_special,
+        images=ask.images.encoded if ask.images is not None else [],
     )
-    if ask.turns is not None:
-        request.messages = _history(model, ask.turns, ask.system, tools)
-        request.template = template
-    elif ask.prompt_tokens is not None:
-        request.prompt, request.raw, request.context = "", True, list(ask.prompt_tokens)
-    elif not templated:
-        request.prompt, request.raw, request.suffix = ask.prompt or "", ask.raw, ask.suffix
-    elif ask.context:
-        kwargs = think.template_kwargs() if think is not None else {}
-        request.prompt, request.raw = _continuation(ask, template, kwargs), True
-        request.context = list(ask.context)
-    else:
-        request.messages = _history(model, [Turn("user", ask.prompt or "")], ask.system, None)
-        request.template = template
-    if tools is not None:
-        tools.apply(request)
-    if think is not None:
-        think.apply(request, _budget(ask, think))
-    # explicit template variables win over the ones the reasoning switch sets
-    request.template_kwargs.update(ask.template_kwargs)
     # A reply cut short here (a text filter) ends before the runner's count: one log
     # probability per token counts them exactly.
     counted = ask.count_tokens and not sampling.logprobs
@@ -411,7 +274,7 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
             # the others may reuse its cells instead of evaluating it again.
             copy.options.prompt_logprobs = False
         jobs.append(Job.for_model(state, model, ask.options, copy, ask.keep_alive, ask.api))
-    return Plan(ask=ask, jobs=jobs, tools=tools, think=think, counted=counted)
+    return Plan(ask=ask, jobs=jobs, prompt=prompt, counted=counted)
 
 
 def plan_batch(state: DaemonState, asks: Sequence[Ask]) -> Plan:
@@ -422,7 +285,7 @@ def plan_batch(state: DaemonState, asks: Sequence[Ask]) -> Plan:
     first = plans[0]
     assert all(p.tools is None and p.think is None for p in plans[1:]), "a batch of prompts"
     jobs = [job for planned in plans for job in planned.jobs]
-    return Plan(first.ask, jobs, first.tools, first.think, first.counted)
+    return Plan(first.ask, jobs, first.prompt, first.counted)
 
 
 # --- the reply stream -------------------------------------------------------------------------

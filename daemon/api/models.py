@@ -34,10 +34,11 @@ from localllm.store.names import ModelName, parse_name
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
+from ..prompt.thinking import model_thinking
+from ..prompt.tools import supports_tools
 from ..state import DaemonState, StateDep
 from .schemas_ollama import CopyRequest, CreateRequest, DeleteRequest, PullRequest, ShowRequest
 from .streaming import NDJSON, ClosingStreamingResponse, ndjson_line
-from .tooling import model_thinking, supports_tools
 
 __all__ = ["capabilities", "router", "safe_details"]
 

@@ -27,6 +27,9 @@ from ..engine.text import unicode_problem
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, load_only, parse_keep_alive, resolve_model
 from ..options import drafter_label, merge_options, runner_config
+from ..prompt.template import jinja_override
+from ..prompt.thinking import plan_thinking
+from ..prompt.tools import ToolPlan, plan_tools
 from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
 from . import models as model_routes
@@ -42,7 +45,7 @@ from .schemas_ollama import (
     Options,
 )
 from .streaming import NDJSON, ClosingStreamingResponse, dumps, ndjson_line
-from .tooling import ToolPlan, jinja_override, parse_think, plan_thinking, plan_tools
+from .tooling import parse_think
 from .vision import Images, with_markers
 
 __all__ = ["OLLAMA_API_VERSION", "ollama_tool_calls", "router", "timing_fields"]

@@ -28,6 +28,7 @@ from localllm.store.models import LocalModel
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, resolve_model
 from ..options import merge_options, named_options, runner_config
+from ..prompt.tools import ToolPlan
 from ..runner.protocol import TokenLogprob
 from ..state import DaemonState, StateDep
 from ..toolcalls import ToolCall
@@ -43,7 +44,7 @@ from .schemas_openai import (
     ResponseFormat,
 )
 from .streaming import ClosingStreamingResponse, dumps, sse_event
-from .tooling import ToolPlan, reasoning_effort_think
+from .tooling import reasoning_effort_think
 from .vision import Images, no_vision
 
 __all__ = ["router"]

@@ -28,12 +28,13 @@ from localllm.store.models import LocalModel
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
 from ..options import merge_options
+from ..prompt.tools import ToolPlan
 from ..state import StateDep
 from ..toolcalls import ToolCall
 from .core import Ask, Delta, Done, Reply, Turn, plan
 from .errorshapes import error_route, openai_error
 from .streaming import ClosingStreamingResponse, dumps
-from .tooling import ToolPlan, flat_tool, reasoning_effort_think
+from .tooling import flat_tool, reasoning_effort_think
 from .vision import Images, no_vision
 
 __all__ = ["ResponsesRequest", "router"]

@@ -1,4 +1,5 @@
-"""Chat templates: the GGUF's Jinja template, rendered in a sandbox.
+"""Chat templates: which one a request uses (the request's, a Modelfile's Jinja ``TEMPLATE``,
+the GGUF's own), rendered in a sandbox.
 
 Templates come from downloaded files, so they are rendered with Jinja's immutable sandbox
 (as llama-cpp-python's ``Jinja2ChatFormatter`` and Hugging Face's tokenizers do): no attribute
@@ -17,7 +18,16 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["TemplateRenderError", "is_go_template", "render_chat"]
+from localllm.store.models import LocalModel
+
+__all__ = [
+    "TemplateRenderError",
+    "effective_template",
+    "is_go_template",
+    "jinja_override",
+    "model_template",
+    "render_chat",
+]
 
 # A rendered prompt larger than this is a broken or hostile template, not a conversation.
 MAX_RENDERED_CHARS = 16 << 20
@@ -32,6 +42,32 @@ def is_go_template(template: str) -> bool:
     """Whether ``template`` is written in Go's template language (Ollama's ``TEMPLATE``
     layers: ``{{ .Prompt }}``, ``{{ if .System }}``, ``{{ range .Messages }}``), not Jinja."""
     return _GO_TEMPLATE.search(template) is not None
+
+
+def jinja_override(text: str | None) -> str | None:
+    """``text`` if it is a Jinja template the runner can render, None for Ollama's Go
+    templates (``{{ .Prompt }}``)."""
+    # Ollama's template layers are Go templates ({{ .Prompt }}); only Jinja can go to the
+    # runner, which otherwise renders the GGUF's own chat template.
+    if not text or is_go_template(text):
+        return None
+    return text
+
+
+def model_template(model: LocalModel) -> str | None:
+    """A Modelfile ``TEMPLATE`` written in Jinja, which the runner renders instead of the
+    GGUF's chat template; None when the model has none (or only a Go template)."""
+    from localllm.store.manifest import MEDIA_TEMPLATE
+
+    layer = model.entry.manifest.layer(MEDIA_TEMPLATE)
+    return jinja_override(model.template) if layer is not None else None
+
+
+def effective_template(model: LocalModel) -> str | None:
+    """The Jinja chat template the runner renders for ``model``: a Modelfile ``TEMPLATE``
+    written in Jinja, else the GGUF's own (Go templates cannot be rendered, so the GGUF's
+    template is used for those, and is the one whose tool syntax counts)."""
+    return model_template(model) or model.info.chat_template
 
 
 def _raise_exception(message: str) -> None:
