@@ -232,6 +232,11 @@ def test_rounds_and_cache_come_back_from_the_probes_report() -> None:
     assert figures.cache_bytes == 32 << 20 and figures.working_set == 128 << 20
     assert figures.spread == 0.05 and figures.unstable == report["unstable"]
     assert "32 MiB last-level cache" in figures.describe()
+    from localllm.cli.doctor import _speed_lines
+
+    said = "\n".join(_speed_lines(figures.to_dict()))
+    assert "models of 128 MiB against a 32 MiB last-level cache" in said
+    assert "within 5% of each other" in said
 
 
 # -- the daemon's own work is not other programs' -------------------------------------------
