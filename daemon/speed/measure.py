@@ -59,15 +59,15 @@ __all__ = [
 ]
 
 # The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks). The
-# decoded one has as many layers as make the working set; the batched one ~16 MB (up to 2).
+# decoded one has as many layers as make the working set; the batched one ~32 MB (up to 4).
 _EMBD, _FFN, _HEADS, _VOCAB = 1024, 2816, 8, 320
 # The working set: this many times the last-level cache, at least 48 MB, at most 1 GiB (a
 # server's 256 MB of L3 would ask for files of gigabytes); 256 MiB where no cache is reported.
 _CACHE_FACTOR = 4
 _MIN_WORKING_SET, _MAX_WORKING_SET = 48 << 20, 1 << 30
 _UNKNOWN_CACHE_BYTES = 64 << 20
-_MAX_LAYERS = 64
-_BATCH_TARGET_BYTES, _BATCH_MAX_LAYERS = 16 << 20, 2
+_MAX_LAYERS = 512
+_BATCH_TARGET_BYTES, _BATCH_MAX_LAYERS = 32 << 20, 4
 # numpy's read of memory: twice the working set.
 _BANDWIDTH_FACTOR = 2
 # The fixed-cost models: 128 wide, FFN 256, Q8_0, 2 and 26 layers.
