@@ -18,7 +18,13 @@ from localllm.daemon.devices.procfs import allowed_cpus, read_cpu, read_cpu_tree
 from localllm.daemon.speed import probe as speedprobe
 from localllm.daemon.speed.measure import working_set
 from localllm.daemon.speed.model import Calibration, TypeRate
-from localllm.daemon.speed.trust import MAX_ROUNDS, ROUNDS, implausible, settle
+from localllm.daemon.speed.trust import (
+    BANDWIDTH_MARGIN,
+    MAX_ROUNDS,
+    ROUNDS,
+    implausible,
+    settle,
+)
 from localllm.settings import Settings
 
 # -- the cache sizes, from the OS -----------------------------------------------------------
@@ -146,6 +152,8 @@ def test_a_decode_faster_than_memory_is_not_kept() -> None:
     assert "cache" in problems[0]
     figures.types["Q4_K"] = TypeRate(decode=31e9, prefill=100e9)  # within the readings' noise
     assert implausible(figures, peak=1e12) == []
+    figures.types["Q4_K"] = TypeRate(decode=32.3e9 * (BANDWIDTH_MARGIN + 0.05), prefill=100e9)
+    assert len(implausible(figures, peak=1e12)) == 1
 
 
 def test_a_batch_faster_than_the_cores_can_compute_is_not_kept() -> None:

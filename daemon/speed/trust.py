@@ -39,7 +39,7 @@ MAX_ROUNDS = 6
 SPREAD = 0.08
 """How far the agreeing rounds may be apart: (slowest - fastest) / fastest. Tighter than the
 ±10 % that fresh probes must agree within, since each probe keeps its fastest."""
-BANDWIDTH_MARGIN = 1.15
+BANDWIDTH_MARGIN = 1.2
 """How far a weight type's decode may be above the memory bandwidth the probe measured with
 numpy: the two readings' own noise, not a cache."""
 PEAK_MARGIN = 2.0
