@@ -218,7 +218,8 @@ def calibrate(
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
-    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run.
+    while probing (seconds: every figure in rounds until they agree); raises
+    :class:`ProbeFailed` when the probe cannot run.
 
     ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
     child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures
