@@ -34,7 +34,7 @@ __all__ = [
 
 ROUNDS = 3
 """Rounds whose figures must agree."""
-MAX_ROUNDS = 6
+MAX_ROUNDS = 8
 """Rounds at most before a figure is called unstable."""
 SPREAD = 0.08
 """How far the agreeing rounds may be apart: (slowest - fastest) / fastest. Tighter than the
