@@ -305,7 +305,8 @@ def test_rates_come_back_from_the_probes_timings() -> None:
 def test_the_probe_measures_this_machine(tmp_path: Path) -> None:
     """The child runs llama.cpp on a synthetic model of each type asked for and reports timings
     the parent turns into positive rates (one type here, to keep the suite short)."""
-    report = speedprobe._run_child(1, True, ["Q4_0"], timeout=300)
+    # (measured on past figures that do not agree: this machine is shared)
+    report = speedprobe._run_child(1, True, ["Q4_0"], timeout=300, keep_going=True)
     figures = Calibration.from_probe(report, "key", 0.0)
     assert set(figures.types) == {"Q4_0"}
     # what is decoded for a rate spans the working set: several times the cache, not in it

@@ -204,6 +204,30 @@ def test_figures_that_cannot_be_trusted_are_not_cached(
     assert speedprobe.cached_calibration(settings, 1) is None
 
 
+def test_a_probe_stopped_at_its_first_unstable_figure_keeps_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child stops at the first figure whose rounds never agree (measuring on would be
+    time lost on a busy machine): the daemon says which, and caches nothing."""
+    settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path), "LOCALLLM_CPU_REPACK": "on"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    asked: list[bool] = []
+
+    def child(*args: object, keep_going: bool = False, **kwargs: object) -> dict[str, object]:
+        asked.append(keep_going)
+        return {
+            "unstable": ["tiny-26 batch (its best rounds 29% apart after 8)"],
+            "stopped": True,
+            "others": 1.2,
+        }
+
+    monkeypatch.setattr(speedprobe, "_run_child", child)
+    with pytest.raises(speedprobe.ProbeUnstable, match=r"tiny-26 batch \(its best rounds 29%"):
+        speedprobe.calibrate(settings, threads=1)
+    assert asked == [False]  # the daemon's probe stops early
+    assert speedprobe.cached_calibration(settings, 1) is None
+
+
 def test_rounds_and_cache_come_back_from_the_probes_report() -> None:
     report = {
         "threads": 2,

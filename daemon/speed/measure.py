@@ -7,8 +7,10 @@ type's, the output head's) and numpy's read are several times (:data:`_CACHE_FAC
 last-level cache the system reports (:func:`~localllm.daemon.devices.cpuspec.last_level_cache`;
 :data:`_UNKNOWN_CACHE_BYTES` stands in where it reports none, and the report says so). Each
 figure is timed in rounds after a warm-up until the best rounds agree
-(:func:`~localllm.daemon.speed.trust.settle`); those that never do are listed in the report's
-``unstable``, and the daemon keeps none of its figures then.
+(:func:`~localllm.daemon.speed.trust.settle`). The first that never does ends the probe (its
+report is ``{"unstable": [...], "stopped": true}``: the daemon keeps no figure of a probe with
+one, so measuring on is time lost on a busy machine); with ``--keep-going`` every figure is
+measured and those that did not agree are listed in ``unstable``.
 
 The measurement is a list of parts, each adding its timings to the report:
 
@@ -46,10 +48,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from localllm._exceptions import LocalLLMError
+
 from .probe import BASE_TYPES
 from .trust import Settled, settle
 
 __all__ = [
+    "UnstableFigureError",
     "fixed_costs",
     "gpu_device",
     "main",
@@ -204,11 +209,17 @@ def _write_model(
     write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=vocab, matrix=matrix)
 
 
+class UnstableFigureError(LocalLLMError):
+    """A figure's rounds never agreed: the probe stops (its figures would not be kept)."""
+
+
 class _Runner:
     """Loads a probe model and times its batch and its decode steps, each figure in rounds
     until they agree (what did not agree is listed in :attr:`unstable`)."""
 
-    def __init__(self, threads: int, repack: bool, gpu: bool = False) -> None:
+    def __init__(
+        self, threads: int, repack: bool, gpu: bool = False, keep_going: bool = True
+    ) -> None:
         import ctypes
 
         import llama_cpp
@@ -223,6 +234,8 @@ class _Runner:
         """Per figure: how far apart its best rounds were, and how many rounds ran."""
         self.unstable: list[str] = []
         """Figures whose rounds never agreed, one phrase each."""
+        self.keep_going = keep_going
+        """Measure on after a figure that did not agree (else :class:`UnstableFigureError`)."""
         self._quiet = llama_cpp.llama_log_callback(lambda *_: None)
         llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
@@ -235,6 +248,8 @@ class _Runner:
             self.unstable.append(
                 f"{name} (its best rounds {result.spread:.0%} apart after {result.rounds})"
             )
+            if not self.keep_going:
+                raise UnstableFigureError(self.unstable[-1])
         return result.value
 
     def _load(self, path: Path) -> Any:
@@ -601,7 +616,7 @@ def output_head(runner: _Runner, workdir: Path, target_bytes: int) -> dict[str, 
     return {"head": head}
 
 
-def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
+def gpu_device(threads: int, workdir: Path, keep_going: bool = True) -> dict[str, Any]:
     """The first GPU llama.cpp lists, with every layer on it: the tiny models' steps and a few
     weight types' (``devices``: its name, description and whether it is a software device;
     ``unstable``: its figures that did not agree); nothing when there is none."""
@@ -612,7 +627,7 @@ def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
     if not devices:
         return {}
     device = devices[0]
-    runner = _Runner(threads, repack=False, gpu=True)
+    runner = _Runner(threads, repack=False, gpu=True, keep_going=keep_going)
     part: dict[str, Any] = {
         "description": device.description,
         "software": is_software(device.description),
@@ -628,12 +643,28 @@ def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
     }
 
 
-def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+def _probe(
+    threads: int, repack: bool, workdir: Path, types: Sequence[str], keep_going: bool
+) -> dict[str, Any]:
     from ..devices.procfs import allowed_cpus, read_cpu
 
     began = read_cpu(allowed_cpus())
+    try:
+        return _measure(threads, repack, workdir, types, keep_going, began)
+    except UnstableFigureError as exc:
+        return {"unstable": [str(exc)], "stopped": True, "others": round(_others_since(began), 3)}
+
+
+def _measure(
+    threads: int,
+    repack: bool,
+    workdir: Path,
+    types: Sequence[str],
+    keep_going: bool,
+    began: Any,
+) -> dict[str, Any]:
     target, cache = working_set()
-    runner = _Runner(threads, repack)
+    runner = _Runner(threads, repack, keep_going=keep_going)
     report: dict[str, Any] = {
         "threads": threads,
         "repack": repack,
@@ -644,7 +675,7 @@ def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> d
     report.update(fixed_costs(runner, workdir))
     report.update(weight_types(runner, workdir, types, target))
     report.update(output_head(runner, workdir, target))
-    gpu = gpu_device(threads, workdir)
+    gpu = gpu_device(threads, workdir, keep_going)
     report.update(gpu)
     report["bandwidth"] = _bandwidth(runner, _BANDWIDTH_FACTOR * target)
     report["stability"] = runner.stability
@@ -655,12 +686,14 @@ def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]``."""
+    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]
+    [--keep-going]``."""
     parser = argparse.ArgumentParser(prog="python -m localllm.daemon.speed.measure")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--types", default=",".join(BASE_TYPES))
     parser.add_argument("--no-repack", action="store_true")
+    parser.add_argument("--keep-going", action="store_true", help="on past an unstable figure")
     args = parser.parse_args(argv)
     types = [t for t in args.types.split(",") if t]
     import gguf
@@ -669,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown ggml types: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types)
+    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types, args.keep_going)
     print(json.dumps(report))
     return 0
 

@@ -155,12 +155,15 @@ def _run_child(
     types: Sequence[str],
     timeout: float,
     cancelled: Callable[[], bool] | None = None,
+    keep_going: bool = False,
 ) -> dict[str, Any]:
     command = [sys.executable, "-P", "-m", "localllm.daemon.speed.measure"]
     with tempfile.TemporaryDirectory(prefix="localllm-speed-") as workdir:
         args = ["--threads", str(threads), "--workdir", workdir, "--types", ",".join(types)]
         if not repack:
             args.append("--no-repack")
+        if keep_going:  # (else the child stops at the first figure that does not agree)
+            args.append("--keep-going")
         child = subprocess.Popen(
             [*command, *args],
             stdin=subprocess.DEVNULL,
@@ -242,6 +245,11 @@ def calibrate(
             raise ProbeFailed(paths.error)
         started = time.monotonic()
         report = _run_child(count, paths.repack, missing, timeout, cancelled)
+        if report.get("stopped"):
+            raise ProbeUnstable(
+                "the speed probe's figures did not agree when measured again: "
+                + "; ".join(report.get("unstable", []))
+            )
         measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
         if max_others is not None and measured.others > max_others:
             raise ProbeInterrupted(
