@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,11 @@ def prune(store: Store) -> PruneReport:
             ]
         for path in leftovers:
             size = _size(path)
+            if path.is_dir() and not path.is_symlink():
+                # A conversion's work folder (a checkout's links, the F16 file) left by a kill.
+                shutil.rmtree(path, ignore_errors=True)
+                report.other.append((path.name, size))
+                continue
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 report.other.append((path.name, size))
