@@ -278,13 +278,19 @@ def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | No
                 folder_context = contextlib.nullcontext(checkout.folder)
             with folder_context as folder:
                 output = work / "model-f16.gguf"
-                convert_file(
+                result = convert_file(
                     folder,
                     output,
                     status,
                     on_progress=checkout.on_progress,
                     cancel=checkout.cancel,
                 )
+            if checkout.on_progress is not None:
+                from ..sources.progress import PullProgress
+
+                # What the converter decided (a pre-tokenizer found by its regex...): said.
+                for note in result.get("notes") or []:
+                    checkout.on_progress(PullProgress(f"converter: {note}"))
             store.checkpoint("convert-written")
             produced = inspect_gguf(output)
             produced.require_model()
@@ -338,11 +344,12 @@ def _child_main(argv: list[str]) -> int:
         full = exc.errno == errno.ENOSPC
         send({"error": str(exc), "kind": "disk full" if full else "os"})
         return 1
-    summary = {}
-    for key in ("architecture", "tensors", "bytes_written", "parameter_count"):
+    summary: dict[str, Any] = {}
+    for key in ("architecture", "tensor_count", "bytes_written", "seconds"):
         value = getattr(result, key, None)
         if isinstance(value, int | str | float):
             summary[key] = value
+    summary["notes"] = [str(note) for note in getattr(result, "notes", None) or []]
     send({"result": summary})
     events.close()
     return 0

@@ -1,0 +1,159 @@
+"""Pulling a Hugging Face repository of safetensors (no GGUF): ``show`` before anything is
+downloaded (each quantization's size from the config, its fit and predicted speed), ``pull``
+with a tag, without one (the best fit), or through the library; the files downloaded as any
+pull's (verified, resumable), converted, quantized, the checkout's blobs gone after. Real
+``huggingface_hub`` against the loopback Hub; a real daemon for the CLI."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fakes.helpers import EventLog
+from fakes.hf_hub import FakeHub
+from hf_checkpoint import write_checkpoint
+from speed_support import seed_calibration
+from test_cli_support import CliHome, cli_home
+
+from localllm import RemoteNotFoundError
+from localllm.settings import Settings
+from localllm.sources import pull
+from localllm.store.manifest import MEDIA_MODEL
+from localllm.store.models import load_model
+from localllm.store.store import Store
+
+pytest_plugins = ["fakes.fixtures"]
+
+REPO = "hf.co/tester/tiny-llama"
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("pull-st") / "tiny-llama", "llama").folder
+
+
+@pytest.fixture(scope="module")
+def module_hub(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
+    with FakeHub() as server:
+        server.add_repo("tester/tiny-llama", {**_files(checkpoint), "README.md": b"# tiny\n"})
+        pickles = tmp_path_factory.mktemp("pickles")
+        shutil.copy(checkpoint / "config.json", pickles / "config.json")
+        (pickles / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + b"\0" * 64)
+        server.add_repo("tester/pickles", _files(pickles))
+        unsupported = dict(_files(checkpoint))
+        unsupported["config.json"] = unsupported["config.json"].replace(
+            b"LlamaForCausalLM", b"FancyNewForCausalLM"
+        )
+        server.add_repo("tester/fancy", unsupported)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory, module_hub: FakeHub) -> Iterator[CliHome]:
+    root = tmp_path_factory.mktemp("pull-st-cli")
+    cache = root / "cache"
+    seed_calibration(cache, threads=1)
+    with cli_home(root / "home", HF_ENDPOINT=module_hub.url, XDG_CACHE_HOME=str(cache)) as c:
+        c.ok("list")  # the CLI starts the daemon
+        yield c
+
+
+def _shard_requests(hub: FakeHub) -> int:
+    return sum(1 for r in hub.cdn.requests if "/repos/" in r.path)
+
+
+def test_show_before_download_lists_converted_quantizations(
+    cli: CliHome, module_hub: FakeHub
+) -> None:
+    before = _shard_requests(module_hub)
+    data = cli.json("show", REPO)
+    labels = [q["label"] for q in data["quants"]]
+    assert {"Q4_K_M", "Q8_0", "F16"} <= set(labels)
+    sizes = {q["label"]: q["size"] for q in data["quants"]}
+    assert sizes["Q4_K_M"] <= sizes["Q8_0"] < sizes["F16"]
+    for quant in data["quants"]:
+        assert quant["converted_from"] == "safetensors"
+        assert quant["download_size"] == sum(len(v) for k, v in _files_of(module_hub).items()
+                                             if k in quant["files"])
+        assert quant["fit"] == "cpu" and quant["context_length"] == 1024
+    (q8,) = [q for q in data["quants"] if q["label"] == "Q8_0"]
+    assert q8["predicted"]["decode"] > 0 and q8["predicted"]["prefill"] > 0
+    assert data["info"]["architecture"] == "LlamaForCausalLM"
+    assert data["info"]["parameters"] > 0
+    out = cli.ok("show", REPO)
+    assert "safetensors, no GGUF" in out and "Q8_0" in out and "CPU only" in out
+    assert _shard_requests(module_hub) == before  # nothing but the config was downloaded
+
+
+def _files_of(hub: FakeHub) -> dict[str, bytes]:
+    return hub.repos["tester/tiny-llama"].files
+
+
+def test_pull_with_a_tag_converts_and_quantizes(cli: CliHome) -> None:
+    result = cli.run("pull", f"{REPO}:Q8_0")
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert "holds safetensors (LlamaForCausalLM) and no GGUF" in err
+    assert "converting" in err and "quantizing F16 model to Q8_0" in err
+    assert err.strip().splitlines()[-1] == "success"
+    shown = cli.json("show", f"{REPO}:Q8_0")
+    assert shown["details"]["quantization_level"] == "Q8_0"
+    with cli.client() as client:
+        reply = client.generate(f"{REPO}:Q8_0", "Hello", options={"num_predict": 3})
+    assert reply["done"] and 1 <= reply["eval_count"] <= 3
+
+
+def test_pull_without_a_tag_picks_the_best_fit(cli: CliHome) -> None:
+    result = cli.run("pull", REPO)
+    assert result.returncode == 0, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("picked ") and "F16/BF16/F32 left out" in first
+    picked = first.split()[1]
+    assert cli.json("show", REPO)["details"]["quantization_level"] == picked
+
+
+def test_library_pull_keeps_f16_and_drops_the_checkout(
+    store: Store, hf_settings: Settings, checkpoint: Path, hub: FakeHub
+) -> None:
+    hub.add_repo("tester/tiny-llama", _files(checkpoint))
+    log = EventLog()
+    entry = pull(store, f"{REPO}:F16", hf_settings, on_progress=log)
+    model = load_model(store, entry.name)
+    assert model.info.file_type == "F16"
+    # every file of the checkout was a verified blob once; only the model's remain
+    assert set(store.iter_blobs()) == set(entry.manifest.digests)
+    assert [layer.media_type for layer in entry.manifest.layers].count(MEDIA_MODEL) == 1
+    converting = [e for e in log.events if e.status.startswith("converting")]
+    assert converting and converting[-1].completed == converting[-1].total
+    assert not any(e.status.startswith("quantizing") for e in log.events)
+    assert log.statuses[-2:] == ["writing manifest", "success"]
+    assert not list(store.partial_dir.iterdir())
+
+
+def test_pickles_and_unknown_architectures_are_refused_before_downloading(
+    cli: CliHome, module_hub: FakeHub
+) -> None:
+    before = _shard_requests(module_hub)
+    error = cli.fails("pull", "hf.co/tester/pickles")
+    assert "pytorch_model.bin" in error and "never unpickles" in error
+    error = cli.fails("pull", "hf.co/tester/fancy")
+    assert "FancyNewForCausalLM" in error and "LlamaForCausalLM" in error
+    error = cli.fails("show", "hf.co/tester/fancy")
+    assert "FancyNewForCausalLM" in error
+    assert _shard_requests(module_hub) == before
+    assert "fancy" not in cli.ok("list") and "pickles" not in cli.ok("list")
+
+
+def test_a_quantization_a_checkout_cannot_become_is_named(
+    store: Store, hf_settings: Settings, checkpoint: Path, hub: FakeHub
+) -> None:
+    hub.add_repo("tester/tiny-llama", _files(checkpoint))
+    with pytest.raises(RemoteNotFoundError, match="Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16"):
+        pull(store, f"{REPO}:IQ2_XS", hf_settings)
+    assert not list(store.iter_blobs())
