@@ -10,10 +10,12 @@ the daemon still up.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,9 @@ import httpx
 import ollama
 import pytest
 from hf_checkpoint import write_checkpoint
+from store_support import assert_consistent, temporaries
 from test_cli_support import CliHome, cli_home
+from test_daemon_support import running_daemon, start_daemon
 
 from localllm.cli.common import folder_source
 from localllm.settings import Settings
@@ -249,3 +253,45 @@ def test_a_path_that_is_neither_file_nor_folder(cli: CliHome, tmp_path: Path) ->
         response = http.post("/api/create", json={"model": "x", "from": str(missing)})
     assert response.status_code == 400
     assert "no such file or folder" in response.json()["error"]
+
+
+# -- a kill in the middle -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["convert-written", "quantize-started"])
+def test_a_kill_mid_conversion_leaves_the_old_state(
+    checkpoint: Path, tmp_path: Path, step: str
+) -> None:
+    """SIGKILLed with the F16 file complete in partial/ (or llama.cpp quantizing it): after a
+    restart the name is absent, the work folder is gone, the store is consistent."""
+    home = tmp_path / "home"
+    body = {"model": "killed:q8", "from": str(checkpoint), "quantize": "q8_0"}
+    daemon = start_daemon(home, num_threads=1, test_pause=step)
+    marker = home / "test-pause"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        try:
+            request = pool.submit(_post_lines, daemon.url, body)
+            deadline = time.monotonic() + 120
+            while not marker.exists():  # polled: the daemon writes it when it gets there
+                assert not request.done(), request.result()
+                assert time.monotonic() < deadline, "the daemon never reached the step"
+                time.sleep(0.02)
+            assert any(p.is_dir() for p in temporaries(home))  # the work folder exists now
+        finally:
+            daemon.kill()
+        concurrent.futures.wait([request], timeout=60)
+    marker.unlink()
+    with running_daemon(home, num_threads=1) as again, again.http() as http:
+        assert http.get("/api/version").status_code == 200
+        assert temporaries(home) == []  # the start-up check removed the work folder
+        names = {m["name"] for m in http.get("/api/tags").json()["models"]}
+        assert "killed:q8" not in names
+        assert_consistent(home)
+
+
+def _post_lines(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with (
+        httpx.Client(base_url=url, timeout=120) as http,
+        http.stream("POST", "/api/create", json=body) as response,
+    ):
+        return [json.loads(line) for line in response.iter_lines() if line.strip()]
