@@ -141,8 +141,8 @@ def _train_spm(folder: Path, *, dummy_prefix: bool, specials: list[str]) -> None
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS * 4), model_writer=model, vocab_size=320,
-        model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        sentence_iterator=iter(CORPUS * 4), model_writer=model, vocab_size=400,
+        hard_vocab_limit=False, model_type="bpe", byte_fallback=True, character_coverage=1.0,
         add_dummy_prefix=dummy_prefix, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
         user_defined_symbols=[], control_symbols=specials, minloglevel=2,
         normalization_rule_name="identity", remove_extra_whitespaces=False,
@@ -251,7 +251,8 @@ def write_checkpoint(folder: Path, family: str, *, seed: int = 0,
     stop: list[int] = []
     if family in ("mistral", "gemma2", "gemma3", "phi3"):
         gemma = family.startswith("gemma")
-        specials = ["<start_of_turn>", "<end_of_turn>"] if gemma else ["<|user|>", "<|end|>"]
+        specials = (["<start_of_turn>", "<end_of_turn>"] if gemma else
+                    ["<|endoftext|>", "<|user|>", "<|end|>"])
         _train_spm(folder, dummy_prefix=not gemma, specials=specials)
         import sentencepiece as spm
 
@@ -261,7 +262,7 @@ def write_checkpoint(folder: Path, family: str, *, seed: int = 0,
         tok_cfg.update({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
                         "add_bos_token": True, "add_eos_token": False,
                         "tokenizer_class": "LlamaTokenizer"})
-        stop = [sp.piece_to_id(specials[1])]
+        stop = [sp.piece_to_id(specials[-1])]
     else:
         qwen = family.startswith("qwen")
         if qwen:

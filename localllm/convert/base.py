@@ -145,6 +145,9 @@ class Family:
         """Tensors llama.cpp wants that the checkpoint does not hold (none by default)."""
         return []
 
+    def check_vocab(self, tokens: list[str]) -> None:
+        """Refuse a vocabulary llama.cpp cannot load for this family (any, by default)."""
+
     def _expected(self, hf_name: str) -> tuple[tuple[int, ...] | None, bool]:
         """(shape, required) of a tensor by HF name; (None, False) for one not in the tables."""
         glob = self.global_shapes()
@@ -212,6 +215,9 @@ class Family:
         c = self.config
         params = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         params.setdefault("rope_theta", c.get("rope_theta", 10000.0))
+        if c.get("original_max_position_embeddings"):
+            params.setdefault("original_max_position_embeddings",
+                              c["original_max_position_embeddings"])
         if "type" in params and "rope_type" not in params:
             params["rope_type"] = params["type"]
         return params

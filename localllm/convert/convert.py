@@ -103,6 +103,7 @@ def convert_folder(folder: Path, out: Path, *,
     family = family_for(info.config)
     tensors = index_folder(folder)
     vocab = load_vocab(folder, family.vocab, prefer_sentencepiece=family.prefer_sentencepiece)
+    family.check_vocab(vocab.tokens)
     plan = family.plan(tensors, str(info.config.get("torch_dtype") or "") or None)
     total = sum(t.source_bytes for t in plan)
 

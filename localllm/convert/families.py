@@ -7,11 +7,20 @@ from typing import Any
 
 from localllm._exceptions import MissingConfigError, UnsupportedArchitectureError
 from localllm.convert.base import Family
+from localllm.convert.gemma2 import Gemma2Family
+from localllm.convert.gemma3 import Gemma3Family
 from localllm.convert.llama import LlamaFamily
+from localllm.convert.mistral import MistralFamily
+from localllm.convert.phi3 import Phi3Family
+from localllm.convert.qwen2 import Qwen2Family
+from localllm.convert.qwen3 import Qwen3Family
 
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "family_for"]
 
-FAMILIES: tuple[type[Family], ...] = (LlamaFamily,)
+FAMILIES: tuple[type[Family], ...] = (
+    LlamaFamily, MistralFamily, Qwen2Family, Qwen3Family, Gemma2Family, Gemma3Family,
+    Phi3Family,
+)
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
     arch for fam in FAMILIES for arch in fam.architectures
