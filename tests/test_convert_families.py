@@ -1,0 +1,49 @@
+"""Each family: a tiny Hub-shaped checkpoint converted, run by llama.cpp, and compared with a
+numpy reference forward pass of the same weights (see ``convert_compare`` for the tolerance),
+and the prompt's token ids compared with the tokenizer library's (BOS included)."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from convert_compare import REL_TOLERANCE, compare
+from hf_checkpoint import write_checkpoint
+
+from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
+
+FAMILIES = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_matches_reference(family: str, tmp_path: Path) -> None:
+    ck = write_checkpoint(tmp_path / family, family)
+    assert ck.config["architectures"][0] in SUPPORTED_ARCHITECTURES
+    seen: list[tuple[int, int]] = []
+    result = convert_folder(ck.folder, tmp_path / "out" / "model.gguf",
+                            progress=lambda d, t: seen.append((d, t)))
+    assert result.path.is_file() and result.bytes_written == result.path.stat().st_size
+    assert not [p for p in result.path.parent.iterdir() if p.name != "model.gguf"]
+    total = sum(ck.weights[n].size * 2 for n in ck.weights)
+    assert seen[-1] == (total, total) and all(
+        a <= b for (a, _), (b, _) in pairwise(seen))
+
+    c = compare(ck, result.path)
+    assert c.ids_llama == c.ids_reference, "llama.cpp tokenizes the prompt differently"
+    assert len(c.ids_reference) >= 8
+    assert c.rel_diff < REL_TOLERANCE, f"max |dlogit| {c.max_abs_diff} of scale {c.scale}"
+    assert c.greedy_checked >= len(c.ids_reference) // 2
+    assert c.greedy_equal == c.greedy_checked
+
+
+def test_inspect_folder_reads_headers_only(tmp_path: Path) -> None:
+    ck = write_checkpoint(tmp_path / "llama", "llama")
+    info = inspect_folder(ck.folder)
+    assert info.architecture == "LlamaForCausalLM" and info.family == "llama"
+    assert info.dtype == "bf16"
+    assert info.parameter_count == sum(w.size for w in ck.weights.values())
+    assert info.tensor_bytes == 2 * info.parameter_count
+    assert info.context_length == 256
+    assert "model-00001-of-00002.safetensors" in info.files
+    assert "tokenizer.json" in info.files and "config.json" in info.files
