@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from hf_checkpoint import write_checkpoint
+from hf_checkpoint import FAMILIES, write_checkpoint
 from store_support import assert_consistent, temporaries
 from test_cli_support import CliHome, cli_home
 from test_daemon_support import running_daemon, start_daemon
@@ -145,6 +145,20 @@ def test_cli_uploads_a_folder_to_a_remote_daemon(cli: CliHome, checkpoint: Path)
         lines = list(client.create("remote-st", **fields))
     assert lines[-1]["status"] == "success"
     assert cli.json("show", "remote-st")["details"]["quantization_level"] == "F16"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_created_and_answers(
+    cli: CliHome, family: str, tmp_path: Path
+) -> None:
+    folder = write_checkpoint(tmp_path / family, family).folder
+    with cli.client() as client:
+        lines = list(client.create(f"family-{family}", from_=str(folder), quantize="q8_0"))
+    assert lines[-1]["status"] == "success"
+    shown = cli.json("show", f"family-{family}")
+    assert shown["details"]["quantization_level"] == "Q8_0"
+    _answers(cli, f"family-{family}")
+    cli.ok("rm", f"family-{family}")
 
 
 # -- bad input ------------------------------------------------------------------------------

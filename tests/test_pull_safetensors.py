@@ -6,6 +6,7 @@ pull's (verified, resumable), converted, quantized, the checkout's blobs gone af
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,13 +14,16 @@ from pathlib import Path
 import pytest
 from fakes.helpers import EventLog
 from fakes.hf_hub import FakeHub
-from hf_checkpoint import write_checkpoint
+from hf_checkpoint import FAMILIES, write_checkpoint
 from speed_support import seed_calibration
 from test_cli_support import CliHome, cli_home
 
 from localllm import RemoteNotFoundError
+from localllm.convert import convert_folder
+from localllm.gguf_info import inspect_gguf
 from localllm.settings import Settings
 from localllm.sources import pull
+from localllm.sources.checkout_header import checkout_header
 from localllm.store.manifest import MEDIA_MODEL
 from localllm.store.models import load_model
 from localllm.store.store import Store
@@ -157,3 +161,25 @@ def test_a_quantization_a_checkout_cannot_become_is_named(
     with pytest.raises(RemoteNotFoundError, match="Q4_K_M, Q5_K_M, Q6_K, Q8_0, F16"):
         pull(store, f"{REPO}:IQ2_XS", hf_settings)
     assert not list(store.iter_blobs())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_header_show_makes_from_a_config_is_the_conversions(
+    family: str, tmp_path: Path
+) -> None:
+    """What ``show`` plans a checkout with before downloading it (a GGUF header made from
+    config.json) has the tensors, sizes and shapes the converter then writes."""
+    checkout = write_checkpoint(tmp_path / family, family)
+    converted = tmp_path / "converted.gguf"
+    convert_folder(checkout.folder, converted)
+    real = inspect_gguf(converted)
+    config = json.loads((checkout.folder / "config.json").read_text())
+    made = checkout_header(config, config["architectures"][0], "F16")
+    assert made.architecture == real.architecture
+    assert {t.name: (t.shape, t.n_bytes) for t in made.tensors} == {
+        t.name: (t.shape, t.n_bytes) for t in real.tensors
+    }
+    arch = real.architecture
+    for key in ("block_count", "embedding_length", "attention.head_count",
+                "attention.head_count_kv", "context_length"):
+        assert made.metadata[f"{arch}.{key}"] == real.metadata[f"{arch}.{key}"], key

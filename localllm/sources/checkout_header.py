@@ -84,6 +84,9 @@ def _tensors(config: dict[str, Any], arch: str) -> list[tuple[str, tuple[int, ..
         raise GGUFError("config.json gives no hidden_size or num_hidden_layers")
     q, kv = heads * head_dim, kv_heads * head_dim
     found: list[tuple[str, tuple[int, ...], bool]] = [("token_embd.weight", (vocab, hidden), True)]
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        found.append(("rope_freqs.weight", (head_dim // 2,), False))  # Llama 3.1's factors
     for n in range(layers):
         block = f"blk.{n}"
         found.append((f"{block}.attn_norm.weight", (hidden,), False))
