@@ -18,7 +18,7 @@ from hf_checkpoint import FAMILIES, write_checkpoint
 from speed_support import seed_calibration
 from test_cli_support import CliHome, cli_home
 
-from localllm import RemoteNotFoundError
+from localllm import DigestMismatchError, PullError, RemoteNotFoundError
 from localllm.convert import convert_folder
 from localllm.gguf_info import inspect_gguf
 from localllm.settings import Settings
@@ -183,3 +183,37 @@ def test_the_header_show_makes_from_a_config_is_the_conversions(
     for key in ("block_count", "embedding_length", "attention.head_count",
                 "attention.head_count_kv", "context_length"):
         assert made.metadata[f"{arch}.{key}"] == real.metadata[f"{arch}.{key}"], key
+
+
+def _shard(checkpoint: Path) -> bytes:
+    return sorted(checkpoint.glob("*.safetensors"))[0].read_bytes()
+
+
+def test_a_dropped_shard_download_resumes_where_it_stopped(
+    store: Store, hf_settings: Settings, checkpoint: Path, hub: FakeHub
+) -> None:
+    hub.add_repo("tester/tiny-llama", _files(checkpoint))
+    shard = _shard(checkpoint)
+    path = hub.cdn.object_path(shard)
+    hub.cdn.add_fault("drop", len(shard) // 2, path)
+    pull(store, f"{REPO}:F16", hf_settings)
+    ranges = [r.headers.get("range") for r in hub.cdn.requests_for(path)]
+    assert ranges == [None, f"bytes={len(shard) // 2}-"]
+    assert load_model(store, f"{REPO}:F16").info.file_type == "F16"
+
+
+def test_corrupt_files_are_refused_and_nothing_is_named(
+    store: Store, hf_settings: Settings, checkpoint: Path, hub: FakeHub
+) -> None:
+    repo = hub.add_repo("tester/tiny-llama", _files(checkpoint))
+    # a file in git (no LFS): checked against the git object id the Hub lists
+    repo.tampered["config.json"] = repo.files["config.json"].replace(b"64", b"65")
+    with pytest.raises(PullError, match=r"config\.json: the bytes downloaded are not"):
+        pull(store, f"{REPO}:F16", hf_settings)
+    repo.tampered.clear()
+    # a shard (LFS): checked against its sha256
+    hub.cdn.add_fault("corrupt", 100, hub.cdn.object_path(_shard(checkpoint)))
+    with pytest.raises(DigestMismatchError):
+        pull(store, f"{REPO}:F16", hf_settings)
+    assert not store.exists(f"{REPO}:F16")
+    assert not any(p.is_file() for p in store.manifests_dir.rglob("*"))

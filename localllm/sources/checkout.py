@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import DigestMismatchError, PullError, RemoteNotFoundError
+from .._exceptions import PullError, RemoteNotFoundError
 from .gguf_files import HubFile
 
 if TYPE_CHECKING:
@@ -114,7 +114,8 @@ def _git_oid(data: bytes) -> str:
 
 def fetch_small_file(store: Store, source: HubFileSource, hub_file: HubFile) -> str:
     """Download a small non-LFS file, check it against the Hub's git object id, store it as
-    a blob and return its digest. Raises :class:`DigestMismatchError` for other bytes."""
+    a blob and return its digest. Raises :class:`PullError` for other bytes (nothing is
+    stored)."""
     import httpx
 
     with httpx.Client(timeout=source.timeout) as client:
@@ -124,12 +125,12 @@ def fetch_small_file(store: Store, source: HubFileSource, hub_file: HubFile) -> 
         finally:
             response.close()
     if hub_file.blob_id and _git_oid(data) != hub_file.blob_id:
-        raise DigestMismatchError(
+        raise PullError(
             f"{source.description}: the bytes downloaded are not the file the Hub lists "
             f"(git object {hub_file.blob_id[:12]})"
         )
     if len(data) != hub_file.size:
-        raise DigestMismatchError(
+        raise PullError(
             f"{source.description}: {len(data)} bytes downloaded, the Hub lists {hub_file.size}"
         )
     return store.write_blob([data]).digest

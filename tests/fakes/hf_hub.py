@@ -84,6 +84,9 @@ class HubRepo:
     last_modified: str = "2026-01-01T00:00:00.000Z"
     card: dict[str, Any] | None = None
     """The model card's YAML data (``cardData``)."""
+    tampered: dict[str, bytes] = field(default_factory=dict)
+    """Files in git (no LFS) served with these bytes instead of those the listing describes
+    (a proxy or a disk that changed them on the way)."""
 
     def is_lfs(self, path: str) -> bool:
         # As the Hub's default .gitattributes: weights always in LFS, whatever their size.
@@ -364,7 +367,8 @@ class FakeHub(LoopbackServer):
             )
             return
         if not repo.is_lfs(file_path):
-            handler.send_bytes(200, data, "text/plain", {"ETag": f'"{_git_oid(data)}"', **common})
+            served = repo.tampered.get(file_path, data)
+            handler.send_bytes(200, served, "text/plain", {"ETag": f'"{_git_oid(data)}"', **common})
             return
         sha = _sha256(data)
         location = (
