@@ -86,6 +86,7 @@ def test_show_before_download_lists_converted_quantizations(
         assert quant["download_size"] == sum(len(v) for k, v in _files_of(module_hub).items()
                                              if k in quant["files"])
         assert quant["fit"] == "cpu" and quant["context_length"] == 1024
+        assert quant["split"] is False  # one GGUF once converted, whatever the shards
     (q8,) = [q for q in data["quants"] if q["label"] == "Q8_0"]
     assert q8["predicted"]["decode"] > 0 and q8["predicted"]["prefill"] > 0
     assert data["info"]["architecture"] == "LlamaForCausalLM"

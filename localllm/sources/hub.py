@@ -261,7 +261,7 @@ class QuantFiles:
             "tag": self.tag,
             "files": [f.path for f in self.files],
             "size": self.size,
-            "split": len(self.files) > 1,
+            "split": len(self.files) > 1 and self.converted_size is None,
             "projector": None
             if self.projector is None
             else {"path": self.projector.path, "size": self.projector.size},
