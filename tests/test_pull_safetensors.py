@@ -26,6 +26,7 @@ from localllm.sources import pull
 from localllm.sources.checkout_header import checkout_header
 from localllm.store.manifest import MEDIA_MODEL
 from localllm.store.models import load_model
+from localllm.store.quantize import quantize_file
 from localllm.store.store import Store
 
 pytest_plugins = ["fakes.fixtures"]
@@ -184,6 +185,14 @@ def test_the_header_show_makes_from_a_config_is_the_conversions(
     for key in ("block_count", "embedding_length", "attention.head_count",
                 "attention.head_count_kv", "context_length"):
         assert made.metadata[f"{arch}.{key}"] == real.metadata[f"{arch}.{key}"], key
+    # Quantized by llama.cpp: each tensor's type (its output-head and _M-mix rules, its
+    # fallback for rows its blocks do not divide), hence the size show gives, are the same.
+    for quant in ("Q4_K_M", "Q8_0"):
+        quantized = tmp_path / f"{quant}.gguf"
+        quantize_file(converted, quantized, quant)
+        real_types = {t.name: (t.type, t.n_bytes) for t in inspect_gguf(quantized).tensors}
+        made = checkout_header(config, config["architectures"][0], quant)
+        assert {t.name: (t.type, t.n_bytes) for t in made.tensors} == real_types, quant
 
 
 def _shard(checkpoint: Path) -> bytes:

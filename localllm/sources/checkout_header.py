@@ -4,7 +4,8 @@ as it plans a GGUF repository from the header it reads with Range requests.
 
 The tensors are llama.cpp's (``token_embd``, ``blk.N.attn_q``... at their shapes from the
 config: hidden size, heads, KV heads, head size, feed-forward size, experts, vocabulary,
-tied embeddings), typed as the quantization stores its matrices (``Q4_K`` for Q4_K_M, F32 for
+tied embeddings), typed as llama.cpp's quantizer stores them (``Q4_K`` for Q4_K_M with its
+Q6_K output head and Q6_K ``attn_v``/``ffn_down`` in the layers it gives more bits, F32 for
 norms); the header is written by ``gguf.GGUFWriter`` and read back by
 :func:`~localllm.gguf_info.inspect_gguf_header`, so the memory plan and the speed model see
 what they see for any GGUF. Family details that move few bytes (biases, q/k norms) are
@@ -49,6 +50,9 @@ _MAIN = {
 }
 
 
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
 def _int(config: dict[str, Any], *keys: str, default: int = 0) -> int:
     for key in keys:
         value = config.get(key)
@@ -57,13 +61,39 @@ def _int(config: dict[str, Any], *keys: str, default: int = 0) -> int:
     return default
 
 
-def _matrix_type(quant: str, columns: int) -> Any:
+def _more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's ``use_more_bits``: the layers whose ``attn_v`` and ``ffn_down`` a _M
+    quantization keeps at Q6_K (the first and last eighth, every third between)."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def _wanted(quant: str, name: str, layers: int, tied: bool) -> str:
+    """The type llama.cpp's quantizer gives the matrix ``name`` for ``quant`` (its main
+    rules: the output head, or the embedding that is also the head, at Q6_K; the _M mixes'
+    attn_v, fused qkv and ffn_down)."""
+    main = _MAIN[quant][0]
+    if main in ("F16", "Q8_0"):
+        return main
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return "Q6_K"
+    if quant in ("Q4_K_M", "Q5_K_M") and any(
+        part in name for part in (".attn_v.", ".attn_qkv.", ".ffn_down")
+    ):
+        return "Q6_K" if _more_bits(int(name.split(".")[1]), layers) else main
+    return main
+
+
+def _matrix_type(
+    quant: str, columns: int, name: str = "", layers: int = 0, tied: bool = False
+) -> Any:
     """The type a matrix of ``columns`` per row gets: the quant's own where its blocks fit
-    the row, else Q8_0 (32-wide blocks), else F16 (as llama.cpp falls back)."""
+    the row, else llama.cpp's fallback (Q5_0 for Q4_K...), else F16."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    wanted = GGMLQuantizationType[_MAIN[quant][0]]
-    for kind in (wanted, GGMLQuantizationType.Q8_0, GGMLQuantizationType.F16):
+    wanted = GGMLQuantizationType[_wanted(quant, name, layers, tied)]
+    # llama.cpp's fallback for a row its k-quant blocks do not divide
+    fallback = GGMLQuantizationType[_FALLBACK.get(wanted.name, "Q8_0")]
+    for kind in (wanted, fallback, GGMLQuantizationType.F16):
         if columns % GGML_QUANT_SIZES[kind][0] == 0:
             return kind
     return GGMLQuantizationType.F16
@@ -141,10 +171,11 @@ def checkout_header(config: dict[str, Any], architecture: str, quant: str) -> GG
     hidden = _int(config, "hidden_size", "n_embd", "d_model")
     heads = _int(config, "num_attention_heads", "n_head", default=1)
     head_dim = _int(config, "head_dim", default=hidden // max(heads, 1))
+    layers = _int(config, "num_hidden_layers", "n_layer")
     with tempfile.TemporaryDirectory(prefix="localllm-header-") as folder:
         path = Path(folder) / "header.gguf"
         writer = GGUFWriter(path, arch)
-        writer.add_block_count(_int(config, "num_hidden_layers", "n_layer"))
+        writer.add_block_count(layers)
         writer.add_embedding_length(hidden)
         writer.add_feed_forward_length(_int(config, "intermediate_size", default=4 * hidden))
         writer.add_head_count(heads)
@@ -157,8 +188,14 @@ def checkout_header(config: dict[str, Any], architecture: str, quant: str) -> GG
             writer.add_expert_count(experts)
             writer.add_expert_used_count(_int(config, "num_experts_per_tok", default=2))
         data = 0
-        for name, shape, matrix in _tensors(config, arch):
-            kind = _matrix_type(quant, shape[-1]) if matrix else GGMLQuantizationType.F32
+        tensors = _tensors(config, arch)
+        tied = not any(name == "output.weight" for name, _, _ in tensors)
+        for name, shape, matrix in tensors:
+            kind = (
+                _matrix_type(quant, shape[-1], name, layers, tied)
+                if matrix
+                else GGMLQuantizationType.F32
+            )
             block, size = GGML_QUANT_SIZES[kind]
             elements = int(np.prod(shape))
             nbytes = elements // block * size
