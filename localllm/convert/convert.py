@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import numpy as np
 from localllm._exceptions import ConvertError
 from localllm.convert.base import OutTensor
 from localllm.convert.families import family_for
+from localllm.convert.floats import bf16_to_f16
 from localllm.convert.folder import inspect_folder
 from localllm.convert.shards import index_folder, read_rows
 from localllm.convert.vocab import load_vocab, write_vocab
@@ -77,12 +78,21 @@ def _nbytes(shape: tuple[int, ...], q: _Q) -> int:
     return n // block * size
 
 
-def _chunks(t: OutTensor) -> object:
+def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
+    """The tensor's bytes in the output type, chunk by chunk."""
     if t.source is None:
         assert t.data is not None
-        yield np.asarray(t.data, dtype=np.float32)
+        yield _encode(np.asarray(t.data, dtype=np.float32), q)
         return
-    yield from read_rows(t.source, order=t.order)
+    if t.source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
+        # The common case (a bf16 checkpoint to f16 or bf16) on the bits, without float32.
+        for raw in read_rows(t.source, order=t.order, raw=True):
+            yield raw if q == _Q.BF16 else bf16_to_f16(raw)
+        return
+    for chunk in read_rows(t.source, order=t.order):
+        if t.offset:
+            chunk += np.float32(t.offset)
+        yield _encode(chunk, q)
 
 
 def convert_folder(folder: Path, out: Path, *,
@@ -135,13 +145,10 @@ def convert_folder(folder: Path, out: Path, *,
         for t, q in zip(plan, types, strict=True):
             writer.write_padding(fh, fh.tell())
             written = 0
-            for chunk in _chunks(t):
-                if t.offset:
-                    chunk += np.float32(t.offset)
-                data = _encode(chunk, q)
+            for data in _encoded_chunks(t, q):
                 data.tofile(fh)
                 written += data.nbytes
-                del chunk, data
+                del data
             expected = _nbytes(t.shape, q)
             if written != expected:
                 raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
