@@ -13,7 +13,8 @@ from hf_checkpoint import write_checkpoint
 
 from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
 
-FAMILIES = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+FAMILIES = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+            "mixtral", "qwen3moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
