@@ -25,7 +25,8 @@ import safetensors
 
 __all__ = ["CORPUS", "FAMILIES", "Checkpoint", "bf16_bits", "write_checkpoint", "write_shards"]
 
-FAMILIES = ("llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+FAMILIES = ("llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+            "mixtral", "qwen3moe")
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun.",
@@ -187,6 +188,12 @@ def _config(family: str, vocab: int) -> dict[str, Any]:
                    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
                    "sliding_window": 4, "sliding_window_pattern": 6,
                    "attn_logit_softcapping": None, "final_logit_softcapping": None},
+        "mixtral": {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                    "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None},
+        "qwen3moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                     "head_dim": 32, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+                     "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                     "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
         "phi3": {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
                  "num_key_value_heads": 4, "sliding_window": 2047,
                  "original_max_position_embeddings": 256, "pad_token_id": 0},
@@ -224,7 +231,7 @@ def _weights(family: str, cfg: dict[str, Any], rng: np.random.Generator) -> dict
             for n, size in (("q", q), ("k", kv), ("v", kv)):
                 w[p + f"self_attn.{n}_proj.bias"] = (0.5 * rng.normal(size=size)).astype(
                     np.float32)
-        if family in ("qwen3", "gemma3"):
+        if family in ("qwen3", "gemma3", "qwen3moe"):
             w[p + "self_attn.q_norm.weight"] = norm(hd)
             w[p + "self_attn.k_norm.weight"] = norm(hd)
         w[p + "post_attention_layernorm.weight"] = norm(h)
@@ -233,10 +240,24 @@ def _weights(family: str, cfg: dict[str, Any], rng: np.random.Generator) -> dict
             w[p + "post_feedforward_layernorm.weight"] = norm(h)
         if family == "phi3":
             w[p + "mlp.gate_up_proj.weight"] = mat(2 * ffn, h)
+        elif family == "mixtral":
+            w[p + "block_sparse_moe.gate.weight"] = mat(cfg["num_local_experts"], h) * 4.0
+            for e in range(cfg["num_local_experts"]):
+                x = p + f"block_sparse_moe.experts.{e}."
+                w[x + "w1.weight"], w[x + "w3.weight"] = mat(ffn, h), mat(ffn, h)
+                w[x + "w2.weight"] = mat(h, ffn)
+        elif family == "qwen3moe":
+            eff = cfg["moe_intermediate_size"]
+            w[p + "mlp.gate.weight"] = mat(cfg["num_experts"], h) * 4.0
+            for e in range(cfg["num_experts"]):
+                x = p + f"mlp.experts.{e}."
+                w[x + "gate_proj.weight"], w[x + "up_proj.weight"] = mat(eff, h), mat(eff, h)
+                w[x + "down_proj.weight"] = mat(h, eff)
         else:
             w[p + "mlp.gate_proj.weight"] = mat(ffn, h)
             w[p + "mlp.up_proj.weight"] = mat(ffn, h)
-        w[p + "mlp.down_proj.weight"] = mat(h, ffn)
+        if family not in ("mixtral", "qwen3moe"):
+            w[p + "mlp.down_proj.weight"] = mat(h, ffn)
     w["model.norm.weight"] = norm(h)
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = mat(vocab, h) * 4.0
@@ -249,7 +270,7 @@ def write_checkpoint(folder: Path, family: str, *, seed: int = 0,
     folder.mkdir(parents=True, exist_ok=True)
     tok_cfg: dict[str, Any] = {"model_max_length": 256, "clean_up_tokenization_spaces": False}
     stop: list[int] = []
-    if family in ("mistral", "gemma2", "gemma3", "phi3"):
+    if family in ("mistral", "mixtral", "gemma2", "gemma3", "phi3"):
         gemma = family.startswith("gemma")
         specials = (["<start_of_turn>", "<end_of_turn>"] if gemma else
                     ["<|endoftext|>", "<|user|>", "<|end|>"])

@@ -79,6 +79,32 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def _moe(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray], p: str,
+         m: np.ndarray) -> np.ndarray:
+    """Sparse experts: softmax router, top-k, weights renormalised (modeling_mixtral.py,
+    modeling_qwen3_moe.py with norm_topk_prob), each chosen expert a SwiGLU."""
+    if family == "mixtral":
+        router, k = w[p + "block_sparse_moe.gate.weight"], cfg["num_experts_per_tok"]
+        names = [(f"{p}block_sparse_moe.experts.{e}.w1.weight",
+                  f"{p}block_sparse_moe.experts.{e}.w3.weight",
+                  f"{p}block_sparse_moe.experts.{e}.w2.weight") for e in range(len(router))]
+    else:
+        router, k = w[p + "mlp.gate.weight"], cfg["num_experts_per_tok"]
+        names = [(f"{p}mlp.experts.{e}.gate_proj.weight", f"{p}mlp.experts.{e}.up_proj.weight",
+                  f"{p}mlp.experts.{e}.down_proj.weight") for e in range(len(router))]
+    logits = m @ router.T
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(m)
+    for t in range(m.shape[0]):
+        top = np.argsort(-probs[t])[:k]
+        weights = probs[t, top] / probs[t, top].sum()
+        for e, wt in zip(top, weights, strict=True):
+            g, u, dn = names[e]
+            out[t] += wt * ((_silu(m[t] @ w[g].T) * (m[t] @ w[u].T)) @ w[dn].T)
+    return out
+
+
 def forward(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray],
             ids: list[int]) -> np.ndarray:
     """Logits (tokens, vocab) of the checkpoint for the token ids, in float32."""
@@ -133,13 +159,16 @@ def forward(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray],
         else:
             x = x + o
             m = _rms(x, w[p + "post_attention_layernorm.weight"], eps, gemma)
-        if family == "phi3":
-            gate, up = np.split(m @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+        if family in ("mixtral", "qwen3moe"):
+            d = _moe(family, cfg, w, p, m)
         else:
-            gate = m @ w[p + "mlp.gate_proj.weight"].T
-            up = m @ w[p + "mlp.up_proj.weight"].T
-        act = _gelu_tanh(gate) if gemma else _silu(gate)
-        d = (act * up) @ w[p + "mlp.down_proj.weight"].T
+            if family == "phi3":
+                gate, up = np.split(m @ w[p + "mlp.gate_up_proj.weight"].T, 2, axis=-1)
+            else:
+                gate = m @ w[p + "mlp.gate_proj.weight"].T
+                up = m @ w[p + "mlp.up_proj.weight"].T
+            act = _gelu_tanh(gate) if gemma else _silu(gate)
+            d = (act * up) @ w[p + "mlp.down_proj.weight"].T
         if gemma:
             d = _rms(d, w[p + "post_feedforward_layernorm.weight"], eps, gemma)
         x = x + d

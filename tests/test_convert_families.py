@@ -13,7 +13,8 @@ from hf_checkpoint import write_checkpoint
 
 from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
 
-FAMILIES = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"]
+FAMILIES = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
+            "mixtral", "qwen3moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -47,3 +48,22 @@ def test_inspect_folder_reads_headers_only(tmp_path: Path) -> None:
     assert info.context_length == 256
     assert "model-00001-of-00002.safetensors" in info.files
     assert "tokenizer.json" in info.files and "config.json" in info.files
+
+
+@pytest.mark.parametrize(("outtype", "matrix", "tolerance"), [
+    ("f32", "F32", REL_TOLERANCE), ("bf16", "BF16", REL_TOLERANCE),
+    # q8_0 rounds each weight to 8 bits: a looser bound, still far below a wrong conversion.
+    ("q8_0", "Q8_0", 5e-2),
+])
+def test_outtypes(tmp_path: Path, outtype: str, matrix: str, tolerance: float) -> None:
+    import gguf
+
+    ck = write_checkpoint(tmp_path / "m", "qwen2")
+    result = convert_folder(ck.folder, tmp_path / f"m-{outtype}.gguf", outtype=outtype)
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(result.path)).tensors}
+    assert kinds["blk.0.attn_q.weight"] == matrix and kinds["token_embd.weight"] == matrix
+    assert kinds["blk.0.attn_norm.weight"] == "F32" and kinds["blk.0.attn_q.bias"] == "F32"
+    assert "output.weight" not in kinds  # tied embeddings: llama.cpp reuses token_embd
+    c = compare(ck, result.path)
+    assert c.rel_diff < tolerance
+    assert c.greedy_equal >= c.greedy_checked - (1 if outtype == "q8_0" else 0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gguf
@@ -29,6 +29,7 @@ __all__ = ["Family", "OutTensor", "llama_rope_permutation"]
 # Tensors some checkpoints carry that llama.cpp recomputes itself.
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.attn\.masked_bias|\.attn\.bias)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"\.experts\.(\d+)\.")
 
 
 @dataclass
@@ -39,6 +40,8 @@ class OutTensor:
     shape: tuple[int, ...]
     """In numpy order (rows first), as the source stores it."""
     source: TensorEntry | None = None
+    more: list[TensorEntry] = field(default_factory=list)
+    """Further sources stacked after ``source`` on a new first axis (MoE experts)."""
     data: np.ndarray | None = None
     """Values computed by the converter (e.g. Llama 3.1's rope factors) when no source."""
     order: np.ndarray | None = None
@@ -49,7 +52,12 @@ class OutTensor:
     @property
     def source_bytes(self) -> int:
         """The bytes read from the checkpoint for this tensor (progress is counted in them)."""
-        return self.source.nbytes if self.source is not None else 0
+        return self.source.nbytes + sum(e.nbytes for e in self.more) if self.source else 0
+
+    @property
+    def sources(self) -> list[TensorEntry]:
+        """Every source, in writing order."""
+        return [self.source, *self.more] if self.source is not None else []
 
 
 def llama_rope_permutation(rows: int, n_head: int) -> np.ndarray:
@@ -178,12 +186,16 @@ class Family:
                 f"({self.config.get('architectures', ['?'])[0]}, {self.n_layers} layers) implies"
             )
         out: list[OutTensor] = []
+        experts: dict[str, dict[int, TensorEntry]] = {}
         for hf_name in sorted(tensors, key=_natural):
             if _IGNORED.search(hf_name):
                 continue
             entry = tensors[hf_name]
             expected, _required = self._expected(hf_name)
-            gguf_name = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            expert = _EXPERT.search(hf_name)
+            # llama.cpp stores a layer's experts as one tensor, named without the index.
+            lookup = _EXPERT.sub(".experts.", hf_name) if expert else hf_name
+            gguf_name = tmap.get_name(lookup, try_suffixes=(".weight", ".bias"))
             if gguf_name is None or (expected is None and _LAYER.match(hf_name)):
                 raise TensorMismatchError(
                     f"tensor {hf_name!r} is not part of a {self.name} model as config.json "
@@ -202,9 +214,16 @@ class Family:
                 )
             if hf_name == "lm_head.weight" and self.tied:
                 continue  # tied: llama.cpp reuses token_embd, an output.weight would be unused
+            if expert:
+                experts.setdefault(gguf_name, {})[int(expert.group(1))] = entry
+                continue
             item = OutTensor(name=gguf_name, shape=tuple(entry.shape), source=entry)
             self.fix(hf_name, item)
             out.append(item)
+        for gguf_name, parts in experts.items():
+            ordered = [parts[e] for e in sorted(parts)]
+            out.append(OutTensor(name=gguf_name, shape=(len(ordered), *ordered[0].shape),
+                                 source=ordered[0], more=ordered[1:]))
         out.extend(self.extra_tensors())
         return out
 

@@ -9,18 +9,20 @@ complete and flushed; any error (or interrupt) removes it.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from localllm._exceptions import ConvertError
+from localllm._exceptions import ConvertError, DiskFullError
 from localllm.convert.base import OutTensor
 from localllm.convert.families import family_for
+from localllm.convert.floats import bf16_to_f16
 from localllm.convert.folder import inspect_folder
 from localllm.convert.shards import index_folder, read_rows
 from localllm.convert.vocab import load_vocab, write_vocab
@@ -77,12 +79,26 @@ def _nbytes(shape: tuple[int, ...], q: _Q) -> int:
     return n // block * size
 
 
-def _chunks(t: OutTensor) -> object:
+def _total_out(plan: list[OutTensor], types: list[_Q]) -> int:
+    return sum(_nbytes(t.shape, q) for t, q in zip(plan, types, strict=True))
+
+
+def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
+    """The tensor's bytes in the output type, chunk by chunk (experts one after another)."""
     if t.source is None:
         assert t.data is not None
-        yield np.asarray(t.data, dtype=np.float32)
+        yield _encode(np.asarray(t.data, dtype=np.float32), q)
         return
-    yield from read_rows(t.source, order=t.order)
+    for source in t.sources:
+        if source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
+            # The common case (a bf16 checkpoint to f16 or bf16) on the bits, no float32.
+            for raw in read_rows(source, order=t.order, raw=True):
+                yield raw if q == _Q.BF16 else bf16_to_f16(raw)
+            continue
+        for chunk in read_rows(source, order=t.order):
+            if t.offset:
+                chunk += np.float32(t.offset)
+            yield _encode(chunk, q)
 
 
 def convert_folder(folder: Path, out: Path, *,
@@ -104,7 +120,8 @@ def convert_folder(folder: Path, out: Path, *,
     tensors = index_folder(folder)
     vocab = load_vocab(folder, family.vocab, prefer_sentencepiece=family.prefer_sentencepiece)
     family.check_vocab(vocab.tokens)
-    plan = family.plan(tensors, str(info.config.get("torch_dtype") or "") or None)
+    dtype = info.config.get("torch_dtype") or info.config.get("dtype")
+    plan = family.plan(tensors, str(dtype) if dtype else None)
     total = sum(t.source_bytes for t in plan)
 
     writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[family.gguf_arch])
@@ -135,13 +152,10 @@ def convert_folder(folder: Path, out: Path, *,
         for t, q in zip(plan, types, strict=True):
             writer.write_padding(fh, fh.tell())
             written = 0
-            for chunk in _chunks(t):
-                if t.offset:
-                    chunk += np.float32(t.offset)
-                data = _encode(chunk, q)
+            for data in _encoded_chunks(t, q):
                 data.tofile(fh)
                 written += data.nbytes
-                del chunk, data
+                del data
             expected = _nbytes(t.shape, q)
             if written != expected:
                 raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
@@ -153,9 +167,13 @@ def convert_folder(folder: Path, out: Path, *,
         os.fsync(fh.fileno())
         writer.close()
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         writer.close()
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise DiskFullError(f"the disk filled up writing {out.name}: the partial file was "
+                                f"removed; the GGUF needs about {_total_out(plan, types)} "
+                                "bytes") from None
         raise
     return ConvertResult(path=out, architecture=info.architecture, tensor_count=len(plan),
                          bytes_written=out.stat().st_size,

@@ -11,15 +11,17 @@ from localllm.convert.gemma2 import Gemma2Family
 from localllm.convert.gemma3 import Gemma3Family
 from localllm.convert.llama import LlamaFamily
 from localllm.convert.mistral import MistralFamily
+from localllm.convert.mixtral import MixtralFamily
 from localllm.convert.phi3 import Phi3Family
 from localllm.convert.qwen2 import Qwen2Family
 from localllm.convert.qwen3 import Qwen3Family
+from localllm.convert.qwen3moe import Qwen3MoeFamily
 
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "family_for"]
 
 FAMILIES: tuple[type[Family], ...] = (
     LlamaFamily, MistralFamily, Qwen2Family, Qwen3Family, Gemma2Family, Gemma3Family,
-    Phi3Family,
+    Phi3Family, MixtralFamily, Qwen3MoeFamily,
 )
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(

@@ -29,6 +29,7 @@ from localllm._exceptions import (
     TensorMismatchError,
     TruncatedShardError,
 )
+from localllm.convert.floats import bf16_to_f32
 
 __all__ = [
     "INDEX_NAME",
@@ -196,21 +197,22 @@ def _mapped(entry: TensorEntry) -> Iterator[np.ndarray]:
 
 def _to_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "BF16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        return bf16_to_f32(raw)
     return raw.astype(np.float32)
 
 
 def read_rows(entry: TensorEntry, chunk_bytes: int = 64 << 20,
-              order: np.ndarray | None = None) -> Iterator[np.ndarray]:
-    """The tensor as float32, in chunks of whole rows (first dimension), optionally gathered in
-    ``order`` (a permutation of the rows). Each chunk is a fresh array the caller may modify."""
+              order: np.ndarray | None = None, raw: bool = False) -> Iterator[np.ndarray]:
+    """The tensor as float32 (or, with ``raw``, as stored: bf16 as its uint16 bits), in chunks
+    of whole rows (first dimension), optionally gathered in ``order`` (a permutation of the
+    rows). Each chunk is a fresh array the caller may modify."""
+    convert = (lambda a: np.array(a)) if raw else (lambda a: _to_f32(np.asarray(a), entry.dtype))
     with _mapped(entry) as mm:
         if mm.ndim == 0:
-            yield _to_f32(np.asarray(mm).reshape(()), entry.dtype)
+            yield convert(mm.reshape(()))
             return
         row_bytes = max(1, entry.nbytes // max(1, entry.rows)) * 2  # f32 is up to twice bf16
         step = max(1, chunk_bytes // row_bytes)
         for start in range(0, entry.rows, step):
             stop = min(entry.rows, start + step)
-            raw = mm[order[start:stop]] if order is not None else mm[start:stop]
-            yield _to_f32(np.asarray(raw), entry.dtype)
+            yield convert(mm[order[start:stop]] if order is not None else mm[start:stop])
