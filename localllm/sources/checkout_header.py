@@ -191,11 +191,12 @@ def checkout_header(config: dict[str, Any], architecture: str, quant: str) -> GG
         tensors = _tensors(config, arch)
         tied = not any(name == "output.weight" for name, _, _ in tensors)
         for name, shape, matrix in tensors:
-            kind = (
-                _matrix_type(quant, shape[-1], name, layers, tied)
-                if matrix
-                else GGMLQuantizationType.F32
-            )
+            if name.endswith("ffn_gate_inp.weight"):
+                kind = GGMLQuantizationType.F16  # the router: never quantized
+            elif matrix:
+                kind = _matrix_type(quant, shape[-1], name, layers, tied)
+            else:
+                kind = GGMLQuantizationType.F32
             block, size = GGML_QUANT_SIZES[kind]
             elements = int(np.prod(shape))
             nbytes = elements // block * size

@@ -231,8 +231,10 @@ def convert_file(
             return result
         output.unlink(missing_ok=True)
         if error is not None:
-            if error.get("kind") == "disk full":
-                raise DiskFullError(f"the disk filled up while converting: {error['error']}")
+            if error.get("kind") in ("disk full", "DiskFullError"):
+                full = DiskFullError(f"the disk filled up while converting: {error['error']}")
+                full.low_level = True  # type: ignore[attr-defined]  # the transaction says more
+                raise full
             raise ConvertError(str(error["error"]))
         child_output.seek(0)
         tail = child_output.read()[-2000:].decode("utf-8", "replace").strip()
