@@ -28,8 +28,14 @@ from store_support import assert_consistent, temporaries
 from test_cli_support import CliHome, cli_home
 from test_daemon_support import running_daemon, start_daemon
 
+from localllm import DiskFullError
 from localllm.cli.common import folder_source
 from localllm.settings import Settings
+from localllm.store.models import create_model
+from localllm.store.safetensors import Checkout
+from localllm.store.store import Store
+
+pytest_plugins = ["fakes.fixtures"]
 
 
 @pytest.fixture(scope="module")
@@ -309,3 +315,13 @@ def _post_lines(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         http.stream("POST", "/api/create", json=body) as response,
     ):
         return [json.loads(line) for line in response.iter_lines() if line.strip()]
+
+
+def test_a_disk_too_small_for_the_conversion_is_said_before_it_starts(
+    checkpoint: Path, small_disk: Callable[[int], Path]
+) -> None:
+    store = Store(small_disk(128 * 1024) / "models")
+    with pytest.raises(DiskFullError, match="not enough disk space to convert"):
+        create_model(store, "big", checkout=Checkout(folder=checkpoint))
+    assert not store.exists("big")
+    assert not store.partial_dir.is_dir() or not list(store.partial_dir.iterdir())
