@@ -24,7 +24,7 @@ from .gguf_files import HubFile
 
 if TYPE_CHECKING:
     from ..store.store import Store
-    from .huggingface import HubFileSource
+    from .transfer import BlobSource
 
 __all__ = [
     "CONVERTED_QUANTS",
@@ -112,13 +112,15 @@ def _git_oid(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def fetch_small_file(store: Store, source: HubFileSource, hub_file: HubFile) -> str:
+def fetch_small_file(
+    store: Store, source: BlobSource, hub_file: HubFile, timeout: float = 30.0
+) -> str:
     """Download a small non-LFS file, check it against the Hub's git object id, store it as
     a blob and return its digest. Raises :class:`PullError` for other bytes (nothing is
     stored)."""
     import httpx
 
-    with httpx.Client(timeout=source.timeout) as client:
+    with httpx.Client(timeout=timeout) as client:
         response = source.open(client, 0)
         try:
             data = response.read()

@@ -19,7 +19,7 @@ from .progress import PullProgress
 
 if TYPE_CHECKING:
     from ..store.store import Store
-    from .huggingface import HubFileSource
+    from .transfer import BlobSource
 
 __all__ = ["plan_checkout"]
 
@@ -36,9 +36,10 @@ def plan_checkout(
     store: Store,
     repo: str,
     files: Sequence[HubFile],
-    source: Callable[[str], HubFileSource],
+    source: Callable[[str], BlobSource],
     quant: str,
     emit: Callable[[PullProgress], None],
+    timeout: float = 30.0,
 ) -> PullPlan:
     """Fetch the checkout's small files now (config first: an architecture the converter
     cannot convert is refused before the shards are downloaded) and plan its LFS files."""
@@ -50,7 +51,7 @@ def plan_checkout(
             digest = normalize_digest(f"sha256:{hub_file.sha256}")
             blobs.append(PlannedBlob(digest, hub_file.size, source(hub_file.path)))
         else:
-            digest = fetch_small_file(store, source(hub_file.path), hub_file)
+            digest = fetch_small_file(store, source(hub_file.path), hub_file, timeout)
         names[hub_file.path] = digest
         if hub_file.path == "config.json" and not hub_file.sha256:
             architecture = _architecture(store, digest, repo)

@@ -168,7 +168,9 @@ def plan_huggingface(
             timeout=settings.pull_stall_timeout,
         )
         quant = checkout_quant(file_tag or name.tag, name.repo_id)
-        return plan_checkout(store, name.repo_id, checkout, source, quant, emit)
+        return plan_checkout(
+            store, name.repo_id, checkout, source, quant, emit, settings.pull_stall_timeout
+        )
     choice = choose_gguf(files, file_tag or name.tag, name.repo_id)
     emit(PullProgress(choice.note))
     wanted = list(choice.files)
