@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,7 +29,7 @@ from store_support import assert_consistent, temporaries
 from test_cli_support import CliHome, cli_home
 from test_daemon_support import running_daemon, start_daemon
 
-from localllm import DiskFullError
+from localllm import DiskFullError, OperationCancelledError
 from localllm.cli.common import folder_source
 from localllm.settings import Settings
 from localllm.store.models import create_model
@@ -325,3 +326,23 @@ def test_a_disk_too_small_for_the_conversion_is_said_before_it_starts(
         create_model(store, "big", checkout=Checkout(folder=checkpoint))
     assert not store.exists("big")
     assert not store.partial_dir.is_dir() or not list(store.partial_dir.iterdir())
+
+
+def test_a_cancelled_conversion_stops_and_leaves_nothing(checkpoint: Path, tmp_path: Path) -> None:
+    """A client that goes away sets the create's cancel event: the converter child is killed
+    at its next progress line, the work folder goes, no blob and no name are written."""
+    store = Store(tmp_path / "models")
+    cancel = threading.Event()
+    seen: list[str] = []
+
+    def on_progress(event: Any) -> None:
+        seen.append(event.status)
+        cancel.set()  # as the daemon does when the client disconnects
+
+    checkout = Checkout(folder=checkpoint, on_progress=on_progress, cancel=cancel)
+    with pytest.raises(OperationCancelledError):
+        create_model(store, "cancelled", checkout=checkout)
+    assert seen and seen[0].startswith("converting")
+    assert not store.exists("cancelled")
+    assert not list(store.iter_blobs())
+    assert not list(store.partial_dir.iterdir())
