@@ -94,6 +94,9 @@ def test_show_before_download_lists_converted_quantizations(
     assert data["info"]["parameters"] > 0
     out = cli.ok("show", REPO)
     assert "safetensors, no GGUF" in out and "Q8_0" in out and "CPU only" in out
+    one = cli.json("show", f"{REPO}:Q8_0")  # one quantization: planned on its own header
+    assert [(q["label"], q["shapes"]) for q in one["quants"]] == [("Q8_0", "header")]
+    assert one["quants"][0]["size"] == q8["size"]
     assert _shard_requests(module_hub) == before  # nothing but the config was downloaded
 
 
@@ -122,6 +125,13 @@ def test_pull_without_a_tag_picks_the_best_fit(cli: CliHome) -> None:
     assert first.startswith("picked ") and "F16/BF16/F32 left out" in first
     picked = first.split()[1]
     assert cli.json("show", REPO)["details"]["quantization_level"] == picked
+
+
+def test_pull_quantize_names_the_quantization(cli: CliHome) -> None:
+    result = cli.run("pull", f"{REPO}:F16", "--quantize", "q6_K")
+    assert result.returncode == 0, result.stderr
+    assert "quantizing F16 model to Q6_K" in result.stderr
+    assert cli.json("show", f"{REPO}:F16")["details"]["quantization_level"] == "Q6_K"
 
 
 def test_library_pull_keeps_f16_and_drops_the_checkout(
