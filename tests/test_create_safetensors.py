@@ -247,16 +247,20 @@ def test_bad_folders_are_refused_through_the_api_and_the_cli(
     assert _store_files(cli.home) == before  # nothing half-written
 
 
-def test_bad_uploads_are_refused(cli: CliHome, checkpoint: Path) -> None:
+def test_bad_uploads_are_refused(cli: CliHome, checkpoint: Path, tmp_path: Path) -> None:
+    pickle = tmp_path / "pytorch_model.bin"
+    pickle.write_bytes(b"PK\x03\x04 never unpickled")
     before = _store_files(cli.home)
     with cli.client() as client:
         config = client.upload_blob(checkpoint / "config.json")
+        pickled = client.upload_blob(pickle)
     with httpx.Client(base_url=cli.settings.base_url, timeout=60) as http:
         cases = [
             ({"../config.json": config}, "not a plain relative path"),
             ({"/etc/config.json": config}, "not a plain relative path"),
             ({"config.json": "sha256:" + "0" * 64}, "not found; upload it first"),
             ({"config.json": config}, "safetensors"),  # a config and no weights
+            ({"config.json": config, "pytorch_model.bin": pickled}, "pytorch_model.bin"),
         ]
         for files, said in cases:
             response = http.post("/api/create", json={"model": "bad-upload", "files": files})
@@ -264,6 +268,10 @@ def test_bad_uploads_are_refused(cli: CliHome, checkpoint: Path) -> None:
             assert said in response.json()["error"], (files, response.text)
     after = _store_files(cli.home)
     assert after["manifests"] == before["manifests"] and not after["partial"]
+    assert after["blobs"] - before["blobs"] <= {  # only the two uploads
+        config.replace(":", "-"),
+        pickled.replace(":", "-"),
+    }
 
 
 def test_a_path_that_is_neither_file_nor_folder(cli: CliHome, tmp_path: Path) -> None:
