@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fakes.helpers import EventLog
 from fakes.hf_hub import FakeHub
@@ -156,6 +157,10 @@ def test_pickles_and_unknown_architectures_are_refused_before_downloading(
     cli: CliHome, module_hub: FakeHub
 ) -> None:
     before = _shard_requests(module_hub)
+    with httpx.Client(base_url=cli.settings.base_url, timeout=60) as http:
+        for repo in ("pickles", "fancy"):
+            answer = http.post("/api/pull", json={"model": f"hf.co/tester/{repo}"})
+            assert answer.status_code == 400, answer.text
     error = cli.fails("pull", "hf.co/tester/pickles")
     assert "pytorch_model.bin" in error and "never unpickles" in error
     error = cli.fails("pull", "hf.co/tester/fancy")

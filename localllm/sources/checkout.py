@@ -19,7 +19,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import PullError, RemoteNotFoundError
+from .._exceptions import (
+    PickleCheckpointError,
+    PullError,
+    RemoteNotFoundError,
+    UnsupportedArchitectureError,
+)
 from .gguf_files import HubFile
 
 if TYPE_CHECKING:
@@ -60,8 +65,8 @@ _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 def checkout_files(files: Sequence[HubFile], repo: str) -> list[HubFile] | None:
     """The files of ``repo`` a conversion reads, or ``None`` when it holds no safetensors
-    checkout (no ``config.json`` at its root). Raises :class:`RemoteNotFoundError` for a
-    checkout of pickles only, which localllm never unpickles."""
+    checkout (no ``config.json`` at its root). Raises :class:`PickleCheckpointError` (a 400)
+    for a checkout of pickles only, which localllm never unpickles."""
     root = [f for f in files if "/" not in f.path]
     names = {f.path for f in root}
     if "config.json" not in names:
@@ -70,7 +75,7 @@ def checkout_files(files: Sequence[HubFile], repo: str) -> list[HubFile] | None:
     if not shards:
         pickles = sorted(f.path for f in root if f.path.lower().endswith(_PICKLES))
         if pickles:
-            raise RemoteNotFoundError(
+            raise PickleCheckpointError(
                 f"hf.co/{repo} holds only pickled PyTorch checkpoints ({', '.join(pickles[:3])}): "
                 "localllm never unpickles them (a pickle can run any code when loaded); look "
                 "for a safetensors or GGUF repository of the model"
@@ -97,15 +102,18 @@ def checkout_quant(tag: str, repo: str) -> str:
 
 def check_convertible(architecture: str, repo: str) -> None:
     """Refuse, before any download, a checkout of an architecture the converter cannot
-    convert, naming it and those it can (:data:`localllm.convert.SUPPORTED_ARCHITECTURES`)."""
+    convert, naming it and those it can (:data:`localllm.convert.SUPPORTED_ARCHITECTURES`):
+    :class:`UnsupportedArchitectureError`, a 400."""
     from ..convert import SUPPORTED_ARCHITECTURES
 
     if architecture in SUPPORTED_ARCHITECTURES:
         return
-    raise RemoteNotFoundError(
+    error = UnsupportedArchitectureError(architecture, tuple(SUPPORTED_ARCHITECTURES))
+    error.args = (
         f"hf.co/{repo} holds safetensors of {architecture}, which localllm cannot convert "
-        f"(it converts: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        f"(it converts: {', '.join(SUPPORTED_ARCHITECTURES)})",
     )
+    raise error
 
 
 def _git_oid(data: bytes) -> str:
