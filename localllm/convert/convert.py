@@ -25,6 +25,7 @@ from localllm.convert.families import family_for
 from localllm.convert.floats import bf16_to_f16
 from localllm.convert.folder import inspect_folder
 from localllm.convert.shards import index_folder, read_rows
+from localllm.convert.sink import BackgroundWriter
 from localllm.convert.vocab import load_vocab, write_vocab
 
 __all__ = ["OUTTYPES", "ConvertResult", "convert_folder"]
@@ -149,20 +150,22 @@ def convert_folder(folder: Path, out: Path, *,
         writer.write_ti_data_to_file()
         assert writer.fout is not None
         fh = writer.fout[0]
-        for t, q in zip(plan, types, strict=True):
-            writer.write_padding(fh, fh.tell())
-            written = 0
-            for data in _encoded_chunks(t, q):
-                data.tofile(fh)
-                written += data.nbytes
-                del data
-            expected = _nbytes(t.shape, q)
-            if written != expected:
-                raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
-            writer.write_padding(fh, written)
-            done += t.source_bytes
-            if progress is not None:
-                progress(done, total)
+        sink = BackgroundWriter(fh)
+        try:
+            for t, q in zip(plan, types, strict=True):
+                sink.pad(writer.data_alignment)
+                start = sink.position
+                for data in _encoded_chunks(t, q):
+                    sink.write(data)
+                written, expected = sink.position - start, _nbytes(t.shape, q)
+                if written != expected:
+                    raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
+                done += t.source_bytes
+                if progress is not None:
+                    progress(done, total)
+            sink.pad(writer.data_alignment)
+        finally:
+            sink.close()
         fh.flush()
         os.fsync(fh.fileno())
         writer.close()
