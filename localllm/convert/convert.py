@@ -2,8 +2,8 @@
 
 The header (metadata and every tensor's name, type and shape) is written first, from the plan;
 then each tensor is read from its memory map in chunks of rows, fixed (row order, offsets),
-cast to the output type and appended. Nothing but one chunk and one mapped tensor is in memory
-at a time. The file is written under a temporary name beside ``out`` and renamed only once it is
+cast to the output type and handed to a writer thread (:mod:`.sink`). Nothing but one mapped
+tensor and a few chunks is in memory at a time. The file is written under a temporary name beside ``out`` and renamed only once it is
 complete and flushed; any error (or interrupt) removes it.
 """
 
@@ -94,7 +94,8 @@ def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
         if source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
             # The common case (a bf16 checkpoint to f16 or bf16) on the bits, no float32.
             for raw in read_rows(source, order=t.order, raw=True):
-                yield raw if q == _Q.BF16 else bf16_to_f16(raw)
+                # A copy for the writer thread: the view dies with the map.
+                yield np.array(raw) if q == _Q.BF16 else bf16_to_f16(raw)
             continue
         for chunk in read_rows(source, order=t.order):
             if t.offset:
