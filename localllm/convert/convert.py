@@ -3,8 +3,9 @@
 The header (metadata and every tensor's name, type and shape) is written first, from the plan;
 then each tensor is read from its memory map in chunks of rows, fixed (row order, offsets),
 cast to the output type and handed to a writer thread (:mod:`.sink`). Nothing but one mapped
-tensor and a few chunks is in memory at a time. The file is written under a temporary name beside ``out`` and renamed only once it is
-complete and flushed; any error (or interrupt) removes it.
+tensor and a few chunks is in memory at a time. The file is written under a temporary name
+beside ``out`` and renamed only once it is complete and flushed; any error (or interrupt)
+removes it.
 """
 
 from __future__ import annotations
