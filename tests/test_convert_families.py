@@ -67,3 +67,37 @@ def test_outtypes(tmp_path: Path, outtype: str, matrix: str, tolerance: float) -
     c = compare(ck, result.path)
     assert c.rel_diff < tolerance
     assert c.greedy_equal >= c.greedy_checked - (1 if outtype == "q8_0" else 0)
+
+
+def test_multimodal_gemma3_converts_its_text_model(tmp_path: Path) -> None:
+    """A Gemma3ForConditionalGeneration folder (as the 4B-27B ship): text_config, the language
+    model under ``language_model.model.*``, a vision tower left out with a note."""
+    import json
+
+    import numpy as np
+    from hf_checkpoint import write_shards
+
+    ck = write_checkpoint(tmp_path / "g", "gemma3")
+    for p in ck.folder.glob("model-*.safetensors"):
+        p.unlink()
+    text = {k: v for k, v in ck.config.items() if k not in ("architectures", "torch_dtype")}
+    (ck.folder / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "torch_dtype": "bfloat16", "text_config": text,
+        "vision_config": {"hidden_size": 32, "model_type": "siglip_vision_model"}}))
+    renamed = {"language_model." + k: v for k, v in ck.weights.items()}
+    rng = np.random.default_rng(3)
+    renamed["vision_tower.vision_model.embeddings.patch_embedding.weight"] = rng.normal(
+        size=(32, 3, 14, 14)).astype(np.float32)
+    renamed["multi_modal_projector.mm_input_projection_weight"] = rng.normal(
+        size=(32, 64)).astype(np.float32)
+    write_shards(ck.folder, renamed)
+
+    info = inspect_folder(ck.folder)
+    assert info.family == "gemma3" and info.architecture == "Gemma3ForConditionalGeneration"
+    result = convert_folder(ck.folder, tmp_path / "g.gguf")
+    assert any("vision tower" in n for n in result.notes)
+    c = compare(ck, result.path)
+    assert c.ids_llama == c.ids_reference
+    assert c.rel_diff < REL_TOLERANCE
+    assert c.greedy_equal == c.greedy_checked > 0
