@@ -101,3 +101,25 @@ def test_multimodal_gemma3_converts_its_text_model(tmp_path: Path) -> None:
     assert c.ids_llama == c.ids_reference
     assert c.rel_diff < REL_TOLERANCE
     assert c.greedy_equal == c.greedy_checked > 0
+
+
+def test_phi3_long_rope(tmp_path: Path) -> None:
+    """Phi-3.5's long-rope scaling: factor tensors and the attention factor, checked against
+    the reference within the original context (where the short factors apply)."""
+    import json
+
+    import gguf
+
+    ck = write_checkpoint(tmp_path / "p", "phi3")
+    half = ck.config["hidden_size"] // ck.config["num_attention_heads"] // 2
+    scaling = {"type": "longrope",
+               "short_factor": [1.0 + 0.25 * i for i in range(half)],
+               "long_factor": [2.0 + 0.5 * i for i in range(half)]}
+    ck.config.update(rope_scaling=scaling, max_position_embeddings=1024)
+    (ck.folder / "config.json").write_text(json.dumps(ck.config))
+    result = convert_folder(ck.folder, tmp_path / "p.gguf")
+    names = {t.name for t in gguf.GGUFReader(str(result.path)).tensors}
+    assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= names
+    c = compare(ck, result.path)
+    assert c.rel_diff < REL_TOLERANCE
+    assert c.greedy_equal == c.greedy_checked > 0
