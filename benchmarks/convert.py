@@ -123,9 +123,9 @@ def main() -> None:
         t = time.perf_counter()
         total, largest = write_checkpoint(src, args.layers)
         print(f"checkpoint: {total / 1e9:.2f} GB bf16, largest tensor {largest / 1e6:.0f} MB "
-              f"(written in {time.perf_counter() - t:.0f} s)")
+              f"(written in {time.perf_counter() - t:.0f} s)", flush=True)
         shards = sorted(str(p) for p in src.glob("*.safetensors"))
-        cp_s, conv_s, growth = [], [], []
+        cp_s, conv_s, growth, peaks = [], [], [], []
         for i in range(args.repeat):
             dst = Path(tmp) / "copy"
             dst.mkdir()
@@ -142,19 +142,20 @@ def main() -> None:
             conv_s.append(time.perf_counter() - t)
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             growth.append(r["peak"] - r["base"])
+            peaks.append(r["peak"])
             print(f"pass {i + 1}: cp {total / cp_s[-1] / 1e6:.0f} MB/s; convert "
                   f"{total / conv_s[-1] / 1e6:.0f} MB/s (in-process {r['seconds']:.1f} s), "
                   f"peak RSS {r['peak'] / 1e6:.0f} MB = {r['base'] / 1e6:.0f} MB after imports "
                   f"+ {growth[-1] / 1e6:.0f} MB; GGUF {r['bytes_written'] / 1e9:.2f} GB, "
-                  f"{r['tensors']} tensors")
+                  f"{r['tensors']} tensors", flush=True)
             out.unlink()
         cp_rate = total / statistics.median(cp_s) / 1e6
         conv_rate = total / statistics.median(conv_s) / 1e6
         bound = largest + 512 * 2**20
         print(f"median: cp {cp_rate:.0f} MB/s, convert {conv_rate:.0f} MB/s "
-              f"(ratio {conv_rate / cp_rate:.2f}); conversion's RSS growth "
-              f"{max(growth) / 1e6:.0f} MB against the bound largest tensor + 512 MiB = "
-              f"{bound / 1e6:.0f} MB: {'within' if max(growth) <= bound else 'OVER'}")
+              f"(ratio {conv_rate / cp_rate:.2f}); peak RSS {max(peaks) / 1e6:.0f} MB "
+              f"(growth {max(growth) / 1e6:.0f} MB) against the bound largest tensor + 512 MiB"
+              f" = {bound / 1e6:.0f} MB: {'within' if max(peaks) <= bound else 'OVER'}")
 
 
 if __name__ == "__main__":

@@ -41,12 +41,13 @@ def llama3_inv_freq(theta: float, dim: int, s: dict[str, Any]) -> np.ndarray:
     return np.where(medium, smoothed, out)
 
 
-def _rope(x: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """Rotate-half rope (``apply_rotary_pos_emb``); x is (tokens, heads, head_dim)."""
+def _rope(x: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0) -> np.ndarray:
+    """Rotate-half rope (``apply_rotary_pos_emb``); x is (tokens, heads, head_dim); ``mscale``
+    multiplies cos and sin (Phi-3's long-rope attention factor)."""
     pos = np.arange(x.shape[0], dtype=np.float64)
     freqs = pos[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb)[:, None, :], np.sin(emb)[:, None, :]
+    cos, sin = mscale * np.cos(emb)[:, None, :], mscale * np.sin(emb)[:, None, :]
     half = x.shape[-1] // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return (x * cos + rot * sin).astype(np.float32)
@@ -121,6 +122,15 @@ def forward(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray],
     else:
         inv_global = _inv_freq(theta, hd)
     inv_local = _inv_freq(cfg.get("rope_local_base_freq", theta), hd)
+    mscale = 1.0
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("type") == "longrope":
+        # modeling_phi3 / _compute_longrope_parameters: short factors within the original
+        # context (the prompts here), the attention factor from the context extension.
+        orig = cfg["original_max_position_embeddings"]
+        inv_global = inv_global / np.asarray(scaling["short_factor"], dtype=np.float64)
+        factor = cfg["max_position_embeddings"] / orig
+        mscale = math.sqrt(1 + math.log(factor) / math.log(orig)) if factor > 1 else 1.0
     scale = (cfg.get("query_pre_attn_scalar") or hd) ** -0.5
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -149,7 +159,7 @@ def forward(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray],
             q = _rms(q, w[p + "self_attn.q_norm.weight"], eps, gemma)
             k = _rms(k, w[p + "self_attn.k_norm.weight"], eps, gemma)
         inv = inv_local if (family == "gemma3" and sliding) else inv_global
-        q, k = _rope(q, inv), _rope(k, inv)
+        q, k = _rope(q, inv, mscale), _rope(k, inv, mscale)
         attn = _attend(q, k, v, scale, cfg.get("attn_logit_softcapping"), window)
         o = attn @ w[p + "self_attn.o_proj.weight"].T
         if gemma:

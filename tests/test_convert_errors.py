@@ -27,7 +27,12 @@ from localllm._exceptions import (
     TruncatedShardError,
     UnsupportedArchitectureError,
 )
-from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
+from localllm.convert import (
+    SUPPORTED_ARCHITECTURES,
+    convert_folder,
+    family_name,
+    inspect_folder,
+)
 
 
 @pytest.fixture
@@ -81,6 +86,11 @@ def test_unsupported_architecture_names_itself_and_the_list(folder: Path) -> Non
     assert err.supported == SUPPORTED_ARCHITECTURES
     for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Gemma2ForCausalLM", "Phi3ForCausalLM"):
         assert arch in str(err)
+    # The same answer from config.json alone, as before a download.
+    config = json.loads((folder / "config.json").read_text())
+    with pytest.raises(UnsupportedArchitectureError):
+        family_name(config)
+    assert family_name({**config, "architectures": ["Qwen3ForCausalLM"]}) == "qwen3"
 
 
 def test_missing_tokenizer(folder: Path) -> None:

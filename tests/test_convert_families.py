@@ -67,3 +67,59 @@ def test_outtypes(tmp_path: Path, outtype: str, matrix: str, tolerance: float) -
     c = compare(ck, result.path)
     assert c.rel_diff < tolerance
     assert c.greedy_equal >= c.greedy_checked - (1 if outtype == "q8_0" else 0)
+
+
+def test_multimodal_gemma3_converts_its_text_model(tmp_path: Path) -> None:
+    """A Gemma3ForConditionalGeneration folder (as the 4B-27B ship): text_config, the language
+    model under ``language_model.model.*``, a vision tower left out with a note."""
+    import json
+
+    import numpy as np
+    from hf_checkpoint import write_shards
+
+    ck = write_checkpoint(tmp_path / "g", "gemma3")
+    for p in ck.folder.glob("model-*.safetensors"):
+        p.unlink()
+    text = {k: v for k, v in ck.config.items() if k not in ("architectures", "torch_dtype")}
+    (ck.folder / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "torch_dtype": "bfloat16", "text_config": text,
+        "vision_config": {"hidden_size": 32, "model_type": "siglip_vision_model"}}))
+    renamed = {"language_model." + k: v for k, v in ck.weights.items()}
+    rng = np.random.default_rng(3)
+    renamed["vision_tower.vision_model.embeddings.patch_embedding.weight"] = rng.normal(
+        size=(32, 3, 14, 14)).astype(np.float32)
+    renamed["multi_modal_projector.mm_input_projection_weight"] = rng.normal(
+        size=(32, 64)).astype(np.float32)
+    write_shards(ck.folder, renamed)
+
+    info = inspect_folder(ck.folder)
+    assert info.family == "gemma3" and info.architecture == "Gemma3ForConditionalGeneration"
+    result = convert_folder(ck.folder, tmp_path / "g.gguf")
+    assert any("vision tower" in n for n in result.notes)
+    c = compare(ck, result.path)
+    assert c.ids_llama == c.ids_reference
+    assert c.rel_diff < REL_TOLERANCE
+    assert c.greedy_equal == c.greedy_checked > 0
+
+
+def test_phi3_long_rope(tmp_path: Path) -> None:
+    """Phi-3.5's long-rope scaling: factor tensors and the attention factor, checked against
+    the reference within the original context (where the short factors apply)."""
+    import json
+
+    import gguf
+
+    ck = write_checkpoint(tmp_path / "p", "phi3")
+    half = ck.config["hidden_size"] // ck.config["num_attention_heads"] // 2
+    scaling = {"type": "longrope",
+               "short_factor": [1.0 + 0.25 * i for i in range(half)],
+               "long_factor": [2.0 + 0.5 * i for i in range(half)]}
+    ck.config.update(rope_scaling=scaling, max_position_embeddings=1024)
+    (ck.folder / "config.json").write_text(json.dumps(ck.config))
+    result = convert_folder(ck.folder, tmp_path / "p.gguf")
+    names = {t.name for t in gguf.GGUFReader(str(result.path)).tensors}
+    assert {"rope_factors_long.weight", "rope_factors_short.weight"} <= names
+    c = compare(ck, result.path)
+    assert c.rel_diff < REL_TOLERANCE
+    assert c.greedy_equal == c.greedy_checked > 0

@@ -143,3 +143,39 @@ def test_sentencepiece_keys(tmp_path: Path, family: str, prefix: bool) -> None:
     some = sp.vocab_size() - 1
     assert scores[some] == pytest.approx(sp.GetScore(some))
     assert _field(r, "tokenizer.ggml.eot_token_id") == ck.stop_ids[0]
+
+
+def test_generation_config_stop_ids_end_generation_in_llama_cpp(tmp_path: Path) -> None:
+    import llama_cpp
+
+    ck = write_checkpoint(tmp_path / "m", "llama")
+    result = convert_folder(ck.folder, tmp_path / "m.gguf")
+    llm = llama_cpp.Llama(model_path=str(result.path), n_ctx=64, n_threads=1, verbose=False)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        assert llama_cpp.llama_vocab_is_eog(vocab, ck.eos_id)
+        assert llama_cpp.llama_vocab_is_eog(vocab, ck.stop_ids[0])
+        assert not llama_cpp.llama_vocab_is_eog(vocab, 100)
+        assert llama_cpp.llama_vocab_bos(vocab) == ck.bos_id
+    finally:
+        llm.close()
+
+
+def test_chat_template_from_its_own_file(tmp_path: Path) -> None:
+    ck = write_checkpoint(tmp_path / "m", "qwen3")
+    config = json.loads((ck.folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (ck.folder / "tokenizer_config.json").write_text(json.dumps(config))
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    (ck.folder / "chat_template.jinja").write_text(template)
+    result = convert_folder(ck.folder, tmp_path / "m.gguf")
+    assert _field(gguf.GGUFReader(str(result.path)), "tokenizer.chat_template") == template
+
+
+def test_tokenizer_config_add_prefix_space_wins(tmp_path: Path) -> None:
+    ck = write_checkpoint(tmp_path / "m", "mistral")
+    config = json.loads((ck.folder / "tokenizer_config.json").read_text())
+    config["add_prefix_space"] = False
+    (ck.folder / "tokenizer_config.json").write_text(json.dumps(config))
+    result = convert_folder(ck.folder, tmp_path / "m.gguf")
+    assert _field(gguf.GGUFReader(str(result.path)), "tokenizer.ggml.add_space_prefix") is False

@@ -153,6 +153,10 @@ class Family:
         """Tensors llama.cpp wants that the checkpoint does not hold (none by default)."""
         return []
 
+    def rename(self, hf_name: str) -> str | None:
+        """The name a tensor is planned under (``None``: not converted); unchanged by default."""
+        return hf_name
+
     def check_vocab(self, tokens: list[str]) -> None:
         """Refuse a vocabulary llama.cpp cannot load for this family (any, by default)."""
 
@@ -174,6 +178,11 @@ class Family:
 
     def plan(self, tensors: Mapping[str, TensorEntry], config_dtype: str | None) -> list[OutTensor]:
         """The GGUF's tensors in writing order, each checked against the config."""
+        renamed: dict[str, TensorEntry] = {}
+        for name, entry in tensors.items():
+            if (new := self.rename(name)) is not None:
+                renamed[new] = entry
+        tensors = renamed
         tmap = gguf.get_tensor_name_map(self.gguf_arch, self.n_layers)
         wanted = set(self.global_shapes())
         for i in range(self.n_layers):

@@ -2,9 +2,10 @@
 
 The header (metadata and every tensor's name, type and shape) is written first, from the plan;
 then each tensor is read from its memory map in chunks of rows, fixed (row order, offsets),
-cast to the output type and appended. Nothing but one chunk and one mapped tensor is in memory
-at a time. The file is written under a temporary name beside ``out`` and renamed only once it is
-complete and flushed; any error (or interrupt) removes it.
+cast to the output type and handed to a writer thread (:mod:`.sink`). Nothing but one mapped
+tensor and a few chunks is in memory at a time. The file is written under a temporary name
+beside ``out`` and renamed only once it is complete and flushed; any error (or interrupt)
+removes it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from localllm.convert.families import family_for
 from localllm.convert.floats import bf16_to_f16
 from localllm.convert.folder import inspect_folder
 from localllm.convert.shards import index_folder, read_rows
+from localllm.convert.sink import BackgroundWriter
 from localllm.convert.vocab import load_vocab, write_vocab
 
 __all__ = ["OUTTYPES", "ConvertResult", "convert_folder"]
@@ -93,7 +95,8 @@ def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
         if source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
             # The common case (a bf16 checkpoint to f16 or bf16) on the bits, no float32.
             for raw in read_rows(source, order=t.order, raw=True):
-                yield raw if q == _Q.BF16 else bf16_to_f16(raw)
+                # A copy for the writer thread: the view dies with the map.
+                yield np.array(raw) if q == _Q.BF16 else bf16_to_f16(raw)
             continue
         for chunk in read_rows(source, order=t.order):
             if t.offset:
@@ -149,20 +152,22 @@ def convert_folder(folder: Path, out: Path, *,
         writer.write_ti_data_to_file()
         assert writer.fout is not None
         fh = writer.fout[0]
-        for t, q in zip(plan, types, strict=True):
-            writer.write_padding(fh, fh.tell())
-            written = 0
-            for data in _encoded_chunks(t, q):
-                data.tofile(fh)
-                written += data.nbytes
-                del data
-            expected = _nbytes(t.shape, q)
-            if written != expected:
-                raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
-            writer.write_padding(fh, written)
-            done += t.source_bytes
-            if progress is not None:
-                progress(done, total)
+        sink = BackgroundWriter(fh)
+        try:
+            for t, q in zip(plan, types, strict=True):
+                sink.pad(writer.data_alignment)
+                start = sink.position
+                for data in _encoded_chunks(t, q):
+                    sink.write(data)
+                written, expected = sink.position - start, _nbytes(t.shape, q)
+                if written != expected:
+                    raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
+                done += t.source_bytes
+                if progress is not None:
+                    progress(done, total)
+            sink.pad(writer.data_alignment)
+        finally:
+            sink.close()
         fh.flush()
         os.fsync(fh.fileno())
         writer.close()

@@ -17,7 +17,7 @@ from localllm.convert.qwen2 import Qwen2Family
 from localllm.convert.qwen3 import Qwen3Family
 from localllm.convert.qwen3moe import Qwen3MoeFamily
 
-__all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "family_for"]
+__all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "family_for", "family_name"]
 
 FAMILIES: tuple[type[Family], ...] = (
     LlamaFamily, MistralFamily, Qwen2Family, Qwen3Family, Gemma2Family, Gemma3Family,
@@ -40,3 +40,9 @@ def family_for(config: Mapping[str, Any]) -> Family:
         if arch in fam.architectures:
             return fam(config)
     raise UnsupportedArchitectureError(arch, SUPPORTED_ARCHITECTURES)
+
+
+def family_name(config: Mapping[str, Any]) -> str:
+    """The converter family of a config.json alone (``llama``, ``qwen2``...): for deciding
+    before a download whether a repository can be converted. Raises as a conversion would."""
+    return family_for(config).name

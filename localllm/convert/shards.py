@@ -205,8 +205,12 @@ def read_rows(entry: TensorEntry, chunk_bytes: int = 64 << 20,
               order: np.ndarray | None = None, raw: bool = False) -> Iterator[np.ndarray]:
     """The tensor as float32 (or, with ``raw``, as stored: bf16 as its uint16 bits), in chunks
     of whole rows (first dimension), optionally gathered in ``order`` (a permutation of the
-    rows). Each chunk is a fresh array the caller may modify."""
-    convert = (lambda a: np.array(a)) if raw else (lambda a: _to_f32(np.asarray(a), entry.dtype))
+    rows). A float32 chunk is a fresh array the caller may modify; a raw one may be a view of
+    the memory map, valid only until the next chunk is asked for."""
+    # Raw chunks are views of the map when no reordering copies them anyway: the caller reads
+    # them once (a gather, a copy), saving a pass over the data.
+    convert = ((lambda a: a.view(np.ndarray)) if raw
+               else (lambda a: _to_f32(np.asarray(a), entry.dtype)))
     with _mapped(entry) as mm:
         if mm.ndim == 0:
             yield convert(mm.reshape(()))

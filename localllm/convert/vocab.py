@@ -232,6 +232,12 @@ def load_vocab(folder: Path, n_vocab: int, *, prefer_sentencepiece: bool = True)
             f"{folder} has no tokenizer: neither tokenizer.json nor tokenizer.model (copy the "
             "tokenizer files of the repository next to the weights)"
         )
+    config = folder / "tokenizer_config.json"
+    if vocab.model == "llama" and config.is_file():
+        # The HF tokenizer's own switch wins over the model file's, as in llama.cpp's converter.
+        flag = _json(config).get("add_prefix_space")
+        if isinstance(flag, bool):
+            vocab.add_space_prefix = flag
     vocab.special = gguf.SpecialVocab(folder, load_merges=vocab.model == "gpt2", n_vocab=n_vocab)
     vocab.eot_ids, notes = _stop_ids(folder, vocab.special)
     vocab.notes.extend(notes)
