@@ -19,12 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import (
-    PickleCheckpointError,
-    PullError,
-    RemoteNotFoundError,
-    UnsupportedArchitectureError,
-)
+from .._exceptions import ConvertError, PickleCheckpointError, PullError, RemoteNotFoundError
 from .gguf_files import HubFile
 
 if TYPE_CHECKING:
@@ -100,20 +95,18 @@ def checkout_quant(tag: str, repo: str) -> str:
     return wanted
 
 
-def check_convertible(architecture: str, repo: str) -> None:
-    """Refuse, before any download, a checkout of an architecture the converter cannot
-    convert, naming it and those it can (:data:`localllm.convert.SUPPORTED_ARCHITECTURES`):
-    :class:`UnsupportedArchitectureError`, a 400."""
-    from ..convert import SUPPORTED_ARCHITECTURES
+def check_convertible(config: dict[str, Any], repo: str) -> str:
+    """The converter family of a checkout's ``config.json``; refuses, before any download, a
+    checkout the converter cannot convert (:func:`localllm.convert.family_name`'s own
+    :class:`ConvertError`: an architecture it lacks, named with those it has, a 400),
+    naming the repository."""
+    from ..convert import family_name
 
-    if architecture in SUPPORTED_ARCHITECTURES:
-        return
-    error = UnsupportedArchitectureError(architecture, tuple(SUPPORTED_ARCHITECTURES))
-    error.args = (
-        f"hf.co/{repo} holds safetensors of {architecture}, which localllm cannot convert "
-        f"(it converts: {', '.join(SUPPORTED_ARCHITECTURES)})",
-    )
-    raise error
+    try:
+        return family_name(config)
+    except ConvertError as exc:
+        exc.args = (f"hf.co/{repo}: {exc}",)
+        raise
 
 
 def _git_oid(data: bytes) -> str:
@@ -152,6 +145,8 @@ class CheckoutFacts:
 
     config: dict[str, Any]
     """``config.json`` (for a multimodal model, its ``text_config`` merged over it)."""
+    raw: dict[str, Any]
+    """``config.json`` as it is."""
     parameters: int
     """Weights: the Hub's safetensors count, else the index's ``total_size`` over the bytes
     of the dtype the config names."""
@@ -181,4 +176,4 @@ def read_config(
         # One shard, no index: its size over two bytes a weight (bf16, as the Hub ships).
         shards = [f for f in files if f.path.endswith(".safetensors")]
         parameters = sum(f.size for f in shards) // 2
-    return CheckoutFacts(merged, parameters, str(architectures[0]))
+    return CheckoutFacts(merged, config, parameters, str(architectures[0]))

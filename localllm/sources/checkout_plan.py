@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._exceptions import PullError
 from .._format import human_size
@@ -24,12 +24,14 @@ if TYPE_CHECKING:
 __all__ = ["plan_checkout"]
 
 
-def _architecture(store: Store, digest: str, repo: str) -> str:
+def _config(store: Store, digest: str, repo: str) -> dict[str, Any]:
     try:
         config = json.loads(store.read_blob(digest))
-        return str((config.get("architectures") or [config.get("model_type")])[0])
-    except (ValueError, AttributeError, IndexError, TypeError):
-        raise PullError(f"hf.co/{repo}/config.json is not a model's config") from None
+    except ValueError:
+        config = None
+    if not isinstance(config, dict):
+        raise PullError(f"hf.co/{repo}/config.json is not a model's config (a JSON object)")
+    return config
 
 
 def plan_checkout(
@@ -54,8 +56,9 @@ def plan_checkout(
             digest = fetch_small_file(store, source(hub_file.path), hub_file, timeout)
         names[hub_file.path] = digest
         if hub_file.path == "config.json" and not hub_file.sha256:
-            architecture = _architecture(store, digest, repo)
-            check_convertible(architecture, repo)
+            config = _config(store, digest, repo)
+            check_convertible(config, repo)
+            architecture = str((config.get("architectures") or ["?"])[0])
     size = sum(f.size for f in files)
     then = "quantizing to " + quant if quant != "F16" else "keeping F16"
     emit(

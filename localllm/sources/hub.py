@@ -384,7 +384,7 @@ def _checkout_listing(
             raise PullError(f"{where} is not JSON") from None
 
     facts = read_config(get_json, repo_id, files, getattr(info.safetensors, "total", None))
-    check_convertible(facts.architecture, repo_id)
+    check_convertible(facts.raw, repo_id)
     quants = []
     for label in CONVERTED_QUANTS:
         try:
