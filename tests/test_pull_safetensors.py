@@ -24,7 +24,9 @@ from localllm.convert import convert_folder
 from localllm.gguf_info import inspect_gguf
 from localllm.settings import Settings
 from localllm.sources import pull
+from localllm.sources.checkout import checkout_files
 from localllm.sources.checkout_header import checkout_header
+from localllm.sources.gguf_files import HubFile
 from localllm.store.manifest import MEDIA_MODEL
 from localllm.store.models import load_model
 from localllm.store.quantize import quantize_file
@@ -242,3 +244,36 @@ def test_corrupt_files_are_refused_and_nothing_is_named(
         pull(store, f"{REPO}:F16", hf_settings)
     assert not store.exists(f"{REPO}:F16")
     assert not any(p.is_file() for p in store.manifests_dir.rglob("*"))
+
+
+def test_only_the_files_a_conversion_reads_are_downloaded() -> None:
+    """As Mistral ships: its own consolidated.safetensors beside the transformers shards, an
+    original/ folder of pickles, a README: only config, tokenizer and shards are fetched."""
+    names = [
+        "README.md",
+        "config.json",
+        "consolidated.safetensors",
+        "generation_config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "original/consolidated.00.pth",
+        "params.json",
+        "tokenizer.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+    ]
+    files = [HubFile(name, 10, None) for name in names]
+    chosen = checkout_files(files, "mistralai/x")
+    assert chosen is not None
+    assert {f.path for f in chosen} == {
+        "config.json",
+        "generation_config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+    }
+    assert checkout_files([HubFile("model.safetensors", 10, None)], "u/r") is None  # no config

@@ -76,6 +76,11 @@ def checkout_files(files: Sequence[HubFile], repo: str) -> list[HubFile] | None:
                 "for a safetensors or GGUF repository of the model"
             )
         return None
+    transformers = [f for f in shards if f.path.startswith("model")]
+    if transformers:
+        # Mistral's repositories ship its own format (consolidated.safetensors) beside the
+        # transformers shards: the same weights again, which the converter does not read.
+        shards = transformers
     wanted = [f for f in root if f.path in _WANTED_NAMES or f in shards]
     return sorted(wanted, key=lambda f: (f.path.endswith(".safetensors"), f.path))
 
