@@ -76,9 +76,10 @@ def _answers(cli: CliHome, name: str) -> None:
     assert reply["prompt_eval_count"] >= 1
 
 
-def _store_files(home: Path) -> dict[str, set[str]]:
+def _store_files(cli: CliHome) -> dict[str, set[str]]:
     """What the store holds: blobs, manifests, and anything left in partial/."""
-    root = home / "models"
+    root = cli.settings.data_dir
+    assert (root / "blobs").is_dir()  # the store the daemon writes (the starter is in it)
     found: dict[str, set[str]] = {}
     for part in ("blobs", "manifests", "partial"):
         folder = root / part
@@ -124,7 +125,7 @@ def test_api_progress_says_converting_then_quantizing(cli: CliHome, checkpoint: 
     quantizing = [s for s in statuses if s.startswith("quantizing F16 model to Q4_K_M")]
     assert quantizing and statuses.index(quantizing[0]) > statuses.index(converting[0]["status"])
     assert statuses[-1] == "success"
-    assert not _store_files(cli.home)["partial"]  # the F16 file and the links are gone
+    assert not _store_files(cli)["partial"]  # the F16 file and the links are gone
 
 
 def test_ollama_client_creates_from_uploaded_files(cli: CliHome, checkpoint: Path) -> None:
@@ -224,7 +225,7 @@ def test_bad_folders_are_refused_through_the_api_and_the_cli(
     folder = tmp_path / case
     shutil.copytree(checkpoint, folder)
     damage(folder)
-    before = _store_files(cli.home)
+    before = _store_files(cli)
     with httpx.Client(base_url=cli.settings.base_url, timeout=120) as http:
         body = {"model": f"bad-{case}", "from": str(folder)}
         response = http.post("/api/create", json={**body, "stream": False})
@@ -244,13 +245,13 @@ def test_bad_folders_are_refused_through_the_api_and_the_cli(
     assert said.lower() in error.lower()
     errors = [line for line in error.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and error.strip().splitlines()[-1] == errors[0]
-    assert _store_files(cli.home) == before  # nothing half-written
+    assert _store_files(cli) == before  # nothing half-written
 
 
 def test_bad_uploads_are_refused(cli: CliHome, checkpoint: Path, tmp_path: Path) -> None:
     pickle = tmp_path / "pytorch_model.bin"
     pickle.write_bytes(b"PK\x03\x04 never unpickled")
-    before = _store_files(cli.home)
+    before = _store_files(cli)
     with cli.client() as client:
         config = client.upload_blob(checkpoint / "config.json")
         pickled = client.upload_blob(pickle)
@@ -266,7 +267,7 @@ def test_bad_uploads_are_refused(cli: CliHome, checkpoint: Path, tmp_path: Path)
             response = http.post("/api/create", json={"model": "bad-upload", "files": files})
             assert response.status_code == 400, (files, response.text)
             assert said in response.json()["error"], (files, response.text)
-    after = _store_files(cli.home)
+    after = _store_files(cli)
     assert after["manifests"] == before["manifests"] and not after["partial"]
     assert after["blobs"] - before["blobs"] <= {  # only the two uploads
         config.replace(":", "-"),

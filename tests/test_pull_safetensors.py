@@ -116,6 +116,17 @@ def test_pull_with_a_tag_converts_and_quantizes(cli: CliHome) -> None:
     assert err.strip().splitlines()[-1] == "success"
     shown = cli.json("show", f"{REPO}:Q8_0")
     assert shown["details"]["quantization_level"] == "Q8_0"
+    # the size show gave before the download is the file's, within 10%
+    (estimate,) = cli.json("show", f"{REPO}:Q8_0", "--hub")["quants"]
+    (listed,) = [m for m in cli.json("list") if m["name"] == f"{REPO}:Q8_0"]
+    layers = {
+        layer["mediaType"]: layer["size"]
+        for layer in json.loads(
+            (cli.settings.data_dir / "manifests/hf.co/tester/tiny-llama/Q8_0").read_text()
+        )["layers"]
+    }
+    real = layers["application/vnd.ollama.image.model"]
+    assert abs(estimate["size"] - real) <= real * 0.10, (estimate["size"], real, listed)
     with cli.client() as client:
         reply = client.generate(f"{REPO}:Q8_0", "Hello", options={"num_predict": 3})
     assert reply["done"] and 1 <= reply["eval_count"] <= 3

@@ -370,7 +370,8 @@ def _checkout_listing(
     settings: Settings, info: Any, files: list[HubFile], checkout: list[HubFile]
 ) -> RepoListing:
     """A safetensors repository listed as what it would become here: one entry per
-    quantization, its size from the config (the converted header's tensors)."""
+    quantization, its size from the config (the converted header's tensors, plus the
+    tokenizer file's size for the vocabulary in the GGUF's metadata)."""
     from .checkout import CONVERTED_QUANTS, check_convertible, read_config
     from .checkout_header import checkout_header
 
@@ -385,6 +386,10 @@ def _checkout_listing(
 
     facts = read_config(get_json, repo_id, files, getattr(info.safetensors, "total", None))
     check_convertible(facts.raw, repo_id)
+    # The GGUF's metadata is mostly the vocabulary: about the tokenizer file's size.
+    vocabulary = max(
+        (f.size for f in checkout if f.path in ("tokenizer.json", "tokenizer.model")), default=0
+    )
     quants = []
     for label in CONVERTED_QUANTS:
         try:
@@ -394,7 +399,7 @@ def _checkout_listing(
             from ..store.quantize import estimate_quantized_size
 
             size = estimate_quantized_size(facts.parameters, label)
-        quants.append(QuantFiles(label, tuple(checkout), converted_size=size))
+        quants.append(QuantFiles(label, tuple(checkout), converted_size=size + vocabulary))
     model = HubModel.from_info(info)
     context = facts.config.get("max_position_embeddings")
     model = dataclasses.replace(
