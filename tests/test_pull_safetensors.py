@@ -107,9 +107,11 @@ def _files_of(hub: FakeHub) -> dict[str, bytes]:
     return hub.repos["tester/tiny-llama"].files
 
 
-def test_pull_with_a_tag_converts_and_quantizes(cli: CliHome) -> None:
+def test_pull_with_a_tag_converts_and_quantizes(cli: CliHome, module_hub: FakeHub) -> None:
+    before = _shard_requests(module_hub)
     result = cli.run("pull", f"{REPO}:Q8_0")
     assert result.returncode == 0, result.stderr
+    assert _shard_requests(module_hub) > before  # (what the other tests count is recorded)
     err = result.stderr
     assert "holds safetensors (LlamaForCausalLM) and no GGUF" in err
     assert "converting" in err and "quantizing F16 model to Q8_0" in err
