@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -182,12 +183,16 @@ def _mapped(entry: TensorEntry) -> Iterator[np.ndarray]:
         yield np.zeros(entry.shape, dtype=storage)
         return
     mm = np.memmap(entry.file, dtype=storage, mode="r", offset=entry.offset, shape=entry.shape)
+    mapping = getattr(mm, "_mmap", None)
+    if mapping is not None and hasattr(mmap, "MADV_SEQUENTIAL"):
+        # Read once, front to back: ask the kernel for read-ahead and early reclaim.
+        with suppress(OSError):
+            mapping.madvise(mmap.MADV_SEQUENTIAL)
     try:
         yield mm
     finally:
         # Closing the map now (not at garbage collection) returns its pages: the resident set
         # stays at about one tensor.
-        mapping = getattr(mm, "_mmap", None)
         del mm
         if mapping is not None:
             # A view still alive (BufferError): the collector unmaps it instead.
