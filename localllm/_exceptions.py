@@ -16,6 +16,15 @@ The hierarchy, so callers can catch exactly what they can handle::
     │   └── DamagedModelError      a model whose blob is missing or does not match its digest
     ├── GGUFError                  a file that is not a usable GGUF (not GGUF, truncated, absurd)
     ├── QuantizeError              llama.cpp could not quantize a model
+    ├── ConvertError               a safetensors folder that cannot be converted to GGUF
+    │   ├── NotAFolderError        the path is not a folder
+    │   ├── MissingConfigError     no config.json (or one that is not a JSON object)
+    │   ├── UnsupportedArchitectureError  an architecture the converter has no family for
+    │   ├── MissingTokenizerError  neither tokenizer.json nor tokenizer.model
+    │   ├── MissingShardError      a shard named by the index, or any weights at all, missing
+    │   ├── TruncatedShardError    a shard shorter than its header says (or a broken header)
+    │   ├── TensorMismatchError    a tensor whose shape or dtype disagrees with the config
+    │   └── PickleCheckpointError  only pickled weights (pytorch_model.bin, *.pt): never unpickled
     ├── PullError                  a model could not be downloaded or looked up at its source
     │   ├── RemoteNotFoundError    the repository, model, tag or file does not exist upstream
     │   ├── AuthRequiredError      the source wants credentials we do not have
@@ -42,6 +51,7 @@ __all__ = [
     "AuthRequiredError",
     "BenchError",
     "BlobNotFoundError",
+    "ConvertError",
     "DaemonError",
     "DaemonTimeoutError",
     "DaemonUnavailableError",
@@ -53,9 +63,14 @@ __all__ = [
     "InvalidNameError",
     "LaunchError",
     "LocalLLMError",
+    "MissingConfigError",
+    "MissingShardError",
+    "MissingTokenizerError",
     "ModelNotFoundError",
     "NetworkError",
+    "NotAFolderError",
     "OperationCancelledError",
+    "PickleCheckpointError",
     "PullError",
     "QuantizeError",
     "RateLimitedError",
@@ -64,8 +79,11 @@ __all__ = [
     "StoreBusyError",
     "StoreError",
     "StoreUnwritableError",
+    "TensorMismatchError",
     "ToolConfigError",
     "ToolServerError",
+    "TruncatedShardError",
+    "UnsupportedArchitectureError",
 ]
 
 
@@ -148,6 +166,56 @@ class AdapterError(LocalLLMError):
 
 class QuantizeError(LocalLLMError):
     """llama.cpp could not quantize a model, or the request cannot be quantized."""
+
+
+class ConvertError(LocalLLMError):
+    """A safetensors folder (a model as the Hub ships it) that cannot be converted to GGUF.
+
+    Every subclass is bad input: the daemon answers it with HTTP 400, and nothing half-written
+    is left behind (the converter writes to a temporary name and removes it on error).
+    """
+
+
+class NotAFolderError(ConvertError):
+    """The path given to the converter does not exist or is not a folder."""
+
+
+class MissingConfigError(ConvertError):
+    """The folder has no ``config.json``, or one that is not a JSON object."""
+
+
+class UnsupportedArchitectureError(ConvertError):
+    """``config.json`` names an architecture the converter has no family for."""
+
+    def __init__(self, architecture: str, supported: tuple[str, ...]) -> None:
+        self.architecture = architecture
+        self.supported = supported
+        super().__init__(
+            f"cannot convert architecture {architecture!r}: supported are "
+            + ", ".join(supported)
+        )
+
+
+class MissingTokenizerError(ConvertError):
+    """The folder has neither ``tokenizer.json`` nor ``tokenizer.model`` (or one unusable)."""
+
+
+class MissingShardError(ConvertError):
+    """A weights file that the index names (or any ``*.safetensors`` at all) is missing."""
+
+
+class TruncatedShardError(ConvertError):
+    """A safetensors file shorter than its header says, or whose header cannot be read."""
+
+
+class TensorMismatchError(ConvertError):
+    """A tensor whose shape or dtype disagrees with what ``config.json`` implies, a tensor
+    missing, or one the family does not know."""
+
+
+class PickleCheckpointError(ConvertError):
+    """Only pickled weights (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``): loading them would
+    run code from the file, so they are refused and never unpickled."""
 
 
 class PullError(LocalLLMError):

@@ -430,7 +430,8 @@ class Settings:
         None,
         "For tests only: <step>[#<n>] stops the n-th store write that reaches the step "
         "(blob-written, blob-published, manifest-written, manifest-published, "
-        "quantize-ready, quantize-started, quantize-written, download-started) until the "
+        "quantize-ready, quantize-started, quantize-written, convert-written, "
+        "download-started) until the "
         "file test-pause it writes in the data root is removed; tests SIGKILL the daemon there.",
     )
     mcp_config: Path | None = _setting(

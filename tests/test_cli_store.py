@@ -155,7 +155,7 @@ def test_ps_and_stop(cli: CliHome) -> None:
         (["cp", "smollm2:135m", "bad name"], "invalid model name"),
         (["stop", "nosuch"], "not found"),
         (["create", "x", "--from", "/nonexistent/file.gguf"], "no such file"),
-        (["create", "x"], "create needs --from FILE|MODEL or -f Modelfile"),
+        (["create", "x"], "create needs --from FILE|FOLDER|MODEL or -f Modelfile"),
         (["create", "x", "-f", "/nonexistent/Modelfile"], "no such Modelfile"),
         (["create", "x", "--from", "smollm2:135m", "-q", "q3_xx"], "unsupported quant"),
     ],

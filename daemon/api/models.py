@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,12 @@ from localllm.store.models import (
     render_modelfile,
 )
 from localllm.store.names import ModelName, parse_name
+from localllm.store.safetensors import (
+    Checkout,
+    check_file_names,
+    inspect_checkout,
+    is_checkout_files,
+)
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
@@ -274,6 +281,21 @@ def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
         if projectors:
             sources["projector_digest"] = projectors[0]
         rest = {n: d for n, d in digests.items() if d not in projectors}
+        if is_checkout_files(list(rest)):
+            # A Hugging Face checkout uploaded file by file (as Ollama's CLI sends a folder):
+            # converted by the daemon.
+            if body.from_:
+                raise HTTPProblem(
+                    400,
+                    "give the model either in 'from' or in 'files', not both",
+                    param="files",
+                )
+            try:
+                check_file_names(list(rest))
+            except LocalLLMError as exc:
+                raise HTTPProblem(400, str(exc), param="files") from None
+            sources["checkout"] = Checkout(files=rest)
+            return sources
         ggufs = [d for name, d in rest.items() if name.lower().endswith(".gguf")]
         if len(rest) > 1 and len(ggufs) != 1:
             raise HTTPProblem(400, "files must name exactly one .gguf model file", param="files")
@@ -281,9 +303,12 @@ def _create_sources(body: CreateRequest, state: DaemonState) -> dict[str, Any]:
     if body.from_:
         if _looks_like_path(body.from_):
             path = Path(body.from_).expanduser()
-            if not path.is_file():
-                raise HTTPProblem(400, f"{body.from_}: no such file", param="from")
-            sources["gguf_file"] = path
+            if path.is_dir():
+                sources["checkout"] = Checkout(folder=path)  # safetensors, converted here
+            elif not path.is_file():
+                raise HTTPProblem(400, f"{body.from_}: no such file or folder", param="from")
+            else:
+                sources["gguf_file"] = path
         else:
             sources["base"] = resolve_model(state, body.from_, "from").name
         if model_digests:
@@ -469,6 +494,10 @@ async def _background_job(
 
 
 def _source_file_type(sources: dict[str, Any], state: DaemonState) -> tuple[str | None, str]:
+    if "checkout" in sources:
+        checkout: Checkout = sources["checkout"]
+        inspect_checkout(state.store, checkout)  # what cannot be converted is refused now
+        return "F16", checkout.what  # what the converter writes, whatever the shards hold
     if "base" in sources:
         model = load_model(state.store, sources["base"])
         return model.info.file_type, model.name.short
@@ -487,8 +516,10 @@ async def _require_llama_cpp(state: DaemonState) -> None:
 
 @router.post("/api/create", summary="Create a model")
 async def create(body: CreateRequest, request: Request, state: StateDep) -> Response:
-    """Create a model from a blob digest (``files``), a GGUF path or a model (``from``),
-    optionally quantizing it (``quantize``: q8_0, q4_K_M, ...)."""
+    """Create a model from a blob digest (``files``), a GGUF path or a model (``from``), or
+    a safetensors checkout (a folder in ``from``, or its files uploaded as blobs in
+    ``files``: converted to F16 first, ``converting ...`` progress), optionally quantizing
+    it (``quantize``: q8_0, q4_K_M, ...)."""
     from localllm.store.quantize import Quantize, check_quantizable, normalize_quant
 
     target = _new_name(body.model_name(), "model")
@@ -502,10 +533,22 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
     # progress line is streamed.
     try:
         file_type, what = await run_in_threadpool(_source_file_type, sources, state)
-    except (ModelNotFoundError, StoreError):
+    except (ModelNotFoundError, StoreError) as exc:
+        if "checkout" in sources:  # a bad file name or a blob not uploaded
+            raise HTTPProblem(400, str(exc), param="files") from None
         raise  # the source model went away meanwhile (404), or is damaged: its own error
     except LocalLLMError as exc:
+        if "checkout" in sources:  # the converter's own words: what it cannot convert, why
+            field = "from" if sources["checkout"].folder is not None else "files"
+            raise HTTPProblem(400, str(exc), param=field) from None
         raise HTTPProblem(400, f"not a usable GGUF model: {exc}", param="from") from None
+    if "checkout" in sources and (body.draft or body.adapters):
+        raise HTTPProblem(
+            400,
+            "a safetensors source is converted first: create the model from it, then another "
+            "model FROM it with the draft or adapters",
+            param="draft" if body.draft else "adapters",
+        )
     drafts = _draft_sources(body, state)
     await run_in_threadpool(_check_draft, sources, drafts, state)
     adapters = _adapter_sources(body, state)
@@ -532,6 +575,11 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
         if quant is not None:
             threads = state.settings.num_threads
             quantize = Quantize(quant, allow_requantize, threads, on_progress=emit, cancel=cancel)
+        found = dict(sources)
+        if "checkout" in found:
+            found["checkout"] = dataclasses.replace(
+                found["checkout"], on_progress=emit, cancel=cancel
+            )
         # One transaction: the name is written last, once every blob (the quantized weights
         # included) is complete; a failure or a kill leaves the name as it was.
         entry = create_model(
@@ -544,7 +592,7 @@ async def create(body: CreateRequest, request: Request, state: StateDep) -> Resp
             messages=messages,
             adapters=adapters or None,
             quantize=quantize,
-            **sources,
+            **found,
             **drafts,
         )
         for layer in entry.manifest.layers:

@@ -23,6 +23,7 @@ __all__ = [
     "UsageError",
     "connect",
     "file_source",
+    "folder_source",
     "load_settings",
     "notice",
     "parse_time",
@@ -102,10 +103,51 @@ def file_source(client: Client, settings: Settings, path: Path) -> dict[str, Any
     """
     from ..autostart import is_local
 
+    if path.is_dir():
+        return folder_source(client, settings, path)
     if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: no such file or folder")
     if is_local(settings):
         return {"from_": str(path.resolve())}
     notice(f"uploading {path.name} to the daemon...")
     digest = client.upload_blob(path)
     return {"files": {path.name: digest}}
+
+
+def _checkout_files(folder: Path) -> list[Path]:
+    """The files of a checkout a conversion reads (weights, config, tokenizer, template),
+    hidden folders (``.git``, ``.cache``) and pickles left out."""
+    from ..store.safetensors import CHECKPOINT_FILE_SUFFIXES
+
+    found = []
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts) or not path.is_file():
+            continue
+        if path.suffix.lower() in CHECKPOINT_FILE_SUFFIXES:
+            found.append(path)
+    return found
+
+
+def folder_source(client: Client, settings: Settings, folder: Path) -> dict[str, Any]:
+    """The ``/api/create`` source fields for a safetensors checkout (a Hugging Face model
+    folder), which the daemon converts.
+
+    A daemon on this machine reads the folder itself (``from``: its absolute path) and says
+    what is wrong with a folder it cannot convert; a remote daemon gets the folder checked
+    here first (no upload of what would be refused: pickles, a missing tokenizer...), then
+    its files uploaded as blobs (``files``: name → digest), as Ollama's CLI sends a folder.
+    """
+    from ..autostart import is_local
+
+    if is_local(settings):
+        return {"from_": str(folder.resolve())}
+    from ..convert import inspect_folder
+
+    inspect_folder(folder)  # the converter's own error for what it cannot convert
+    files: dict[str, str] = {}
+    for path in _checkout_files(folder):
+        name = path.relative_to(folder).as_posix()
+        notice(f"uploading {name} to the daemon...")
+        files[name] = client.upload_blob(path)
+    return {"files": files}

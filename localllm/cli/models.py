@@ -127,7 +127,10 @@ def add_create_arguments(parser: argparse.ArgumentParser) -> None:
         "--file", "-f", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)"
     )
     source.add_argument(
-        "--from", dest="source", metavar="FILE|MODEL", help="a .gguf file or a model name"
+        "--from",
+        dest="source",
+        metavar="FILE|FOLDER|MODEL",
+        help="a .gguf file, a safetensors folder (converted) or a model name",
     )
     parser.add_argument("--quantize", "-q", metavar="QUANT", help=f"quantize to {_QUANT_HELP}")
     _add_requantize(parser)
@@ -430,14 +433,15 @@ def _check_quant(quant: str | None) -> str | None:
 
 
 def _source_fields(client: Client, value: str, base: Path | None = None) -> dict[str, Any]:
-    """``/api/create`` source fields for a ``--from`` / ``FROM`` value: a file or a model."""
+    """``/api/create`` source fields for a ``--from`` / ``FROM`` value: a GGUF file, a
+    safetensors folder (a Hugging Face checkout, converted by the daemon) or a model."""
     from ..store.modelfile import looks_like_path
 
     settings = load_settings()
     path = Path(value).expanduser()
     if base is not None and not path.is_absolute():
         path = base / path
-    if looks_like_path(value) or path.is_file():
+    if looks_like_path(value) or path.is_file() or path.is_dir():
         return file_source(client, settings, path)
     return {"from_": value}
 
@@ -488,15 +492,16 @@ def _run_create(client: Client, name: str, fields: dict[str, Any]) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    """``create NAME`` from ``--from FILE|MODEL`` or ``-f Modelfile`` (``./Modelfile`` by
-    default), optionally ``--quantize``."""
+    """``create NAME`` from ``--from FILE|FOLDER|MODEL`` or ``-f Modelfile`` (``./Modelfile``
+    by default), optionally ``--quantize``; a folder is a safetensors checkout that the
+    daemon converts (F16 unless ``--quantize`` says otherwise)."""
     from ..store.modelfile import read_modelfile
 
     quant = _check_quant(args.quantize)
     modelfile_path: Path | None = Path(args.file).expanduser() if args.file else None
     if args.source is None and modelfile_path is None:
         if not Path("Modelfile").is_file():
-            raise UsageError("create needs --from FILE|MODEL or -f Modelfile")
+            raise UsageError("create needs --from FILE|FOLDER|MODEL or -f Modelfile")
         modelfile_path = Path("Modelfile")
     with connect() as client:
         if modelfile_path is not None:

@@ -152,6 +152,13 @@ def render_hub(data: Mapping[str, Any]) -> str:
             f"  vision part: {projector['path']} ({human_size(int(projector['size']))}), "
             "pulled with the model"
         )
+    converted = [q for q in data.get("quants") or [] if q.get("converted_from")]
+    if converted:
+        download = human_size(int(converted[0].get("download_size") or 0))
+        lines.append(
+            f"  safetensors, no GGUF: {download} downloaded, then converted and quantized here "
+            "(each size estimated from its config)"
+        )
     devices = ", ".join(
         f"{d['name']} {human_size(int(d['free']))} free" for d in data.get("devices") or []
     )
@@ -161,7 +168,11 @@ def render_hub(data: Mapping[str, Any]) -> str:
     headers = ["QUANT", "SIZE", "FIT", "SLOTS × CONTEXT", "DECODE TOK/S", "PREFILL TOK/S"]
     lines += ["", table(headers, rows), ""]
     header = data.get("header")
-    if header:
+    if header and converted:
+        lines.append(
+            f"≈ shapes from its config.json, as {header}; the others scaled to their size"
+        )
+    elif header:
         if any(_shape_mark(q) == "≈" for q in quants):
             lines.append(
                 f"≈ from {header}'s GGUF header, scaled to each file's size (show one "

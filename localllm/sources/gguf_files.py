@@ -77,6 +77,9 @@ class HubFile:
     """Bytes (of the real file, not the LFS pointer)."""
     sha256: str | None
     """Hex sha256 from the LFS metadata; ``None`` for files not stored with LFS."""
+    blob_id: str | None = None
+    """The git object id (sha1) the Hub lists: for a file stored in git itself (no LFS), what
+    its bytes are checked against."""
 
 
 @dataclass(frozen=True)

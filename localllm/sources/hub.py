@@ -22,6 +22,7 @@ Errors: :class:`~localllm.RemoteNotFoundError` (no such repository; no GGUF in i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,6 +32,7 @@ from urllib.parse import parse_qs, urlparse
 from .._exceptions import GGUFError, PullError, RemoteNotFoundError
 from ..gguf_info import GGUFInfo, HeaderIncomplete, inspect_gguf_header
 from ..settings import Settings
+from .checkout import CheckoutFacts, checkout_files
 from .gguf_files import DEFAULT_PREFERENCE, HubFile, _candidates, quant_of
 from .hub_errors import hub_error, hub_files
 
@@ -223,15 +225,28 @@ class QuantFiles:
     """Its file, or its parts in order."""
     projector: HubFile | None = None
     """The vision projector (``mmproj``) that would be pulled with it."""
+    converted_size: int | None = None
+    """For a safetensors repository: the estimated bytes of the model once converted and
+    quantized here (its :attr:`files` are then the checkout downloaded for it)."""
 
     @property
     def size(self) -> int:
-        """Bytes of the model's files (the projector apart)."""
+        """Bytes of the model's files (the projector apart); of the converted model, for a
+        safetensors repository."""
+        if self.converted_size is not None:
+            return self.converted_size
+        return sum(f.size for f in self.files)
+
+    @property
+    def download_size(self) -> int:
+        """Bytes downloaded to have it."""
         return sum(f.size for f in self.files)
 
     @property
     def quant(self) -> str | None:
-        """The quantization the file name says, if any."""
+        """The quantization the file name says (a converted one's label), if any."""
+        if self.converted_size is not None:
+            return self.label
         return quant_of(self.files[0].path)
 
     @property
@@ -241,16 +256,20 @@ class QuantFiles:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
+        shown = {
             "label": self.label,
             "tag": self.tag,
             "files": [f.path for f in self.files],
             "size": self.size,
-            "split": len(self.files) > 1,
+            "split": len(self.files) > 1 and self.converted_size is None,
             "projector": None
             if self.projector is None
             else {"path": self.projector.path, "size": self.projector.size},
         }
+        if self.converted_size is not None:
+            shown["converted_from"] = "safetensors"
+            shown["download_size"] = self.download_size
+        return shown
 
 
 @dataclass(frozen=True)
@@ -269,6 +288,9 @@ class RepoListing:
     """Downloads, likes, parameters, architecture, context length..."""
     card: dict[str, Any] = field(default_factory=dict)
     """The model card's data the Hub reports (``base_model``, ``license``...)."""
+    checkout: CheckoutFacts | None = None
+    """For a repository of safetensors (no GGUF): its config; :attr:`quants` are then what
+    it would be converted and quantized to here."""
 
     def find(self, tag: str) -> QuantFiles:
         """The quantization a tag (``Q8_0``, ``q4_k_m``, a file name) means."""
@@ -323,6 +345,8 @@ def list_repo(settings: Settings, repo_id: str) -> RepoListing:
         QuantFiles(candidate.label, candidate.files)
         for candidate in _candidates(files)  # raises for an incomplete split model
     ]
+    if not quants and (checkout := checkout_files(files, repo_id)) is not None:
+        return _checkout_listing(settings, info, files, checkout)
     if not quants:
         raise RemoteNotFoundError(
             f"{where} has no GGUF model files; localllm runs GGUF models only (look for a "
@@ -339,6 +363,59 @@ def list_repo(settings: Settings, repo_id: str) -> RepoListing:
         projectors=projectors,
         model=HubModel.from_info(info),
         card=_card(info),
+    )
+
+
+def _checkout_listing(
+    settings: Settings, info: Any, files: list[HubFile], checkout: list[HubFile]
+) -> RepoListing:
+    """A safetensors repository listed as what it would become here: one entry per
+    quantization, its size from the config (the converted header's tensors, plus the
+    tokenizer file's size for the vocabulary in the GGUF's metadata)."""
+    from .checkout import CONVERTED_QUANTS, check_convertible, read_config
+    from .checkout_header import checkout_header
+
+    repo_id, revision = str(info.id), info.sha or "main"
+    def get_json(path: str) -> Any:
+        where = f"hf.co/{repo_id}/{path}"
+        response = _get(settings, f"/{repo_id}/resolve/{revision}/{path}", None, where)
+        try:
+            return response.json()
+        except ValueError:
+            raise PullError(f"{where} is not JSON") from None
+
+    facts = read_config(get_json, repo_id, files, getattr(info.safetensors, "total", None))
+    check_convertible(facts.raw, repo_id)
+    # The GGUF's metadata is mostly the vocabulary: about the tokenizer file's size.
+    vocabulary = max(
+        (f.size for f in checkout if f.path in ("tokenizer.json", "tokenizer.model")), default=0
+    )
+    quants = []
+    for label in CONVERTED_QUANTS:
+        try:
+            header = checkout_header(facts.config, facts.architecture, label)
+            size = sum(t.n_bytes for t in header.tensors)
+        except GGUFError:
+            from ..store.quantize import estimate_quantized_size
+
+            size = estimate_quantized_size(facts.parameters, label)
+        quants.append(QuantFiles(label, tuple(checkout), converted_size=size + vocabulary))
+    model = HubModel.from_info(info)
+    context = facts.config.get("max_position_embeddings")
+    model = dataclasses.replace(
+        model,
+        parameters=model.parameters or facts.parameters,
+        architecture=model.architecture or facts.architecture,
+        context_length=model.context_length or (context if isinstance(context, int) else None),
+    )
+    return RepoListing(
+        repo_id=repo_id,
+        revision=revision,
+        quants=sorted(quants, key=lambda q: (q.size, q.label)),
+        projectors=[],
+        model=model,
+        card=_card(info),
+        checkout=facts,
     )
 
 
@@ -415,7 +492,13 @@ def read_header(
 ) -> list[GGUFInfo]:
     """The headers of ``quant``'s parts, from Range requests of their first bytes (1 MiB,
     then more up to ``limit`` while the header goes on). Raises :class:`~localllm.GGUFError`
-    for a file that is not GGUF or whose header is longer than ``limit``."""
+    for a file that is not GGUF or whose header is longer than ``limit``. For a safetensors
+    repository: the header its conversion would have, made from its config (no request)."""
+    if listing.checkout is not None:
+        from .checkout_header import checkout_header
+
+        facts = listing.checkout
+        return [checkout_header(facts.config, facts.architecture, quant.label)]
     return [
         _read_part(settings, listing, part, _FIRST_READ if index == 0 else _LATER_PART_READ, limit)
         for index, part in enumerate(quant.files)

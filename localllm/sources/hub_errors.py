@@ -92,6 +92,7 @@ def hub_files(info: Any) -> list[HubFile]:
             path=sibling.rfilename,
             size=int(sibling.lfs.size if sibling.lfs else sibling.size or 0),
             sha256=sibling.lfs.sha256 if sibling.lfs else None,
+            blob_id=getattr(sibling, "blob_id", None),
         )
         for sibling in info.siblings or []
     ]

@@ -21,6 +21,7 @@ The endpoint comes from :attr:`Settings.hf_endpoint` and is passed explicitly, b
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin
@@ -40,7 +41,9 @@ from ..store.manifest import MEDIA_MODEL, MEDIA_PROJECTOR, Layer, Manifest, norm
 from ..store.names import ModelName
 from ..store.store import Store
 from .assemble import assemble_manifest
-from .gguf_files import HubFile, choose_gguf, choose_projector
+from .checkout import checkout_files, checkout_quant
+from .checkout_plan import plan_checkout
+from .gguf_files import HubFile, _candidates, choose_gguf, choose_projector
 from .http import TransientError, is_transport_error, same_origin, transient_status
 from .hub_errors import hub_error, hub_files
 from .plan import PlannedBlob, PullPlan
@@ -156,6 +159,18 @@ def plan_huggingface(
     ``file_tag`` chooses the file in place of the name's tag."""
     emit(PullProgress(STATUS_MANIFEST))
     revision, files = _list_files(name, settings)
+    if not _candidates(files) and (checkout := checkout_files(files, name.repo_id)) is not None:
+        source = functools.partial(
+            HubFileSource,
+            name.repo_id,
+            revision=revision,
+            endpoint=settings.hf_endpoint,
+            timeout=settings.pull_stall_timeout,
+        )
+        quant = checkout_quant(file_tag or name.tag, name.repo_id)
+        return plan_checkout(
+            store, name.repo_id, checkout, source, quant, emit, settings.pull_stall_timeout
+        )
     choice = choose_gguf(files, file_tag or name.tag, name.repo_id)
     emit(PullProgress(choice.note))
     wanted = list(choice.files)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,6 +62,11 @@ class PullPlan:
     """The model's manifest, once all blobs exist (it may write small blobs: a config)."""
     file_type: str | None
     """Quantization of the model (``Q4_K_M``, ``F16``...) when the source says, else ``None``."""
+    checkout: Mapping[str, str] | None = None
+    """For a safetensors repository: its files by name → digest, once all are fetched; the
+    pull converts them (:attr:`build` is then not called)."""
+    convert_to: str | None = None
+    """What the converted checkout is quantized to (``F16``: left as converted)."""
 
     @property
     def size(self) -> int:

@@ -12,6 +12,7 @@ from ..starter import import_starter, is_starter, starter_gguf_path
 from ..store.models import build_manifest, create_model
 from ..store.names import ModelName, parse_name
 from ..store.quantize import Quantize
+from ..store.safetensors import Checkout
 from ..store.store import ModelEntry, Store
 from .huggingface import plan_huggingface
 from .plan import PullPlan
@@ -68,6 +69,12 @@ def pull(
 
     ``file_tag`` (Hugging Face only) picks the file as a tag would while the model is stored
     under ``name``: the daemon's choice for a name without a tag (:mod:`localllm.daemon.discover`).
+
+    A Hugging Face repository of safetensors and no GGUF (a checkout) is downloaded file by
+    file (the same resumable, verified transfers), converted to F16 and quantized to the
+    tag's quantization (Q4_K_M without one; ``F16`` keeps the conversion; ``quantize`` wins
+    over the tag), with ``converting ...`` and ``quantizing ...`` progress; the checkout's
+    blobs are removed once the model is written.
 
     ``quantize`` (``q4_K_M``...): once pulled, the model is quantized and stored under ``name``
     in place of the download, whose blobs are then garbage-collected; the name is written only
@@ -128,8 +135,17 @@ def pull(
             blob.fetch(store, settings, on_progress, cancel)
         # Each blob was verified as it was published; the status keeps Ollama's sequence.
         emit(PullProgress(STATUS_VERIFYING))
-        manifest = plan.build()
-        if target_quant is not None:
+        if plan.checkout is not None:
+            # Safetensors: converted, then quantized, before the name is written; the
+            # checkout's blobs go once the model is (pulling again would download them again).
+            target = target_quant or plan.convert_to or "F16"
+            checkout = Checkout(files=plan.checkout, on_progress=on_progress, cancel=cancel)
+            how = _quantize(target) if target != "F16" else None
+            manifest = build_manifest(store, checkout=checkout, quantize=how)
+            tx.discard(plan.checkout.values())
+        else:
+            manifest = plan.build()
+        if target_quant is not None and plan.checkout is None:
             # Quantized before the name is written: the name never holds the download.
             downloaded = ModelEntry(model, manifest, "", time.time())
             manifest = build_manifest(store, base=downloaded, quantize=_quantize(target_quant))

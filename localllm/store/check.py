@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,9 +176,20 @@ class PruneReport:
 
 def _size(path: Path) -> int:
     try:
+        if path.is_dir() and not path.is_symlink():  # a conversion's work folder
+            return sum(_size(child) for child in path.iterdir() if not child.is_symlink())
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def _remove(path: Path) -> None:
+    """Remove a temporary file, or a conversion's work folder (a checkout's links and its
+    F16 file) left by a killed write."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _temporaries(store: Store) -> list[Path]:
@@ -218,7 +230,7 @@ def check_store(store: Store, *, digests: bool = False) -> StoreReport:
                 if acquired:
                     for path in _temporaries(store):
                         size = _size(path)
-                        path.unlink(missing_ok=True)
+                        _remove(path)
                         report.removed_temporaries.append((path.name, size))
                     if digests:
                         report.verified = len(store.verify(set_aside_bad=True))
@@ -294,6 +306,6 @@ def prune(store: Store) -> PruneReport:
         for path in leftovers:
             size = _size(path)
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                _remove(path)
                 report.other.append((path.name, size))
     return report

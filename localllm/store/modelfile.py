@@ -270,8 +270,8 @@ def read_modelfile(path: Path) -> Modelfile:
     modelfile = parse_modelfile(text)
     value = modelfile.from_
     candidate = (path.parent / Path(value).expanduser()).resolve()
-    if looks_like_path(value) or candidate.is_file():
-        modelfile.from_ = str(candidate)
+    if looks_like_path(value) or candidate.is_file() or candidate.is_dir():
+        modelfile.from_ = str(candidate)  # a GGUF file, or a safetensors folder
     if modelfile.draft is not None:
         draft = (path.parent / Path(modelfile.draft).expanduser()).resolve()
         if looks_like_path(modelfile.draft) or draft.is_file():

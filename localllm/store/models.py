@@ -35,6 +35,7 @@ from .manifest import (
 )
 from .names import ModelName, parse_name
 from .quantize import Quantize, quantize_into_store
+from .safetensors import Checkout, convert_into_store
 from .store import ModelEntry, Store
 
 if TYPE_CHECKING:
@@ -407,6 +408,7 @@ class ModelParts(TypedDict, total=False):
 
     gguf_file: Path | None
     gguf_digest: str | None
+    checkout: Checkout | None
     base: ModelName | str | ModelEntry | None
     template: str | None
     system: str | None
@@ -423,7 +425,8 @@ class ModelParts(TypedDict, total=False):
 
 def create_model(store: Store, name: ModelName | str, **parts: Unpack[ModelParts]) -> ModelEntry:
     """Create (or replace) ``name`` from exactly one of a GGUF file (``gguf_file``), a blob
-    digest (``gguf_digest``) or a model (``base``).
+    digest (``gguf_digest``), a safetensors checkout (``checkout``: a folder or uploaded
+    blobs, converted to F16 first) or a model (``base``).
 
     Layers not given are inherited from ``base``; with a file or digest they are absent (the
     GGUF's own chat template is used). A vision projector (a ``clip`` GGUF, Ollama's second
@@ -454,11 +457,12 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
     written, as a pull builds it). Call inside a :meth:`Store.transaction`.
     """
     gguf_file, gguf_digest = parts.get("gguf_file"), parts.get("gguf_digest")
-    base, quantize = parts.get("base"), parts.get("quantize")
-    sources = [s for s in (gguf_file, gguf_digest, base) if s is not None]
+    base, quantize, checkout = parts.get("base"), parts.get("quantize"), parts.get("checkout")
+    sources = [s for s in (gguf_file, gguf_digest, base, checkout) if s is not None]
     if len(sources) != 1:
         raise LocalLLMError(
-            "create needs exactly one source: a GGUF file, a blob digest or a model"
+            "create needs exactly one source: a GGUF file, a blob digest, a safetensors "
+            "folder or a model"
         )
     options = parse_parameters(parts.get("parameters"))
     inherited: dict[str, Layer] = {}
@@ -475,6 +479,13 @@ def build_manifest(store: Store, **parts: Unpack[ModelParts]) -> Manifest:
         paths = parent.gguf_paths
         what = parent.name.short
         merged_options = dict(parent.parameters)
+    elif checkout is not None:
+        # Converted (and quantized) into a blob first: the rest treats it as any GGUF blob.
+        layer = convert_into_store(store, checkout, quantize)
+        quantize = None
+        model_layers = [layer]
+        paths, what = [store.blob_path(layer.digest)], checkout.what
+        info = _inspect_blob(layer.digest, paths[0])
     elif gguf_file is not None:
         info = inspect_gguf(gguf_file)  # refuse non-GGUF before copying gigabytes
         info.require_model()

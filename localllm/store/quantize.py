@@ -46,6 +46,7 @@ __all__ = [
     "REQUANTIZE_MESSAGE",
     "Quantize",
     "check_quantizable",
+    "estimate_quantized_size",
     "normalize_quant",
     "quantize_file",
     "quantize_into_store",
@@ -92,6 +93,13 @@ def normalize_quant(quant: str) -> str:
             "q5_K_M, q6_K, q8_0, f16, f32"
         )
     return key
+
+
+def estimate_quantized_size(parameters: int, quant: str) -> int:
+    """Bytes of a model of ``parameters`` weights quantized to ``quant`` (an estimate from
+    the type's bits per weight: what a disk check or the Hub's listing needs before any file
+    exists)."""
+    return int(parameters * _BITS_PER_WEIGHT[normalize_quant(quant)] / 8)
 
 
 def check_quantizable(file_type: str | None, what: str, *, allow_requantize: bool = False) -> None:
@@ -288,7 +296,7 @@ def quantize_into_store(store: Store, paths: list[Path], quantize: Quantize, wha
     info = inspect_gguf(paths[0])
     check_quantizable(info.file_type, what, allow_requantize=quantize.allow_requantize)
     weights = sum(inspect_gguf(path).parameter_count for path in paths)
-    estimate = int(weights * _BITS_PER_WEIGHT[target] / 8)
+    estimate = estimate_quantized_size(weights, target)
     free = store.free_space()
     if estimate > free:
         raise DiskFullError(

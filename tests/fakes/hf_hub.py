@@ -8,7 +8,8 @@ Routes, as huggingface.co answers them:
 * ``GET /api/models/<user>/<repo>[/revision/<rev>]`` (``?blobs=true`` adds sizes and LFS
   metadata): model info with ``sha`` (the commit), ``gated``, ``siblings``, ``downloads``,
   ``likes``, ``cardData`` and ``gguf`` (parameters, architecture and context length, read
-  from the repository's first GGUF model file as the Hub reads them).
+  from the repository's first GGUF model file as the Hub reads them); for a repository of
+  safetensors, ``safetensors`` (parameters per dtype, read from the shards' headers).
 * ``GET /api/models/<user>/<repo>/tree/<rev>[/<path>]``: the file tree, LFS ``oid`` included.
 * ``HEAD|GET /<user>/<repo>/resolve/<rev>/<path>``: LFS files answer ``302`` to the CDN with
   ``X-Repo-Commit``, ``ETag`` (the pointer's git oid), ``X-Linked-Etag`` (the sha256) and
@@ -28,6 +29,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +84,33 @@ class HubRepo:
     last_modified: str = "2026-01-01T00:00:00.000Z"
     card: dict[str, Any] | None = None
     """The model card's YAML data (``cardData``)."""
+    tampered: dict[str, bytes] = field(default_factory=dict)
+    """Files in git (no LFS) served with these bytes instead of those the listing describes
+    (a proxy or a disk that changed them on the way)."""
 
     def is_lfs(self, path: str) -> bool:
-        return len(self.files[path]) > _LFS_THRESHOLD or path.endswith(".gguf")
+        # As the Hub's default .gitattributes: weights always in LFS, whatever their size.
+        return len(self.files[path]) > _LFS_THRESHOLD or path.endswith((".gguf", ".safetensors"))
+
+    def safetensors(self) -> dict[str, Any] | None:
+        """The Hub's ``safetensors`` summary: parameters per dtype from the shards' headers."""
+        counts: dict[str, int] = {}
+        for path, data in sorted(self.files.items()):
+            if "/" in path or not path.endswith(".safetensors"):
+                continue
+            try:
+                length = int.from_bytes(data[:8], "little")
+                header = json.loads(data[8 : 8 + length])
+            except ValueError:
+                return None
+            for name, tensor in header.items():
+                if name == "__metadata__" or not isinstance(tensor, dict):
+                    continue
+                elements = 1
+                for dimension in tensor.get("shape", []):
+                    elements *= int(dimension)
+                counts[tensor["dtype"]] = counts.get(tensor["dtype"], 0) + elements
+        return {"parameters": counts, "total": sum(counts.values())} if counts else None
 
     def gguf(self) -> dict[str, Any] | None:
         """The Hub's ``gguf`` summary: from the first GGUF model file (projectors aside)."""
@@ -146,6 +172,8 @@ class HubRepo:
             info["cardData"] = self.card
         if (gguf := self.gguf()) is not None:
             info["gguf"] = gguf
+        if (safetensors := self.safetensors()) is not None:
+            info["safetensors"] = safetensors
         return info
 
 
@@ -339,7 +367,8 @@ class FakeHub(LoopbackServer):
             )
             return
         if not repo.is_lfs(file_path):
-            handler.send_bytes(200, data, "text/plain", {"ETag": f'"{_git_oid(data)}"', **common})
+            served = repo.tampered.get(file_path, data)
+            handler.send_bytes(200, served, "text/plain", {"ETag": f'"{_git_oid(data)}"', **common})
             return
         sha = _sha256(data)
         location = (

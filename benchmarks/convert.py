@@ -1,0 +1,162 @@
+"""Converting a ≥ 2 GB safetensors checkpoint: peak memory and throughput against ``cp``.
+
+Writes a random-weight bf16 checkpoint shaped like Llama 3.2 1B (hidden 2048, 16 layers,
+vocabulary 128256, tied embeddings: 2.47 GB in four shards, the largest tensor the 525 MB
+embedding) with a small trained BPE tokenizer, then, interleaved and repeated, copies the shards
+with ``cp`` and converts the folder to an f16 GGUF in a child process. It reports the child's
+peak resident set (VmHWM) above what it held after its imports, against the bound of the
+issue (largest tensor + 512 MB), and MB/s of source bytes for both, with their ratio. Both
+read the same files, warm in the page cache after the first pass, and write to the same disk.
+
+    python benchmarks/convert.py [--layers 16] [--repeat 2] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import safetensors
+
+_CHILD = r"""
+import json, sys, time
+from pathlib import Path
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+from localllm.convert import convert_folder
+import numpy, gguf, tokenizers, sentencepiece  # imported before the baseline is taken
+base = hwm()
+t = time.perf_counter()
+r = convert_folder(Path(sys.argv[1]), Path(sys.argv[2]))
+print(json.dumps({"seconds": time.perf_counter() - t, "base": base, "peak": hwm(),
+                  "bytes_written": r.bytes_written, "tensors": r.tensor_count}))
+"""
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    u = x.view(np.uint32)
+    return ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))))
+            >> np.uint32(16)).astype(np.uint16)
+
+
+def _tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ["the quick brown fox jumps over the lazy dog " * 4, "safetensors to gguf " * 4]
+    tok.train_from_iterator(text, trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}))
+    assert tok.get_vocab_size() < vocab_size
+
+
+def write_checkpoint(folder: Path, layers: int, shards: int = 4) -> tuple[int, int]:
+    """Write the checkpoint; returns (bytes of weights, bytes of the largest tensor)."""
+    h, ffn, vocab, heads, kv = 2048, 8192, 128256, 32, 8
+    hd = h // heads
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+           "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": vocab,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _tokenizer(folder, vocab)
+    shapes = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (heads * hd, h),
+            p + "self_attn.k_proj.weight": (kv * hd, h),
+            p + "self_attn.v_proj.weight": (kv * hd, h),
+            p + "self_attn.o_proj.weight": (h, heads * hd),
+            p + "mlp.gate_proj.weight": (ffn, h), p + "mlp.up_proj.weight": (ffn, h),
+            p + "mlp.down_proj.weight": (h, ffn)})
+    rng = np.random.default_rng(0)
+    names = list(shapes)
+    per = -(-len(names) // shards)
+    weight_map, total = {}, 0
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        keep, specs = [], {}
+        for name in names[s * per:(s + 1) * per]:
+            # Random bf16 bits from a cheap generator: normal-ish values, never inf/nan.
+            arr = _bf16(rng.standard_normal(shapes[name], dtype=np.float32) * 0.02)
+            keep.append(arr)
+            specs[name] = safetensors.TensorSpec(dtype="bfloat16", shape=arr.shape,
+                                                 data_ptr=arr.ctypes.data, data_len=arr.nbytes)
+            weight_map[name] = fname
+            total += arr.nbytes
+        safetensors.serialize_file(specs, str(folder / fname), metadata={"format": "pt"})
+        del keep, specs
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return total, vocab * h * 2
+
+
+def main() -> None:
+    """Write, then time cp and the conversion, interleaved."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--dir", default=None, help="where to write (a temporary folder in it)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        src = Path(tmp) / "model"
+        src.mkdir()
+        t = time.perf_counter()
+        total, largest = write_checkpoint(src, args.layers)
+        print(f"checkpoint: {total / 1e9:.2f} GB bf16, largest tensor {largest / 1e6:.0f} MB "
+              f"(written in {time.perf_counter() - t:.0f} s)", flush=True)
+        shards = sorted(str(p) for p in src.glob("*.safetensors"))
+        cp_s, conv_s, growth, peaks = [], [], [], []
+        for i in range(args.repeat):
+            dst = Path(tmp) / "copy"
+            dst.mkdir()
+            t = time.perf_counter()
+            subprocess.run(["cp", *shards, str(dst)], check=True, timeout=900)
+            subprocess.run(["sync"], check=True, timeout=900)
+            cp_s.append(time.perf_counter() - t)
+            shutil.rmtree(dst)
+            out = Path(tmp) / "model.gguf"
+            t = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out)],
+                                  check=True, capture_output=True, text=True, timeout=1800)
+            subprocess.run(["sync"], check=True, timeout=900)
+            conv_s.append(time.perf_counter() - t)
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            growth.append(r["peak"] - r["base"])
+            peaks.append(r["peak"])
+            print(f"pass {i + 1}: cp {total / cp_s[-1] / 1e6:.0f} MB/s; convert "
+                  f"{total / conv_s[-1] / 1e6:.0f} MB/s (in-process {r['seconds']:.1f} s), "
+                  f"peak RSS {r['peak'] / 1e6:.0f} MB = {r['base'] / 1e6:.0f} MB after imports "
+                  f"+ {growth[-1] / 1e6:.0f} MB; GGUF {r['bytes_written'] / 1e9:.2f} GB, "
+                  f"{r['tensors']} tensors", flush=True)
+            out.unlink()
+        cp_rate = total / statistics.median(cp_s) / 1e6
+        conv_rate = total / statistics.median(conv_s) / 1e6
+        bound = largest + 512 * 2**20
+        print(f"median: cp {cp_rate:.0f} MB/s, convert {conv_rate:.0f} MB/s "
+              f"(ratio {conv_rate / cp_rate:.2f}); peak RSS {max(peaks) / 1e6:.0f} MB "
+              f"(growth {max(growth) / 1e6:.0f} MB) against the bound largest tensor + 512 MiB"
+              f" = {bound / 1e6:.0f} MB: {'within' if max(peaks) <= bound else 'OVER'}")
+
+
+if __name__ == "__main__":
+    main()

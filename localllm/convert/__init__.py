@@ -1,0 +1,28 @@
+"""Convert models as the Hub ships them (safetensors, config, tokenizer files) to GGUF.
+
+No torch, no transformers: numpy, ``safetensors`` headers read as memory maps, the ``gguf``
+package's writer and llama.cpp's tensor-name tables, ``tokenizers`` and ``sentencepiece``.
+One module per model family (``llama.py``, ``qwen2.py``...), as Ollama's ``convert/``.
+
+    family_name(config)                      # config.json alone: convertible? (before a download)
+    info = inspect_folder(folder)            # config, index and headers only
+    result = convert_folder(folder, out)     # streams tensor by tensor; out appears complete
+
+Errors are :class:`~localllm._exceptions.ConvertError` subclasses, each bad input.
+"""
+
+from __future__ import annotations
+
+from localllm.convert.convert import OUTTYPES, ConvertResult, convert_folder
+from localllm.convert.families import SUPPORTED_ARCHITECTURES, family_name
+from localllm.convert.folder import FolderInfo, inspect_folder
+
+__all__ = [
+    "OUTTYPES",
+    "SUPPORTED_ARCHITECTURES",
+    "ConvertResult",
+    "FolderInfo",
+    "convert_folder",
+    "family_name",
+    "inspect_folder",
+]

@@ -1,0 +1,186 @@
+"""Convert a safetensors folder to one GGUF file, streaming tensor by tensor.
+
+The header (metadata and every tensor's name, type and shape) is written first, from the plan;
+then each tensor is read from its memory map in chunks of rows, fixed (row order, offsets),
+cast to the output type and handed to a writer thread (:mod:`.sink`). Nothing but one mapped
+tensor and a few chunks is in memory at a time. The file is written under a temporary name
+beside ``out`` and renamed only once it is complete and flushed; any error (or interrupt)
+removes it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from localllm._exceptions import ConvertError, DiskFullError
+from localllm.convert.base import OutTensor
+from localllm.convert.families import family_for
+from localllm.convert.floats import bf16_to_f16
+from localllm.convert.folder import inspect_folder
+from localllm.convert.shards import index_folder, read_rows
+from localllm.convert.sink import BackgroundWriter
+from localllm.convert.vocab import load_vocab, write_vocab
+
+__all__ = ["OUTTYPES", "ConvertResult", "convert_folder"]
+
+_Q = gguf.GGMLQuantizationType
+OUTTYPES: dict[str, gguf.LlamaFileType] = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+_MATRIX = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0}
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a conversion wrote."""
+
+    path: Path
+    architecture: str
+    tensor_count: int
+    bytes_written: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    """What the converter decided for the user (a pre-tokenizer found by its regex, a type
+    kept wider than asked for a tensor that cannot take it...), to be reported."""
+
+
+def _out_type(t: OutTensor, outtype: str) -> _Q:
+    # Norms, biases and other vectors stay f32, as llama.cpp's converter keeps them.
+    if len(t.shape) < 2:
+        return _Q.F32
+    q = _MATRIX[outtype]
+    if q == _Q.Q8_0 and t.shape[-1] % 32:
+        return _Q.F16
+    return q
+
+
+def _encode(chunk: np.ndarray, q: _Q) -> np.ndarray:
+    if q == _Q.F32:
+        return chunk.astype(np.float32, copy=False)
+    if q == _Q.F16:
+        return chunk.astype(np.float16)
+    return gguf.quants.quantize(chunk, q)
+
+
+def _nbytes(shape: tuple[int, ...], q: _Q) -> int:
+    block, size = gguf.GGML_QUANT_SIZES[q]
+    n = 1
+    for d in shape:
+        n *= d
+    return n // block * size
+
+
+def _total_out(plan: list[OutTensor], types: list[_Q]) -> int:
+    return sum(_nbytes(t.shape, q) for t, q in zip(plan, types, strict=True))
+
+
+def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
+    """The tensor's bytes in the output type, chunk by chunk (experts one after another)."""
+    if t.source is None:
+        assert t.data is not None
+        yield _encode(np.asarray(t.data, dtype=np.float32), q)
+        return
+    for source in t.sources:
+        if source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
+            # The common case (a bf16 checkpoint to f16 or bf16) on the bits, no float32.
+            for raw in read_rows(source, order=t.order, raw=True):
+                # A copy for the writer thread: the view dies with the map.
+                yield np.array(raw) if q == _Q.BF16 else bf16_to_f16(raw)
+            continue
+        for chunk in read_rows(source, order=t.order):
+            if t.offset:
+                chunk += np.float32(t.offset)
+            yield _encode(chunk, q)
+
+
+def convert_folder(folder: Path, out: Path, *,
+                   progress: Callable[[int, int], None] | None = None,
+                   outtype: str = "f16") -> ConvertResult:
+    """Convert the safetensors model in ``folder`` to a GGUF at ``out``.
+
+    ``outtype`` is the matrices' type: ``f16`` (default), ``bf16``, ``f32`` or ``q8_0``; vectors
+    (norms, biases) are f32 whatever it is. ``progress(done, total)`` is called with source
+    bytes as tensors are written. Raises a :class:`~localllm._exceptions.ConvertError` subclass
+    for bad input; ``out`` then does not exist (or keeps what it held before).
+    """
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
+    started = time.monotonic()
+    folder, out = Path(folder), Path(out)
+    info = inspect_folder(folder)
+    family = family_for(info.config)
+    tensors = index_folder(folder)
+    vocab = load_vocab(folder, family.vocab, prefer_sentencepiece=family.prefer_sentencepiece)
+    family.check_vocab(vocab.tokens)
+    dtype = info.config.get("torch_dtype") or info.config.get("dtype")
+    plan = family.plan(tensors, str(dtype) if dtype else None)
+    total = sum(t.source_bytes for t in plan)
+
+    writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[family.gguf_arch])
+    writer.add_name(str(info.config.get("_name_or_path") or folder.name))
+    writer.add_file_type(int(OUTTYPES[outtype]))
+    if outtype == "q8_0":
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    family.write_hparams(writer)
+    notes = write_vocab(writer, vocab) + family.notes
+    types = [_out_type(t, outtype) for t in plan]
+    for t, q in zip(plan, types, strict=True):
+        if q != _Q.F32 and len(t.shape) >= 2 and q != _MATRIX[outtype]:
+            notes.append(f"{t.name} kept as {q.name}: its rows ({t.shape[-1]}) do not fit "
+                         f"{outtype}'s blocks")
+        # Shapes in the writer's numpy order; the writer reverses them into GGUF's.
+        writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), _nbytes(t.shape, q),
+                               raw_dtype=q)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    done = 0
+    try:
+        writer.write_header_to_file(tmp)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        assert writer.fout is not None
+        fh = writer.fout[0]
+        sink = BackgroundWriter(fh)
+        try:
+            for t, q in zip(plan, types, strict=True):
+                sink.pad(writer.data_alignment)
+                start = sink.position
+                for data in _encoded_chunks(t, q):
+                    sink.write(data)
+                written, expected = sink.position - start, _nbytes(t.shape, q)
+                if written != expected:
+                    raise ConvertError(f"{t.name}: wrote {written} bytes, expected {expected}")
+                done += t.source_bytes
+                if progress is not None:
+                    progress(done, total)
+            sink.pad(writer.data_alignment)
+        finally:
+            sink.close()
+        fh.flush()
+        os.fsync(fh.fileno())
+        writer.close()
+        os.replace(tmp, out)
+    except BaseException as exc:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise DiskFullError(f"the disk filled up writing {out.name}: the partial file was "
+                                f"removed; the GGUF needs about {_total_out(plan, types)} "
+                                "bytes") from None
+        raise
+    return ConvertResult(path=out, architecture=info.architecture, tensor_count=len(plan),
+                         bytes_written=out.stat().st_size,
+                         seconds=time.monotonic() - started, notes=notes)
+
