@@ -28,8 +28,13 @@ print(json.dumps({"mode": mode, "buffers": []}))
 
 
 def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Path) -> None:
-    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(tmp_path / "cache")) as cli:
+    # A test hook variable set as a user would (without the fixtures' switch): doctor names it.
+    fault = {"LOCALLLM_TEST_FAULT": "decode-failed@1"}
+    with cli_home(
+        tmp_path / "home", hooks=False, XDG_CACHE_HOME=str(tmp_path / "cache"), **fault
+    ) as cli:
         before = cli.json("doctor")
+        assert before["test_hooks"] == {"variables": fault, "module": None}
         llama = before["llama_cpp"]
         assert "error" not in llama, llama
         assert llama["llama_cpp_python"] and "CPU" in llama["system_info"]
@@ -64,6 +69,10 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         assert "system info: " in text and "localllm" in text and "answers" in text
         assert "CPU governor: on: a runner uses up to" in text
         assert ("llama.cpp uses OpenMP" in text) == bool(threads["openmp"])
+        assert (
+            "test hooks: LOCALLLM_TEST_FAULT=decode-failed@1 set; inert: test hooks act only in "
+            "daemons the test suite's fixtures start"
+        ) in text
 
 
 def test_a_daemon_follows_a_decision_to_turn_repacking_off_and_says_why(tmp_path: Path) -> None:

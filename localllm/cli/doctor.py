@@ -7,9 +7,10 @@ why, this machine's speed figures (the speed probe, measured afresh: memory band
 weight type's decode and prefill rate, the fixed costs of a step), the data root with its free
 disk, the model store's check (every blob re-hashed unless ``--no-verify``: damaged models by
 name with the fix, unused blobs, partial downloads), and both daemon endpoints with whether a
-localllm daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
-runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
-daemon that does not run is reported as such.
+localllm daemon answers there, and any test hook variable that is set (inert outside the test
+suite's fixtures, see :mod:`localllm.testhooks`). llama.cpp is asked in a child process
+(:mod:`localllm.daemon.devices.cpu`), so a build that faults on this CPU is reported, not fatal.
+Nothing is started: a daemon that does not run is reported as such.
 """
 
 from __future__ import annotations
@@ -124,6 +125,30 @@ def _store(settings: Any, verify: bool) -> dict[str, Any]:
     return report.to_json() | {"summary": report.summary(), "lines": report.lines()}
 
 
+def _test_hooks() -> dict[str, Any]:
+    """The test hook variables set here, and whether this environment has the hooks module
+    (only the test fixtures' daemons do: then the variables act)."""
+    from .. import testhooks
+    from ..settings import hook_variables
+
+    return {"variables": hook_variables(), "module": testhooks.location()}
+
+
+def _hook_lines(hooks: dict[str, Any]) -> list[str]:
+    lines = []
+    if hooks["variables"]:
+        names = ", ".join(f"{name}={value}" for name, value in hooks["variables"].items())
+        state = (
+            f"ACTIVE: this environment has the test suite's hooks module ({hooks['module']})"
+            if hooks["module"]
+            else "inert: test hooks act only in daemons the test suite's fixtures start"
+        )
+        lines.append(f"test hooks: {names} set; {state}")
+    elif hooks["module"]:
+        lines.append(f"test hooks: the test suite's hooks module is here ({hooks['module']})")
+    return lines
+
+
 def diagnose(verify: bool = True) -> dict[str, Any]:
     """Everything ``localllm doctor`` prints, as JSON-ready data."""
     from .. import __version__
@@ -161,6 +186,7 @@ def diagnose(verify: bool = True) -> dict[str, Any]:
             "socket": _endpoint(settings, socket_path=settings.socket_path),
             "tcp": _endpoint(settings, base_url=settings.base_url),
         },
+        "test_hooks": _test_hooks(),
     }
 
 
@@ -292,6 +318,7 @@ def _render(report: dict[str, Any]) -> list[str]:
     lines.append("daemon:")
     for name, endpoint in report["endpoints"].items():
         lines.append(_describe_endpoint(name, endpoint))
+    lines += _hook_lines(report["test_hooks"])
     return lines
 
 
