@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from home_support import seed_home
 from hook_support import asks_for_hooks, with_hooks
 
 from localllm._process import free_port
@@ -91,6 +92,7 @@ def start_daemon(
     preexec_fn: Callable[[], None] | None = None,
     *,
     hooks: bool | None = None,
+    seed: bool = True,
     **settings: Any,
 ) -> Daemon:
     """Start ``python -m localllm.daemon`` for ``home``; ``settings`` become LOCALLLM_* vars;
@@ -98,8 +100,12 @@ def start_daemon(
 
     A test hook asked for (``test_pause=...``, ``test_fault=...``) is switched on (see
     hook_support) unless ``hooks`` is False: a daemon that sees the variables as a user's
-    would. Returns once the daemon announced that it listens (its sockets accept from then on).
+    would. A new home gets the starter as a first start would import it (see home_support)
+    unless ``seed`` is False. Returns once the daemon announced that it listens (its sockets
+    accept from then on).
     """
+    if seed:
+        seed_home(home)
     with contextlib.suppress(OSError):  # one the daemon cannot make either is a case to test
         home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
@@ -152,10 +158,11 @@ def running_daemon(
     preexec_fn: Callable[[], None] | None = None,
     *,
     hooks: bool | None = None,
+    seed: bool = True,
     **settings: Any,
 ) -> Iterator[Daemon]:
     """Start a daemon (as :func:`start_daemon`), yield it, and check it shuts down cleanly."""
-    daemon = start_daemon(home, preexec_fn, hooks=hooks, **settings)
+    daemon = start_daemon(home, preexec_fn, hooks=hooks, seed=seed, **settings)
     try:
         yield daemon
     except BaseException:

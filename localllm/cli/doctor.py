@@ -3,14 +3,15 @@
 localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
 its backends and devices, GPU offload and RPC support, how llama.cpp's threads wait (OpenMP)
 and what the CPU governor does about it, the CPU probe's decision about weight repacking and
-why, this machine's speed figures (the speed probe, measured afresh: memory bandwidth, each
-weight type's decode and prefill rate, the fixed costs of a step), the data root with its free
-disk, the model store's check (every blob re-hashed unless ``--no-verify``: damaged models by
-name with the fix, unused blobs, partial downloads), and both daemon endpoints with whether a
-localllm daemon answers there, and any test hook variable that is set (inert outside the test
-suite's fixtures, see :mod:`localllm.testhooks`). llama.cpp is asked in a child process
-(:mod:`localllm.daemon.devices.cpu`), so a build that faults on this CPU is reported, not fatal.
-Nothing is started: a daemon that does not run is reported as such.
+why, this machine's speed figures (the speed probe, measured afresh unless ``--cached-speed``:
+memory bandwidth, each weight type's decode and prefill rate, the fixed costs of a step), the
+data root with its free disk, the model store's check (every blob re-hashed unless
+``--no-verify``: damaged models by name with the fix, unused blobs, partial downloads), and
+both daemon endpoints with whether a localllm daemon answers there, and any test hook variable
+that is set (inert outside the test suite's fixtures, see :mod:`localllm.testhooks`). llama.cpp
+is asked in a child process (:mod:`localllm.daemon.devices.cpu`), so a build that faults on
+this CPU is reported, not fatal. Nothing is started: a daemon that does not run is reported as
+such.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--no-verify", action="store_true", help="check blob sizes only, not their sha256"
+    )
+    parser.add_argument(
+        "--cached-speed",
+        action="store_true",
+        help="show the speed figures measured before (by the daemon or an earlier doctor) "
+        "instead of measuring them again, which takes a few seconds",
     )
 
 
@@ -149,24 +156,35 @@ def _hook_lines(hooks: dict[str, Any]) -> list[str]:
     return lines
 
 
-def diagnose(verify: bool = True) -> dict[str, Any]:
-    """Everything ``localllm doctor`` prints, as JSON-ready data."""
+def _speed(settings: Any, fresh: bool) -> dict[str, Any]:
+    """This machine's speed figures: measured now, or (not ``fresh``) the cached ones."""
+    from ..daemon.speed import probe as speedprobe
+
+    if not fresh:
+        cached = speedprobe.cached_calibration(settings)
+        if cached is None:
+            return {"error": "none measured yet (`localllm doctor` measures them)"}
+        return cached.to_dict() | {"source": "cached"}
+    try:
+        return speedprobe.calibrate(settings, fresh=True).to_dict() | {"source": "measured"}
+    except speedprobe.ProbeFailed as exc:
+        return {"error": str(exc)}
+
+
+def diagnose(verify: bool = True, fresh_speed: bool = True) -> dict[str, Any]:
+    """Everything ``localllm doctor`` prints, as JSON-ready data (``fresh_speed``: measure the
+    speed figures now, else show the cached ones)."""
     from .. import __version__
     from ..daemon.devices import cpu
     from ..daemon.devices.gpuinfo import gpu_build_command, hidden_vulkan_devices
     from ..daemon.devices.llamareport import system_report
     from ..daemon.devices.rpc import doctor_line
-    from ..daemon.speed import probe as speedprobe
     from .common import load_settings
 
     settings = load_settings()
     paths = cpu.decide(settings)
     rpc_ok, rpc_line = doctor_line()
-    speed: dict[str, Any]
-    try:
-        speed = speedprobe.calibrate(settings, fresh=True).to_dict()
-    except speedprobe.ProbeFailed as exc:
-        speed = {"error": str(exc)}
+    speed = _speed(settings, fresh_speed)
     llama = system_report()
     if "error" not in llama:
         llama["hidden_devices"] = hidden_vulkan_devices(llama, settings.vulkan_visible_devices)
@@ -206,8 +224,9 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
     from ..daemon.speed.model import Calibration
 
     figures = Calibration.from_dict(speed)
+    when = "cached, " if speed.get("source") == "cached" else ""
     lines = [
-        f"speed ({figures.threads} threads, measured in {figures.seconds:.1f} s): memory "
+        f"speed ({figures.threads} threads, {when}measured in {figures.seconds:.1f} s): memory "
         f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
         f"+ {figures.decode_layer * 1e6:.0f} us a layer + {figures.row * 1e9:.1f} ns a matrix "
         f"row; the runner {figures.runner_step * 1e6:.0f} us a step; sampling "
@@ -324,7 +343,7 @@ def _render(report: dict[str, Any]) -> list[str]:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``doctor [--json]``: print what a bug report needs."""
-    report = diagnose(verify=not args.no_verify)
+    report = diagnose(verify=not args.no_verify, fresh_speed=not args.cached_speed)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
