@@ -4,7 +4,8 @@
 test tree (tests/hooks/), which a daemon finds on the ``PYTHONPATH`` the fixtures give it. A
 user who sets them in a daemon's environment gets a daemon that ignores them: the model
 answers and stays on its device, a store write does not pause. The same daemon with the
-fixture's switch (the control, same home, same worker) fails the decode the variable names.
+fixture's switch (the control, same home, same worker) fails the decode the variable names,
+and a daemon the CLI starts (as test_gpu_daemon's are) gets the switch too.
 
 The device is an RPC worker on loopback: a model with layers there counts as offloaded (the
 fault hook only stands in for faults of a model on a GPU), and it exists on every machine
@@ -13,17 +14,19 @@ whose llama.cpp has RPC.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from rpc_support import NEEDS_RPC, Worker
+from test_cli_support import cli_home
 from test_daemon_support import running_daemon
 from test_fault_support import create_from_file
 from tiny_gguf import write_tiny_gguf
 
-pytestmark = [NEEDS_RPC, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 MODEL = "tiny:rpc"
 TIMEOUT = 60.0  # seconds: an upper bound for an answer, never a delay
@@ -46,6 +49,7 @@ def _ps_entry(http: httpx.Client) -> dict[str, Any]:
     return dict(entry)
 
 
+@NEEDS_RPC
 def test_a_users_test_fault_and_pause_do_nothing_and_the_fixtures_fault_fires(
     tmp_path: Path,
 ) -> None:
@@ -91,3 +95,22 @@ def test_a_users_test_fault_and_pause_do_nothing_and_the_fixtures_fault_fires(
             assert "the GPU failed to compute the batch" in failed.text, failed.text
     finally:
         assert worker.stop() == 0, worker.log()
+
+
+def test_a_daemon_the_cli_starts_gets_the_hooks_the_fixture_switched_on(tmp_path: Path) -> None:
+    # The way test_gpu_daemon's faults reach their daemon (auto-started by the CLI, detached,
+    # in "/"): here with a pause, which needs no GPU.
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    with cli_home(tmp_path / "home", LOCALLLM_TEST_PAUSE="blob-written") as cli:
+        marker = cli.home / "test-pause"
+        cli.ok("list")  # starts the daemon
+        create = cli.popen("create", "tiny", "--from", str(tiny))
+        deadline = time.monotonic() + TIMEOUT
+        while not marker.exists():  # paused at the step: the hooks module was found
+            assert create.poll() is None, create.communicate()
+            assert time.monotonic() < deadline, "the daemon never paused"
+            time.sleep(0.02)
+        assert marker.read_text() == "blob-written"
+        marker.unlink()  # resumed: the create ends as usual
+        assert create.wait(TIMEOUT) == 0, create.communicate()
+        assert "tiny:latest" in cli.ok("list")
