@@ -403,5 +403,4 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         memory_plan=True,
         adapters=adapter_choice(model, options),
         gpu_memory=settings.gpu_memory,
-        test_fault=settings.test_fault,
     )

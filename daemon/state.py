@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
+from localllm import testhooks
 from localllm.settings import Settings
 from localllm.store.store import Store
 
@@ -55,7 +56,7 @@ class DaemonState:
         metrics = Metrics()
         return cls(
             settings=settings,
-            store=Store(settings.data_dir, pause=settings.store_pause()),
+            store=Store(settings.data_dir, pause=testhooks.store_pause(settings.data_dir)),
             scheduler=Scheduler(settings, on_load=metrics.observe_load),
             metrics=metrics,
         )

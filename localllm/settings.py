@@ -16,18 +16,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._exceptions import SettingsError
-
-if TYPE_CHECKING:
-    from .store.storage import PauseHook
 
 __all__ = [
     "DEFAULT_PORT",
     "KV_CACHE_TYPES",
     "Settings",
     "describe_settings",
+    "hook_variables",
     "parse_duration",
     "parse_host",
     "parse_rpc_workers",
@@ -40,8 +38,10 @@ FLASH_ATTENTION_MODES = ("auto", "on", "off")
 _MAX_SOCKET_PATH = 100
 
 
-TEST_FAULTS = ("device-lost", "decode-failed", "out-of-memory")
-"""The GPU faults ``LOCALLLM_TEST_FAULT`` can stand in for (see localllm.daemon.devices.faults)."""
+TEST_HOOK_PREFIX = "LOCALLLM_TEST_"
+"""The test suite's hook variables (``LOCALLLM_TEST_FAULT``, ``LOCALLLM_TEST_PAUSE``): no
+setting reads them; only the hooks module the test fixtures provide does (see
+:mod:`localllm.testhooks`)."""
 
 
 def _setting(env: str, default: Any, description: str) -> Any:
@@ -425,15 +425,6 @@ class Settings:
         "uses discrete and integrated GPUs and skips software devices such as Mesa's "
         "llvmpipe, which `localllm doctor` then lists as skipped. Runners inherit it as is.",
     )
-    test_pause: str | None = _setting(
-        "LOCALLLM_TEST_PAUSE",
-        None,
-        "For tests only: <step>[#<n>] stops the n-th store write that reaches the step "
-        "(blob-written, blob-published, manifest-written, manifest-published, "
-        "quantize-ready, quantize-started, quantize-written, convert-written, "
-        "download-started) until the "
-        "file test-pause it writes in the data root is removed; tests SIGKILL the daemon there.",
-    )
     mcp_config: Path | None = _setting(
         "LOCALLLM_MCP_CONFIG",
         None,
@@ -459,13 +450,6 @@ class Settings:
         10,
         "Most model steps (answers that may call tools) for one message; at the limit the chat "
         "stops the loop and says so.",
-    )
-    test_fault: str | None = _setting(
-        "LOCALLLM_TEST_FAULT",
-        None,
-        "For tests only: <kind>@<n> makes every runner's n-th decode stand in for a GPU fault "
-        "(device-lost: the backend aborts as on a lost device; decode-failed, out-of-memory: "
-        "llama_decode's status -3 or -2), which no software device can produce.",
     )
     ollama_models: Path | None = _setting(
         "OLLAMA_MODELS",
@@ -624,14 +608,6 @@ class Settings:
                 raise SettingsError(f"LOCALLLM_GPU_MEMORY: {exc}") from None
         if (raw := get("GGML_VK_VISIBLE_DEVICES")) is not None:
             values["vulkan_visible_devices"] = raw
-        if (raw := get("LOCALLLM_TEST_PAUSE")) is not None:
-            from .store.storage import parse_pause
-
-            try:
-                parse_pause(raw)
-            except ValueError as exc:
-                raise SettingsError(f"LOCALLLM_TEST_PAUSE: {exc}") from None
-            values["test_pause"] = raw
         if (raw := get("LOCALLLM_MCP_CONFIG")) is not None:
             values["mcp_config"] = Path(raw).expanduser()
         if (raw := get("LOCALLLM_MCP_TIMEOUT")) is not None:
@@ -651,14 +627,6 @@ class Settings:
                 raise SettingsError(f"LOCALLLM_MCP_MAX_RESULT must be at least 100, got {raw!r}")
         if (number := as_int("LOCALLLM_MCP_MAX_STEPS", 1)) is not None:
             values["mcp_max_steps"] = number
-        if (raw := get("LOCALLLM_TEST_FAULT")) is not None:
-            kind, _, count = raw.partition("@")
-            if kind not in TEST_FAULTS or not count.isdigit() or int(count) < 1:
-                raise SettingsError(
-                    f"LOCALLLM_TEST_FAULT must be <kind>@<n> (n from 1) with kind one of "
-                    f"{', '.join(TEST_FAULTS)}, got {raw!r}"
-                )
-            values["test_fault"] = raw
         if (raw := get("OLLAMA_MODELS")) is not None:
             values["ollama_models"] = Path(raw).expanduser()
         return cls(**values)
@@ -673,15 +641,6 @@ class Settings:
     def data_dir(self) -> Path:
         """Root of the model store: ``blobs/``, ``manifests/``, ``partial/`` (Ollama's layout)."""
         return self.home if self.home is not None else _default_data_dir()
-
-    def store_pause(self) -> PauseHook | None:
-        """The test hook :attr:`test_pause` asks for (None, the default, costs nothing)."""
-        if self.test_pause is None:
-            return None
-        from .store.storage import PauseHook, parse_pause
-
-        step, count = parse_pause(self.test_pause)
-        return PauseHook(step, count, self.data_dir / "test-pause")
 
     @property
     def kv_cache_dir(self) -> Path:
@@ -813,3 +772,17 @@ def describe_settings() -> list[tuple[str, str, str]]:
             default = "(none)"
         rows.append((env, str(default), f.metadata["description"]))
     return rows
+
+
+def hook_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The test hook variables set in ``environ`` (default ``os.environ``), by name.
+
+    They are no settings: outside the test suite's fixtures nothing reads them, so a user who
+    set one (copied from a test, say) is told by ``localllm doctor`` that it does nothing.
+    """
+    env = os.environ if environ is None else environ
+    return {
+        name: value
+        for name, value in sorted(env.items())
+        if name.startswith(TEST_HOOK_PREFIX) and value.strip()
+    }

@@ -28,8 +28,15 @@ print(json.dumps({"mode": mode, "buffers": []}))
 
 
 def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Path) -> None:
-    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(tmp_path / "cache")) as cli:
-        before = cli.json("doctor")
+    # A test hook variable set as a user would (without the fixtures' switch): doctor names it.
+    fault = {"LOCALLLM_TEST_FAULT": "decode-failed@1"}
+    with cli_home(
+        tmp_path / "home", hooks=False, XDG_CACHE_HOME=str(tmp_path / "cache"), **fault
+    ) as cli:
+        before = cli.json("doctor")  # the one call that measures the speed afresh
+        assert before["test_hooks"] == {"variables": fault, "module": None}
+        speed = before["speed"]
+        assert speed["source"] == "measured" and speed["bandwidth"] > 0, speed
         llama = before["llama_cpp"]
         assert "error" not in llama, llama
         assert llama["llama_cpp_python"] and "CPU" in llama["system_info"]
@@ -53,17 +60,24 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         assert not before["endpoints"]["tcp"]["localllm"]
 
         cli.ok("list")  # starts the daemon
-        after = cli.json("doctor")
+        after = cli.json("doctor", "--cached-speed")
+        # The figures the first call measured, read back from the cache, not measured again.
+        assert after["speed"] == speed | {"source": "cached"}
         assert after["cpu_repack"]["source"] == "cache"
         assert after["cpu_repack"]["repack"] == repack["repack"]
         for name in ("socket", "tcp"):
             assert after["endpoints"][name]["localllm"], after["endpoints"]
             assert after["endpoints"][name]["version"] == after["localllm"]
-        text = cli.ok("doctor")
+        text = cli.ok("doctor", "--cached-speed")
+        assert f"speed ({speed['threads']} threads, cached, measured in " in text
         assert "weight repacking: " + ("on" if repack["repack"] else "off") in text
         assert "system info: " in text and "localllm" in text and "answers" in text
         assert "CPU governor: on: a runner uses up to" in text
         assert ("llama.cpp uses OpenMP" in text) == bool(threads["openmp"])
+        assert (
+            "test hooks: LOCALLLM_TEST_FAULT=decode-failed@1 set; inert: test hooks act only in "
+            "daemons the test suite's fixtures start"
+        ) in text
 
 
 def test_a_daemon_follows_a_decision_to_turn_repacking_off_and_says_why(tmp_path: Path) -> None:
@@ -77,7 +91,8 @@ def test_a_daemon_follows_a_decision_to_turn_repacking_off_and_says_why(tmp_path
             probe_command=[sys.executable, str(probe)],
         )
         assert decided.fell_back
-        text = cli.ok("doctor")
+        text = cli.ok("doctor", "--cached-speed")  # nothing measured in this cache dir yet
+        assert "speed: not measured (none measured yet (`localllm doctor` measures them))" in text
         assert "weight repacking: off — the repack probe was killed by SIGILL" in text, text
         assert "warning: llama.cpp's weight repacking crashed on this CPU" in text, text
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from home_support import seed_home
+from hook_support import asks_for_hooks, with_hooks
 from test_daemon_support import free_port
 
 from localllm.client import Client
@@ -41,10 +43,20 @@ def closed_port_url() -> str:
 
 
 class CliHome:
-    """A temporary home and the environment every CLI call of a test module shares."""
+    """A temporary home and the environment every CLI call of a test module shares.
 
-    def __init__(self, home: Path, **env: str) -> None:
+    A test hook variable in ``env`` (``LOCALLLM_TEST_FAULT=...``) switches the hooks on for the
+    daemon the CLI starts (see hook_support) unless ``hooks`` is False: then the daemon sees
+    the variable as a user's would. A new home gets the starter as a daemon's first start would
+    import it (see home_support) unless ``seed`` is False.
+    """
+
+    def __init__(
+        self, home: Path, *, hooks: bool | None = None, seed: bool = True, **env: str
+    ) -> None:
         self.home = home
+        if seed:
+            seed_home(home)
         home.mkdir(parents=True, exist_ok=True)
         base = {
             k: v
@@ -66,6 +78,8 @@ class CliHome:
             "LOCALLLM_SPEED_PROBE": "off",
             **env,
         }
+        if hooks if hooks is not None else asks_for_hooks(env):
+            self.env = with_hooks(self.env)
         self.settings = Settings.from_env(self.env)
 
     # -- running the CLI ------------------------------------------------------------------
@@ -179,9 +193,11 @@ class CliHome:
 
 
 @contextlib.contextmanager
-def cli_home(home: Path, **env: str) -> Iterator[CliHome]:
+def cli_home(
+    home: Path, *, hooks: bool | None = None, seed: bool = True, **env: str
+) -> Iterator[CliHome]:
     """A :class:`CliHome` whose daemon, however it was started, is stopped at the end."""
-    cli = CliHome(home, **env)
+    cli = CliHome(home, hooks=hooks, seed=seed, **env)
     try:
         yield cli
     finally:

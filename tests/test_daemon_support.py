@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from home_support import seed_home
+from hook_support import asks_for_hooks, with_hooks
 
 from localllm._process import free_port
 from localllm.client import Client
@@ -86,13 +88,24 @@ class Daemon:
 
 
 def start_daemon(
-    home: Path, preexec_fn: Callable[[], None] | None = None, **settings: Any
+    home: Path,
+    preexec_fn: Callable[[], None] | None = None,
+    *,
+    hooks: bool | None = None,
+    seed: bool = True,
+    **settings: Any,
 ) -> Daemon:
     """Start ``python -m localllm.daemon`` for ``home``; ``settings`` become LOCALLLM_* vars;
     ``preexec_fn`` runs in the child before the daemon (to enter a cgroup, say).
 
-    Returns once the daemon announced that it listens (its sockets accept from then on).
+    A test hook asked for (``test_pause=...``, ``test_fault=...``) is switched on (see
+    hook_support) unless ``hooks`` is False: a daemon that sees the variables as a user's
+    would. A new home gets the starter as a first start would import it (see home_support)
+    unless ``seed`` is False. Returns once the daemon announced that it listens (its sockets
+    accept from then on).
     """
+    if seed:
+        seed_home(home)
     with contextlib.suppress(OSError):  # one the daemon cannot make either is a case to test
         home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
@@ -103,6 +116,8 @@ def start_daemon(
     env["LOCALLLM_SPEED_PROBE"] = "off"
     for key, value in settings.items():
         env[f"LOCALLLM_{key.upper()}"] = str(value)
+    if hooks if hooks is not None else asks_for_hooks(env):
+        env = with_hooks(env)
     process = subprocess.Popen(
         [sys.executable, "-m", "localllm.daemon"],
         env=env,
@@ -126,6 +141,8 @@ def run_daemon_expecting_failure(home: Path, **settings: Any) -> subprocess.Comp
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALLLM_")}
     env["LOCALLLM_HOME"] = str(home)
     env.update({f"LOCALLLM_{k.upper()}": str(v) for k, v in settings.items()})
+    if asks_for_hooks(env):
+        env = with_hooks(env)
     return subprocess.run(
         [sys.executable, "-m", "localllm.daemon"],
         env=env,
@@ -137,10 +154,15 @@ def run_daemon_expecting_failure(home: Path, **settings: Any) -> subprocess.Comp
 
 @contextlib.contextmanager
 def running_daemon(
-    home: Path, preexec_fn: Callable[[], None] | None = None, **settings: Any
+    home: Path,
+    preexec_fn: Callable[[], None] | None = None,
+    *,
+    hooks: bool | None = None,
+    seed: bool = True,
+    **settings: Any,
 ) -> Iterator[Daemon]:
-    """Start a daemon, yield it, and check it shuts down cleanly."""
-    daemon = start_daemon(home, preexec_fn, **settings)
+    """Start a daemon (as :func:`start_daemon`), yield it, and check it shuts down cleanly."""
+    daemon = start_daemon(home, preexec_fn, hooks=hooks, seed=seed, **settings)
     try:
         yield daemon
     except BaseException:

@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hooks.localllm_test_hooks import FaultHook, decode_fault
 
+from localllm import testhooks
 from localllm._exceptions import SettingsError
 from localllm.daemon.devices.allocations import allocated
-from localllm.daemon.devices.faults import FaultHook, decode_failure, gpu_cause
+from localllm.daemon.devices.faults import decode_failure, gpu_cause, injected_fault
 from localllm.daemon.devices.gpuhealth import FAILURES_BEFORE_CPU, WINDOW_S, GpuHealth
 from localllm.daemon.devices.gpuinfo import HIDDEN_GPUS, is_software
 from localllm.daemon.runner.protocol import RunnerConfig
@@ -56,13 +58,25 @@ def test_a_gpu_fault_is_found_in_the_runners_log_and_named(tmp_path: Path) -> No
     assert "Vulkan0: llama_decode status -3" in decode_failure(-3, "Vulkan0")
 
 
-def test_the_test_fault_setting_is_checked_and_the_hook_fires_once() -> None:
-    assert Settings.from_env({"LOCALLLM_TEST_FAULT": "decode-failed@3"}).test_fault
+def test_the_test_fault_is_checked_and_fires_once_and_only_where_the_hooks_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The test tree's hook reads the variable, checks it and fires at the n-th decode once.
+    monkeypatch.setenv("LOCALLLM_TEST_FAULT", "decode-failed@3")
+    hook = decode_fault()
+    assert hook is not None and [hook.before_decode() for _ in range(4)] == [None, None, -3, None]
     for bad in ("decode-failed", "melted@1", "out-of-memory@0", "device-lost@x"):
+        monkeypatch.setenv("LOCALLLM_TEST_FAULT", bad)
         with pytest.raises(SettingsError, match="LOCALLLM_TEST_FAULT"):
-            Settings.from_env({"LOCALLLM_TEST_FAULT": bad})
+            decode_fault()
     hook = FaultHook("out-of-memory@2")
     assert [hook.before_decode() for _ in range(4)] == [None, -2, None, None]
+    # Outside the fixtures (this process has no hooks module on its path) the variable is no
+    # setting and reaches no runner, whatever it says.
+    monkeypatch.setenv("LOCALLLM_TEST_FAULT", "decode-failed@1")
+    assert testhooks.location() is None and testhooks.decode_fault() is None
+    assert injected_fault(on_gpu=True) is None
+    assert not hasattr(Settings.from_env({"LOCALLLM_TEST_FAULT": "melted"}), "test_fault")
 
 
 def test_a_second_gpu_failure_in_the_window_moves_the_model_to_the_cpu() -> None:

@@ -130,7 +130,7 @@ def test_doctor_rehashes_sets_corrupted_bytes_aside_and_prune_frees_them(
     weights.write_bytes(bytes(data))
     with cli_home(home, XDG_CACHE_HOME=str(tmp_path / "cache")) as cli:
         assert "rotten:latest" in cli.ok("list")  # sizes agree: served until checked
-        report = cli.json("doctor")["store"]
+        report = cli.json("doctor", "--cached-speed")["store"]
         assert report["verified"] == len(list(store.iter_blobs())) + 1
         [damaged] = report["damaged"]
         assert damaged["name"] == "rotten:latest"
@@ -138,7 +138,7 @@ def test_doctor_rehashes_sets_corrupted_bytes_aside_and_prune_frees_them(
             "does not match its sha256 digest (set aside by `localllm doctor`)"
         )
         assert [c["file"] for c in report["corrupt"]] == [f"corrupt-{weights.name}"]
-        text = cli.ok("doctor", "--no-verify")
+        text = cli.ok("doctor", "--no-verify", "--cached-speed")
         assert f"model store {home}: 1 model(s), needs attention" in text
         assert "model rotten:latest is not served: its model blob" in text
         error = cli.fails("run", "rotten", "hi")

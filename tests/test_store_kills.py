@@ -93,7 +93,14 @@ def _kill_at(
     return request
 
 
-def _after_restart(home: Path, check: Callable[[Store], None], **settings: Any) -> None:
+def _after_restart(
+    home: Path,
+    check: Callable[[Store], None],
+    then: Callable[[Daemon], None] | None = None,
+    **settings: Any,
+) -> None:
+    """A daemon restarted on ``home`` after the kill: the store is consistent, ``check``
+    holds, the starter answers; then ``then`` (more requests to the same daemon)."""
     with running_daemon(home, num_threads=1, **settings) as daemon, daemon.http() as http:
         # The daemon answers once its start-up check is done.
         assert http.get("/api/version").status_code == 200
@@ -107,6 +114,8 @@ def _after_restart(home: Path, check: Callable[[Store], None], **settings: Any) 
         )
         assert answer.status_code == 200, answer.text
         assert answer.json()["done"] is True
+        if then is not None:
+            then(daemon)
 
 
 CREATE_STEPS = [
@@ -163,10 +172,11 @@ def test_a_kill_at_each_step_of_a_pull(
         else:
             assert step != "manifest-published"
 
-    _after_restart(home, check, registry=registry.url)
-    # Whatever the kill left, pulling again completes the model.
-    with running_daemon(home, num_threads=1, registry=registry.url) as daemon:
+    def pull_again(daemon: Daemon) -> None:
+        # Whatever the kill left, pulling again (in the restarted daemon) completes the model.
         assert _post_lines(daemon, "/api/pull", {"model": "tiny"})[-1] == {"status": "success"}
+
+    _after_restart(home, check, pull_again, registry=registry.url)
     assert "tiny:latest" in assert_consistent(home)
 
 

@@ -10,36 +10,30 @@ the fault to the requests it cost (:func:`gpu_cause` finds the GPU's line in the
 loads the model again on the next request; when the GPU fails again, the scheduler falls back
 to the CPU and says so.
 
-Neither can be caused on purpose on a software device (lavapipe loses nothing), so tests use
-:class:`FaultHook` (``LOCALLLM_TEST_FAULT``): at a chosen decode it returns the status a GPU
-would, or logs a device loss the way ggml's Vulkan backend does and aborts.
+Neither can be caused on purpose on a software device (lavapipe loses nothing), so the tests
+stand one in at a chosen decode through :func:`injected_fault`: the hook is in the test tree,
+found only where a test fixture put it (:mod:`localllm.testhooks`), never in a user's runner.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
-from localllm.settings import TEST_FAULTS
+from localllm import testhooks
 
 __all__ = [
     "EXIT_DEVICE_FAULT",
-    "FAULT_KINDS",
     "DeviceFault",
-    "FaultHook",
     "decode_failure",
     "gpu_cause",
-    "parse_fault",
+    "injected_fault",
 ]
 
 EXIT_DEVICE_FAULT = 4
 """A runner's exit status after its GPU failed a decode (the daemon reloads it, or falls back
 to the CPU when it fails again)."""
-
-FAULT_KINDS = TEST_FAULTS
-"""What ``LOCALLLM_TEST_FAULT`` can stand in for."""
 
 _GPU_LINE = re.compile(
     r"(?:CUDA error|HIP error|ROCm error|ggml_vulkan: .*(?:error|lost|Error)|vk::\w*Error"
@@ -79,32 +73,7 @@ def gpu_cause(log_path: Path, since: int = 0) -> str | None:
     return found[-1].strip()[:300] if found else None
 
 
-def parse_fault(spec: str) -> tuple[str, int]:
-    """``<kind>@<n>`` (the n-th decode of a runner, from 1) as (kind, n); ValueError when it
-    is not one."""
-    kind, _, count = spec.partition("@")
-    if kind not in FAULT_KINDS or not count.isdigit() or int(count) < 1:
-        raise ValueError(f"expected <kind>@<n> with kind one of {', '.join(FAULT_KINDS)}")
-    return kind, int(count)
-
-
-class FaultHook:
-    """Stands in for a GPU fault at the n-th decode (tests only; see the module docstring)."""
-
-    def __init__(self, spec: str) -> None:
-        self.kind, self.at = parse_fault(spec)
-        self.decodes = 0
-
-    def before_decode(self) -> int | None:
-        """The status a failing GPU would give this decode (None: decode as usual); a lost
-        device ends the process as ggml's Vulkan backend does."""
-        self.decodes += 1
-        if self.decodes != self.at:
-            return None
-        if self.kind == "device-lost":
-            sys.stderr.write(
-                "ggml_vulkan: Device lost (vk::DeviceLostError, LOCALLLM_TEST_FAULT)\n"
-            )
-            sys.stderr.flush()
-            os.abort()
-        return -2 if self.kind == "out-of-memory" else -3
+def injected_fault(on_gpu: bool) -> testhooks.DecodeFault | None:
+    """The GPU fault a test asked this runner to stand in for (None outside the test
+    fixtures, and for a model with no layer on a GPU)."""
+    return testhooks.decode_fault() if on_gpu else None

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices.faults import DeviceFault, FaultHook, decode_failure
+from ..devices.faults import DeviceFault, decode_failure, injected_fault
 from ..devices.governor import Governor, Kind, ThreadChange
 from ..kv.prefixcache import PrefixCache
 from ..kv.tiers import MIN_SAVED_TOKENS, PrefixTiers
@@ -165,9 +165,7 @@ class Engine:
         self.fault: str | None = None
         """Why the GPU stopped the engine (:class:`.faults.DeviceFault`), when it did."""
         on_gpu = model.n_gpu_layers > 0
-        self._faults = (
-            FaultHook(model.config.test_fault) if model.config.test_fault and on_gpu else None
-        )
+        self._faults = injected_fault(on_gpu)
         self._held: dict[Emit, list[Event]] | None = None
         """While a step's samples are applied: its events by destination, handed over
         together when the step ends (see :meth:`_emit`)."""

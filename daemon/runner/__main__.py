@@ -119,7 +119,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--gpu-memory", type=int, default=0, help="the most bytes planned on each GPU (0: free)"
     )
-    parser.add_argument("--test-fault", help="tests only: a GPU fault to stand in for")
     parser.add_argument(
         "--plan-only",
         action="store_true",
@@ -202,7 +201,6 @@ async def _serve(args: argparse.Namespace) -> int:
         memory_reserved=_reserved(args.reserve),
         mapped_ram=args.mapped_ram,
         gpu_memory=args.gpu_memory,
-        test_fault=args.test_fault,
     )
     plan: MemoryPlan | None = None
     if config.memory_plan:

@@ -626,8 +626,6 @@ class RunnerProcess:
             args += ["--gpu-memory", str(c.gpu_memory)]
             for device, amount in c.memory_reserved.items():
                 args += ["--reserve", f"{device}={amount}"]
-        if c.test_fault:
-            args += ["--test-fault", c.test_fault]
         return args
 
     async def start(self, timeout: float = 300.0) -> RunnerClient:

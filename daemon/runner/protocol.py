@@ -593,8 +593,6 @@ class RunnerConfig:
     cpu_only: bool = False
     """Run without any GPU: the runner starts with every GPU backend's devices hidden (the
     scheduler's fallback after the GPU failed twice)."""
-    test_fault: str | None = field(default=None, compare=False)
-    """For tests only: a GPU fault to stand in for (``LOCALLLM_TEST_FAULT``, :mod:`.faults`)."""
 
 
 # -- messages -----------------------------------------------------------------------------------

@@ -3,13 +3,15 @@
 localllm and llama.cpp versions, llama.cpp's own system info (the CPU features the build uses),
 its backends and devices, GPU offload and RPC support, how llama.cpp's threads wait (OpenMP)
 and what the CPU governor does about it, the CPU probe's decision about weight repacking and
-why, this machine's speed figures (the speed probe, measured afresh: memory bandwidth, each
-weight type's decode and prefill rate, the fixed costs of a step), the data root with its free
-disk, the model store's check (every blob re-hashed unless ``--no-verify``: damaged models by
-name with the fix, unused blobs, partial downloads), and both daemon endpoints with whether a
-localllm daemon answers there. llama.cpp is asked in a child process (:mod:`localllm.daemon.
-runner.cpu`), so a build that faults on this CPU is reported, not fatal. Nothing is started: a
-daemon that does not run is reported as such.
+why, this machine's speed figures (the speed probe, measured afresh unless ``--cached-speed``:
+memory bandwidth, each weight type's decode and prefill rate, the fixed costs of a step), the
+data root with its free disk, the model store's check (every blob re-hashed unless
+``--no-verify``: damaged models by name with the fix, unused blobs, partial downloads), and
+both daemon endpoints with whether a localllm daemon answers there, and any test hook variable
+that is set (inert outside the test suite's fixtures, see :mod:`localllm.testhooks`). llama.cpp
+is asked in a child process (:mod:`localllm.daemon.devices.cpu`), so a build that faults on
+this CPU is reported, not fatal. Nothing is started: a daemon that does not run is reported as
+such.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--no-verify", action="store_true", help="check blob sizes only, not their sha256"
+    )
+    parser.add_argument(
+        "--cached-speed",
+        action="store_true",
+        help="show the speed figures measured before (by the daemon or an earlier doctor) "
+        "instead of measuring them again, which takes a few seconds",
     )
 
 
@@ -124,24 +132,59 @@ def _store(settings: Any, verify: bool) -> dict[str, Any]:
     return report.to_json() | {"summary": report.summary(), "lines": report.lines()}
 
 
-def diagnose(verify: bool = True) -> dict[str, Any]:
-    """Everything ``localllm doctor`` prints, as JSON-ready data."""
+def _test_hooks() -> dict[str, Any]:
+    """The test hook variables set here, and whether this environment has the hooks module
+    (only the test fixtures' daemons do: then the variables act)."""
+    from .. import testhooks
+    from ..settings import hook_variables
+
+    return {"variables": hook_variables(), "module": testhooks.location()}
+
+
+def _hook_lines(hooks: dict[str, Any]) -> list[str]:
+    lines = []
+    if hooks["variables"]:
+        names = ", ".join(f"{name}={value}" for name, value in hooks["variables"].items())
+        state = (
+            f"ACTIVE: this environment has the test suite's hooks module ({hooks['module']})"
+            if hooks["module"]
+            else "inert: test hooks act only in daemons the test suite's fixtures start"
+        )
+        lines.append(f"test hooks: {names} set; {state}")
+    elif hooks["module"]:
+        lines.append(f"test hooks: the test suite's hooks module is here ({hooks['module']})")
+    return lines
+
+
+def _speed(settings: Any, fresh: bool) -> dict[str, Any]:
+    """This machine's speed figures: measured now, or (not ``fresh``) the cached ones."""
+    from ..daemon.speed import probe as speedprobe
+
+    if not fresh:
+        cached = speedprobe.cached_calibration(settings)
+        if cached is None:
+            return {"error": "none measured yet (`localllm doctor` measures them)"}
+        return cached.to_dict() | {"source": "cached"}
+    try:
+        return speedprobe.calibrate(settings, fresh=True).to_dict() | {"source": "measured"}
+    except speedprobe.ProbeFailed as exc:
+        return {"error": str(exc)}
+
+
+def diagnose(verify: bool = True, fresh_speed: bool = True) -> dict[str, Any]:
+    """Everything ``localllm doctor`` prints, as JSON-ready data (``fresh_speed``: measure the
+    speed figures now, else show the cached ones)."""
     from .. import __version__
     from ..daemon.devices import cpu
     from ..daemon.devices.gpuinfo import gpu_build_command, hidden_vulkan_devices
     from ..daemon.devices.llamareport import system_report
     from ..daemon.devices.rpc import doctor_line
-    from ..daemon.speed import probe as speedprobe
     from .common import load_settings
 
     settings = load_settings()
     paths = cpu.decide(settings)
     rpc_ok, rpc_line = doctor_line()
-    speed: dict[str, Any]
-    try:
-        speed = speedprobe.calibrate(settings, fresh=True).to_dict()
-    except speedprobe.ProbeFailed as exc:
-        speed = {"error": str(exc)}
+    speed = _speed(settings, fresh_speed)
     llama = system_report()
     if "error" not in llama:
         llama["hidden_devices"] = hidden_vulkan_devices(llama, settings.vulkan_visible_devices)
@@ -161,6 +204,7 @@ def diagnose(verify: bool = True) -> dict[str, Any]:
             "socket": _endpoint(settings, socket_path=settings.socket_path),
             "tcp": _endpoint(settings, base_url=settings.base_url),
         },
+        "test_hooks": _test_hooks(),
     }
 
 
@@ -180,8 +224,9 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
     from ..daemon.speed.model import Calibration
 
     figures = Calibration.from_dict(speed)
+    when = "cached, " if speed.get("source") == "cached" else ""
     lines = [
-        f"speed ({figures.threads} threads, measured in {figures.seconds:.1f} s): memory "
+        f"speed ({figures.threads} threads, {when}measured in {figures.seconds:.1f} s): memory "
         f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
         f"+ {figures.decode_layer * 1e6:.0f} us a layer + {figures.row * 1e9:.1f} ns a matrix "
         f"row; the runner {figures.runner_step * 1e6:.0f} us a step; sampling "
@@ -302,12 +347,13 @@ def _render(report: dict[str, Any]) -> list[str]:
     lines.append("daemon:")
     for name, endpoint in report["endpoints"].items():
         lines.append(_describe_endpoint(name, endpoint))
+    lines += _hook_lines(report["test_hooks"])
     return lines
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``doctor [--json]``: print what a bug report needs."""
-    report = diagnose(verify=not args.no_verify)
+    report = diagnose(verify=not args.no_verify, fresh_speed=not args.cached_speed)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

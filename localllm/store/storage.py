@@ -7,10 +7,9 @@ record) by :func:`atomic_write` (a temporary file beside the target, fsync, rena
 directory). Tests hand the store a subclass that fails with ``ENOSPC`` after N bytes or at the
 K-th call, and check that every operation then leaves the store as it was.
 
-:class:`PauseHook` is the other test seam: ``LOCALLLM_TEST_PAUSE=<step>[#<n>]`` (read by
-:mod:`localllm.settings`, for tests only) stops the daemon the n-th time a write reaches
-``<step>`` (one of :data:`PAUSE_STEPS`), until a test removes the marker file the pause wrote,
-or SIGKILLs the daemon there. Unset, a checkpoint costs one ``is None`` test.
+The other test seam is a write's checkpoints (:data:`PAUSE_STEPS`): a test may stop the daemon
+at one and SIGKILL it there. What pauses lives in the test tree, not here (see
+:mod:`localllm.testhooks`); without it, a checkpoint costs one ``is None`` test.
 """
 
 from __future__ import annotations
@@ -20,18 +19,14 @@ import errno
 import os
 import secrets
 import shutil
-import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = [
     "PAUSE_STEPS",
     "FileOps",
-    "PauseHook",
     "atomic_write",
     "disk_full",
-    "parse_pause",
 ]
 
 PAUSE_STEPS: dict[str, str] = {
@@ -46,9 +41,6 @@ PAUSE_STEPS: dict[str, str] = {
     "download-started": "a download wrote its first bytes to its partial file",
 }
 """Where a test may pause a store write, and what has happened by then."""
-
-# How often a paused write looks whether the test removed its marker.
-_PAUSE_POLL = 0.01
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -139,46 +131,3 @@ def atomic_write(
         temp.unlink(missing_ok=True)
         raise
     ops.fsync_dir(path.parent)
-
-
-def parse_pause(spec: str) -> tuple[str, int]:
-    """``(step, n)`` from ``step`` or ``step#n``; raises ``ValueError`` naming the steps."""
-    step, _, count = spec.partition("#")
-    step = step.strip()
-    if step not in PAUSE_STEPS:
-        raise ValueError(f"unknown step {step!r}; one of {', '.join(PAUSE_STEPS)}")
-    if not count:
-        return step, 1
-    if not count.isdigit() or int(count) < 1:
-        raise ValueError(f"the count after # must be a positive integer, got {count!r}")
-    return step, int(count)
-
-
-class PauseHook:
-    """Pauses the n-th write that reaches one step (a test seam; see the module docstring).
-
-    Paused, it writes the step's name to ``marker`` and waits until the file is gone.
-    """
-
-    def __init__(self, step: str, count: int, marker: Path) -> None:
-        self.step = step
-        """The step to pause at."""
-        self.count = count
-        """Pause the ``count``-th time the step is reached."""
-        self.marker = marker
-        """The file that exists while paused."""
-        self._seen = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, step: str) -> None:
-        """Called at every checkpoint; blocks at the chosen one."""
-        if step != self.step:
-            return
-        with self._lock:
-            self._seen += 1
-            if self._seen != self.count:
-                return
-        self.marker.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(FileOps(), self.marker, step.encode())
-        while self.marker.exists():
-            time.sleep(_PAUSE_POLL)

@@ -38,7 +38,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +56,7 @@ from .._format import human_size
 from .._locks import claim
 from .manifest import Layer, Manifest, normalize_digest
 from .names import ModelName, parse_name
-from .storage import FileOps, PauseHook, atomic_write, disk_full
+from .storage import FileOps, atomic_write, disk_full
 
 __all__ = ["BlobWriter", "ModelEntry", "Store", "Transaction", "VerifyResult"]
 
@@ -201,12 +201,16 @@ class BlobWriter:
 class Store:
     """Blobs and manifests under one root directory.
 
-    ``ops`` is the file-operation seam (tests pass a failing one); ``pause`` the test hook that
-    stops a write at a named step (``LOCALLLM_TEST_PAUSE``; see :mod:`localllm.store.storage`).
+    ``ops`` is the file-operation seam (tests pass a failing one); ``pause`` is called at each
+    step a write reaches (a test may stop the daemon there; see :mod:`localllm.testhooks`).
     """
 
     def __init__(
-        self, root: Path, *, ops: FileOps | None = None, pause: PauseHook | None = None
+        self,
+        root: Path,
+        *,
+        ops: FileOps | None = None,
+        pause: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
         """The store's root directory."""
