@@ -235,3 +235,20 @@ def test_damaged_tokenizer_files(folder: Path) -> None:
 def test_config_values_that_cannot_be_used(folder: Path, changes: dict[str, object]) -> None:
     _edit_config(folder, **changes)
     _convert_fails(folder, ConvertError, "config.json|rope scaling")
+
+
+def test_cancel_stops_and_leaves_nothing(folder: Path) -> None:
+    import threading
+
+    from localllm._exceptions import OperationCancelledError
+
+    cancel = threading.Event()
+    out = folder.parent / "out" / "model.gguf"
+
+    def progress(done: int, total: int) -> None:
+        if done < total:
+            cancel.set()
+
+    with pytest.raises(OperationCancelledError, match="cancelled"):
+        convert_folder(folder, out, progress=progress, cancel=cancel)
+    assert not out.parent.exists() or not list(out.parent.iterdir())
