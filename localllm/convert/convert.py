@@ -132,7 +132,10 @@ def convert_folder(folder: Path, out: Path, *,
     total = sum(t.source_bytes for t in plan)
 
     writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[family.gguf_arch])
-    writer.add_name(str(info.config.get("_name_or_path") or folder.name))
+    # The Hub id when config.json carries one; never a path of the author's machine.
+    hub_id = str(info.config.get("_name_or_path") or "")
+    local = not hub_id or hub_id.startswith(("/", ".", "~")) or "\\" in hub_id
+    writer.add_name(folder.name if local else hub_id)
     writer.add_file_type(int(OUTTYPES[outtype]))
     if outtype == "q8_0":
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
