@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from hf_checkpoint import Checkpoint, write_checkpoint
+from hf_checkpoint import FAMILIES, Checkpoint, write_checkpoint
 from hf_reference import forward
 
 __all__ = ["PROMPT", "REL_TOLERANCE", "TIE_MARGIN", "Comparison", "compare", "reference_ids"]
@@ -84,8 +84,7 @@ def main() -> None:
 
     from localllm.convert import convert_folder
 
-    families = sys.argv[1:] or ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2",
-                                "gemma3", "phi3"]
+    families = sys.argv[1:] or list(FAMILIES)
     print(f"{'family':9} {'converted':9} {'ids equal':9} {'max|dlogit|':>11} {'rel':>8} "
           "greedy equal")
     with tempfile.TemporaryDirectory() as tmp:

@@ -218,3 +218,37 @@ def test_interrupted_conversion_leaves_nothing_and_keeps_the_old_file(folder: Pa
         convert_folder(folder, out, progress=progress)
     assert out.read_bytes() == b"the previous model"
     assert [p.name for p in out.parent.iterdir()] == ["model.gguf"]
+
+
+def test_damaged_tokenizer_files(folder: Path) -> None:
+    (folder / "tokenizer_config.json").write_text("{broken")
+    _convert_fails(folder, MissingTokenizerError, "tokenizer_config.json")
+    (folder / "tokenizer_config.json").write_text("{}")
+    (folder / "tokenizer.json").write_text("not json either")
+    _convert_fails(folder, MissingTokenizerError, "tokenizer.json")
+
+
+@pytest.mark.parametrize("changes", [
+    {"hidden_size": "wide"}, {"num_attention_heads": 0}, {"rope_theta": "fast"},
+    {"num_key_value_heads": 3}, {"head_dim": [16]}, {"rope_scaling": {"rope_type": "dynamic"}},
+])
+def test_config_values_that_cannot_be_used(folder: Path, changes: dict[str, object]) -> None:
+    _edit_config(folder, **changes)
+    _convert_fails(folder, ConvertError, "config.json|rope scaling")
+
+
+def test_cancel_stops_and_leaves_nothing(folder: Path) -> None:
+    import threading
+
+    from localllm._exceptions import OperationCancelledError
+
+    cancel = threading.Event()
+    out = folder.parent / "out" / "model.gguf"
+
+    def progress(done: int, total: int) -> None:
+        if done < total:
+            cancel.set()
+
+    with pytest.raises(OperationCancelledError, match="cancelled"):
+        convert_folder(folder, out, progress=progress, cancel=cancel)
+    assert not out.parent.exists() or not list(out.parent.iterdir())

@@ -123,3 +123,19 @@ def test_phi3_long_rope(tmp_path: Path) -> None:
     c = compare(ck, result.path)
     assert c.rel_diff < REL_TOLERANCE
     assert c.greedy_equal == c.greedy_checked > 0
+
+
+def test_converted_model_quantizes_with_the_store_quantizer(tmp_path: Path) -> None:
+    """The path `create --from ./folder --quantize` takes: convert, then localllm's own
+    quantizer (llama.cpp in a child process); the result still matches the reference."""
+    from localllm.store.quantize import quantize_file
+
+    ck = write_checkpoint(tmp_path / "m", "llama")
+    f16 = convert_folder(ck.folder, tmp_path / "m-f16.gguf").path
+    q8 = tmp_path / "m-q8_0.gguf"
+    quantize_file(f16, q8, "q8_0", threads=1)
+    assert 0 < q8.stat().st_size < f16.stat().st_size
+    c = compare(ck, q8)
+    assert c.ids_llama == c.ids_reference
+    assert c.rel_diff < 5e-2  # q8_0's rounding, as in test_outtypes
+    assert c.greedy_equal >= c.greedy_checked - 1

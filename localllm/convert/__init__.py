@@ -8,7 +8,14 @@ One module per model family (``llama.py``, ``qwen2.py``...), as Ollama's ``conve
     info = inspect_folder(folder)            # config, index and headers only
     result = convert_folder(folder, out)     # streams tensor by tensor; out appears complete
 
-Errors are :class:`~localllm._exceptions.ConvertError` subclasses, each bad input.
+Errors are :class:`~localllm._exceptions.ConvertError` subclasses, each bad input (HTTP 400 at
+the API): ``NotAFolderError``, ``MissingConfigError``, ``UnsupportedArchitectureError`` (its
+``architecture`` and ``supported``), ``MissingTokenizerError``, ``MissingShardError``,
+``TruncatedShardError``, ``TensorMismatchError``, ``PickleCheckpointError``. Besides them a
+conversion raises ``DiskFullError`` (disk full while writing) and ``OperationCancelledError``
+(its ``cancel`` event). ``ConvertResult.notes`` lists what the converter decided for the user
+(a pre-tokenizer recognised by its regex, a vision tower left out...): report them.
+``FolderInfo.files`` are the files a conversion reads (config, tokenizer files, index, shards).
 """
 
 from __future__ import annotations

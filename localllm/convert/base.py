@@ -101,11 +101,16 @@ class Family:
             self.n_kv = int(c.get("num_key_value_heads") or self.n_head)
             self.ffn = int(c["intermediate_size"])
             self.vocab = int(c["vocab_size"])
-        except (KeyError, TypeError, ValueError) as exc:
+            self.head_dim = int(c.get("head_dim") or self.hidden // self.n_head)
+            self.context_length = int(c.get("max_position_embeddings") or 0) or None
+            self.eps = float(c.get("rms_norm_eps") or 1e-6)
+            self.rope_theta = float(c.get("rope_theta") or 10000.0)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
             raise MissingConfigError(f"config.json lacks a usable {exc} for {self.name}") from None
-        self.head_dim = int(c.get("head_dim") or self.hidden // self.n_head)
-        self.context_length = int(c.get("max_position_embeddings") or 0) or None
-        self.eps = float(c.get("rms_norm_eps") or 1e-6)
+        if min(self.hidden, self.n_layers, self.n_head, self.n_kv, self.ffn, self.vocab,
+               self.head_dim) <= 0 or self.n_head % self.n_kv:
+            raise MissingConfigError(f"config.json's sizes cannot describe a {self.name} model "
+                                     "(zero or negative, or heads not a multiple of kv heads)")
         self.tied = bool(c.get("tie_word_embeddings", False))
 
     # ---- the tensors -------------------------------------------------------------------------
@@ -242,7 +247,7 @@ class Family:
         """``rope_scaling`` (or transformers 5's ``rope_parameters``) with the theta inside."""
         c = self.config
         params = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
-        params.setdefault("rope_theta", c.get("rope_theta", 10000.0))
+        params.setdefault("rope_theta", self.rope_theta)
         if c.get("original_max_position_embeddings"):
             params.setdefault("original_max_position_embeddings",
                               c["original_max_position_embeddings"])
@@ -260,7 +265,10 @@ class Family:
         w.add_head_count(self.n_head)
         w.add_head_count_kv(self.n_kv)
         w.add_layer_norm_rms_eps(self.eps)
-        w.add_rope_freq_base(float(self.rope_parameters()["rope_theta"]))
+        try:
+            w.add_rope_freq_base(float(self.rope_parameters()["rope_theta"]))
+        except (TypeError, ValueError):
+            raise MissingConfigError("config.json's rope_theta is not a number") from None
         if self.head_dim != self.hidden // self.n_head:
             w.add_key_length(self.head_dim)
             w.add_value_length(self.head_dim)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from localllm._exceptions import ConvertError, DiskFullError
+from localllm._exceptions import ConvertError, DiskFullError, OperationCancelledError
 from localllm.convert.base import OutTensor
 from localllm.convert.families import family_for
 from localllm.convert.floats import bf16_to_f16
@@ -106,13 +107,16 @@ def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
 
 def convert_folder(folder: Path, out: Path, *,
                    progress: Callable[[int, int], None] | None = None,
-                   outtype: str = "f16") -> ConvertResult:
+                   outtype: str = "f16",
+                   cancel: threading.Event | None = None) -> ConvertResult:
     """Convert the safetensors model in ``folder`` to a GGUF at ``out``.
 
     ``outtype`` is the matrices' type: ``f16`` (default), ``bf16``, ``f32`` or ``q8_0``; vectors
     (norms, biases) are f32 whatever it is. ``progress(done, total)`` is called with source
-    bytes as tensors are written. Raises a :class:`~localllm._exceptions.ConvertError` subclass
-    for bad input; ``out`` then does not exist (or keeps what it held before).
+    bytes as tensors are written; an exception it raises stops the conversion. Setting
+    ``cancel`` stops it too, with :class:`~localllm._exceptions.OperationCancelledError`.
+    Raises a :class:`~localllm._exceptions.ConvertError` subclass for bad input; on any error
+    ``out`` does not exist (or keeps what it held before) and no temporary file is left.
     """
     if outtype not in OUTTYPES:
         raise ConvertError(f"outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
@@ -128,7 +132,10 @@ def convert_folder(folder: Path, out: Path, *,
     total = sum(t.source_bytes for t in plan)
 
     writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[family.gguf_arch])
-    writer.add_name(str(info.config.get("_name_or_path") or folder.name))
+    # The Hub id when config.json carries one; never a path of the author's machine.
+    hub_id = str(info.config.get("_name_or_path") or "")
+    local = not hub_id or hub_id.startswith(("/", ".", "~")) or "\\" in hub_id
+    writer.add_name(folder.name if local else hub_id)
     writer.add_file_type(int(OUTTYPES[outtype]))
     if outtype == "q8_0":
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -158,6 +165,8 @@ def convert_folder(folder: Path, out: Path, *,
                 sink.pad(writer.data_alignment)
                 start = sink.position
                 for data in _encoded_chunks(t, q):
+                    if cancel is not None and cancel.is_set():
+                        raise OperationCancelledError(f"conversion of {folder.name} cancelled")
                     sink.write(data)
                 written, expected = sink.position - start, _nbytes(t.shape, q)
                 if written != expected:

@@ -238,7 +238,12 @@ def load_vocab(folder: Path, n_vocab: int, *, prefer_sentencepiece: bool = True)
         flag = _json(config).get("add_prefix_space")
         if isinstance(flag, bool):
             vocab.add_space_prefix = flag
-    vocab.special = gguf.SpecialVocab(folder, load_merges=vocab.model == "gpt2", n_vocab=n_vocab)
+    try:
+        vocab.special = gguf.SpecialVocab(folder, load_merges=vocab.model == "gpt2",
+                                          n_vocab=n_vocab)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise MissingTokenizerError(f"the tokenizer's files cannot be read ({exc}): "
+                                    "tokenizer.json / tokenizer_config.json damaged?") from None
     vocab.eot_ids, notes = _stop_ids(folder, vocab.special)
     vocab.notes.extend(notes)
     return vocab
