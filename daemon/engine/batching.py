@@ -4,6 +4,12 @@ llama.cpp's batch (:func:`fill_batch`).
 A step holds one token for every slot that is generating (followed by its draft when it
 speculates), then prompt chunks of slots still prefilling, oldest request first, until the
 batch is full: a long prompt never stalls other streams' decoding.
+
+A step that runs a LoRA adapter set keeps each request's arithmetic what it would be alone:
+an adapter's float weights are multiplied by one CPU kernel for a ubatch of one token and by
+another for several (see :func:`.slots.fresh_tokens`), so a sequence must neither share its
+ubatch with its neighbours (llama.cpp computes sequences of consecutive ids in one pass) nor
+have a single prompt token split off by the batch's budget.
 """
 
 from __future__ import annotations
@@ -40,9 +46,16 @@ def plan_batch(
     speculation: Speculation,
     prefill_budget: int,
     drafting: bool,
+    adapted: bool = False,
 ) -> BatchPlan:
     """Choose this step's tokens: pending tokens (and drafts), then prompt chunks, oldest
-    request first, within the batch size."""
+    request first, within the batch size.
+
+    ``adapted`` (the step runs a LoRA adapter set): a prompt chunk that is not the rest of
+    its prompt holds two tokens at least and leaves two at least, while anything else is in
+    the batch (a lone token alone would be multiplied by another kernel than in a cold
+    prefill; when nothing else can go in, it goes in all the same: the engine never stalls).
+    """
     decoding = [slot for slot in slots if slot.decoding]
     for slot in decoding:
         slot.draft = []
@@ -61,36 +74,59 @@ def plan_batch(
         count = max(min(slot.remaining_prompt, budget), 0)
         if slot.job is not None and slot.job.images:
             count = min(count, slot.job.text_run(len(slot.cache)))
+        if adapted and 0 < count < slot.remaining_prompt:
+            whole = min(count, slot.remaining_prompt - 2)
+            if whole >= 2:
+                count = whole
+            elif decoding or any(taken for _, taken in prefill):
+                count = 0  # the next step's budget takes it with more of its prompt
         prefill.append((slot, count))
         budget -= count
     return BatchPlan(decoding=decoding, prefill=prefill)
 
 
-def fill_batch(plan: BatchPlan, slots: Sequence[Slot], batch: Batch) -> None:
-    """Write the plan into llama.cpp's batch, noting where each slot's logits will be."""
+def fill_batch(plan: BatchPlan, slots: Sequence[Slot], batch: Batch, apart: bool = False) -> None:
+    """Write the plan into llama.cpp's batch, noting where each slot's logits will be.
+
+    ``apart``: every sequence in a ubatch of its own. llama.cpp's split for a KV stream per
+    sequence takes sequences into one ubatch only while their ids go up by one in batch
+    order, so the slots go in from the highest id down. (A unified cache puts the whole
+    batch in one ubatch whatever the order.)
+    """
     batch.clear()
     for slot in slots:
         slot.batch_index, slot.chunk, slot.draft_indices = -1, 0, []
         if slot.job is not None and slot.job.score is not None:
             slot.job.score.unmark()  # a batch refilled after a failed decode
-    for slot in plan.decoding:
-        position = len(slot.cache)
-        slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
-        slot.draft_indices = [
-            batch.add(token, position + 1 + i, slot.seq_id, True)
-            for i, token in enumerate(slot.draft)
-        ]
-    for slot, count in plan.prefill:
-        if not count:
-            continue
-        prompt = slot.job.prompt  # type: ignore[union-attr]
-        start, last = len(slot.cache), len(prompt) - 1
-        score = slot.job.score  # type: ignore[union-attr]
-        for position in range(start, start + count):
-            wanted = position == last or score is not None
-            index = batch.add(prompt[position], position, slot.seq_id, wanted)
-            if score is not None:
-                score.mark(position, index)
-        slot.chunk = count
-        if start + count == len(prompt):
-            slot.batch_index = index
+    entries = [(slot, -1) for slot in plan.decoding] + [(s, n) for s, n in plan.prefill if n]
+    if apart:
+        entries.sort(key=lambda entry: -entry[0].seq_id)
+    for slot, count in entries:
+        if count < 0:
+            _add_decoding(slot, batch)
+        else:
+            _add_prompt(slot, count, batch)
+
+
+def _add_decoding(slot: Slot, batch: Batch) -> None:
+    """A generating slot's pending token, then its draft."""
+    position = len(slot.cache)
+    slot.batch_index = batch.add(slot.pending, position, slot.seq_id, True)  # type: ignore[arg-type]
+    slot.draft_indices = [
+        batch.add(token, position + 1 + i, slot.seq_id, True) for i, token in enumerate(slot.draft)
+    ]
+
+
+def _add_prompt(slot: Slot, count: int, batch: Batch) -> None:
+    """The next ``count`` tokens of a prefilling slot's prompt."""
+    prompt = slot.job.prompt  # type: ignore[union-attr]
+    start, last = len(slot.cache), len(prompt) - 1
+    score = slot.job.score  # type: ignore[union-attr]
+    for position in range(start, start + count):
+        wanted = position == last or score is not None
+        index = batch.add(prompt[position], position, slot.seq_id, wanted)
+        if score is not None:
+            score.mark(position, index)
+    slot.chunk = count
+    if start + count == len(prompt):
+        slot.batch_index = index

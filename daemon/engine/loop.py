@@ -478,11 +478,14 @@ class Engine:
         if any(slot.prefilling for slot in self.slots) and (held := self.governor.batch_tokens()):
             prefill_budget = min(prefill_budget, held)  # other programs hold the threads down
         drafting = True
+        adapted = bool(adapters)  # each sequence computed as alone (see .batching)
         while True:
-            plan = plan_batch(group, self.model.batch, self.speculation, prefill_budget, drafting)
+            plan = plan_batch(
+                group, self.model.batch, self.speculation, prefill_budget, drafting, adapted
+            )
             if plan.empty:
                 return
-            fill_batch(plan, self.slots, self.model.batch)
+            fill_batch(plan, self.slots, self.model.batch, apart=adapted)
             kind: Kind = "batch" if any(count for _, count in plan.prefill) else "decode"
             threads = self._use_threads(kind)
             started = time.perf_counter()
