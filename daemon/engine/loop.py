@@ -492,6 +492,7 @@ class Engine:
             status = self._faults.before_decode() if self._faults else None
             if status is None:
                 status = self.model.decode()
+                self.model.synchronize()  # the device's work is in the timings too
             elapsed = time.perf_counter() - started
             self.time.decode += elapsed
             self.time.decodes += 1
@@ -621,6 +622,7 @@ class Engine:
             slot.cache.extend(job.prompt[start:end])
             # Later prompts reuse these cells by their pseudo-tokens; the floats can go.
             image.data = None
+            self.model.synchronize()  # the image's prefill is over when the device is done
             now = time.perf_counter()
             with self._rates_lock:
                 self._rates.append((now, 0, image.n_tokens))
