@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from tiny_gguf import write_tiny_gguf
 
-from localllm.daemon.engine.batching import fill_batch, plan_batch
+from localllm.daemon.engine.batching import fill_batch, plan_batch, reproducible, ubatch_order
 from localllm.daemon.engine.jobs import GenerationJob
 from localllm.daemon.engine.loop import Engine
 from localllm.daemon.engine.model import Batch, LlamaModel
@@ -95,19 +96,19 @@ def test_under_an_adapter_set_two_prompt_tokens_are_evaluated() -> None:
     assert source is not None and (source.slot, source.end) == (other, 3)
 
 
-def _busy(seq_id: int, prompt: list[int], cached: int, arrived: float) -> Slot:
+def _busy(seq_id: int, prompt: list[int], cached: int, arrived: float, **options: Any) -> Slot:
     slot = Slot(seq_id)
-    options = SamplingOptions(temperature=0.0)
-    slot.job = GenerationJob(f"j{seq_id}", prompt, options, None, lambda _: None, arrived=arrived)
+    sampling = SamplingOptions(**({"temperature": 0.0} | options))
+    slot.job = GenerationJob(f"j{seq_id}", prompt, sampling, None, lambda _: None, arrived=arrived)
     slot.cache = prompt[:cached]
     slot.state = SlotState.PREFILLING if cached < len(prompt) else SlotState.DECODING
     slot.pending = 7 if slot.decoding else None
     return slot
 
 
-def test_an_adapted_step_puts_each_sequence_in_a_ubatch_of_its_own() -> None:
+def test_an_adapted_step_puts_each_reproducible_sequence_in_a_ubatch_of_its_own() -> None:
     # llama.cpp's split for KV streams takes sequences into one ubatch only while their ids
-    # go up by one in batch order: the slots go in from the highest id down.
+    # go up by one in batch order: greedy slots go in from the highest id down.
     slots = [_busy(0, [1, 2], 2, 0.0), _busy(1, [1, 2], 2, 1.0), _busy(2, [5, 6, 7, 8], 0, 2.0)]
     batch = Batch(16, 4)
     try:
@@ -122,7 +123,45 @@ def test_an_adapted_step_puts_each_sequence_in_a_ubatch_of_its_own() -> None:
         batch.close()
     assert together == [0, 1, 2, 2, 2, 2]
     assert apart == [2, 2, 2, 2, 1, 0] and positions == [0, 1, 2, 3, 2, 2]
+    assert _ubatches([2, 1, 0]) == [[2], [1], [0]] and _ubatches([0, 1, 2]) == [[0, 1, 2]]
     assert logits == [5, 4, 3]  # each slot's logits where its own last token went
+
+
+def test_requests_that_sample_without_a_seed_stay_batched_together() -> None:
+    def slot(seq_id: int, **options: Any) -> Slot:
+        return _busy(seq_id, [1, 2], 2, 0.0, **options)
+
+    sampled = {"temperature": 0.8}
+    slots = [
+        slot(0, **sampled),
+        slot(1, **sampled),
+        slot(2),  # greedy
+        slot(3, **sampled),
+        slot(4, **sampled, seed=42),  # a seed of its own: reproducible too
+        slot(5, **sampled, top_k=1),  # greedy in effect
+        slot(7, **sampled),
+        slot(8, **sampled),
+    ]
+    assert [reproducible(s) for s in slots] == [False, False, True, False, True, True, False, False]
+    order = [s.seq_id for s, _ in ubatch_order([(s, -1) for s in slots], reproducible)]
+    # Runs from the highest down, each increasing: llama.cpp makes one ubatch of each.
+    assert order == [7, 8, 5, 4, 3, 2, 0, 1]
+    assert _ubatches(order) == [[7, 8], [5], [4], [3], [2], [0, 1]]
+
+
+def _ubatches(order: list[int]) -> list[list[int]]:
+    """The sequences of each ubatch llama.cpp makes of a batch of one token per sequence in
+    this order (llama_batch_allocr::split_equal, sequential: from the first unused token,
+    each later sequence whose id is one more than the last taken)."""
+    left, groups = list(order), []
+    while left:
+        group = [left[0]]
+        for seq in left[1:]:
+            if seq == group[-1] + 1:
+                group.append(seq)
+        groups.append(group)
+        left = [seq for seq in left if seq not in group]
+    return groups
 
 
 def test_an_adapted_step_never_splits_a_lone_prompt_token_off() -> None:

@@ -5,23 +5,29 @@ A step holds one token for every slot that is generating (followed by its draft 
 speculates), then prompt chunks of slots still prefilling, oldest request first, until the
 batch is full: a long prompt never stalls other streams' decoding.
 
-A step that runs a LoRA adapter set keeps each request's arithmetic what it would be alone:
-an adapter's float weights are multiplied by one CPU kernel for a ubatch of one token and by
-another for several (see :func:`.slots.fresh_tokens`), so a sequence must neither share its
-ubatch with its neighbours (llama.cpp computes sequences of consecutive ids in one pass) nor
-have a single prompt token split off by the batch's budget.
+A step that runs a LoRA adapter set keeps a reproducible request's arithmetic what it would
+be alone: an adapter's float weights are multiplied by one CPU kernel for a ubatch of one
+token and by another for several (see :func:`.slots.fresh_tokens`), so such a sequence must
+not share its ubatch with its neighbours (llama.cpp computes sequences of consecutive ids in
+one pass), and no prompt has a single token split off by the batch's budget. Requests that
+sample without a seed of their own stay batched together: their answers are draws, as good
+beside neighbours as alone, and a pass per sequence would cost them a third of the decode
+rate (``benchmarks/lora.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..speculation.drafting import Speculation
 from .model import Batch
 from .slots import Slot, SlotState
 
-__all__ = ["BatchPlan", "fill_batch", "plan_batch"]
+__all__ = ["BatchPlan", "fill_batch", "plan_batch", "reproducible", "ubatch_order"]
+
+_Entry = tuple[Slot, int]
+"""A slot and the prompt tokens it puts in the batch (-1: it generates)."""
 
 
 @dataclass
@@ -88,10 +94,10 @@ def plan_batch(
 def fill_batch(plan: BatchPlan, slots: Sequence[Slot], batch: Batch, apart: bool = False) -> None:
     """Write the plan into llama.cpp's batch, noting where each slot's logits will be.
 
-    ``apart``: every sequence in a ubatch of its own. llama.cpp's split for a KV stream per
-    sequence takes sequences into one ubatch only while their ids go up by one in batch
-    order, so the slots go in from the highest id down. (A unified cache puts the whole
-    batch in one ubatch whatever the order.)
+    ``apart`` (a step under a LoRA adapter set): each slot whose answer is reproducible
+    (:func:`reproducible`) is computed in a ubatch of its own, as it would be alone (see
+    :func:`ubatch_order`). A unified cache puts the whole batch in one ubatch whatever the
+    order: there only a KV stream per slot keeps answers apart.
     """
     batch.clear()
     for slot in slots:
@@ -100,12 +106,47 @@ def fill_batch(plan: BatchPlan, slots: Sequence[Slot], batch: Batch, apart: bool
             slot.job.score.unmark()  # a batch refilled after a failed decode
     entries = [(slot, -1) for slot in plan.decoding] + [(s, n) for s, n in plan.prefill if n]
     if apart:
-        entries.sort(key=lambda entry: -entry[0].seq_id)
+        entries = ubatch_order(entries, reproducible)
     for slot, count in entries:
         if count < 0:
             _add_decoding(slot, batch)
         else:
             _add_prompt(slot, count, batch)
+
+
+def reproducible(slot: Slot) -> bool:
+    """Whether the slot's request gives one answer only (greedy, or sampled with a seed of
+    its own): then what runs beside it must not change it."""
+    job = slot.job
+    if job is None:
+        return False
+    options = job.options
+    return options.temperature <= 0 or options.top_k == 1 or options.seed >= 0
+
+
+def ubatch_order(entries: list[_Entry], alone: Callable[[Slot], bool]) -> list[_Entry]:
+    """``entries`` (slot, tokens) in the batch order that makes llama.cpp compute each slot
+    for which ``alone`` holds in a ubatch of its own, the others together while their ids
+    are consecutive.
+
+    llama.cpp's split for a KV stream per sequence builds a ubatch from the first unused
+    token on, taking each later sequence whose id is one more than the last taken. So runs
+    of consecutive ids go in from the highest run down, each run in increasing order, and a
+    slot that must be alone is a run of its own.
+    """
+    runs: list[list[_Entry]] = []
+    for entry in sorted(entries, key=lambda entry: entry[0].seq_id):
+        last = runs[-1][-1][0] if runs else None
+        if (
+            last is not None
+            and last.seq_id == entry[0].seq_id - 1
+            and not alone(last)
+            and not alone(entry[0])
+        ):
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return [entry for run in reversed(runs) for entry in run]
 
 
 def _add_decoding(slot: Slot, batch: Batch) -> None:

@@ -478,7 +478,7 @@ class Engine:
         if any(slot.prefilling for slot in self.slots) and (held := self.governor.batch_tokens()):
             prefill_budget = min(prefill_budget, held)  # other programs hold the threads down
         drafting = True
-        adapted = bool(adapters)  # each sequence computed as alone (see .batching)
+        adapted = bool(adapters)  # reproducible requests computed as alone (see .batching)
         while True:
             plan = plan_batch(
                 group, self.model.batch, self.speculation, prefill_budget, drafting, adapted
