@@ -37,7 +37,12 @@ page cache, repacked ones are not), and the memory plan's size from ``/api/ps``.
 Usage::
 
     python benchmarks/lora.py [--threads N] [--tokens 64] [--repeat 3] [--skip-memory]
-        [--skip-raw] [--raw-threads 1]
+        [--skip-raw] [--raw-threads 1] [--temperature 0]
+
+``--temperature T`` makes the clients sample without a seed of their own. Under an adapter the
+runner decodes each reproducible request (greedy, or with a seed) in a pass of its own, so
+that its answer is the one it gives alone (``daemon/engine/batching.py``); sampling clients
+stay in one pass: greedy and sampling waves measure the two paths.
 
 The machine is shared and noisy: read the ratios (same repetition, interleaved), not the
 absolute rates. The last line is one JSON object with every figure.
@@ -73,13 +78,11 @@ def _prompt(client: int) -> str:
     return f"Client {client} writes a long story about the number {client * 37}. Once upon a time"
 
 
-async def _stream(http: httpx.AsyncClient, model: str, prompt: str, tokens: int) -> dict[str, Any]:
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "raw": True,
-        "options": {"temperature": 0, "num_predict": tokens, "repeat_penalty": 1.0},
-    }
+async def _stream(
+    http: httpx.AsyncClient, model: str, prompt: str, tokens: int, temperature: float
+) -> dict[str, Any]:
+    options = {"temperature": temperature, "num_predict": tokens, "repeat_penalty": 1.0}
+    body = {"model": model, "prompt": prompt, "raw": True, "options": options}
     first = 0.0
     async with http.stream("POST", "/api/generate", json=body) as response:
         response.raise_for_status()
@@ -96,11 +99,11 @@ async def _stream(http: httpx.AsyncClient, model: str, prompt: str, tokens: int)
     raise RuntimeError("the stream ended without its final chunk")
 
 
-async def _wave(url: str, models: list[str], tokens: int) -> float:
+async def _wave(url: str, models: list[str], tokens: int, temperature: float = 0.0) -> float:
     """Aggregate decode tokens/s of one wave of clients (``models[i]`` for client i)."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as http:
         runs = await asyncio.gather(
-            *(_stream(http, m, _prompt(i), tokens) for i, m in enumerate(models))
+            *(_stream(http, m, _prompt(i), tokens, temperature) for i, m in enumerate(models))
         )
     start = min(r["first"] for r in runs if r["first"])
     end = max(r["end"] for r in runs)
@@ -266,6 +269,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="clients sample, no seed (default 0: greedy)"
+    )
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-raw", action="store_true")
     parser.add_argument(
@@ -290,7 +296,7 @@ def main() -> None:
         for repetition in range(args.repeat):
             order = names[repetition % 3 :] + names[: repetition % 3]
             for name in order:
-                rate = asyncio.run(_wave(url, scenarios[name], args.tokens))
+                rate = asyncio.run(_wave(url, scenarios[name], args.tokens, args.temperature))
                 rates[name].append(rate)
                 print(f"repetition {repetition + 1} {name:4}: {rate:7.1f} tok/s aggregate decode")
         switches = httpx.get(f"{url}/api/ps", timeout=30).json()

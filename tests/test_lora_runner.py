@@ -92,6 +92,52 @@ def test_an_adapter_answers_as_llama_cpp_python_applies_it(
         assert out["choices"][0]["text"] == ours, f"scale {scale}"
 
 
+# Long enough (> MIN_SHARED_WAIT tokens) that requests arriving together wait for one prefill
+# and copy its cells, as chat prompts do.
+AT_ONCE = (
+    "Once upon a time, in a small village at the edge of a great forest, there lived",
+    "Here is a short list of things to pack for a week of walking in the mountains:",
+    "The three most important rules for writing a good function in Python are these:",
+)
+
+
+def test_requests_at_once_answer_as_each_alone_under_an_adapter(
+    smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    # Issue 47 item 5: a random rank-8 adapter on attn_q and ffn_up (alpha = rank), greedy,
+    # no repeat penalty; four identical requests at once must each give what the request
+    # gives alone. Each prompt runs both ways round: at once on a cold cache then alone
+    # (reusing the slots' cells), and alone on a cold cache then at once.
+    lora = write_lora_gguf(
+        tmp_path / "q-up.gguf", smollm2_gguf, rank=8, alpha=8.0, targets=("attn_q", "ffn_up")
+    )
+    config = RunnerConfig(model_path=str(smollm2_gguf), n_slots=4, n_ctx_per_slot=512, n_threads=1)
+    runner = RunnerHarness(config, tmp_path / "r")
+    mismatches: list[str] = []
+    shared = 0
+    try:
+        (loaded,) = runner.run(runner.client.load_adapters([AdapterFile(digest(lora), str(lora))]))
+        use = AdapterUse(loaded.digest)
+        for n, text in enumerate(AT_ONCE):
+            for alone_first in (False, True):
+                prompt = f"{'ab'[alone_first]}{n}. {text}"
+                if alone_first:
+                    alone, _ = runner.generate(ask(prompt, use, num_predict=24))
+                together = runner.generate_many([ask(prompt, use, num_predict=24) for _ in "abcd"])
+                if not alone_first:
+                    alone, _ = runner.generate(ask(prompt, use, num_predict=24))
+                shared += sum(1 for _, result in together if result.timings.cached_tokens)
+                mismatches += [
+                    f"{prompt!r}: alone {alone!r}, at once {answer!r}"
+                    for answer, _ in together
+                    if answer != alone
+                ]
+    finally:
+        runner.close()
+    assert shared, "no request shared another's prefill: the path under test did not run"
+    assert not mismatches, "\n".join(mismatches)
+
+
 # -- the tiny model: bad adapters, and caches keyed by the adapter set ---------------------------
 
 

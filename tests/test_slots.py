@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.engine.batching import fill_batch, plan_batch, reproducible, ubatch_order
 from localllm.daemon.engine.jobs import GenerationJob
 from localllm.daemon.engine.loop import Engine
-from localllm.daemon.engine.model import LlamaModel
-from localllm.daemon.engine.slots import Slot, busy_runs, choose_slot
+from localllm.daemon.engine.model import Batch, LlamaModel
+from localllm.daemon.engine.slots import (
+    Slot,
+    SlotState,
+    busy_runs,
+    choose_slot,
+    fresh_tokens,
+    prefix_source,
+)
 from localllm.daemon.runner.protocol import (
     DoneEvent,
     Event,
@@ -71,6 +80,112 @@ def test_stream_choice_keeps_busy_slots_consecutive() -> None:
 def test_at_least_one_prompt_token_is_evaluated() -> None:
     free = slots_with({0: [1, 2, 3]})
     assert choose_slot(free, [1, 2, 3], busy=[])[1] == 2
+
+
+def test_under_an_adapter_set_two_prompt_tokens_are_evaluated() -> None:
+    # One token alone in a ubatch is multiplied by another CPU kernel than a prompt's last
+    # tokens in a cold prefill: under an adapter set a reused prefix stops two short.
+    assert (fresh_tokens(""), fresh_tokens("sha256:ab*1.0")) == (1, 2)
+    free = slots_with({0: [1, 2, 3, 4]})
+    free[0].adapters = "a*1.0"
+    assert choose_slot(free, [1, 2, 3, 4], busy=[], adapters="a*1.0")[1] == 2
+    assert choose_slot(free, [1], busy=[], adapters="a*1.0")[1] == 0
+    mine, other = slots_with({0: [], 1: [1, 2, 3, 4, 5]})
+    mine.adapters = other.adapters = "a*1.0"
+    source = prefix_source(mine, [mine, other], [1, 2, 3, 4, 5])
+    assert source is not None and (source.slot, source.end) == (other, 3)
+
+
+def _busy(seq_id: int, prompt: list[int], cached: int, arrived: float, **options: Any) -> Slot:
+    slot = Slot(seq_id)
+    sampling = SamplingOptions(**({"temperature": 0.0} | options))
+    slot.job = GenerationJob(f"j{seq_id}", prompt, sampling, None, lambda _: None, arrived=arrived)
+    slot.cache = prompt[:cached]
+    slot.state = SlotState.PREFILLING if cached < len(prompt) else SlotState.DECODING
+    slot.pending = 7 if slot.decoding else None
+    return slot
+
+
+def test_an_adapted_step_puts_each_reproducible_sequence_in_a_ubatch_of_its_own() -> None:
+    # llama.cpp's split for KV streams takes sequences into one ubatch only while their ids
+    # go up by one in batch order: greedy slots go in from the highest id down.
+    slots = [_busy(0, [1, 2], 2, 0.0), _busy(1, [1, 2], 2, 1.0), _busy(2, [5, 6, 7, 8], 0, 2.0)]
+    batch = Batch(16, 4)
+    try:
+        plan = plan_batch(slots, batch, None, 16, drafting=False)  # type: ignore[arg-type]
+        fill_batch(plan, slots, batch)
+        together = [batch.raw.seq_id[i][0] for i in range(batch.size)]
+        fill_batch(plan, slots, batch, apart=True)
+        apart = [batch.raw.seq_id[i][0] for i in range(batch.size)]
+        positions = [batch.raw.pos[i] for i in range(batch.size)]
+        logits = [slot.batch_index for slot in slots]
+    finally:
+        batch.close()
+    assert together == [0, 1, 2, 2, 2, 2]
+    assert apart == [2, 2, 2, 2, 1, 0] and positions == [0, 1, 2, 3, 2, 2]
+    assert _ubatches([2, 1, 0]) == [[2], [1], [0]] and _ubatches([0, 1, 2]) == [[0, 1, 2]]
+    assert logits == [5, 4, 3]  # each slot's logits where its own last token went
+
+
+def test_requests_that_sample_without_a_seed_stay_batched_together() -> None:
+    def slot(seq_id: int, **options: Any) -> Slot:
+        return _busy(seq_id, [1, 2], 2, 0.0, **options)
+
+    sampled = {"temperature": 0.8}
+    slots = [
+        slot(0, **sampled),
+        slot(1, **sampled),
+        slot(2),  # greedy
+        slot(3, **sampled),
+        slot(4, **sampled, seed=42),  # a seed of its own: reproducible too
+        slot(5, **sampled, top_k=1),  # greedy in effect
+        slot(7, **sampled),
+        slot(8, **sampled),
+    ]
+    assert [reproducible(s) for s in slots] == [False, False, True, False, True, True, False, False]
+    order = [s.seq_id for s, _ in ubatch_order([(s, -1) for s in slots], reproducible)]
+    # Runs from the highest down, each increasing: llama.cpp makes one ubatch of each.
+    assert order == [7, 8, 5, 4, 3, 2, 0, 1]
+    assert _ubatches(order) == [[7, 8], [5], [4], [3], [2], [0, 1]]
+
+
+def _ubatches(order: list[int]) -> list[list[int]]:
+    """The sequences of each ubatch llama.cpp makes of a batch of one token per sequence in
+    this order (llama_batch_allocr::split_equal, sequential: from the first unused token,
+    each later sequence whose id is one more than the last taken)."""
+    left, groups = list(order), []
+    while left:
+        group = [left[0]]
+        for seq in left[1:]:
+            if seq == group[-1] + 1:
+                group.append(seq)
+        groups.append(group)
+        left = [seq for seq in left if seq not in group]
+    return groups
+
+
+def test_an_adapted_step_never_splits_a_lone_prompt_token_off() -> None:
+    batch = Batch(8, 4)
+    try:
+        decoding = _busy(0, [1, 2], 2, 0.0)
+
+        def chunks(remaining: int, adapted: bool, *others: Slot) -> list[int]:
+            slot = _busy(3, list(range(10, 10 + remaining)), 0, 5.0)
+            plan = plan_batch([*others, slot], batch, None, 8, False, adapted)  # type: ignore[arg-type]
+            return [count for _, count in plan.prefill]
+
+        # 7 tokens of room beside a generating slot: an 8-token prompt would leave one.
+        assert chunks(8, False, decoding) == [7]
+        assert chunks(8, True, decoding) == [6]
+        assert chunks(3, True, decoding) == [3]  # the rest of its prompt: all of it
+        # A second prompt would get one token of room: it waits for the next step.
+        older = _busy(1, list(range(20, 26)), 0, 1.0)
+        assert chunks(5, False, decoding, older) == [6, 1]
+        assert chunks(5, True, decoding, older) == [6, 0]
+        # Alone in the batch a lone token goes in all the same: the engine never stalls.
+        assert chunks(9, True) == [7] and chunks(3, True) == [3]
+    finally:
+        batch.close()
 
 
 def test_a_slot_another_waiting_request_came_back_for_is_left_to_it() -> None:

@@ -476,17 +476,21 @@ class Engine:
         if any(slot.prefilling for slot in self.slots) and (held := self.governor.batch_tokens()):
             prefill_budget = min(prefill_budget, held)  # other programs hold the threads down
         drafting = True
+        adapted = bool(adapters)  # reproducible requests computed as alone (see .batching)
         while True:
-            plan = plan_batch(group, self.model.batch, self.speculation, prefill_budget, drafting)
+            plan = plan_batch(
+                group, self.model.batch, self.speculation, prefill_budget, drafting, adapted
+            )
             if plan.empty:
                 return
-            fill_batch(plan, self.slots, self.model.batch)
+            fill_batch(plan, self.slots, self.model.batch, apart=adapted)
             kind: Kind = "batch" if any(count for _, count in plan.prefill) else "decode"
             threads = self._use_threads(kind)
             started = time.perf_counter()
             status = self._faults.before_decode() if self._faults else None
             if status is None:
                 status = self.model.decode()
+                self.model.synchronize()  # the device's work is in the timings too
             elapsed = time.perf_counter() - started
             self.time.decode += elapsed
             self.time.decodes += 1
@@ -616,6 +620,7 @@ class Engine:
             slot.cache.extend(job.prompt[start:end])
             # Later prompts reuse these cells by their pseudo-tokens; the floats can go.
             image.data = None
+            self.model.synchronize()  # the image's prefill is over when the device is done
             now = time.perf_counter()
             with self._rates_lock:
                 self._rates.append((now, 0, image.n_tokens))

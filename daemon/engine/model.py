@@ -482,8 +482,16 @@ class LlamaModel:
                 llama_cpp.llama_set_n_threads(ctx, threads, threads)
 
     def decode(self) -> int:
-        """Run the batch through the model; 0 ok, 1 no KV room, other values errors."""
+        """Run the batch through the model; 0 ok, 1 no KV room, other values errors.
+
+        On an asynchronous backend (a GPU) it returns once the work is queued: reading the
+        logits waits for it, and so does :meth:`synchronize`."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.raw))
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished this context's decodes (a clock read after a
+        decode measures it only then; on the CPU a decode has finished when it returns)."""
+        llama_cpp.llama_synchronize(self.ctx)
 
     def decode_embeddings(
         self,

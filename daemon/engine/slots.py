@@ -28,12 +28,27 @@ __all__ = [
     "busy_runs",
     "choose_slot",
     "common_prefix_length",
+    "fresh_tokens",
     "prefix_source",
     "should_wait_for",
 ]
 
 # Waiting for another request's prefill only pays off for a prefix of some length.
 MIN_SHARED_WAIT = 16
+
+
+def fresh_tokens(adapters: str) -> int:
+    """Fewest prompt tokens a request evaluates itself, whatever cells it may reuse: one, for
+    fresh logits; two under a LoRA adapter set (``adapters``, a key).
+
+    llama.cpp's CPU backend multiplies float weights, as an adapter's are, with ggml's
+    vec_dot for a ubatch of one token and with tinyBLAS for more, and the two add up in
+    another order: the rounding differs, and a greedy answer may follow it. Quantized
+    weights give the same products either way. A cold prefill evaluates its prompt's last
+    tokens together, so a prompt that reuses cached cells under an adapter evaluates two,
+    never one alone (each sequence is a ubatch of its own then: see ``fill_batch``).
+    """
+    return 2 if adapters else 1
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -183,7 +198,8 @@ def choose_slot(
     computes a batch's sequences in one pass only while their ids are consecutive, and a
     prefix held by another slot is copied over anyway.
 
-    Only cells computed with the prompt's LoRA adapter set (``adapters``, a key) are reused.
+    Only cells computed with the prompt's LoRA adapter set (``adapters``, a key) are reused,
+    and :func:`fresh_tokens` of the prompt are always evaluated again.
     """
     shared = [
         (slot, common_prefix_length(slot.cache, prompt) if slot.adapters == adapters else 0)
@@ -205,7 +221,7 @@ def choose_slot(
         ((-runs(s), mine, -s.last_used, s) for s, mine in shared),
         key=lambda item: item[:3],
     )
-    return slot, min(reuse, len(prompt) - 1)
+    return slot, max(0, min(reuse, len(prompt) - fresh_tokens(adapters)))
 
 
 @dataclass(frozen=True)
@@ -221,7 +237,7 @@ class PrefixSource:
 def prefix_source(slot: Slot, slots: Iterable[Slot], prompt: Sequence[int]) -> PrefixSource | None:
     """The other sequence sharing the most of ``prompt`` beyond what ``slot`` holds (cells
     computed with the slot's adapter set only)."""
-    limit = len(prompt) - 1
+    limit = len(prompt) - fresh_tokens(slot.adapters)
     best: PrefixSource | None = None
     held = len(slot.cache)
     for other in slots:
@@ -238,7 +254,7 @@ def should_wait_for(slot: Slot, prefilling: Iterable[Slot]) -> bool:
     to matter): then waiting a step and copying it beats computing it twice."""
     job = slot.job
     assert job is not None
-    limit = len(job.prompt) - 1
+    limit = len(job.prompt) - fresh_tokens(slot.adapters)
     for other in prefilling:
         if other is slot or other.job is None or other.job.arrived >= job.arrived:
             continue

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from ..engine.model import LlamaModel
-from ..engine.slots import Slot, common_prefix_length
+from ..engine.slots import Slot, common_prefix_length, fresh_tokens
 from .prefixcache import PrefixCache
 
 __all__ = ["MIN_SAVED_TOKENS", "PrefixTiers"]
@@ -100,7 +100,7 @@ class PrefixTiers:
         if found is None:
             return reuse
         length, key = found
-        length = min(length, len(prompt) - 1)
+        length = min(length, len(prompt) - fresh_tokens(adapters))
         # A prefix another slot holds is shared into this one by _share_prefixes (with KV
         # streams only once it adds _least_shared tokens; it is counted here either way).
         in_context = max(
