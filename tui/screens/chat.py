@@ -29,6 +29,7 @@ from ..widgets.message import MessageView, ThrottledMarkdownStream
 from ..widgets.prompt import PromptArea
 from ..widgets.status import StatusBar
 from .base import MainScreen
+from .branches import Branches
 from .chat_tools import ChatTools, loop_messages, tool_view
 from .dialogs import ChatOptionsDialog, ConfirmDialog
 
@@ -63,8 +64,8 @@ class Transcript(VerticalScroll):
         self.anchor()
 
 
-def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
-    author = "You" if message.role == "user" else (chat.model or "assistant")
+def _view_for(chat: Chat, message: StoredMessage, branch: str | None = None) -> MessageView:
+    author = "You" if message.role == "user" else (message.model or chat.model or "assistant")
     return MessageView(
         message.role,
         message.content,
@@ -72,6 +73,8 @@ def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
         stats=message.stats,
         thinking=message.thinking,
         attachments=[image.name for image in message.images],
+        message_id=message.id,
+        branch=chat.branch_label(message) if branch is None else branch,
     )
 
 
@@ -113,6 +116,12 @@ class ChatScreen(MainScreen):
         Binding("f8", "delete_chat", "Delete", id="chat.delete"),
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
+        Binding("ctrl+r", "regenerate", "Regenerate", id="chat.regenerate"),
+        Binding("ctrl+b", "edit", "Edit", id="chat.edit"),
+        Binding("alt+left", "branch(-1)", "Branch ◀", id="chat.branch_previous"),
+        Binding("alt+right", "branch(1)", "Branch ▶", id="chat.branch_next"),
+        Binding("alt+up", "select(-1)", "Pick message above", show=False, id="chat.select_up"),
+        Binding("alt+down", "select(1)", "Pick message below", show=False, id="chat.select_down"),
     ]
 
     answering: reactive[bool] = reactive(False)
@@ -132,6 +141,8 @@ class ChatScreen(MainScreen):
         """Images attached (``/image PATH`` or a pasted path) for the next message."""
         self.tools = ChatTools(self)
         """The MCP servers, tools, prompts and resources of the chats."""
+        self.branches = Branches(self)
+        """Regenerate, edit and the branches of the chats."""
         self._starting: set[int] = set()
 
     def compose(self) -> ComposeResult:
@@ -314,9 +325,17 @@ class ChatScreen(MainScreen):
     # -- asking and answering -----------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Show Stop only while an answer streams."""
+        """Show Stop only while an answer streams (or a question is edited), the branch keys
+        where there are branches, Regenerate and Edit once there is something to redo."""
+        chat = self.current
         if action == "stop":
-            return self.answering
+            return self.answering or self.branches.editing is not None
+        if action == "branch":
+            return self.branches.has_branches(chat)
+        if action in ("regenerate", "edit"):
+            if chat is None or not any(m.role == "user" for m in chat.messages):
+                return False
+            return None if self.answering else True  # shown, greyed while answering
         return True
 
     def watch_answering(self) -> None:
@@ -353,8 +372,13 @@ class ChatScreen(MainScreen):
         label = self.query_one("#attachments", Label)
         names = [f"🖼 {image.name}" for image in self.attachments]
         names += [f"📎 {uri}" for uri, _ in self.tools.resources]
-        label.update(f"{', '.join(names)} (sent with your next message)" if names else "")
-        label.display = bool(names)
+        text = f"{', '.join(names)} (sent with your next message)" if names else ""
+        if self.branches.editing is not None:
+            text = "Editing: Enter sends it as a new branch (the old one is kept), Esc cancels" + (
+                f" · {text}" if text else ""
+            )
+        label.update(text)
+        label.display = bool(text)
 
     async def _take_images(self, text: str) -> str | None:
         """``/image PATH`` or image paths typed or pasted into ``text`` become attachments;
@@ -408,19 +432,41 @@ class ChatScreen(MainScreen):
             self._starting.discard(chat.id)
         self.query_one("#prompt", PromptArea).clear()
         text = self.tools.take_resources(text)
+        await self.branches.fork(chat)
         question = StoredMessage("user", text, images=self.attachments)
         self.attachments = []
         self.show_attachments()
+        branch = self.branches.new_label(chat, chat.head)
         chat.messages.append(question)
         if chat.title == _NEW_CHAT:
             chat.title = chat_title(text)
             self.query_one("#chat-list", OptionList).replace_option_prompt(str(chat.id), chat.title)
             await asyncio.to_thread(self.llm.chats.update_chat, chat)
         await asyncio.to_thread(self.llm.chats.add_message, chat.id, question)
+        self.branches.selected = None  # the picked message was for what came before
+        self.branches.show_selection(chat)
         transcript = self.transcript(chat)
         view = MessageView("assistant", author=chat.model)
-        await transcript.mount_all([_view_for(chat, question), view])
+        await transcript.mount_all([_view_for(chat, question, branch), view])
         transcript.anchor()
+        self._start_answer(chat, view, tools)
+        return True
+
+    async def answer_last(self, chat: Chat, tools: bool = True) -> None:
+        """Answer the last question on ``chat``'s branch on screen again: a new answer, the
+        next branch beside the others (Regenerate)."""
+        assert chat.model is not None
+        offered = await self.tools.offer(chat) if tools else []
+        view = MessageView(
+            "assistant", author=chat.model, branch=self.branches.new_label(chat, chat.head)
+        )
+        transcript = self.transcript(chat)
+        await transcript.mount(view)
+        transcript.anchor()
+        self._start_answer(chat, view, offered)
+
+    def _start_answer(self, chat: Chat, view: MessageView, tools: list[Any]) -> None:
+        assert chat.model is not None
         answering = (
             self._answer_with_tools(chat, view, tools)
             if tools
@@ -430,12 +476,58 @@ class ChatScreen(MainScreen):
             answering, name=f"answer-{chat.id}", group="answers"
         )
         self.answering = True
-        return True
 
     def action_stop(self) -> None:
-        """Stop the current chat's answer (what came so far is kept)."""
+        """Stop the current chat's answer (what came so far is kept), or stop editing."""
         if self.current is not None and (worker := self.answers.get(self.current.id)):
             worker.cancel()
+        elif self.branches.editing is not None:
+            self.branches.editing = None
+            self.query_one("#prompt", PromptArea).clear()
+            self.show_attachments()
+
+    # -- branches -------------------------------------------------------------------------
+
+    async def action_regenerate(self) -> None:
+        """Answer the last question again, as a new branch (the old answer is kept)."""
+        await self.branches.regenerate()
+
+    def action_edit(self) -> None:
+        """Put the picked question (or the last) into the message box: what is sent then
+        forks the chat there (the old branch is kept)."""
+        message = self.branches.edit()
+        if message is None:
+            return
+        prompt = self.query_one("#prompt", PromptArea)
+        prompt.text = message.content
+        prompt.move_cursor(prompt.document.end)
+        self.attachments = list(message.images)
+        self.show_attachments()
+        self.refresh_bindings()
+        prompt.focus()
+
+    async def action_branch(self, step: int) -> None:
+        """Show the previous (-1) or next (+1) branch where the picked message (or the last
+        that has branches) parts."""
+        await self.branches.switch(step)
+
+    def action_select(self, step: int) -> None:
+        """Pick the message above (-1) or below (+1), for Edit and the branch keys."""
+        self.branches.select(step)
+
+    async def rebuild_transcript(self, chat: Chat) -> None:
+        """Show ``chat``'s branch on screen again, from scratch (after a switch or a cut)."""
+        switcher = self.query_one("#transcripts", ContentSwitcher)
+        await settle(self.transcript(chat).remove())
+        await switcher.mount(Transcript(chat))
+        if self.current is chat:
+            switcher.current = None  # the same id again: shown only when it changes
+            switcher.current = f"chat-{chat.id}"
+        else:
+            self.transcript(chat).display = False
+        self.branches.show_selection(chat)
+        self.refresh_bindings()
+        self.query_one("#prompt").focus()  # the transcript that had it is gone
 
     async def _answer(
         self, chat: Chat, model: str, messages: list[dict[str, Any]], view: MessageView
@@ -508,6 +600,9 @@ class ChatScreen(MainScreen):
                 for message in saved:
                     chat.messages.append(message)
                     await asyncio.to_thread(self.llm.chats.add_message, chat.id, message)
+                if saved and events.view is view:
+                    view.message_id = saved[0].id
+                self._saved(chat)
             finally:
                 self.answers.pop(chat.id, None)
                 if self.current is chat:
@@ -526,6 +621,8 @@ class ChatScreen(MainScreen):
             if answer.content or answer.thinking or "error" not in stats:
                 chat.messages.append(answer)
                 await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
+                view.message_id = answer.id
+                self._saved(chat)
             # Shows the whole answer in the full Markdown view: rendered once, at the end.
             for stream in streams:
                 await stream.stop()
@@ -534,6 +631,12 @@ class ChatScreen(MainScreen):
             self.answers.pop(chat.id, None)
             if self.current is chat:
                 self.answering = False
+
+    def _saved(self, chat: Chat) -> None:
+        """A message was saved: the headers' ``n/N`` and the keys that apply may change."""
+        if self.is_mounted and self.query(f"#chat-{chat.id}"):
+            self.branches.labels(chat)
+            self.refresh_bindings()
 
     async def on_unmount(self) -> None:
         """Stop the answers still streaming, so what came so far is saved before exit."""
