@@ -28,6 +28,7 @@ from .screens.bench import BenchScreen
 from .screens.chat import ChatScreen
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
+from .screens.library import PromptLibrary
 from .screens.models import ModelsScreen
 from .widgets.prompt import PromptArea
 
@@ -179,6 +180,7 @@ class LocalLLMApp(App[None]):
         sections: list[tuple[str, list[BindingType]]] = [
             ("Everywhere", [b for b in self.BINDINGS if b not in bench_key]),
             ("Chat", [*ChatScreen.BINDINGS, *PromptArea.BINDINGS]),
+            ("Prompt library (Ctrl+S)", list(PromptLibrary.BINDINGS)),
             ("Models", list(ModelsScreen.BINDINGS)),
             ("Dashboard", list(DashboardScreen.BINDINGS)),
             ("Bench", [*bench_key, *BenchScreen.BINDINGS]),

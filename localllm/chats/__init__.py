@@ -5,8 +5,12 @@ Markdown or OpenAI's messages (:mod:`.export`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from localllm._exceptions import LocalLLMError
 
 from .export import EXPORT_FORMATS, export_chat, to_markdown, to_openai
 from .model import Attachment, Chat, StoredMessage
@@ -23,6 +27,11 @@ from .store import (
 if TYPE_CHECKING:
     from localllm.settings import Settings
 
+
+class NoChatsError(LocalLLMError, FileNotFoundError):
+    """The data dir has no chat database yet."""
+
+
 __all__ = [
     "DB_NAME",
     "EXPORT_FORMATS",
@@ -30,6 +39,7 @@ __all__ = [
     "Chat",
     "ChatNotFoundError",
     "ChatStore",
+    "NoChatsError",
     "PromptNameError",
     "PromptNotFoundError",
     "SavedPrompt",
@@ -37,6 +47,7 @@ __all__ = [
     "StoredMessage",
     "chat_db_path",
     "export_chat",
+    "open_store",
     "to_markdown",
     "to_openai",
 ]
@@ -45,3 +56,19 @@ __all__ = [
 def chat_db_path(settings: Settings) -> Path:
     """Where the chats and the prompt library are kept."""
     return settings.data_dir / DB_NAME
+
+
+@contextmanager
+def open_store(settings: Settings) -> Iterator[ChatStore]:
+    """The chat database of ``settings``' data dir, for one command (closed after);
+    :class:`NoChatsError` when the terminal UI never wrote one there."""
+    path = chat_db_path(settings)
+    if not path.exists():
+        raise NoChatsError(
+            f"no saved chats or prompts in {path.parent} yet (`localllm tui` keeps them)"
+        )
+    store = ChatStore(path)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -32,6 +32,7 @@ from .base import MainScreen
 from .branches import Branches
 from .chat_tools import ChatTools, loop_messages, tool_view
 from .dialogs import ChatOptionsDialog, ConfirmDialog
+from .library import PromptLibrary
 
 __all__ = ["ChatScreen", "Transcript"]
 
@@ -116,6 +117,7 @@ class ChatScreen(MainScreen):
         Binding("f8", "delete_chat", "Delete", id="chat.delete"),
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
+        Binding("ctrl+s", "prompts", "Prompts", id="chat.prompts"),
         Binding("ctrl+r", "regenerate", "Regenerate", id="chat.regenerate"),
         Binding("ctrl+b", "edit", "Edit", id="chat.edit"),
         Binding("alt+left", "branch(-1)", "Branch ◀", id="chat.branch_previous"),
@@ -292,6 +294,20 @@ class ChatScreen(MainScreen):
         chat.system, chat.options, chat.think = result
         await asyncio.to_thread(self.llm.chats.update_chat, chat)
         self.query_one("#chat-options", Label).update(_options_summary(chat))
+
+    @work(exclusive=True, group="dialog")
+    async def action_prompts(self) -> None:
+        """Open the library of saved system prompts; the one picked becomes the chat's."""
+        chat = self.current
+        if chat is None:
+            return
+        picked = await self.app.push_screen_wait(PromptLibrary(self.llm.chats, chat.system))
+        if picked is None:
+            return
+        chat.system = picked.text
+        await asyncio.to_thread(self.llm.chats.update_chat, chat)
+        self.query_one("#chat-options", Label).update(_options_summary(chat))
+        self.notify(f"This chat's system prompt is now “{picked.name}”")
 
     @work(exclusive=True, group="dialog")
     async def action_tools(self) -> None:
