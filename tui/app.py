@@ -27,6 +27,7 @@ from .chats import DB_NAME, ChatStore
 from .screens.bench import BenchScreen
 from .screens.chat import ChatScreen
 from .screens.dashboard import DashboardScreen
+from .screens.find import SearchDialog
 from .screens.help import HelpScreen
 from .screens.library import PromptLibrary
 from .screens.models import ModelsScreen
@@ -181,6 +182,7 @@ class LocalLLMApp(App[None]):
             ("Everywhere", [b for b in self.BINDINGS if b not in bench_key]),
             ("Chat", [*ChatScreen.BINDINGS, *PromptArea.BINDINGS]),
             ("Prompt library (Ctrl+S)", list(PromptLibrary.BINDINGS)),
+            ("Search (Ctrl+F)", list(SearchDialog.BINDINGS)),
             ("Models", list(ModelsScreen.BINDINGS)),
             ("Dashboard", list(DashboardScreen.BINDINGS)),
             ("Bench", [*bench_key, *BenchScreen.BINDINGS]),

@@ -20,9 +20,10 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker
 
 from localllm._exceptions import DaemonError
+from localllm.chats import EXPORT_FORMATS
 from localllm.images import ImageError, ImageLimits, check_image, encode_image, extract_image_paths
 
-from ..chats import Attachment, Chat, StoredMessage
+from ..chats import Attachment, Chat, SearchHit, StoredMessage
 from ..dom import settle
 from ..format import chat_title
 from ..widgets.message import MessageView, ThrottledMarkdownStream
@@ -32,6 +33,7 @@ from .base import MainScreen
 from .branches import Branches
 from .chat_tools import ChatTools, loop_messages, tool_view
 from .dialogs import ChatOptionsDialog, ConfirmDialog
+from .find import ExportDialog, SearchDialog, default_export_path, write_export
 from .library import PromptLibrary
 
 __all__ = ["ChatScreen", "Transcript"]
@@ -118,6 +120,8 @@ class ChatScreen(MainScreen):
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
         Binding("ctrl+s", "prompts", "Prompts", id="chat.prompts"),
+        Binding("ctrl+f", "search", "Search", id="chat.search"),
+        Binding("f10", "export", "Export", id="chat.export"),
         Binding("ctrl+r", "regenerate", "Regenerate", id="chat.regenerate"),
         Binding("ctrl+b", "edit", "Edit", id="chat.edit"),
         Binding("alt+left", "branch(-1)", "Branch ◀", id="chat.branch_previous"),
@@ -310,6 +314,72 @@ class ChatScreen(MainScreen):
         self.notify(f"This chat's system prompt is now “{picked.name}”")
 
     @work(exclusive=True, group="dialog")
+    async def action_search(self, text: str = "") -> None:
+        """Search every chat's messages; the one picked is shown on its branch."""
+        hit = await self.app.push_screen_wait(SearchDialog(self.llm.chats, text))
+        if hit is not None:
+            await self.open_hit(hit)
+
+    async def open_hit(self, hit: SearchHit) -> None:
+        """Show the chat of ``hit`` on the branch of its message, the message picked."""
+        chat = self.chats.get(hit.chat_id)
+        if chat is None:
+            return
+        if chat is not self.current:
+            await self.show_chat(chat)
+        message = next((m for m in chat.all_messages() if m.id == hit.message_id), None)
+        if message is None:
+            return
+        if message not in chat.messages:
+            if chat.id in self.answers:
+                self.notify("Its branch shows once the answer ends", severity="warning")
+                return
+            chat.show_branch(chat.leaf_under(message).id)
+            await asyncio.to_thread(self.llm.chats.set_head, chat.id, chat.head)
+            await self.rebuild_transcript(chat)
+        self.branches.selected = message.id
+        self.branches.show_selection(chat)
+
+    @work(exclusive=True, group="dialog")
+    async def action_export(self) -> None:
+        """Export the branch on screen to Markdown or to JSON (OpenAI messages)."""
+        chat = self.current
+        if chat is None:
+            return
+        chosen = await self.app.push_screen_wait(ExportDialog(chat))
+        if chosen is not None:
+            await self.export(chat, *chosen)
+
+    async def export(self, chat: Chat, form: str, path: Path) -> bool:
+        """Write ``chat``'s branch on screen to ``path``; says where, or why not."""
+        try:
+            written = await write_export(chat, form, path)
+        except OSError as exc:
+            self.notify(f"Cannot write {path}: {exc.strerror or exc}", severity="error")
+            return False
+        self.notify(f"Exported {len(chat.messages)} messages to {written}", markup=False)
+        return True
+
+    async def _command(self, chat: Chat, text: str) -> bool:
+        """``/search [TEXT]`` and ``/export [md|json] [PATH]``; False for other text."""
+        word, _, rest = text.partition(" ")
+        if word == "/search":
+            self.action_search(rest.strip())
+        elif word == "/export":
+            form, _, path = rest.strip().partition(" ")
+            if form and form not in EXPORT_FORMATS:
+                self.notify("Usage: /export [md|json] [PATH]", severity="warning")
+                return True
+            form = form or "md"
+            await self.export(
+                chat, form, Path(path.strip()) if path.strip() else default_export_path(chat, form)
+            )
+        else:
+            return False
+        self.query_one("#prompt", PromptArea).clear()
+        return True
+
+    @work(exclusive=True, group="dialog")
     async def action_tools(self) -> None:
         """Choose the current chat's MCP servers and tools."""
         chat = self.current
@@ -423,6 +493,8 @@ class ChatScreen(MainScreen):
         chat = self.current
         text = text.strip()
         if chat is None or not text:
+            return False
+        if await self._command(chat, text):
             return False
         if text.startswith("/") and not text.startswith("/image") and chat.id not in self.answers:
             self.query_one("#prompt", PromptArea).clear()
