@@ -26,6 +26,7 @@ from localllm.settings import Settings
 from .chats import DB_NAME, ChatStore
 from .screens.bench import BenchScreen
 from .screens.chat import ChatScreen
+from .screens.compare import CompareScreen
 from .screens.dashboard import DashboardScreen
 from .screens.find import SearchDialog
 from .screens.help import HelpScreen
@@ -183,6 +184,7 @@ class LocalLLMApp(App[None]):
             ("Chat", [*ChatScreen.BINDINGS, *PromptArea.BINDINGS]),
             ("Prompt library (Ctrl+S)", list(PromptLibrary.BINDINGS)),
             ("Search (Ctrl+F)", list(SearchDialog.BINDINGS)),
+            ("Compare (F12)", list(CompareScreen.BINDINGS)),
             ("Models", list(ModelsScreen.BINDINGS)),
             ("Dashboard", list(DashboardScreen.BINDINGS)),
             ("Bench", [*bench_key, *BenchScreen.BINDINGS]),

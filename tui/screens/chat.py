@@ -32,6 +32,7 @@ from ..widgets.status import StatusBar
 from .base import MainScreen
 from .branches import Branches
 from .chat_tools import ChatTools, loop_messages, tool_view
+from .compare import Compared, CompareScreen
 from .dialogs import ChatOptionsDialog, ConfirmDialog
 from .find import ExportDialog, SearchDialog, default_export_path, write_export
 from .library import PromptLibrary
@@ -122,6 +123,7 @@ class ChatScreen(MainScreen):
         Binding("ctrl+s", "prompts", "Prompts", id="chat.prompts"),
         Binding("ctrl+f", "search", "Search", id="chat.search"),
         Binding("f10", "export", "Export", id="chat.export"),
+        Binding("f12", "compare", "Compare", id="chat.compare"),
         Binding("ctrl+r", "regenerate", "Regenerate", id="chat.regenerate"),
         Binding("ctrl+b", "edit", "Edit", id="chat.edit"),
         Binding("alt+left", "branch(-1)", "Branch ◀", id="chat.branch_previous"),
@@ -314,6 +316,46 @@ class ChatScreen(MainScreen):
         self.notify(f"This chat's system prompt is now “{picked.name}”")
 
     @work(exclusive=True, group="dialog")
+    async def action_compare(self) -> None:
+        """Ask two or three models the message box's question at once, side by side; the
+        answer picked continues the chat, the others are kept as its branches."""
+        chat = self.current
+        if chat is None:
+            return
+        if chat.id in self.answers:
+            self.notify("Wait for the answer, or press Esc to stop it", severity="warning")
+            return
+        if not chat.model or len(self.models) < 2:
+            self.notify("Comparing needs a model picked and another one in the store")
+            return
+        prompt = self.query_one("#prompt", PromptArea)
+        screen = CompareScreen(self.llm.client, chat, self.models, prompt.text.strip())
+        result = await self.app.push_screen_wait(screen)
+        if result is not None:
+            prompt.clear()
+            await self.keep_compared(chat, result)
+
+    async def keep_compared(self, chat: Chat, result: Compared) -> None:
+        """Save the compared question and every answer (as branches under it); the picked
+        one is on screen, and the chat goes on from it."""
+        store = self.llm.chats
+        question = await asyncio.to_thread(
+            store.add_message, chat.id, StoredMessage("user", result.question)
+        )
+        for answer in result.answers:
+            await asyncio.to_thread(store.add_message, chat.id, answer, parent=question.id)
+        picked = result.answers[result.picked]
+        await asyncio.to_thread(store.set_head, chat.id, picked.id)
+        chat.messages.append(question)
+        chat.others.extend(result.answers)
+        chat.show_branch(picked.id)
+        if chat.title == _NEW_CHAT:
+            chat.title = chat_title(result.question)
+            self.query_one("#chat-list", OptionList).replace_option_prompt(str(chat.id), chat.title)
+            await asyncio.to_thread(store.update_chat, chat)
+        await self.rebuild_transcript(chat)
+
+    @work(exclusive=True, group="dialog")
     async def action_search(self, text: str = "") -> None:
         """Search every chat's messages; the one picked is shown on its branch."""
         hit = await self.app.push_screen_wait(SearchDialog(self.llm.chats, text))
@@ -363,6 +405,10 @@ class ChatScreen(MainScreen):
     async def _command(self, chat: Chat, text: str) -> bool:
         """``/search [TEXT]`` and ``/export [md|json] [PATH]``; False for other text."""
         word, _, rest = text.partition(" ")
+        if word == "/compare":
+            self.query_one("#prompt", PromptArea).text = rest.strip()
+            self.action_compare()
+            return True
         if word == "/search":
             self.action_search(rest.strip())
         elif word == "/export":

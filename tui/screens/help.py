@@ -22,7 +22,7 @@ _ABOUT = (
     "/image PATH attaches a picture for models that see. MCP servers' tools are asked about "
     "in the chat; /tools, /prompts, /resource URI. Chats are kept with every branch: Ctrl+R "
     "answers again, Ctrl+B edits a question, Alt+arrows pick a message and switch branches; "
-    "/search TEXT finds, /export md|json [PATH] writes the branch on screen, /compare MODEL "
+    "/search TEXT finds, /export md|json [PATH] writes the branch on screen, /compare (F12) "
     "asks two or three models at once. Models manages the store; Dashboard shows each loaded "
     "model live. Ctrl+P: command palette."
 )
