@@ -1,7 +1,8 @@
 """Settings: the one place that reads ``LOCALLLM_*`` environment variables.
 
 Every setting is a typed field with a default and a description, so this module is its own
-documentation (``localllm settings`` could print it; the README's table is generated from it).
+documentation (``localllm settings`` could print it; the table in docs/configuration.md is
+checked against it).
 Nothing else in localllm reads the environment; everything receives a :class:`Settings`.
 """
 

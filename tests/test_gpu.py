@@ -294,7 +294,7 @@ TOP5_TOLERANCE = 0.25
 of the most likely token, and of any of the top 5. The kernels differ by more than their last
 bits: for Q4_1 weights llama.cpp's CPU backend quantizes the activations to 8 bits (Q8_1)
 before its dot products, while the Vulkan shaders here multiply in F32. Measured on lavapipe
-with the starter: top token within 0.005 nats, the top 5 within 0.17 (the README)."""
+with the starter: top token within 0.005 nats, the top 5 within 0.17 (docs/gpu.md)."""
 
 
 def _first_tokens(harness: RunnerHarness, prompt: str) -> tuple[str, dict[str, float]]:

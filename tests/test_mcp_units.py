@@ -174,13 +174,16 @@ def test_prompt_arguments() -> None:
     assert _prompt_arguments("", ["a"]) == {}
 
 
-def test_the_readme_documents_the_settings_and_the_config_shape() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_docs_document_the_settings_and_the_config_shape() -> None:
+    root = Path(__file__).parent.parent
+    configuration = (root / "docs" / "configuration.md").read_text()
     for variable in (
         "LOCALLLM_MCP_CONFIG",
         "LOCALLLM_MCP_TIMEOUT",
         "LOCALLLM_MCP_MAX_RESULT",
         "LOCALLLM_MCP_MAX_STEPS",
     ):
-        assert f"| `{variable}` |" in readme
-    assert "## Tools (MCP)" in readme and '"mcpServers"' in readme
+        assert f"| `{variable}` |" in configuration
+    tools = (root / "docs" / "tools.md").read_text()
+    assert tools.startswith("# Tools (MCP)\n") and '"mcpServers"' in tools
+    assert "(docs/tools.md)" in (root / "README.md").read_text()

@@ -20,13 +20,12 @@ import pytest
 from runner_harness import RunnerHarness, greedy
 from test_fault_support import is_json_prefix
 
+from localllm.daemon.devices import backends, cpu
 from localllm.daemon.runner import (
     GenerationRequest,
     RunnerConfig,
     RunnerError,
     SamplingOptions,
-    backends,
-    cpu,
 )
 
 pytestmark = pytest.mark.slow

@@ -237,7 +237,7 @@ def _device_lines(llama: dict[str, Any]) -> list[str]:
         lines.append(
             "  GPU offload: no: this llama-cpp-python has no GPU backend; "
             f"`{llama.get('gpu_build', 'scripts/gpu-build.sh vulkan VENV')}` builds one "
-            "(README: GPU)"
+            "(docs/gpu.md)"
         )
     else:
         backends = ", ".join(b for b in llama["backends"] if b not in ("CPU", "RPC"))

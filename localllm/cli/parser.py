@@ -33,7 +33,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
         prog="localllm",
         description="Run large language models locally: pull, quantize, serve, chat.",
         epilog="Environment: LOCALLLM_HOME, LOCALLLM_HOST, LOCALLLM_KEEP_ALIVE, ... "
-        "(see the README).",
+        "(see docs/configuration.md).",
     )
     parser.add_argument("-v", "--version", action="store_true", help="show the version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

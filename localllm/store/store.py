@@ -7,7 +7,7 @@
     <root>/partial/                                        work in progress, never a blob
     <root>/locks/                                          one lock file per model name
 
-What the store promises (the README's reliability section says it for users):
+What the store promises (docs/store.md says it for users):
 
 * **Every change is a transaction** (:meth:`Store.transaction`): its blobs are written to a
   temporary name in ``partial/``, fsynced and renamed by digest; its manifest is written last,
