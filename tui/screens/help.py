@@ -18,13 +18,10 @@ __all__ = ["HelpScreen", "bindings_table"]
 
 _ABOUT = (
     "localllm talks to the local daemon (started if none runs). Chat streams answers with "
-    "their timings: TTFT, prefill and decode speed, prompt tokens reused from the cache; "
-    "/image PATH attaches a picture for models that see. MCP servers' tools are asked about "
-    "in the chat; /tools, /prompts, /resource URI. Chats are kept with every branch: Ctrl+R "
-    "answers again, Ctrl+B edits a question, Alt+arrows pick a message and switch branches; "
-    "/search TEXT finds, /export md|json [PATH] writes the branch on screen, /compare (F12) "
-    "asks two or three models at once. Models manages the store; Dashboard shows each loaded "
-    "model live. Ctrl+P: command palette."
+    "their timings (TTFT, prefill and decode speed, cached tokens) and keeps every branch; "
+    "/image PATH, /search TEXT, /export md|json, /compare; MCP's /tools, /prompts, "
+    "/resource URI. Models manages the store; Dashboard shows each loaded model live. "
+    "Ctrl+P: command palette."
 )
 
 
