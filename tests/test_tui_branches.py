@@ -71,6 +71,18 @@ def footer(app: App[None]) -> list[str]:
     return [key.description for key in app.screen.query(FooterKey)]
 
 
+def help_text(app: App[None]) -> str:
+    """Everything the help lists, its pages below the first included."""
+    import io
+
+    from rich.console import Console
+    from textual.widgets import Static
+
+    console = Console(width=100, file=io.StringIO(), record=True)
+    console.print(app.screen.query_one("#help-body", Static).content)
+    return console.export_text()
+
+
 def shown(screen: ChatScreen) -> list[str]:
     """The texts of the transcript on screen."""
     return [view.text for view in screen.transcript().query(MessageView)]
@@ -84,6 +96,7 @@ async def test_regenerate_switch_edit_and_fork_persist(daemon: Daemon, tmp_path:
         screen = app.screen
         assert isinstance(screen, ChatScreen) and screen.current is not None
         chat = screen.current
+        await wait_for(pilot, lambda: "New" in footer(app), "the footer")
         assert "Regenerate" not in footer(app)  # nothing to regenerate yet
 
         await pilot.press(*"Hi", "enter")
@@ -146,7 +159,7 @@ async def test_regenerate_switch_edit_and_fork_persist(daemon: Daemon, tmp_path:
         # every key is in the help
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
-        helped = screen_text(app)
+        helped = help_text(app)
         for description in ("Regenerate", "Edit", "Branch ◀", "Branch ▶", "Pick message above"):
             assert description in helped, description
         await pilot.press("escape")

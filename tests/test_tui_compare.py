@@ -73,7 +73,7 @@ async def test_two_models_side_by_side_and_the_picked_answer_goes_on(
             pilot, lambda: PIRATE in screen.models, f"the copy in the list: {screen.models}"
         )
         chat = screen.current
-        assert "Compare" in footer(app)
+        await wait_for(pilot, lambda: "Compare" in footer(app), "Compare in the footer")
         await pilot.press(*"Why is the sky blue?", "f12")
         compare = await wait_for(
             pilot, lambda: isinstance(app.screen, CompareScreen) and app.screen, "compare"
