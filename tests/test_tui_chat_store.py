@@ -218,3 +218,20 @@ def test_export_the_branch_on_screen(tmp_path: Path) -> None:
     with pytest.raises(ChatNotFoundError, match="no chat 9"):
         store.chat(9)
     store.close()
+
+
+def test_the_labels_of_a_transcript_agree_with_each_message_s(tmp_path: Path) -> None:
+    store = ChatStore(tmp_path / DB_NAME)
+    chat = store.create_chat("Many")
+    ids: list[int | None] = [None]
+    for i in range(60):  # every message under an earlier one: many branches, some deep
+        parent = ids[(i * 7) % len(ids)]
+        saved = store.add_message(chat.id, StoredMessage("user", str(i)), parent=parent)
+        ids.append(saved.id)
+    [chat] = store.list_chats()
+    for head in ids[1:]:
+        chat.show_branch(head)
+        labels = chat.branch_labels()
+        assert {m.id: chat.branch_label(m) for m in chat.messages if chat.branch_label(m)} == labels
+    assert any(labels.values())
+    store.close()

@@ -132,6 +132,21 @@ class Chat:
         index = next(i for i, m in enumerate(siblings) if m.id == message.id)
         return f"{index + 1}/{len(siblings)}"
 
+    def branch_labels(self) -> dict[int, str]:
+        """:meth:`branch_label` of every message on screen, by id, in one pass over the tree
+        (what a transcript shows: one label per message would walk the tree each time)."""
+        children: dict[int | None, list[int]] = {}
+        for m in self.all_messages():
+            children.setdefault(m.parent, []).append(m.id or 0)
+        labels: dict[int, str] = {}
+        for m in self.messages:
+            if m.id is None:
+                continue
+            siblings = children.get(m.parent, [])
+            if len(siblings) > 1:
+                labels[m.id] = f"{siblings.index(m.id) + 1}/{len(siblings)}"
+        return labels
+
     def leaf_under(self, message: StoredMessage) -> StoredMessage:
         """The end of the newest branch that goes through ``message``: at each step down, the
         newest child (the answer or question given last)."""

@@ -197,11 +197,10 @@ class Branches:
 
     def labels(self, chat: Chat) -> None:
         """Show every message's ``n/N`` again (after a new branch was saved)."""
-        by_id = {m.id: m for m in chat.messages}
+        labels = chat.branch_labels()
         for view in self.views(chat):
-            message = by_id.get(view.message_id)
-            if message is not None:
-                view.branch = chat.branch_label(message)
+            if view.message_id is not None:
+                view.branch = labels.get(view.message_id, "")
 
     def new_label(self, chat: Chat, parent: int | None) -> str:
         """The label of a message about to be saved under ``parent``: the last of its

@@ -55,13 +55,14 @@ class Transcript(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
+        labels = self.chat.branch_labels()
         for message in self.chat.messages:
             if message.role == "tool":
                 yield tool_view(message)
             elif message.tool and not (message.content or message.thinking):
                 continue  # a step that only called tools: its calls show as blocks
             else:
-                yield _view_for(self.chat, message)
+                yield _view_for(self.chat, message, labels.get(message.id or 0, ""))
 
     def on_mount(self) -> None:
         """Keep the newest message in view."""

@@ -274,8 +274,9 @@ class CompareScreen(ModalScreen[Compared | None]):
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
-        self.refresh_bindings()
-        self.notify("Press 1, 2 or 3 to go on with that answer (every answer is kept)")
+        if self.is_attached:  # not closed meanwhile
+            self.refresh_bindings()
+            self.notify("Press 1, 2 or 3 to go on with that answer (every answer is kept)")
 
     async def _answer(self, column: _Column, messages: list[dict[str, Any]]) -> None:
         view = column.view
