@@ -110,13 +110,11 @@ class Branches:
     def branch_point(self, chat: Chat) -> StoredMessage | None:
         """Where Alt+Left/Right switch: the picked message when it has other branches, else
         the last message on screen that has."""
+        labels = chat.branch_labels()
         index = self._on_branch(chat, self.selected)
-        if index is not None and len(chat.siblings(chat.messages[index])) > 1:
+        if index is not None and chat.messages[index].id in labels:
             return chat.messages[index]
-        for message in reversed(chat.messages):
-            if len(chat.siblings(message)) > 1:
-                return message
-        return None
+        return next((m for m in reversed(chat.messages) if m.id in labels), None)
 
     # -- the actions ----------------------------------------------------------------------
 
