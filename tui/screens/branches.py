@@ -197,8 +197,9 @@ class Branches:
         """Show every message's ``n/N`` again (after a new branch was saved)."""
         labels = chat.branch_labels()
         for view in self.views(chat):
-            if view.message_id is not None:
-                view.branch = labels.get(view.message_id, "")
+            told = view.label_of if view.label_of is not None else view.message_id
+            if told is not None:
+                view.branch = labels.get(told, "")
 
     def new_label(self, chat: Chat, parent: int | None) -> str:
         """The label of a message about to be saved under ``parent``: the last of its

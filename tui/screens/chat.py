@@ -56,13 +56,23 @@ class Transcript(VerticalScroll):
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
         labels = self.chat.branch_labels()
+        carried: int | None = None  # a branch whose first message is not shown
         for message in self.chat.messages:
             if message.role == "tool":
                 yield tool_view(message)
             elif message.tool and not (message.content or message.thinking):
-                continue  # a step that only called tools: its calls show as blocks
+                # a step that only called tools: its calls show as blocks, and the answer
+                # after them shows which branch this is
+                if message.id in labels and carried is None:
+                    carried = message.id
             else:
-                yield _view_for(self.chat, message, labels.get(message.id or 0, ""))
+                label = labels.get(message.id or 0, "")
+                told: int | None = None
+                if carried is not None and not label and message.role == "assistant":
+                    told, label, carried = carried, labels[carried], None
+                view = _view_for(self.chat, message, label)
+                view.label_of = told
+                yield view
 
     def on_mount(self) -> None:
         """Keep the newest message in view."""
@@ -737,6 +747,11 @@ class ChatScreen(MainScreen):
                     await asyncio.to_thread(self.llm.chats.add_message, chat.id, message)
                 if saved and events.view is view:
                     view.message_id = saved[0].id
+                elif saved and events.view is not None:
+                    # the first step only called tools (its box is gone): the last answer's
+                    # box tells the branch, which began with that step
+                    events.view.message_id = saved[-1].id
+                    events.view.label_of = saved[0].id
                 self._saved(chat)
             finally:
                 self.answers.pop(chat.id, None)

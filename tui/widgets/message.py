@@ -315,6 +315,9 @@ class MessageView(Vertical):
         super().__init__(classes=role)
         self.message_id = message_id
         """The saved message shown (None until it is saved)."""
+        self.label_of: int | None = None
+        """The message whose branch :attr:`branch` tells, when not this one's (an answer
+        after tool calls, whose branch began with the call)."""
         self.set_reactive(MessageView.branch, branch)
         self._author = Label(self._heading(author, branch), classes="author")
         self.attachments = list(attachments)
