@@ -147,6 +147,8 @@ class CompareScreen(ModalScreen[Compared | None]):
     }
     CompareScreen .threads {
         color: $text-muted;
+        width: 1fr;
+        height: auto;
     }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
