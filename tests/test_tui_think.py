@@ -208,7 +208,7 @@ def test_a_chat_database_from_before_thinking_opens_and_gains_it(tmp_path: Path)
     again = ChatStore(path)
     [chat] = again.list_chats()
     assert chat.think == "low" and chat.messages[-1].thinking == "Hmm."
-    assert again._run("PRAGMA user_version")[1] == [(4,)]  # 4: tool calls, MCP settings
+    assert again._run("PRAGMA user_version")[1] == [(5,)]  # 4: tool calls, MCP; 5: branches
     again.close()
 
 

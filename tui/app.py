@@ -26,8 +26,11 @@ from localllm.settings import Settings
 from .chats import DB_NAME, ChatStore
 from .screens.bench import BenchScreen
 from .screens.chat import ChatScreen
+from .screens.compare import CompareScreen
 from .screens.dashboard import DashboardScreen
+from .screens.find import SearchDialog
 from .screens.help import HelpScreen
+from .screens.library import PromptLibrary
 from .screens.models import ModelsScreen
 from .widgets.prompt import PromptArea
 
@@ -179,6 +182,9 @@ class LocalLLMApp(App[None]):
         sections: list[tuple[str, list[BindingType]]] = [
             ("Everywhere", [b for b in self.BINDINGS if b not in bench_key]),
             ("Chat", [*ChatScreen.BINDINGS, *PromptArea.BINDINGS]),
+            ("Prompt library (Ctrl+S)", list(PromptLibrary.BINDINGS)),
+            ("Search (Ctrl+F)", list(SearchDialog.BINDINGS)),
+            ("Compare (F12)", list(CompareScreen.BINDINGS)),
             ("Models", list(ModelsScreen.BINDINGS)),
             ("Dashboard", list(DashboardScreen.BINDINGS)),
             ("Bench", [*bench_key, *BenchScreen.BINDINGS]),

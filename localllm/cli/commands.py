@@ -131,5 +131,11 @@ COMMANDS: tuple[Command, ...] = (
         "doctor:add_doctor_arguments",
     ),
     Command("tui", "Open the terminal UI", "tui:cmd_tui"),
+    Command(
+        "chats",
+        "List, search and export the terminal UI's chats; list its saved system prompts",
+        "chats:cmd_chats",
+        "chats:add_chats_arguments",
+    ),
 )
 """The commands, in the order ``localllm --help`` lists them."""

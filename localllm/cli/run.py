@@ -29,6 +29,7 @@ from .session import ChatConfig, ChatSession, ensure_model
 
 if TYPE_CHECKING:
     from ..client import Think
+    from ..settings import Settings
 
 __all__ = ["THINK_VALUES", "TOOL_MODES", "add_run_arguments", "cmd_run", "think_value"]
 
@@ -85,6 +86,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         dest="think",
         action=_ThinkAction,
         help=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--system-prompt",
+        metavar="NAME",
+        help="use the saved system prompt NAME (the terminal UI's prompt library, Ctrl+S; "
+        "`localllm chats prompts` lists them)",
     )
     parser.add_argument(
         "--hidethinking",
@@ -201,6 +208,16 @@ def _tools(session: ChatSession, args: argparse.Namespace, capabilities: list[st
     return CliTools(host, required=args.tools == "required")
 
 
+def _saved_prompt(settings: Settings, name: str | None) -> str | None:
+    """The text of the saved system prompt ``name`` (None without the flag)."""
+    if name is None:
+        return None
+    from ..chats import open_store
+
+    with open_store(settings) as store:
+        return store.get_prompt(name).text
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``run MODEL [PROMPT...]``."""
     settings = load_settings()
@@ -212,6 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         wordwrap=not args.nowordwrap,
         think=think_value(args.think),
         hidethinking=args.hidethinking,
+        system=_saved_prompt(settings, args.system_prompt),
     )
     session = ChatSession(settings, connect(settings), config)
     try:

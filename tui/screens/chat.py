@@ -20,17 +20,22 @@ from textual.widgets.option_list import Option
 from textual.worker import Worker
 
 from localllm._exceptions import DaemonError
+from localllm.chats import EXPORT_FORMATS
 from localllm.images import ImageError, ImageLimits, check_image, encode_image, extract_image_paths
 
-from ..chats import Attachment, Chat, StoredMessage
+from ..chats import Attachment, Chat, SearchHit, StoredMessage
 from ..dom import settle
 from ..format import chat_title
 from ..widgets.message import MessageView, ThrottledMarkdownStream
 from ..widgets.prompt import PromptArea
 from ..widgets.status import StatusBar
 from .base import MainScreen
+from .branches import Branches
 from .chat_tools import ChatTools, loop_messages, tool_view
+from .compare import Compared, CompareScreen
 from .dialogs import ChatOptionsDialog, ConfirmDialog
+from .find import ExportDialog, SearchDialog, default_export_path, write_export
+from .library import PromptLibrary
 
 __all__ = ["ChatScreen", "Transcript"]
 
@@ -50,21 +55,32 @@ class Transcript(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
+        labels = self.chat.branch_labels()
+        carried: int | None = None  # a branch whose first message is not shown
         for message in self.chat.messages:
             if message.role == "tool":
                 yield tool_view(message)
             elif message.tool and not (message.content or message.thinking):
-                continue  # a step that only called tools: its calls show as blocks
+                # a step that only called tools: its calls show as blocks, and the answer
+                # after them shows which branch this is
+                if message.id in labels and carried is None:
+                    carried = message.id
             else:
-                yield _view_for(self.chat, message)
+                label = labels.get(message.id or 0, "")
+                told: int | None = None
+                if carried is not None and not label and message.role == "assistant":
+                    told, label, carried = carried, labels[carried], None
+                view = _view_for(self.chat, message, label)
+                view.label_of = told
+                yield view
 
     def on_mount(self) -> None:
         """Keep the newest message in view."""
         self.anchor()
 
 
-def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
-    author = "You" if message.role == "user" else (chat.model or "assistant")
+def _view_for(chat: Chat, message: StoredMessage, branch: str | None = None) -> MessageView:
+    author = "You" if message.role == "user" else (message.model or chat.model or "assistant")
     return MessageView(
         message.role,
         message.content,
@@ -72,6 +88,8 @@ def _view_for(chat: Chat, message: StoredMessage) -> MessageView:
         stats=message.stats,
         thinking=message.thinking,
         attachments=[image.name for image in message.images],
+        message_id=message.id,
+        branch=chat.branch_label(message) if branch is None else branch,
     )
 
 
@@ -108,11 +126,21 @@ class ChatScreen(MainScreen):
         Binding("ctrl+n", "new_chat", "New", id="chat.new"),
         Binding("ctrl+l", "pick_model", "Model", id="chat.model"),
         Binding("ctrl+o", "chat_options", "Options", id="chat.options"),
+        Binding("ctrl+r", "regenerate", "Regenerate", id="chat.regenerate"),
+        Binding("ctrl+b", "edit", "Edit", id="chat.edit"),
+        Binding("alt+left", "branch(-1)", "Branch ◀", id="chat.branch_previous"),
+        Binding("alt+right", "branch(1)", "Branch ▶", id="chat.branch_next"),
+        Binding("f12", "compare", "Compare", id="chat.compare"),
+        Binding("ctrl+f", "search", "Search", id="chat.search"),
+        Binding("ctrl+s", "prompts", "Prompts", id="chat.prompts"),
+        Binding("f10", "export", "Export", id="chat.export"),
         Binding("f5", "copy_answer", "Copy", id="chat.copy"),
-        Binding("ctrl+g", "tools", "Tools (MCP)", show=False, id="chat.tools"),
         Binding("f8", "delete_chat", "Delete", id="chat.delete"),
+        Binding("ctrl+g", "tools", "Tools (MCP)", show=False, id="chat.tools"),
         Binding("ctrl+up", "switch_chat(-1)", "Previous chat", show=False, id="chat.previous"),
         Binding("ctrl+down", "switch_chat(1)", "Next chat", show=False, id="chat.next"),
+        Binding("alt+up", "select(-1)", "Pick message above", show=False, id="chat.select_up"),
+        Binding("alt+down", "select(1)", "Pick message below", show=False, id="chat.select_down"),
     ]
 
     answering: reactive[bool] = reactive(False)
@@ -132,6 +160,8 @@ class ChatScreen(MainScreen):
         """Images attached (``/image PATH`` or a pasted path) for the next message."""
         self.tools = ChatTools(self)
         """The MCP servers, tools, prompts and resources of the chats."""
+        self.branches = Branches(self)
+        """Regenerate, edit and the branches of the chats."""
         self._starting: set[int] = set()
 
     def compose(self) -> ComposeResult:
@@ -283,6 +313,130 @@ class ChatScreen(MainScreen):
         self.query_one("#chat-options", Label).update(_options_summary(chat))
 
     @work(exclusive=True, group="dialog")
+    async def action_prompts(self) -> None:
+        """Open the library of saved system prompts; the one picked becomes the chat's."""
+        chat = self.current
+        if chat is None:
+            return
+        picked = await self.app.push_screen_wait(PromptLibrary(self.llm.chats, chat.system))
+        if picked is None:
+            return
+        chat.system = picked.text
+        await asyncio.to_thread(self.llm.chats.update_chat, chat)
+        self.query_one("#chat-options", Label).update(_options_summary(chat))
+        self.notify(f"This chat's system prompt is now “{picked.name}”")
+
+    @work(exclusive=True, group="dialog")
+    async def action_compare(self) -> None:
+        """Ask two or three models the message box's question at once, side by side; the
+        answer picked continues the chat, the others are kept as its branches."""
+        chat = self.current
+        if chat is None:
+            return
+        if chat.id in self.answers:
+            self.notify("Wait for the answer, or press Esc to stop it", severity="warning")
+            return
+        if not chat.model or len(self.models) < 2:
+            self.notify("Comparing needs a model picked and another one in the store")
+            return
+        prompt = self.query_one("#prompt", PromptArea)
+        screen = CompareScreen(self.llm.client, chat, self.models, prompt.text.strip())
+        result = await self.app.push_screen_wait(screen)
+        if result is not None:
+            prompt.clear()
+            await self.keep_compared(chat, result)
+
+    async def keep_compared(self, chat: Chat, result: Compared) -> None:
+        """Save the compared question and every answer (as branches under it); the picked
+        one is on screen, and the chat goes on from it."""
+        store = self.llm.chats
+        question = await asyncio.to_thread(
+            store.add_message, chat.id, StoredMessage("user", result.question)
+        )
+        for answer in result.answers:
+            await asyncio.to_thread(store.add_message, chat.id, answer, parent=question.id)
+        picked = result.answers[result.picked]
+        await asyncio.to_thread(store.set_head, chat.id, picked.id)
+        chat.messages.append(question)
+        chat.others.extend(result.answers)
+        chat.show_branch(picked.id)
+        if chat.title == _NEW_CHAT:
+            chat.title = chat_title(result.question)
+            self.query_one("#chat-list", OptionList).replace_option_prompt(str(chat.id), chat.title)
+            await asyncio.to_thread(store.update_chat, chat)
+        await self.rebuild_transcript(chat)
+
+    @work(exclusive=True, group="dialog")
+    async def action_search(self, text: str = "") -> None:
+        """Search every chat's messages; the one picked is shown on its branch."""
+        hit = await self.app.push_screen_wait(SearchDialog(self.llm.chats, text))
+        if hit is not None:
+            await self.open_hit(hit)
+
+    async def open_hit(self, hit: SearchHit) -> None:
+        """Show the chat of ``hit`` on the branch of its message, the message picked."""
+        chat = self.chats.get(hit.chat_id)
+        if chat is None:
+            return
+        if chat is not self.current:
+            await self.show_chat(chat)
+        message = next((m for m in chat.all_messages() if m.id == hit.message_id), None)
+        if message is None:
+            return
+        if message not in chat.messages:
+            if chat.id in self.answers:
+                self.notify("Its branch shows once the answer ends", severity="warning")
+                return
+            chat.show_branch(chat.leaf_under(message).id)
+            await asyncio.to_thread(self.llm.chats.set_head, chat.id, chat.head)
+            await self.rebuild_transcript(chat)
+        self.branches.selected = message.id
+        self.branches.show_selection(chat)
+
+    @work(exclusive=True, group="dialog")
+    async def action_export(self) -> None:
+        """Export the branch on screen to Markdown or to JSON (OpenAI messages)."""
+        chat = self.current
+        if chat is None:
+            return
+        chosen = await self.app.push_screen_wait(ExportDialog(chat))
+        if chosen is not None:
+            await self.export(chat, *chosen)
+
+    async def export(self, chat: Chat, form: str, path: Path) -> bool:
+        """Write ``chat``'s branch on screen to ``path``; says where, or why not."""
+        try:
+            written = await write_export(chat, form, path)
+        except OSError as exc:
+            self.notify(f"Cannot write {path}: {exc.strerror or exc}", severity="error")
+            return False
+        self.notify(f"Exported {len(chat.messages)} messages to {written}", markup=False)
+        return True
+
+    async def _command(self, chat: Chat, text: str) -> bool:
+        """``/search [TEXT]`` and ``/export [md|json] [PATH]``; False for other text."""
+        word, _, rest = text.partition(" ")
+        if word == "/compare":
+            self.query_one("#prompt", PromptArea).text = rest.strip()
+            self.action_compare()
+            return True
+        if word == "/search":
+            self.action_search(rest.strip())
+        elif word == "/export":
+            form, _, path = rest.strip().partition(" ")
+            if form and form not in EXPORT_FORMATS:
+                self.notify("Usage: /export [md|json] [PATH]", severity="warning")
+                return True
+            form = form or "md"
+            await self.export(
+                chat, form, Path(path.strip()) if path.strip() else default_export_path(chat, form)
+            )
+        else:
+            return False
+        self.query_one("#prompt", PromptArea).clear()
+        return True
+
+    @work(exclusive=True, group="dialog")
     async def action_tools(self) -> None:
         """Choose the current chat's MCP servers and tools."""
         chat = self.current
@@ -314,9 +468,17 @@ class ChatScreen(MainScreen):
     # -- asking and answering -----------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Show Stop only while an answer streams."""
+        """Show Stop only while an answer streams (or a question is edited), the branch keys
+        where there are branches, Regenerate and Edit once there is something to redo."""
+        chat = self.current
         if action == "stop":
-            return self.answering
+            return self.answering or self.branches.editing is not None
+        if action == "branch":
+            return self.branches.has_branches(chat)
+        if action in ("regenerate", "edit"):
+            if chat is None or not any(m.role == "user" for m in chat.messages):
+                return False
+            return None if self.answering else True  # shown, greyed while answering
         return True
 
     def watch_answering(self) -> None:
@@ -353,8 +515,13 @@ class ChatScreen(MainScreen):
         label = self.query_one("#attachments", Label)
         names = [f"🖼 {image.name}" for image in self.attachments]
         names += [f"📎 {uri}" for uri, _ in self.tools.resources]
-        label.update(f"{', '.join(names)} (sent with your next message)" if names else "")
-        label.display = bool(names)
+        text = f"{', '.join(names)} (sent with your next message)" if names else ""
+        if self.branches.editing is not None:
+            text = "Editing: Enter sends it as a new branch (the old one is kept), Esc cancels" + (
+                f" · {text}" if text else ""
+            )
+        label.update(text)
+        label.display = bool(text)
 
     async def _take_images(self, text: str) -> str | None:
         """``/image PATH`` or image paths typed or pasted into ``text`` become attachments;
@@ -384,6 +551,8 @@ class ChatScreen(MainScreen):
         text = text.strip()
         if chat is None or not text:
             return False
+        if await self._command(chat, text):
+            return False
         if text.startswith("/") and not text.startswith("/image") and chat.id not in self.answers:
             self.query_one("#prompt", PromptArea).clear()
             if await self.tools.command(chat, text, self.send):
@@ -408,19 +577,41 @@ class ChatScreen(MainScreen):
             self._starting.discard(chat.id)
         self.query_one("#prompt", PromptArea).clear()
         text = self.tools.take_resources(text)
+        await self.branches.fork(chat)
         question = StoredMessage("user", text, images=self.attachments)
         self.attachments = []
         self.show_attachments()
+        branch = self.branches.new_label(chat, chat.head)
         chat.messages.append(question)
         if chat.title == _NEW_CHAT:
             chat.title = chat_title(text)
             self.query_one("#chat-list", OptionList).replace_option_prompt(str(chat.id), chat.title)
             await asyncio.to_thread(self.llm.chats.update_chat, chat)
         await asyncio.to_thread(self.llm.chats.add_message, chat.id, question)
+        self.branches.selected = None  # the picked message was for what came before
+        self.branches.show_selection(chat)
         transcript = self.transcript(chat)
         view = MessageView("assistant", author=chat.model)
-        await transcript.mount_all([_view_for(chat, question), view])
+        await transcript.mount_all([_view_for(chat, question, branch), view])
         transcript.anchor()
+        self._start_answer(chat, view, tools)
+        return True
+
+    async def answer_last(self, chat: Chat, tools: bool = True) -> None:
+        """Answer the last question on ``chat``'s branch on screen again: a new answer, the
+        next branch beside the others (Regenerate)."""
+        assert chat.model is not None
+        offered = await self.tools.offer(chat) if tools else []
+        view = MessageView(
+            "assistant", author=chat.model, branch=self.branches.new_label(chat, chat.head)
+        )
+        transcript = self.transcript(chat)
+        await transcript.mount(view)
+        transcript.anchor()
+        self._start_answer(chat, view, offered)
+
+    def _start_answer(self, chat: Chat, view: MessageView, tools: list[Any]) -> None:
+        assert chat.model is not None
         answering = (
             self._answer_with_tools(chat, view, tools)
             if tools
@@ -430,12 +621,58 @@ class ChatScreen(MainScreen):
             answering, name=f"answer-{chat.id}", group="answers"
         )
         self.answering = True
-        return True
 
     def action_stop(self) -> None:
-        """Stop the current chat's answer (what came so far is kept)."""
+        """Stop the current chat's answer (what came so far is kept), or stop editing."""
         if self.current is not None and (worker := self.answers.get(self.current.id)):
             worker.cancel()
+        elif self.branches.editing is not None:
+            self.branches.editing = None
+            self.query_one("#prompt", PromptArea).clear()
+            self.show_attachments()
+
+    # -- branches -------------------------------------------------------------------------
+
+    async def action_regenerate(self) -> None:
+        """Answer the last question again, as a new branch (the old answer is kept)."""
+        await self.branches.regenerate()
+
+    def action_edit(self) -> None:
+        """Put the picked question (or the last) into the message box: what is sent then
+        forks the chat there (the old branch is kept)."""
+        message = self.branches.edit()
+        if message is None:
+            return
+        prompt = self.query_one("#prompt", PromptArea)
+        prompt.text = message.content
+        prompt.move_cursor(prompt.document.end)
+        self.attachments = list(message.images)
+        self.show_attachments()
+        self.refresh_bindings()
+        prompt.focus()
+
+    async def action_branch(self, step: int) -> None:
+        """Show the previous (-1) or next (+1) branch where the picked message (or the last
+        that has branches) parts."""
+        await self.branches.switch(step)
+
+    def action_select(self, step: int) -> None:
+        """Pick the message above (-1) or below (+1), for Edit and the branch keys."""
+        self.branches.select(step)
+
+    async def rebuild_transcript(self, chat: Chat) -> None:
+        """Show ``chat``'s branch on screen again, from scratch (after a switch or a cut)."""
+        switcher = self.query_one("#transcripts", ContentSwitcher)
+        await settle(self.transcript(chat).remove())
+        await switcher.mount(Transcript(chat))
+        if self.current is chat:
+            switcher.current = None  # the same id again: shown only when it changes
+            switcher.current = f"chat-{chat.id}"
+        else:
+            self.transcript(chat).display = False
+        self.branches.show_selection(chat)
+        self.refresh_bindings()
+        self.query_one("#prompt").focus()  # the transcript that had it is gone
 
     async def _answer(
         self, chat: Chat, model: str, messages: list[dict[str, Any]], view: MessageView
@@ -508,6 +745,14 @@ class ChatScreen(MainScreen):
                 for message in saved:
                     chat.messages.append(message)
                     await asyncio.to_thread(self.llm.chats.add_message, chat.id, message)
+                if saved and events.view is view:
+                    view.message_id = saved[0].id
+                elif saved and events.view is not None:
+                    # the first step only called tools (its box is gone): the last answer's
+                    # box tells the branch, which began with that step
+                    events.view.message_id = saved[-1].id
+                    events.view.label_of = saved[0].id
+                self._saved(chat)
             finally:
                 self.answers.pop(chat.id, None)
                 if self.current is chat:
@@ -526,6 +771,8 @@ class ChatScreen(MainScreen):
             if answer.content or answer.thinking or "error" not in stats:
                 chat.messages.append(answer)
                 await asyncio.to_thread(self.llm.chats.add_message, chat.id, answer)
+                view.message_id = answer.id
+                self._saved(chat)
             # Shows the whole answer in the full Markdown view: rendered once, at the end.
             for stream in streams:
                 await stream.stop()
@@ -534,6 +781,12 @@ class ChatScreen(MainScreen):
             self.answers.pop(chat.id, None)
             if self.current is chat:
                 self.answering = False
+
+    def _saved(self, chat: Chat) -> None:
+        """A message was saved: the headers' ``n/N`` and the keys that apply may change."""
+        if self.is_mounted and self.query(f"#chat-{chat.id}"):
+            self.branches.labels(chat)
+            self.refresh_bindings()
 
     async def on_unmount(self) -> None:
         """Stop the answers still streaming, so what came so far is saved before exit."""

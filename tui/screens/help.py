@@ -18,10 +18,10 @@ __all__ = ["HelpScreen", "bindings_table"]
 
 _ABOUT = (
     "localllm talks to the local daemon (started if none runs). Chat streams answers with "
-    "their timings: TTFT, prefill and decode speed, prompt tokens reused from the cache; "
-    "/image PATH attaches a picture for models that see. MCP servers' tools are asked about "
-    "in the chat; /tools, /prompts, /resource URI. Models manages the store; Dashboard "
-    "shows each loaded model live. Chats are kept. Ctrl+P: command palette."
+    "their timings (TTFT, prefill and decode speed, cached tokens) and keeps every branch; "
+    "/image PATH, /search TEXT, /export md|json, /compare; MCP's /tools, /prompts, "
+    "/resource URI. Models manages the store; Dashboard shows each loaded model live. "
+    "Ctrl+P: command palette."
 )
 
 

@@ -296,6 +296,9 @@ class MessageView(Vertical):
 
     stats: reactive[dict[str, Any] | None] = reactive(None, init=False)
     """The answer's final timings; shown as one line under it."""
+    branch: reactive[str] = reactive("", init=False)
+    """Which of the branches that part here this message is (``2/3``), shown after the
+    author; empty when it has no other."""
 
     def __init__(
         self,
@@ -306,8 +309,17 @@ class MessageView(Vertical):
         stats: dict[str, Any] | None = None,
         thinking: str = "",
         attachments: Sequence[str] = (),
+        message_id: int | None = None,
+        branch: str = "",
     ) -> None:
         super().__init__(classes=role)
+        self.message_id = message_id
+        """The saved message shown (None until it is saved)."""
+        self.label_of: int | None = None
+        """The message whose branch :attr:`branch` tells, when not this one's (an answer
+        after tool calls, whose branch began with the call)."""
+        self.set_reactive(MessageView.branch, branch)
+        self._author = Label(self._heading(author, branch), classes="author")
         self.attachments = list(attachments)
         """File names of the images a question was sent with, shown above its text."""
         self.role = role
@@ -329,7 +341,7 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         """Build the widget tree."""
-        yield Label(self.author, classes="author")
+        yield self._author
         if self._markdown is not None:
             if self.thinking_view is not None:
                 yield self.thinking_view
@@ -400,6 +412,19 @@ class MessageView(Vertical):
     def stats_text(self) -> str:
         """The stats line as shown."""
         return answer_stats(self.stats)
+
+    @staticmethod
+    def _heading(author: str, branch: str) -> str:
+        return f"{author}  ‹ {branch} ›" if branch else author
+
+    def watch_branch(self, branch: str) -> None:
+        """Show which branch this is after the author."""
+        self._author.update(self._heading(self.author, branch))
+
+    @property
+    def heading(self) -> str:
+        """The author line as shown (with the branch, when there are several)."""
+        return self._heading(self.author, self.branch)
 
     def watch_stats(self, stats: dict[str, Any] | None) -> None:
         """Show the stats line once the answer is complete."""

@@ -48,6 +48,10 @@ class StatusBar(Horizontal):
             style = "reverse bold" if mode == self.current else "dim"
             tabs.append(f" {title} ", style=style)
             tabs.append(f"{key}  ", style="dim")
+        if self.current not in MORE_SCREENS:  # no room beside a fourth tab at 80 columns
+            # the footer may run out of room for it at 80 columns: said here
+            tabs.append(" Help ", style="dim")
+            tabs.append("F1  ", style="dim")
         yield Label(tabs, classes="tabs")
         yield Label("", classes="connection")
 
