@@ -4,11 +4,13 @@ no request waits more than twice what first-come-first-served would give it."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.engine.admission import (
     AdmissionOrder,
@@ -18,9 +20,17 @@ from localllm.daemon.engine.admission import (
     tokens_saved,
 )
 from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.engine.slots import Slot
 from localllm.daemon.kv.prefixcache import PrefixCache
-from localllm.daemon.runner.protocol import SamplingOptions
+from localllm.daemon.runner.protocol import (
+    DoneEvent,
+    Event,
+    GenerationResult,
+    RunnerConfig,
+    SamplingOptions,
+)
 
 SYSTEM = [1, 50, 51, 52, 53, 54, 55, 56]
 
@@ -198,3 +208,67 @@ def test_a_continuation_beats_cold_prompts_while_none_is_due(
     waiting = [Waiting(prompt, allowance=i + 1) for i, prompt in enumerate(prompts)]
     free = [Cached(history), Cached(SYSTEM)]
     assert choose_next(waiting, free) == place
+
+
+# -- in the engine ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_slot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaModel]:
+    path = write_tiny_gguf(tmp_path_factory.mktemp("admission") / "endless.gguf", never_ends=True)
+    model = LlamaModel(
+        RunnerConfig(model_path=str(path), n_slots=1, n_ctx_per_slot=256, n_threads=2)
+    )
+    yield model
+    model.close()
+
+
+class Finishes:
+    """An engine given its requests before its thread starts (one admission round sees them
+    all); records the order in which they end."""
+
+    def __init__(self, model: LlamaModel, caches: Sequence[Sequence[int]] = ()) -> None:
+        self.engine = Engine(model)
+        for slot, cache in zip(self.engine.slots, caches, strict=False):
+            slot.cache = list(cache)
+        self.order: list[str] = []
+        self.results: dict[str, GenerationResult] = {}
+        self._done = threading.Condition()
+
+    def emit(self, event: Event) -> None:
+        with self._done:
+            if isinstance(event, DoneEvent):
+                self.order.append(event.id)
+                self.results[event.id] = event.result
+                self._done.notify_all()
+
+    def run(self, prompts: dict[str, list[int]]) -> list[str]:
+        options = SamplingOptions(temperature=0.0, num_predict=2, repeat_penalty=1.0)
+        for name, prompt in prompts.items():
+            self.engine.submit(GenerationJob(name, prompt, options, None, self.emit))
+        self.engine.start()
+        try:
+            with self._done:
+                assert self._done.wait_for(lambda: len(self.results) == len(prompts), 120)
+        finally:
+            self.engine._put("stop", None)
+            self.engine._thread.join(30)
+        return self.order
+
+
+def test_the_engine_serves_the_continuation_before_an_older_cold_prompt(
+    one_slot: LlamaModel,
+) -> None:
+    one_slot.seq_remove(0, 0)
+    history = one_slot.tokenize("the conversation so far, with its system prompt and a turn", True)
+    first = Finishes(one_slot)
+    first.run({"turn1": history})
+    held = list(first.engine.slots[0].cache)
+    assert held[: len(history)] == history
+    cold = one_slot.tokenize("a new user arrives with a question of their own", True)
+    then = Finishes(one_slot, [held])
+    order = then.run({"cold": cold, "turn2": [*held, *one_slot.tokenize(" and more", False)]})
+    assert order == ["turn2", "cold"]
+    # Its cells were still there: under first-come-first-served the cold prompt took the slot.
+    assert then.results["turn2"].timings.cached_tokens == len(held)
+    assert then.results["cold"].done_reason == "length"
