@@ -107,6 +107,8 @@ def choose_next(
     """
     if not waiting:
         raise ValueError("no request is waiting")
+    if len(waiting) == 1:
+        return 0  # the usual case: no prefix lookups on the first token's way
     for index, request in enumerate(waiting):
         if request.due:
             return index
