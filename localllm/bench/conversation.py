@@ -24,7 +24,7 @@ from typing import Any
 
 from .._exceptions import BenchError
 from .drivers import Completion, Driver, Final, TextSink
-from .load import PromptMaker, _one
+from .load import PromptMaker, run_one
 from .stats import Sample
 
 __all__ = ["Conversation", "Histories", "parse_conversation", "run_turn"]
@@ -128,7 +128,7 @@ async def run_turn(
     start = time.perf_counter()
     await asyncio.gather(
         *(
-            _one(keep, Completion(model, prompt, max_tokens, options or {}), sample, origin)
+            run_one(keep, Completion(model, prompt, max_tokens, options or {}), sample, origin)
             for keep, prompt, sample in zip(keepers, prompts, samples, strict=True)
         )
     )
