@@ -62,6 +62,7 @@ from ..runner.protocol import (
 from ..speculation.draft_model import DraftModel, DraftModelDrafter
 from ..speculation.drafting import Speculation
 from ..speculation.policy import DraftPolicy
+from .admission import AdmissionOrder
 from .batching import BatchPlan, fill_batch, plan_batch
 from .jobs import EmbeddingJob, Emit, GenerationJob
 from .model import LlamaModel
@@ -146,6 +147,8 @@ class Engine:
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
         self.waiting: collections.deque[GenerationJob] = collections.deque()
+        self.order = AdmissionOrder()
+        """Which waiting request goes next: most cached first, no one past 2x FCFS's wait."""
         self.embeddings: collections.deque[EmbeddingJob] = collections.deque()
         """Embedding jobs in arrival order; one batch of inputs runs between two steps."""
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -370,12 +373,13 @@ class Engine:
                 return
 
     def _admit(self) -> None:
-        """Give waiting requests free slots, each the one with the longest cached prefix."""
+        """Give waiting requests free slots, the most cached request first (see
+        :mod:`.admission`), each the slot with the longest cached prefix."""
         while self.waiting:
             free = [slot for slot in self.slots if not slot.busy]
             if not free:
                 return
-            job = self.waiting.popleft()
+            job = self.order.take(self.waiting, free, self.tiers.cache)
             # When the requests waiting now take every free slot, no gap in the busy ids can
             # last, so where each goes is decided by its cached prefix alone.
             fills = len(self.waiting) + 1 >= len(free)

@@ -11,11 +11,14 @@ The pieces, one module each, from the bottom up:
 * :mod:`.load`: :func:`run_level` starts N such requests at once and returns one
   :class:`Sample` per request plus the level's wall time (``benchmarks/`` drive their servers
   with it too); :class:`PromptMaker` makes the prompts;
+* :mod:`.conversation`: the conversation workload, a replayed multi-turn trace (more users
+  than slots, a shared system prompt, histories growing with the server's answers), one turn
+  of every user at once (:func:`~.conversation.run_turn`);
 * :mod:`.stats`: :class:`Sample`, :class:`Point` (a level summarized by :func:`summarize`),
   :func:`percentile`;
-* :mod:`.run`: :class:`Bench` runs a :class:`Workload` (a concurrency sweep, then a
-  prompt-length sweep cold and cached) against one or more :class:`Target` s, interleaved
-  level by level so that machine noise hits every target alike;
+* :mod:`.run`: :class:`Bench` runs a :class:`Workload` (a concurrency sweep, a conversation
+  trace, then a prompt-length sweep cold and cached) against one or more :class:`Target` s,
+  interleaved level by level so that machine noise hits every target alike;
 * :mod:`.compare`: :class:`SpawnedDaemon` starts a private daemon for one ``--compare``
   setting that only a daemon restart can change (``kv_cache_type``, ``num_parallel``,
   ``flash_attention``...), sharing the user's model files through a temporary home (hard
@@ -37,7 +40,8 @@ The JSON document (:meth:`BenchResult.to_json`, ``--json FILE``) has the shape t
     {"schema": "localllm-bench/1", "created_at": ISO time, "localllm_version": str,
      "host": {"platform", "python", "cpus"}, "model": str,
      "workload": {"levels", "prompt_tokens", "answer_tokens", "prompt_lengths",
-                  "prefill_answer_tokens", "rounds", "options"},
+                  "prefill_answer_tokens", "rounds", "options",
+                  "conversation": {"users", "turns", "system_tokens", "turn_tokens"} | null},
      "targets": [{"label", "kind", "url", "model", "options", "setting", "error",
                   "memory": {"kv_cache_type", "kv_cache_type_assumed", "kv_cells",
                              "kv_bytes", "size", "runner_rss"} | null}],
@@ -46,12 +50,17 @@ The JSON document (:meth:`BenchResult.to_json`, ``--json FILE``) has the shape t
                   "queue_ms_p50", "prefill_tps_p50", "cached_tokens_mean",
                   "prompt_tokens_mean", "wall_s"}],
      "ratios":  [{"target", "reference", "sweep", "clients", "prompt_tokens", "cache",
-                  "aggregate_tps", "stream_tps_p50", "ttft_p50_ms", "prefill_tps_p50"}],
+                  "aggregate_tps", "stream_tps_p50", "ttft_p50_ms", "ttft_p95_ms",
+                  "prefill_tps_p50"}],
      "samples": [{"target", "sweep", "clients", "prompt_tokens_target", "cache", "round",
                   "client", "start_s", "ok", "error", "status", "ttft_ms", "duration_s",
                   "tokens", "chunks", "stream_tps", "prompt_tokens", "cached_tokens",
                   "server_ttft_ms", "queue_ms", "load_ms", "prefill_tps",
                   "server_decode_tps", "draft_tokens", "draft_accepted"}]}
+
+``sweep`` is ``concurrency``, ``prompt`` or ``conversation``; in the conversation sweep
+``clients`` counts the users and ``prompt_tokens`` (``prompt_tokens_target`` in samples) is the
+turn, from 1 (the first turn ``cold``, later ones ``warm``).
 
 Times are milliseconds (``_ms``) or seconds (``_s``); rates are tokens per second. A ratio is
 the target's figure divided by the reference's (the first target) at the same level. A figure

@@ -20,14 +20,15 @@ from typing import Any
 from .drivers import Completion, Driver, describe_error
 from .stats import Sample
 
-__all__ = ["PromptMaker", "run_level"]
+__all__ = ["PromptMaker", "run_level", "run_one"]
 
 # Short enough for any context (at most about 150 tokens), long enough for a stable ratio.
 _CALIBRATION_CHARS = 120
 
 
-async def _one(driver: Driver, request: Completion, sample: Sample, origin: float) -> None:
-    """Run one request into ``sample``; failures are recorded, never raised."""
+async def run_one(driver: Driver, request: Completion, sample: Sample, origin: float) -> None:
+    """Run one request into ``sample`` (``start_s`` counted from ``origin``, a
+    ``time.perf_counter()`` reading); failures are recorded, never raised."""
     sent = time.perf_counter()
     first: float | None = None
     last: float | None = None
@@ -90,7 +91,7 @@ async def run_level(
     start = time.perf_counter()
     await asyncio.gather(
         *(
-            _one(driver, Completion(model, prompt, max_tokens, options or {}), sample, origin)
+            run_one(driver, Completion(model, prompt, max_tokens, options or {}), sample, origin)
             for prompt, sample in zip(prompts, samples, strict=True)
         )
     )

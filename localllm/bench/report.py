@@ -3,12 +3,15 @@ the TUI alike, drawn with rich for the CLI), plots drawn in
 the terminal (``plotext``, a dependency) and a self-contained SVG, PNG or HTML report
 (matplotlib, the optional ``report`` extra: ``pip install "localllm[report]"``).
 
-Four charts, one line per target (server or setting), one point per level:
+Six charts, one line per target (server or setting), one point per level; a chart without
+points (its sweep not run) is left out:
 
 * aggregate tok/s against TTFT p50 — what more concurrency buys, and what it costs a user;
 * aggregate tok/s against per-stream tok/s — the same trade seen from one stream;
 * TTFT against prompt length, cold and cached (prompt-length sweep);
-* prefill tok/s against prompt length (cold requests).
+* prefill tok/s against prompt length (cold requests);
+* TTFT p50 and p95 per turn of the conversation trace;
+* aggregate tok/s per turn of the conversation trace.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ _CHARTS: tuple[tuple[str, str, str], ...] = (
     ("throughput vs stream speed", "per-stream tok/s", "aggregate tok/s"),
     ("TTFT vs prompt length", "prompt tokens", "TTFT p50 (ms)"),
     ("prefill vs prompt length", "prompt tokens", "prefill tok/s"),
+    ("conversation: TTFT per turn", "turn", "TTFT p50, p95 (ms)"),
+    ("conversation: throughput per turn", "turn", "aggregate tok/s"),
 )
 
 
@@ -80,7 +85,10 @@ def point_rows(
         (r["target"], r["sweep"], r["clients"], r["prompt_tokens"], r["cache"]): r for r in ratios
     }
     show_ratio = bool(ratios)
-    if sweep == "concurrency":
+    if sweep == "conversation":
+        headers = ["target", "turn", "users", "ok", "TTFT p50", "TTFT p95", "agg tok/s"]
+        headers += ["cached", "prompt"]
+    elif sweep == "concurrency":
         headers = [
             "target",
             "clients",
@@ -103,7 +111,19 @@ def point_rows(
     points.sort(key=lambda p: (p.clients, p.prompt_tokens, order.get(p.cache, 2)))
     for point in points:
         ok = f"{point.requests - point.failed}/{point.requests}"
-        if sweep == "concurrency":
+        if sweep == "conversation":
+            row = [
+                point.target,
+                str(point.prompt_tokens),
+                str(point.clients),
+                ok,
+                _ms(point.ttft_p50_ms),
+                _ms(point.ttft_p95_ms),
+                _num(point.aggregate_tps),
+                _num(point.cached_tokens_mean, 0),
+                _num(point.prompt_tokens_mean, 0),
+            ]
+        elif sweep == "concurrency":
             row = [
                 point.target,
                 str(point.clients),
@@ -130,6 +150,13 @@ def point_rows(
             ratio = by_key.get(point.key)
             if ratio is None:
                 row.append("ref" if not any(r["target"] == point.target for r in ratios) else "-")
+            elif sweep == "conversation":
+                row.append(
+                    " / ".join(
+                        _ratio_text(ratio[name])
+                        for name in ("ttft_p50_ms", "ttft_p95_ms", "aggregate_tps")
+                    )
+                )
             elif sweep == "concurrency":
                 row.append(
                     f"{_ratio_text(ratio['aggregate_tps'])} / {_ratio_text(ratio['ttft_p50_ms'])}"
@@ -168,7 +195,7 @@ def _series(
         line[1].append(float(xv))
         line[2].append(float(yv))
         line[3].append(str(point.clients) if sweep == "concurrency" else "")
-    if sweep == "prompt":  # by prompt length; the concurrency lines go level by level
+    if sweep != "concurrency":  # by length or turn; the concurrency lines go level by level
         for _, xs, ys, tags in lines.values():
             order = sorted(range(len(xs)), key=xs.__getitem__)
             xs[:], ys[:], tags[:] = ([seq[i] for i in order] for seq in (xs, ys, tags))
@@ -191,6 +218,17 @@ def chart_series(points: Sequence[Point]) -> list[list[Series]]:
         _series(points, "concurrency", lambda p: p.stream_tps_p50, lambda p: p.aggregate_tps),
         ttft_cold + ttft_warm,
         _series(points, "prompt", lambda p: p.prompt_tokens, lambda p: p.prefill_tps_p50, "cold"),
+        [
+            (f"{label} {which}", xs, ys, tags)
+            for which, figure in (("p50", "ttft_p50_ms"), ("p95", "ttft_p95_ms"))
+            for label, xs, ys, tags in _series(
+                points,
+                "conversation",
+                lambda p: p.prompt_tokens,
+                lambda p, figure=figure: getattr(p, figure),
+            )
+        ],
+        _series(points, "conversation", lambda p: p.prompt_tokens, lambda p: p.aggregate_tps),
     ]
 
 
@@ -238,6 +276,17 @@ def memory_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def _conversation_title(result: BenchResult) -> str:
+    shape = result.workload.conversation
+    if shape is None:
+        return "Conversation"
+    return (
+        f"Conversation · {shape.users} users × {shape.turns} turns, a shared "
+        f"{shape.system_tokens}-token system prompt, {shape.turn_tokens}-token questions, "
+        f"{result.workload.answer_tokens}-token answers"
+    )
+
+
 def print_tables(result: BenchResult, console: Console) -> None:
     """The results tables (concurrency sweep, prompt sweep, memory), then notes and failures."""
     ratios = result.ratios()
@@ -248,6 +297,7 @@ def print_tables(result: BenchResult, console: Console) -> None:
             f"{result.workload.answer_tokens}-token answers",
         ),
         ("prompt", "Prompt length · 1 client, cold then cached"),
+        ("conversation", _conversation_title(result)),
     ):
         headers, rows = point_rows(result.points, ratios, sweep)
         if rows:
@@ -262,18 +312,18 @@ def print_tables(result: BenchResult, console: Console) -> None:
     if len(result.targets) > 1:
         console.print(
             f"[dim]vs ref: this target ÷ {result.targets[0].label} at the same level: aggregate "
-            "tok/s / TTFT p50 (concurrency), prefill tok/s / TTFT p50 (prompt length)[/dim]"
+            "tok/s / TTFT p50 (concurrency), prefill tok/s / TTFT p50 (prompt length), TTFT "
+            "p50 / TTFT p95 / aggregate tok/s (conversation turn)[/dim]"
         )
     for target in result.targets:
         if target.error:
             console.print(f"[yellow]{target.label}: {target.error}[/yellow]")
     for point in result.points:
         if point.failed:
-            where = (
-                f"{point.clients} clients"
-                if point.sweep == "concurrency"
-                else f"{point.prompt_tokens}-token prompt ({point.cache})"
-            )
+            where = {
+                "concurrency": f"{point.clients} clients",
+                "conversation": f"conversation turn {point.prompt_tokens}",
+            }.get(point.sweep, f"{point.prompt_tokens}-token prompt ({point.cache})")
             console.print(
                 f"[red]{point.target}, {where}: {point.failed} of {point.requests} requests "
                 f"failed: {'; '.join(point.errors) or 'no answer'}[/red]"

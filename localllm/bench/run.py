@@ -1,8 +1,8 @@
-"""A benchmark run: a :class:`Workload` (a concurrency sweep, then a prompt-length sweep cold
-and cached) against one or more :class:`Target` s, interleaved level by level so that machine
-noise hits every target alike (:class:`Bench`, :func:`run_bench`); each level summarized as a
-:class:`~.stats.Point`, everything kept in a :class:`BenchResult` (its JSON document:
-:mod:`.schema`)."""
+"""A benchmark run: a :class:`Workload` (a concurrency sweep, a conversation trace replayed
+turn by turn, then a prompt-length sweep cold and cached) against one or more :class:`Target` s,
+interleaved level by level so that machine noise hits every target alike (:class:`Bench`,
+:func:`run_bench`); each level summarized as a :class:`~.stats.Point`, everything kept in a
+:class:`BenchResult` (its JSON document: :mod:`.schema`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from .._exceptions import BenchError
 from ..store.models import LOAD_OPTIONS
+from .conversation import Conversation, Histories, run_turn
 from .drivers import Completion, Driver, describe_error
 from .load import PromptMaker, run_level
 from .schema import RATIO_FIGURES, SCHEMA_ID
@@ -112,6 +113,9 @@ class Workload:
     """Times each level runs per target (targets take turns within a round)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Request options for every target."""
+    conversation: Conversation | None = None
+    """The conversation trace to replay (None: no conversation sweep); ``rounds`` times,
+    each a new set of conversations, ``answer_tokens`` per answer."""
 
     def to_json(self) -> dict[str, Any]:
         """The workload as a JSON object."""
@@ -127,8 +131,12 @@ class Workload:
             raise BenchError("answers must be at least 1 token")
         if self.rounds < 1:
             raise BenchError("rounds must be at least 1")
-        if not self.levels and not self.prompt_lengths:
-            raise BenchError("nothing to measure: no concurrency levels and no prompt lengths")
+        if self.conversation is not None:
+            self.conversation.check()
+        if not self.levels and not self.prompt_lengths and self.conversation is None:
+            raise BenchError(
+                "nothing to measure: no concurrency levels, no prompt lengths, no conversation"
+            )
 
 
 @dataclass
@@ -308,10 +316,17 @@ class Bench:
             template=template,
             origin=self._origin,
         )
+        return self._record(samples, wall)
+
+    def _record(self, samples: Sequence[Sample], wall: float) -> Point:
+        """Add a round of a level's samples (one template's copies) to its point."""
+        first = samples[0]
+        target, sweep, clients = first.target, first.sweep, first.clients
+        prompt_tokens, cache = first.prompt_tokens_target, first.cache
         self.samples.extend(samples)
-        key = (target.label, sweep, clients, prompt_tokens, cache)
+        key = (target, sweep, clients, prompt_tokens, cache)
         self._walls[key] = self._walls.get(key, 0.0) + wall
-        point = self.points.get(key) or Point(target.label, sweep, clients, prompt_tokens, cache)
+        point = self.points.get(key) or Point(target, sweep, clients, prompt_tokens, cache)
         self.points[key] = point
         mine = [
             s
@@ -322,6 +337,42 @@ class Bench:
         if self.on_point is not None:
             self.on_point(point)
         return point
+
+    async def _conversations(self, shape: Conversation) -> None:
+        """Replay the conversation trace ``rounds`` times, turn by turn, the targets taking
+        turns (their order alternating) so that the machine's noise hits them alike."""
+        work = self.workload
+        for round_ in range(work.rounds):
+            histories = {
+                target.label: Histories(shape, self.prompts, f"r{round_} {target.label}")
+                for target in self.targets
+            }
+            for turn in range(shape.turns):
+                order = self.targets if (round_ + turn) % 2 == 0 else self.targets[::-1]
+                for target in order:
+                    self._progress(f"{target.label}: conversation turn {turn + 1}")
+                    await self._warm(target)
+                    history = histories[target.label]
+                    prompts = history.prompts_for(turn)
+                    template = Sample(
+                        target=target.label,
+                        sweep="conversation",
+                        clients=shape.users,
+                        prompt_tokens_target=turn + 1,
+                        cache="cold" if turn == 0 else "warm",
+                        round=round_,
+                    )
+                    samples, answers, wall = await run_turn(
+                        target.driver,
+                        target.model,
+                        prompts,
+                        work.answer_tokens,
+                        template=template,
+                        options={**work.options, **target.options},
+                        origin=self._origin,
+                    )
+                    history.answered(prompts, answers)
+                    self._record(samples, wall)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -368,7 +419,10 @@ class Bench:
         self._progress("loading the model")
         levels, lengths = await self._prepare()
         work = self.workload
-        self._steps = 1 + len(self.targets) * (work.rounds * len(levels) + 2 * len(lengths))
+        turns = work.conversation.turns if work.conversation is not None else 0
+        self._steps = 1 + len(self.targets) * (
+            work.rounds * (len(levels) + turns) + 2 * len(lengths)
+        )
         for clients in levels:
             for round_ in range(work.rounds):
                 for target in self.targets:
@@ -389,6 +443,8 @@ class Bench:
                         prompts,
                         work.answer_tokens,
                     )
+        if work.conversation is not None:
+            await self._conversations(work.conversation)
         for length in lengths:
             for target in self.targets:
                 prompt = self.prompts.make(length, f"p{length} {target.label}")

@@ -15,7 +15,13 @@ _NUM = {"type": ["number", "null"]}
 _INT = {"type": ["integer", "null"]}
 _STR = {"type": ["string", "null"]}
 
-RATIO_FIGURES = ("aggregate_tps", "stream_tps_p50", "ttft_p50_ms", "prefill_tps_p50")
+RATIO_FIGURES = (
+    "aggregate_tps",
+    "stream_tps_p50",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "prefill_tps_p50",
+)
 """The figures of a point that a run compares with the reference's (``ratios`` rows)."""
 
 
@@ -32,7 +38,7 @@ def _rows(level: dict[str, Any], figures: dict[str, Any]) -> dict[str, Any]:
     length, cache: ``level`` adds to or overrides these) and carry ``figures``."""
     where = {
         "target": {"type": "string"},
-        "sweep": {"enum": ["concurrency", "prompt"]},
+        "sweep": {"enum": ["concurrency", "prompt", "conversation"]},
         "clients": {"type": "integer"},
         "prompt_tokens": {"type": "integer"},
         "cache": {"enum": ["cold", "warm"]},
@@ -58,7 +64,27 @@ JSON_SCHEMA: dict[str, Any] = _object(
                 "prefill_answer_tokens": {"type": "integer"},
                 "rounds": {"type": "integer", "minimum": 1},
                 "options": {"type": "object"},
-            }
+                "conversation": {
+                    "oneOf": [
+                        {"type": "null"},
+                        _object(
+                            {
+                                name: {"type": "integer", "minimum": 1}
+                                for name in ("users", "turns", "system_tokens", "turn_tokens")
+                            }
+                        ),
+                    ]
+                },
+            },
+            required=[
+                "levels",
+                "prompt_tokens",
+                "answer_tokens",
+                "prompt_lengths",
+                "prefill_answer_tokens",
+                "rounds",
+                "options",
+            ],
         ),
         "targets": {
             "type": "array",

@@ -24,13 +24,14 @@ class Sample:
     target: str
     """Label of the target (server and setting) that answered."""
     sweep: str
-    """``concurrency`` or ``prompt``."""
+    """``concurrency``, ``prompt`` or ``conversation``."""
     clients: int
-    """Requests in flight together at this level."""
+    """Requests in flight together at this level (a conversation's users)."""
     prompt_tokens_target: int
-    """Prompt length asked for."""
+    """Prompt length asked for (the conversation sweep: the turn, from 1)."""
     cache: str = "cold"
-    """``cold`` (a prompt nobody sent before) or ``warm`` (the same prompt again)."""
+    """``cold`` (a prompt nobody sent before) or ``warm`` (the same prompt again; a
+    conversation's later turns)."""
     round: int = 0
     """Round of the level (``--rounds``)."""
     client: int = 0
@@ -84,11 +85,11 @@ class Point:
     target: str
     """Label of the target."""
     sweep: str
-    """``concurrency`` or ``prompt``."""
+    """``concurrency``, ``prompt`` or ``conversation``."""
     clients: int
-    """Concurrent requests."""
+    """Concurrent requests (a conversation's users)."""
     prompt_tokens: int
-    """Prompt length asked for."""
+    """Prompt length asked for (the conversation sweep: the turn, from 1)."""
     cache: str
     """``cold`` or ``warm``."""
     requests: int = 0

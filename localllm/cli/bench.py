@@ -68,6 +68,14 @@ def add_bench_arguments(sub: argparse.ArgumentParser) -> None:
         help="prompt lengths of the prefill sweep, each cold then cached (default "
         "128,512,1024,2048,4096, capped by the context; none: skip)",
     )
+    sub.add_argument(
+        "--conversation",
+        metavar="USERSxTURNS",
+        help="replay a multi-turn conversation trace (e.g. 16x3: 16 users, 3 turns each, all "
+        "users at once per turn, a shared system prompt, growing histories) and show TTFT "
+        "p50/p95 and throughput per turn; alone it skips the other sweeps unless --levels or "
+        "--prompt-lengths ask for them",
+    )
     _count(sub, "--rounds", 1, "runs of each level")
     sub.add_argument(
         "--compare",
@@ -95,17 +103,28 @@ def add_bench_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
+    from .._exceptions import BenchError
     from ..bench import DEFAULT_LEVELS, DEFAULT_PROMPT_LENGTHS, Workload
+    from ..bench.conversation import parse_conversation
 
-    lengths = args.prompt_lengths
+    conversation = None
+    if args.conversation:
+        try:
+            conversation = parse_conversation(args.conversation)
+        except BenchError as exc:
+            raise UsageError(f"--conversation: {exc}") from None
+    # A conversation asked for alone is all that runs; the default sweeps take long.
+    levels = list(DEFAULT_LEVELS) if conversation is None else []
+    lengths = list(DEFAULT_PROMPT_LENGTHS) if conversation is None else []
     workload = Workload(
-        levels=_numbers(args.levels, "--levels") if args.levels else list(DEFAULT_LEVELS),
+        levels=_numbers(args.levels, "--levels") if args.levels else levels,
         prompt_tokens=args.prompt_tokens,
         answer_tokens=args.answer_tokens,
         prompt_lengths=(
-            _numbers(lengths, "--prompt-lengths") if lengths else list(DEFAULT_PROMPT_LENGTHS)
+            _numbers(args.prompt_lengths, "--prompt-lengths") if args.prompt_lengths else lengths
         ),
         rounds=args.rounds,
+        conversation=conversation,
     )
     workload.check()
     return workload
