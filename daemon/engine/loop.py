@@ -432,6 +432,7 @@ class Engine:
             slot.generated = 0
             slot.admitted = time.perf_counter()
             slot.first_token_at = 0.0
+            slot.first_marks = (0.0, 0.0)
             threads = self.model.threads_now
             slot.threads_min = slot.threads_max = threads
             slot.threads_why = self.governor.explain("decode", threads)
@@ -685,8 +686,11 @@ class Engine:
         """Account for one generated token; True when it ended the request."""
         job, text = slot.job, slot.text
         assert job is not None and text is not None
-        if slot.first_token_at == 0.0:
+        first = slot.first_token_at == 0.0
+        if first:
             slot.first_token_at = now
+            sampled = time.perf_counter()
+            slot.first_marks = (sampled - now, 0.0)
         slot.generated += 1
         if self.model.is_end_of_generation(token):
             self._finish(slot, "stop")
@@ -700,6 +704,8 @@ class Engine:
         if job.options.logprobs:
             slot.logprobs.append(self._logprob(index, token, job, piece_bytes))
         piece = text.push(piece_bytes)
+        if first:  # the first token's own timings: the time to first token, split
+            slot.first_marks = (slot.first_marks[0], time.perf_counter() - sampled)
         if piece:
             self._emit(job.emit, TokenEvent(job.id, piece, self._take_logprobs(slot)))
         options = job.options
@@ -791,6 +797,8 @@ class Engine:
             prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
             completion_tokens=slot.generated,
             decode_ms=decode_s * 1000,
+            sample_ms=slot.first_marks[0] * 1000,
+            detokenize_ms=slot.first_marks[1] * 1000,
             decode_tokens_per_s=(slot.generated - 1) / decode_s
             if slot.generated > 1 and decode_s > 0
             else 0.0,

@@ -315,6 +315,10 @@ class Timings:
     """Tokens generated."""
     decode_ms: float = 0.0
     """From the first generated token to the last."""
+    sample_ms: float = 0.0
+    """Sampling the first token, from the end of the step that gave its logits."""
+    detokenize_ms: float = 0.0
+    """Turning the first token into text."""
     decode_tokens_per_s: float = 0.0
     """Generated tokens per second after the first."""
     total_ms: float = 0.0
@@ -743,6 +747,10 @@ class PromptReadyEvent(_Event):
     """Older chat messages truncation left out to fit the context."""
     dropped_tokens: int = 0
     """Prompt tokens truncation left out (those messages' included)."""
+    template_ms: float = 0.0
+    """Time the runner spent rendering the chat template."""
+    tokenize_ms: float = 0.0
+    """Time the runner spent tokenizing the prompt."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,24 @@ class Prompt:
     """Older chat messages left out to fit the context (truncation)."""
     dropped_tokens: int = 0
     """Prompt tokens left out to fit the context (truncation), those messages' included."""
+    template_ms: float = 0.0
+    """Time spent rendering the chat template (every render truncation needed)."""
+    tokenize_ms: float = 0.0
+    """Time spent tokenizing (images included)."""
+
+
+class _Spent:
+    """Time a prompt's preparation spent rendering and tokenizing (``perf_counter_ns``)."""
+
+    __slots__ = ("template", "tokenize")
+
+    def __init__(self) -> None:
+        self.template = 0
+        self.tokenize = 0
+
+    def into(self, prompt: Prompt) -> Prompt:
+        """``prompt`` with these times."""
+        return replace(prompt, template_ms=self.template / 1e6, tokenize_ms=self.tokenize / 1e6)
 
 
 class _Images:
@@ -193,27 +212,33 @@ def prepare(
     truncating it if asked and needed."""
     bos_only = 1 if model.add_bos else 0
     images = _Images(model, projector, request)
+    spent = _Spent()
     if request.suffix is not None and images.files:
         raise PromptError("images go with a prompt or messages, not with a suffix (FIM)")
     if request.suffix is not None:
         _encodable(request.prompt or "", "prompt")
         _encodable(request.suffix, "suffix")
+        began = time.perf_counter_ns()
         prompt = Prompt(_fill_in_the_middle(model, request), bos_only)
+        spent.tokenize += time.perf_counter_ns() - began
     elif request.messages is not None and request.context:
         raise PromptError("context continues a prompt, not a chat: send the messages instead")
     elif request.messages is not None and not request.raw:
-        prompt = _chat_prompt(model, request, default_template, images)
+        prompt = _chat_prompt(model, request, default_template, images, spent)
     elif request.messages is not None:
         raise PromptError("raw requests take a prompt, not messages")
     else:
         text = _encodable(request.prompt or "", "prompt")
         context = _checked_context(model, request.context)
+        began = time.perf_counter_ns()
         tokens = context + images.tokenize(text, not context, offset=len(context))
+        spent.tokenize += time.perf_counter_ns() - began
         whole = len(tokens)
         tokens = _fit(model, request, tokens, keep=bos_only, images=bool(images.files))
         prompt = Prompt(
             tokens, bos_only, text[-200:], images.placed, dropped_tokens=whole - len(tokens)
         )
+    prompt = spent.into(prompt)
     if request.options.num_keep >= 0:
         keep = min(request.options.num_keep, len(prompt.tokens))
         return replace(prompt, keep=keep)
@@ -265,7 +290,11 @@ def _fill_in_the_middle(model: LlamaModel, request: GenerationRequest) -> list[i
 
 
 def _chat_prompt(
-    model: LlamaModel, request: GenerationRequest, default_template: str | None, images: _Images
+    model: LlamaModel,
+    request: GenerationRequest,
+    default_template: str | None,
+    images: _Images,
+    spent: _Spent,
 ) -> Prompt:
     template = request.template or default_template or _FALLBACK_TEMPLATE
     bos, eos = model.token_text(model.bos_id), model.token_text(model.eos_id)
@@ -283,6 +312,7 @@ def _chat_prompt(
         with_images: bool = False,
         files: list[bytes] | None = None,
     ) -> list[int]:
+        began = time.perf_counter_ns()
         try:
             text = render_chat(
                 template,
@@ -300,9 +330,14 @@ def _chat_prompt(
         rendered[0] = text
         # Templates that write the BOS text themselves must not get a second one.
         add_special = model.add_bos and not (bos and text.startswith(bos))
-        if with_images:
-            return images.tokenize(text, add_special, files=files)
-        return model.tokenize(text, add_special=add_special, parse_special=True)
+        rendered_at = time.perf_counter_ns()
+        spent.template += rendered_at - began
+        try:
+            if with_images:
+                return images.tokenize(text, add_special, files=files)
+            return model.tokenize(text, add_special=add_special, parse_special=True)
+        finally:
+            spent.tokenize += time.perf_counter_ns() - rendered_at
 
     tokens = tokens_for(messages, request.add_generation_prompt, with_images=True)
     whole = len(tokens)
@@ -728,6 +763,8 @@ class RunnerServer:
                 prompt_tail=prompt.tail,
                 dropped_messages=prompt.dropped_messages,
                 dropped_tokens=prompt.dropped_tokens,
+                template_ms=prompt.template_ms,
+                tokenize_ms=prompt.tokenize_ms,
             )
         )
         self.engine.submit(
