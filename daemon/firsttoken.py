@@ -5,8 +5,12 @@ Every generation request carries a :class:`FirstToken`: the daemon stamps its ow
 slot, loading), the runner reports what it did with the prompt (template render, tokenizing)
 when it accepts it and what the engine did (waiting for a slot, prefill steps, the first
 sample, detokenizing) in its final timings. The hand-over to the runner is the rest of the
-round trip that carried the prompt there; the relay is the rest of the engine's share, as the
-daemon saw it, that the engine did not spend (the wire back, the event loop).
+way the prompt took to the engine: from the slot held in the daemon to the runner's
+acceptance, less the template and tokenizing (the runner stamps when it read the request and
+when it accepted it on the same clock: ``perf_counter_ns`` is the machine's monotonic clock,
+one for all its processes); the engine's share runs from that acceptance to the first text's
+arrival in the daemon, and the relay is what of it the engine did not spend (the wire back,
+the event loops).
 
 The phases, in order (:data:`PHASES`), and how they are exposed:
 
@@ -73,6 +77,8 @@ class FirstToken:
         "planned",
         "planning",
         "received",
+        "runner_read",
+        "runner_ready",
         "sent",
         "template_ms",
         "tokenize_ms",
@@ -98,6 +104,10 @@ class FirstToken:
         """The runner's template render."""
         self.tokenize_ms = 0.0
         """The runner's tokenizing."""
+        self.runner_read = 0
+        """When the runner read the prompt (its stamp, on the same clock; 0: not known)."""
+        self.runner_ready = 0
+        """When the runner accepted it (its stamp; 0: not known)."""
         self.first_chunk = 0
         """When the first generated text arrived from the runner."""
         self.out_at = 0
@@ -122,13 +132,18 @@ class FirstToken:
         held = self._ms(self.planned, self.acquired)
         out["queue"] = max(held - self.load_ms, 0.0)
         out["load"] = min(self.load_ms, held)
-        trip = self._ms(self.sent, self.accepted)
+        # The runner's stamps say when the engine got the prompt; the daemon may read the
+        # acceptance much later (the engine's prefill holds the cores meanwhile), which is
+        # the engine's time, not the hand-over's. Without them, the daemon's round trip.
+        stamped = self.sent <= self.runner_read <= self.runner_ready <= (self.accepted or 0)
+        accepted = self.runner_ready if stamped and self.runner_read else self.accepted
+        trip = self._ms(self.sent, accepted)
         runner = self.template_ms + self.tokenize_ms
         # the slot was held → sent gap (adapters, request assembly) counts as hand-over too
         out["handover"] = max(trip - runner, 0.0) + self._ms(self.acquired, self.sent)
         out["template"] = self.template_ms
         out["tokenize"] = self.tokenize_ms
-        engine = self._ms(self.accepted, self.first_chunk)
+        engine = self._ms(accepted, self.first_chunk)
         if timings is not None and timings.ttft_ms:
             split = {
                 "wait": timings.queued_ms,

@@ -343,6 +343,7 @@ async def start(state: DaemonState, request: Request, job: Job) -> Generation:
             lease.release()
             raise
         clock.template_ms, clock.tokenize_ms = stream.template_ms, stream.tokenize_ms
+        clock.runner_read, clock.runner_ready = stream.runner_read, stream.runner_ready
         if stream.dropped_tokens or stream.dropped_messages:
             log.info(
                 "%s: the prompt was longer than the context of %d tokens; dropped %d older "

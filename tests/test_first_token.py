@@ -163,6 +163,18 @@ def test_breakdown_from_stamps() -> None:
         "out": 1.0,
         "ttft": 35.0,
     }
+    # with the runner's stamps, its acceptance read late by the daemon is the engine's time
+    stamped = FirstToken(received=1_000_000)
+    for name in ("planning", "planned", "acquired", "load_ms", "sent", "accepted"):
+        setattr(stamped, name, getattr(clock, name))
+    stamped.template_ms, stamped.tokenize_ms = 1.0, 2.0
+    stamped.runner_read, stamped.runner_ready = 12 * ms, 15 * ms
+    stamped.accepted = 30 * ms
+    stamped.first_chunk, stamped.out_at = 35 * ms, 36 * ms
+    with_stamps = stamped.durations()
+    assert with_stamps["handover"] == 1.0 + 1.0 + 0.0  # held → sent, the wire, the runner's rest
+    assert with_stamps["engine"] == 20.0
+    assert with_stamps["ttft"] == 35.0
     timings = Timings(ttft_ms=18.0, queued_ms=1.0, prompt_ms=15.0, sample_ms=1.5, detokenize_ms=0.5)
     full = clock.durations(timings)
     assert [full[p] for p in ENGINE_PHASES] == [1.0, 15.0, 1.5, 0.5, 2.0]

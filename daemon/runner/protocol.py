@@ -751,6 +751,11 @@ class PromptReadyEvent(_Event):
     """Time the runner spent rendering the chat template."""
     tokenize_ms: float = 0.0
     """Time the runner spent tokenizing the prompt."""
+    read_at: int = 0
+    """When the runner read the request (``time.perf_counter_ns``: one clock for the
+    processes of a machine, so the daemon can tell the hand-over from the engine's work)."""
+    ready_at: int = 0
+    """When the runner sent this event (``time.perf_counter_ns``)."""
 
 
 @dataclass

@@ -427,6 +427,30 @@ def _fit(
     return tokens[:keep] + tokens[len(tokens) - (room - keep) :]
 
 
+# Prompts up to this many characters (messages, prompt, suffix and tools together) are
+# prepared on the loop: tokenizing 8,000 characters takes about a millisecond.
+_LIGHT_CHARS = 8192
+# A template that rendered in under this (ms) every time so far renders on the loop.
+_QUICK_MS = 2.0
+
+
+def _light(request: GenerationRequest) -> bool:
+    """Whether ``request``'s prompt is prepared quicker than a thread starts: text only, short,
+    and no JSON schema or grammar to compile."""
+    options = request.options
+    if request.images or options.json_schema is not None:
+        return False
+    size = len(request.prompt or "") + len(request.suffix or "")
+    if request.tools:
+        size += len(str(request.tools))
+    for message in request.messages or ():
+        content = message.get("content")
+        size += len(content) if isinstance(content, str) else _LIGHT_CHARS
+        if size > _LIGHT_CHARS:
+            return False
+    return size <= _LIGHT_CHARS
+
+
 class _Connection:
     """One client connection; events from the engine thread are written on the loop.
 
@@ -522,6 +546,8 @@ class RunnerServer:
         (:class:`~localllm.daemon.memory.plan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
+        self._template_ms: dict[str, float] = {}
+        """The slowest render of each template seen (ms): quick ones render on the loop."""
         # Dispatched requests; close() waits for them, because prompt preparation reads the
         # model's vocabulary from worker threads and the model must outlive them.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -595,6 +621,7 @@ class RunnerServer:
         self._connections.add(connection)
         try:
             while line := await reader.readline():
+                read_at = time.perf_counter_ns()
                 try:
                     message = decode(line)
                 except ProtocolError as exc:
@@ -607,7 +634,7 @@ class RunnerServer:
                     continue
                 if isinstance(message, GenerateOp | EmbedOp):
                     connection.active.add(message.id)
-                task = asyncio.create_task(self._dispatch(connection, message))
+                task = asyncio.create_task(self._dispatch(connection, message, read_at))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 await writer.drain()
@@ -621,12 +648,13 @@ class RunnerServer:
             self._connections.discard(connection)
             writer.close()
 
-    async def _dispatch(self, connection: _Connection, message: Request) -> None:
-        """Run one request; whatever happens, a request that fails gets its error event."""
+    async def _dispatch(self, connection: _Connection, message: Request, read_at: int = 0) -> None:
+        """Run one request; whatever happens, a request that fails gets its error event.
+        ``read_at``: when its line was read (``perf_counter_ns``)."""
         try:
             match message:
                 case GenerateOp():
-                    await self._generate(connection, message)
+                    await self._generate(connection, message, read_at)
                 case EmbedOp():
                     await self._embed(connection, message)
                 case CancelOp():
@@ -721,21 +749,34 @@ class RunnerServer:
         else:
             self.engine.cancel(request_id)
 
-    async def _generate(self, connection: _Connection, op: GenerateOp) -> None:
+    async def _generate(self, connection: _Connection, op: GenerateOp, read_at: int = 0) -> None:
         request = op.request
         request.id = op.id
         adapters = self._adapter_set(request.adapters)
         connection.preparing.add(op.id)
-        try:
-            # A thread of its own: encoding images computes graphs (see .threads).
-            prompt, grammar = await in_own_thread(
-                lambda: (
-                    prepare(self.model, request, self.default_template, self.projector),
-                    grammar_for(request.options),
-                ),
-                "localllm-prepare",
+
+        def work() -> tuple[Prompt, str | None]:
+            return (
+                prepare(self.model, request, self.default_template, self.projector),
+                grammar_for(request.options),
             )
+
+        template = request.template or self.default_template or ""
+        try:
+            if _light(request) and self._template_ms.get(template, _QUICK_MS) < _QUICK_MS:
+                # A short text prompt whose template rendered quickly before takes well under a
+                # millisecond here: a thread would cost more (its start, two hand-overs).
+                prompt, grammar = work()
+            else:
+                # A thread of its own: encoding images computes graphs (see .threads), and a
+                # long prompt or a schema's grammar must not hold the other requests' events.
+                prompt, grammar = await in_own_thread(work, "localllm-prepare")
             check_sampling(request.options, self.model.n_vocab)
+            # The slowest render seen: a template that once took long goes to a thread again.
+            seen = self._template_ms.get(template, 0.0)
+            self._template_ms[template] = max(seen, prompt.template_ms)
+            if len(self._template_ms) > 64:  # requests may bring their own templates
+                self._template_ms.pop(next(iter(self._template_ms)))
         except (GrammarError, ValueError) as exc:
             if isinstance(exc, PromptError):
                 raise
@@ -765,6 +806,8 @@ class RunnerServer:
                 dropped_tokens=prompt.dropped_tokens,
                 template_ms=prompt.template_ms,
                 tokenize_ms=prompt.tokenize_ms,
+                read_at=read_at,
+                ready_at=time.perf_counter_ns(),
             )
         )
         self.engine.submit(
