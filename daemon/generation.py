@@ -22,7 +22,7 @@ from fastapi import Request
 
 from localllm._exceptions import SettingsError
 from localllm.settings import parse_duration
-from localllm.store.models import LocalModel, load_model
+from localllm.store.models import LocalModel
 from localllm.store.names import parse_name
 
 from .errors import ClientGone, HTTPProblem, problem_from
@@ -63,7 +63,7 @@ def resolve_model(state: DaemonState, name: str | None, field: str = "model") ->
     if not name:
         raise HTTPProblem(400, f"{field} is required", param=field)
     parsed = parse_name(name)  # InvalidNameError → 400
-    return load_model(state.store, parsed)  # ModelNotFoundError → 404
+    return state.models.get(parsed)  # ModelNotFoundError → 404
 
 
 def parse_keep_alive(value: str | float | int | None, field: str = "keep_alive") -> float | None:
