@@ -193,3 +193,19 @@ def test_verbose_block_lists_the_phases() -> None:
     assert "parse 400µs" in line and "prefill 20.00ms" in line
     assert "load" not in line and "ttft" not in line  # nothing measured, and the total
     assert "first token phases" not in format_timings({"total_duration": 1})
+
+
+def test_short_text_prompts_are_prepared_without_a_thread() -> None:
+    from localllm.daemon.runner.protocol import GenerationRequest, SamplingOptions
+    from localllm.daemon.runner.server import _light
+
+    def ask(**fields: Any) -> GenerationRequest:
+        return GenerationRequest(id="x", options=fields.pop("options", SamplingOptions()), **fields)
+
+    assert _light(ask(messages=[{"role": "user", "content": "Hi"}]))
+    assert _light(ask(prompt="1, 2, 3,"))
+    # long text, images, a schema's grammar, parts instead of text: a thread of their own
+    assert not _light(ask(messages=[{"role": "user", "content": "x" * 9000}]))
+    assert not _light(ask(prompt="Hi", images=["aGk="]))
+    assert not _light(ask(prompt="Hi", options=SamplingOptions(json_schema={"type": "object"})))
+    assert not _light(ask(messages=[{"role": "user", "content": [{"type": "text"}]}]))

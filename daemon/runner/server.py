@@ -445,7 +445,9 @@ def _light(request: GenerationRequest) -> bool:
         size += len(str(request.tools))
     for message in request.messages or ():
         content = message.get("content")
-        size += len(content) if isinstance(content, str) else _LIGHT_CHARS
+        if not isinstance(content, str):
+            return False  # parts: their text is joined while preparing
+        size += len(content)
         if size > _LIGHT_CHARS:
             return False
     return size <= _LIGHT_CHARS
