@@ -544,6 +544,8 @@ class RunnerServer:
         self.socket_path = socket_path
         self.default_template = model.config.chat_template or model.chat_template()
         self.memory_plan: dict[str, Any] | None = None
+        self.memory_plan_kept = False
+        """Whether the plan was kept from an earlier load (:mod:`..memory.plancache`)."""
         """The memory plan the model was loaded by
         (:class:`~localllm.daemon.memory.plan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
@@ -615,6 +617,7 @@ class RunnerServer:
             "chat_template": self.default_template is not None,
             "vision": self.projector is not None,
             "memory_plan": self.memory_plan,
+            "memory_plan_kept": self.memory_plan_kept,
             "rank": model.rank_pooling,
         }
 
