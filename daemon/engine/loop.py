@@ -295,13 +295,18 @@ class Engine:
         clock = self.time
         clock.started = time.perf_counter()
         try:
-            self.speculation.measure()
             while True:
                 idle = (
                     not self.waiting
                     and not self.embeddings
                     and not any(slot.busy for slot in self.slots)
                 )
+                if idle and self.speculation.measure_piece():
+                    # What drafting costs, measured a decode at a time while nothing waits:
+                    # a model's first request waits for one decode, not for all of them.
+                    if not self._drain_inbox(block=False):
+                        break
+                    continue
                 clock.waiting_since = time.perf_counter() if idle else 0.0
                 if not self._drain_inbox(block=idle):
                     break
