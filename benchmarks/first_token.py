@@ -14,8 +14,8 @@ server then the other, the order alternating, ``--pairs`` times after a warm-up.
 
 Usage::
 
-    python benchmarks/first_token.py [--peer PATH] [--pairs 24] [--tokens 8] [--threads N]
-        [--slots 8] [--ctx 2048]
+    python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--pairs 24]
+        [--tokens 8] [--threads N] [--slots 8] [--ctx 2048]
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ def main() -> int:
     """Run the pairs and print the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", help="a llama-server binary to compare with")
+    parser.add_argument(
+        "--peer-arg",
+        action="append",
+        default=[],
+        help="one more argument for llama-server (repeat it; e.g. --peer-arg=-kvu)",
+    )
     parser.add_argument("--pairs", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -110,6 +116,7 @@ def main() -> int:
                 *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
                 *("-np", str(args.slots), "-t", str(args.threads), "-tb", str(args.threads)),
                 *("-c", str(args.ctx * args.slots), "--no-webui"),
+                *args.peer_arg,
             ]
             process = subprocess.Popen(
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
