@@ -13,6 +13,7 @@ them: ``curl -d`` sends ``application/x-www-form-urlencoded`` and litellm sends 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,6 +40,7 @@ from .api import (
 )
 from .api.errorshapes import openai_error
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
+from .firsttoken import ARRIVAL
 from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
 from .state import DaemonState
@@ -87,6 +89,18 @@ class _JsonBodies:
             if not current or not _is_json_type(current[0]):
                 kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
                 scope = {**scope, "headers": [*kept, _JSON_TYPE]}
+        await self.app(scope, receive, send)
+
+
+class _Arrival:
+    """Stamps each request's arrival in its scope (:data:`~.firsttoken.ARRIVAL`), where the
+    time to its first token starts. The outermost layer, so every middleware counts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[ARRIVAL] = time.perf_counter_ns()
         await self.app(scope, receive, send)
 
 
@@ -216,4 +230,5 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     )
     app.add_middleware(_CountRequests, state=app.state.daemon)
     app.add_middleware(GuardMiddleware, settings=settings)
+    app.add_middleware(_Arrival)
     return app

@@ -22,10 +22,11 @@ from fastapi import Request
 
 from localllm._exceptions import SettingsError
 from localllm.settings import parse_duration
-from localllm.store.models import LocalModel, load_model
+from localllm.store.models import LocalModel
 from localllm.store.names import parse_name
 
 from .errors import ClientGone, HTTPProblem, problem_from
+from .firsttoken import FirstToken
 from .lora.sharing import adapter_uses
 from .options import runner_config
 from .runner.client import GenerationStream, RunnerDiedError, RunnerError, TokenChunk
@@ -62,7 +63,7 @@ def resolve_model(state: DaemonState, name: str | None, field: str = "model") ->
     if not name:
         raise HTTPProblem(400, f"{field} is required", param=field)
     parsed = parse_name(name)  # InvalidNameError → 400
-    return load_model(state.store, parsed)  # ModelNotFoundError → 404
+    return state.models.get(parsed)  # ModelNotFoundError → 404
 
 
 def parse_keep_alive(value: str | float | int | None, field: str = "keep_alive") -> float | None:
@@ -122,6 +123,8 @@ class Job:
     """``ollama`` or ``openai`` (metrics label)."""
     received: float = field(default_factory=time.monotonic)
     """When the daemon received the request: every duration it reports starts here."""
+    clock: FirstToken = field(default_factory=FirstToken)
+    """Where its time to first token goes."""
 
     @classmethod
     def for_model(
@@ -240,9 +243,12 @@ class Generation:
     async def _pump(self, items: asyncio.Queue[TokenChunk | Outcome | BaseException]) -> None:
         result: Result | None = None
         try:
+            clock = self.job.clock
             async with self.lease:
                 async for item in self.stream:
                     if isinstance(item, TokenChunk):
+                        if not clock.first_chunk:
+                            clock.first_chunk = FirstToken.now()
                         if item.text or item.logprobs:
                             if items.qsize() >= _MAX_UNREAD_CHUNKS:
                                 raise HTTPProblem(
@@ -322,15 +328,22 @@ async def start(state: DaemonState, request: Request, job: Job) -> Generation:
     :class:`HTTPProblem` here, before any answer has started."""
 
     async def begin() -> Generation:
+        clock = job.clock
         lease = await state.scheduler.acquire(job.model, job.config, job.keep_alive)
+        clock.acquired = FirstToken.now()
+        clock.load_ms = lease.load_seconds * 1000
         lease.keep_alive = job.keep_alive
         job.request.adapters = adapter_uses(job.config)
         waited = time.monotonic() - job.received
         try:
+            clock.sent = FirstToken.now()
             stream = await lease.runner.open_generation(job.request, on_cancelled=lease.record)
+            clock.accepted = FirstToken.now()
         except BaseException:
             lease.release()
             raise
+        clock.template_ms, clock.tokenize_ms = stream.template_ms, stream.tokenize_ms
+        clock.runner_read, clock.runner_ready = stream.runner_read, stream.runner_ready
         if stream.dropped_tokens or stream.dropped_messages:
             log.info(
                 "%s: the prompt was longer than the context of %d tokens; dropped %d older "

@@ -6,7 +6,7 @@ process do not share counters. Prefill and decode are measured apart, as are TTF
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,6 +23,24 @@ from .scheduler import LoadedModel, Scheduler
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
+# Phases of the first token run from microseconds (parsing) to seconds (a load).
+_PHASE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    10,
+)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -89,6 +107,16 @@ class Metrics:
         )
         self.queue_wait = self._latency(
             "localllm_queue_wait_seconds", "Time a request waited in the runner for a slot."
+        )
+        self.first_token_phase = Histogram(
+            "localllm_first_token_phase_seconds",
+            "Where the time to first token went, by model and phase: parse (HTTP, body, "
+            "validation), plan, queue, load, handover (to the runner and back), template, "
+            "tokenize, wait (in the runner for a slot), prefill, sample, detokenize, relay "
+            "(the engine's events back to the daemon), out (to the first byte).",
+            ["model", "phase"],
+            buckets=_PHASE_BUCKETS,
+            registry=self.registry,
         )
         self.prefill = self._latency(
             "localllm_prefill_duration_seconds", "Time spent evaluating prompt tokens."
@@ -203,6 +231,12 @@ class Metrics:
         return Histogram(
             name, documentation, ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry
         )
+
+    def observe_first_token(self, model: str, phases: Mapping[str, float]) -> None:
+        """Where one request's time to first token went (phase → ms, ``ttft`` the sum)."""
+        for phase, ms in phases.items():
+            if phase != "ttft":
+                self.first_token_phase.labels(model, phase).observe(ms / 1000)
 
     def observe_load(self, loaded: LoadedModel) -> None:
         """A model finished loading."""

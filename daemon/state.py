@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 
 from localllm import testhooks
 from localllm.settings import Settings
+from localllm.store.models import ModelCache
 from localllm.store.store import Store
 
 from .metrics import Metrics
@@ -44,10 +45,13 @@ class DaemonState:
     speedwatch: SpeedWatch = field(init=False)
     """Measures this machine's speed at the first quiet moment
     (:mod:`localllm.daemon.speed.watch`)."""
+    models: ModelCache = field(init=False)
+    """The store's models, resolved once per manifest (every request names one)."""
 
     def __post_init__(self) -> None:
         from .discover import wire
 
+        self.models = ModelCache(self.store)
         self.discovery, self.speedbook, self.speedwatch = wire(self.settings, self.scheduler)
 
     @classmethod

@@ -3,7 +3,8 @@
 Fed with the final (``done``) chunk of ``/api/chat`` or ``/api/generate``: Ollama's nanosecond
 fields and localllm's extras (``ttft_duration``, ``prompt_cached_count``,
 ``prompt_evaluated_count``, ``prompt_eval_rate``, ``eval_rate``, ``queue_duration``, the CPU
-threads the steps ran with: ``threads_min``, ``threads_max``, ``threads_of``, ``threads_why``). The
+threads the steps ran with: ``threads_min``, ``threads_max``, ``threads_of``, ``threads_why``; and
+``ttft_breakdown``, where the time to the first token went, phase by phase). The
 prompt (prefill) and generation (decode) phases are reported apart, since they have different
 bottlenecks: "prompt eval count" counts only the tokens evaluated, and the tokens reused from
 the KV cache have their own line, so the prompt rate is not inflated by the cache.
@@ -54,6 +55,20 @@ def _threads(final: Mapping[str, Any]) -> str | None:
     return f"{used} of {most:.0f}{note}"
 
 
+def _phases(final: Mapping[str, Any]) -> str | None:
+    """``parse 410µs, plan 120µs, ...``: the phases of the first token the daemon measured
+    (those under a microsecond left out), from ``ttft_breakdown`` (nanoseconds)."""
+    breakdown = final.get("ttft_breakdown")
+    if not isinstance(breakdown, Mapping):
+        return None
+    parts = [
+        f"{name} {format_duration(ns)}"
+        for name, ns in breakdown.items()
+        if name != "ttft" and isinstance(ns, int | float) and ns >= 1000
+    ]
+    return ", ".join(parts) or None
+
+
 def format_timings(final: Mapping[str, Any]) -> str:
     """The aligned block of timing lines for one answer's final chunk."""
     prompt_total = _number(final, "prompt_eval_count")
@@ -72,6 +87,8 @@ def format_timings(final: Mapping[str, Any]) -> str:
         rows.append(("queue duration", format_duration(_number(final, "queue_duration"))))
     if "ttft_duration" in final:
         rows.append(("time to first token", format_duration(_number(final, "ttft_duration"))))
+    if (phases := _phases(final)) is not None:
+        rows.append(("first token phases", phases))
     rows.append(("prompt eval count", f"{evaluated:.0f} token(s)"))
     if "prompt_cached_count" in final:
         rows.append(("prompt cached count", f"{cached:.0f} token(s) reused from cache"))

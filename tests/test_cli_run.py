@@ -87,6 +87,12 @@ def test_verbose_prints_both_phases_with_numbers(cli: CliHome) -> None:
     generated = int(re.search(r"\d+", values["eval count"]).group(0))  # type: ignore[union-attr]
     assert 1 <= generated <= 12
     assert "eval rate" not in result.stdout  # timings go to stderr, the answer alone to stdout
+    # where the time to the first token went, phase by phase, each with its duration
+    phases = re.search(r"^first token phases: +(.+)$", result.stderr, re.MULTILINE)
+    assert phases, result.stderr
+    named = dict(part.rsplit(" ", 1) for part in phases.group(1).split(", "))
+    assert {"parse", "template", "tokenize", "prefill"} <= set(named), named
+    assert all(re.fullmatch(_DURATION, value) for value in named.values()), named
     # the same system prompt again: part of the prompt now comes from the KV cache
     again = cli.run("run", "short", "--verbose", "Name a colour.")
     cached = re.search(r"prompt cached count: +(\d+)", again.stderr)

@@ -167,4 +167,47 @@ def test_the_log_tap_sees_what_llama_cpp_logs(tiny_gguf: Path) -> None:
 
 def _log_taps_left() -> bool:
     from localllm.daemon.engine import model
+
     return bool(model._log_taps)
+
+
+def test_a_runner_loaded_again_keeps_its_plan_until_an_option_or_file_changes(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    import dataclasses
+    import os
+    import shutil
+
+    model = tmp_path / "model.gguf"
+    shutil.copyfile(tiny_gguf, model)
+    config = RunnerConfig(
+        model_path=str(model),
+        n_slots=2,
+        n_ctx_per_slot=0,
+        n_threads=1,
+        memory_plan=True,
+        kv_cache_ram=1 << 20,
+        kv_cache_dir=str(tmp_path / "kv"),
+    )
+
+    def loaded(config: RunnerConfig, name: str) -> dict[str, object]:
+        (tmp_path / name).mkdir()
+        runner = RunnerHarness(config, tmp_path / name)
+        try:
+            return runner.run(runner.client.health())
+        finally:
+            runner.close()
+
+    first = loaded(config, "first")
+    assert first["memory_plan_kept"] is False
+    again = loaded(config, "again")
+    assert again["memory_plan_kept"] is True  # the same files, options and free memory
+    assert again["memory_plan"] == first["memory_plan"]
+    assert again["n_ctx_per_slot"] == first["n_ctx_per_slot"]
+    # another option: planned anew (and the new plan says what the option changed)
+    other = loaded(dataclasses.replace(config, n_slots=3), "other")
+    assert other["memory_plan_kept"] is False
+    assert MemoryPlan.from_dict(other["memory_plan"]).n_slots == 3  # type: ignore[arg-type]
+    # the same file name with other contents (its modification time changed): planned anew
+    os.utime(model, ns=(1, 1))
+    assert loaded(config, "touched")["memory_plan_kept"] is False

@@ -314,3 +314,22 @@ def test_verbose_block_reports_drafts_only_when_there_were_some() -> None:
     assert "draft" not in format_timings(final)
     block = format_timings({**final, "draft_count": 8, "draft_accepted_count": 6})
     assert "6 of 8 accepted (75%" in block
+
+
+def test_the_cost_measurement_comes_a_decode_at_a_time(model: LlamaModel) -> None:
+    # The engine takes the start-up measurement a decode at a time while nothing waits, so
+    # that a model's first request waits for one decode of it, not for all of them.
+    sequences = range(model.n_slots + (model.scratch_seq is not None))
+    for seq in sequences:  # the shared model: empty, as a model just loaded is
+        model.seq_remove(seq, 0)
+    speculation = Engine(model, num_draft=6).speculation
+    pieces = 0
+    while speculation.measure_piece():
+        pieces += 1
+        assert pieces <= 9
+    # a warm-up decode, then 1, 2, 4 and 8 tokens twice each
+    assert pieces == 9
+    assert speculation.costs.ready and speculation.costs.curve().relative[1] == 1.0
+    assert not speculation.measure_piece()  # done once and for all
+    # every piece left its scratch sequence empty
+    assert all(model.seq_pos_max(seq) < 0 for seq in sequences)

@@ -163,3 +163,28 @@ def test_unreadable_manifest_is_skipped_in_listing(store: Store, tiny_gguf: Path
     bad.parent.mkdir(parents=True)
     bad.write_text("{not json")
     assert [e.name.short for e in store.list()] == ["good:latest"]
+
+
+def test_model_cache_reuses_a_model_until_its_manifest_changes(
+    store: Store, tiny_gguf: Path
+) -> None:
+    from localllm._exceptions import DamagedModelError
+    from localllm.store.models import ModelCache
+
+    cache = ModelCache(store)
+    name = parse_name("cached")
+    create_model(store, name, gguf_file=tiny_gguf, system="one")
+    first = cache.get(name)
+    assert cache.get(name) is first  # the same manifest: resolved once
+    # replaced (an atomic rename): read again, never the stale system prompt
+    create_model(store, name, gguf_file=tiny_gguf, system="two")
+    second = cache.get(name)
+    assert second is not first and second.system == "two"
+    # a blob gone is still reported, as the store reports it
+    system_layer = next(x for x in second.entry.manifest.layers if "system" in x.media_type)
+    store.blob_path(system_layer.digest).unlink()
+    with pytest.raises(DamagedModelError):
+        cache.get(name)
+    store.delete(name)
+    with pytest.raises(ModelNotFoundError):
+        cache.get(name)

@@ -731,7 +731,8 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
                 "stop_details": None,
                 "container": None,
                 "usage": _done_usage(whole.done),
-            }
+            },
+            headers=reply.timing_headers(whole.done),
         )
 
     async def stream() -> AsyncIterator[bytes]:
@@ -771,7 +772,9 @@ async def messages(body: MessagesRequest, request: Request, state: StateDep) -> 
             _, error = anthropic_error(problem_from(exc, name))
             yield _sse("error", error)
 
-    return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)
+    return ClosingStreamingResponse(
+        stream(), media_type="text/event-stream", on_close=reply.close, timing=reply
+    )
 
 
 @router.post("/messages/count_tokens", summary="Count a prompt's tokens (Anthropic)")

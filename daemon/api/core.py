@@ -62,6 +62,7 @@ from fastapi import Request
 from localllm.store.models import LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
+from ..firsttoken import ARRIVAL, FirstToken, server_timing
 from ..generation import Generation, Job, Outcome, start, until_disconnect
 from ..options import sampling_options
 from ..prompt.plan import PromptPlan, plan_prompt
@@ -235,6 +236,7 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
     """Plan ``ask``: the sampling, the prompt (:func:`~localllm.daemon.prompt.plan.plan_prompt`:
     template, tools, reasoning, grammar), one job per choice. Every problem with the request
     is a 400 here, before anything runs."""
+    began = FirstToken.now()
     model = ask.model
     if "completion" not in model.capabilities():
         wording = "does not support generate" if ask.api == "ollama" else "cannot generate text"
@@ -274,6 +276,9 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
             # the others may reuse its cells instead of evaluating it again.
             copy.options.prompt_logprobs = False
         jobs.append(Job.for_model(state, model, ask.options, copy, ask.keep_alive, ask.api))
+    planned = FirstToken.now()
+    for job in jobs:
+        job.clock.planning, job.clock.planned = began, planned
     return Plan(ask=ask, jobs=jobs, prompt=prompt, counted=counted)
 
 
@@ -340,6 +345,9 @@ class Done:
     truncation: dict[str, int] = field(default_factory=dict)
     """What truncation left out of the prompt (``truncated_messages``: older chat messages,
     ``truncated_tokens``); empty when nothing was."""
+    first_token: dict[str, float] = field(default_factory=dict)
+    """Where the time to the first token went, phase by phase in ms, ending with ``ttft``
+    (see :mod:`localllm.daemon.firsttoken`); empty when no token came."""
 
     @property
     def limited(self) -> bool:
@@ -432,6 +440,8 @@ class Reply:
         self._readers: list[asyncio.Task[None]] = []
         self._queue: asyncio.Queue[tuple[int, Delta | Done | BaseException]] = asyncio.Queue()
         self._closed = False
+        self._whole = False
+        self._state: DaemonState | None = None
 
     @classmethod
     async def open(
@@ -443,14 +453,38 @@ class Reply:
     ) -> Reply:
         """Start every choice (together, so the engine shares the prompt); return once the
         first is accepted. ``cutter`` makes the filter that may end each choice early."""
+        received = request.scope.get(ARRIVAL)
+        if received is not None:
+            for job in plan.jobs:
+                job.clock.received = received
         starts = [asyncio.ensure_future(start(state, request, job)) for job in plan.jobs]
         reply = cls(plan, starts, cutter)
+        reply._state = state
         try:
             await asyncio.shield(starts[0])
         except BaseException:
             reply.close()
             raise
         return reply
+
+    @property
+    def clock(self) -> FirstToken:
+        """The first choice's first-token clock (the reply's first token is its)."""
+        return self.plan.jobs[0].clock
+
+    def first_known(self) -> bool:
+        """Whether the first token has arrived from the runner."""
+        return bool(self.clock.first_chunk)
+
+    def server_timing(self) -> str:
+        """The ``Server-Timing`` value as the first byte goes out (a streamed reply)."""
+        return self.clock.header()
+
+    def timing_headers(self, done: Done) -> dict[str, str]:
+        """The headers of a whole reply whose first choice ended with ``done``: its
+        ``Server-Timing``, every phase known."""
+        phases = done.first_token or self.clock.durations()
+        return {"Server-Timing": server_timing(phases)}
 
     @property
     def prompt_tokens(self) -> int:
@@ -577,7 +611,7 @@ class Reply:
         timings: Timings,
         outcome: Outcome | None,
     ) -> Done:
-        return Done(
+        done = Done(
             reason=reason,
             stop_sequence=stop_sequence,
             calls=c.answer.calls_made,
@@ -591,6 +625,13 @@ class Reply:
             logprobs=self._leftover(c),
             truncation=c.generation.truncation() if c.generation is not None else {},
         )
+        if c.generation is not None and (clock := c.generation.job.clock).first_chunk:
+            if self._whole and not clock.out_at:
+                clock.out_at = clock.first_chunk  # no first byte before the whole answer
+            done.first_token = clock.durations(timings)
+            if self._state is not None:
+                self._state.metrics.observe_first_token(self.model_name, done.first_token)
+        return done
 
     def _leftover(self, c: _Choice) -> list[TokenLogprob]:
         taken, c.pending = c.pending, []
@@ -641,6 +682,7 @@ class Reply:
                 logprobs += event.logprobs
             raise HTTPProblem(500, "the generation ended without a result")
 
+        self._whole = True
         try:
             return await until_disconnect(request, _all([collect(c) for c in self.choices]))
         finally:

@@ -425,7 +425,13 @@ def _timings(done: Done) -> dict[str, Any]:
         "predicted_per_second": (
             round(predicted_n / predicted_ms * 1000, 2) if predicted_ms else 0.0
         ),
+        # localllm: where the time to the first token went, phase by phase (ms)
+        **({"first_token_ms": _rounded(done.first_token)} if done.first_token else {}),
     }
+
+
+def _rounded(phases: dict[str, float]) -> dict[str, float]:
+    return {phase: round(ms, 3) for phase, ms in phases.items()}
 
 
 def _select(body: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
@@ -494,7 +500,9 @@ async def infill(body: InfillRequest, request: Request, state: StateDep) -> Resp
 
     if not body.stream:
         (whole,) = await reply.whole(request)
-        return JSONResponse(final(whole.content, whole.done))
+        return JSONResponse(
+            final(whole.content, whole.done), headers=reply.timing_headers(whole.done)
+        )
 
     def partial(text: str) -> bytes:
         return sse_event(
@@ -512,4 +520,6 @@ async def infill(body: InfillRequest, request: Request, state: StateDep) -> Resp
         except Exception as exc:
             yield sse_event({"error": problem_from(exc, name).message})
 
-    return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)
+    return ClosingStreamingResponse(
+        stream(), media_type="text/event-stream", on_close=reply.close, timing=reply
+    )

@@ -182,6 +182,12 @@ def timing_fields(done: Done) -> dict[str, Any]:
             else {}
         ),
         **({"threads_why": t.threads_why} if t.threads_why else {}),
+        # localllm: where the time to the first token went, phase by phase (nanoseconds)
+        **(
+            {"ttft_breakdown": {k: int(ms * 1e6) for k, ms in done.first_token.items()}}
+            if done.first_token
+            else {}
+        ),
     }
 
 
@@ -253,7 +259,7 @@ async def _run(
         fields = _fields(chat, whole.content, whole.thinking, calls_of(whole.calls))
         if ask.logprobs:
             fields["logprobs"] = ollama_logprobs(whole.logprobs, top)
-        return JSONResponse(final(whole.done, fields))
+        return JSONResponse(final(whole.done, fields), headers=reply.timing_headers(whole.done))
 
     # Every line starts with the model's name: encoded once, then spliced with the rest.
     head = b'{"model":' + dumps(name) + b',"created_at":"'
@@ -294,7 +300,7 @@ async def _run(
                 log.warning("%s: stream failed: %s", name, exc, exc_info=problem.code == "internal")
             yield ndjson_line({"error": problem.message})
 
-    return ClosingStreamingResponse(body(), media_type=NDJSON, on_close=reply.close)
+    return ClosingStreamingResponse(body(), media_type=NDJSON, on_close=reply.close, timing=reply)
 
 
 def _load_response(name: str, done_reason: str, extra: dict[str, Any]) -> JSONResponse:

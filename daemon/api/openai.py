@@ -85,6 +85,12 @@ def _usage(dones: Sequence[Done], n: int) -> dict[str, Any]:
             "decode_ms": round(t.decode_ms, 3),
             "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
             "load_ms": round(load_s * 1000, 3),
+            # where the time to the first token went, phase by phase
+            **(
+                {"first_token_ms": {k: round(ms, 3) for k, ms in first.first_token.items()}}
+                if first.first_token
+                else {}
+            ),
         },
     }
 
@@ -288,7 +294,8 @@ async def _answer(
                 "system_fingerprint": "localllm",
                 "choices": [choice(index, whole) for index, whole in enumerate(wholes)],
                 "usage": _usage([whole.done for whole in wholes], planned.ask.n),
-            }
+            },
+            headers=reply.timing_headers(wholes[0].done),
         )
 
     chunk_object = f"{object_name}.chunk" if object_name == "chat.completion" else object_name
@@ -321,7 +328,9 @@ async def _answer(
             return
         yield sse_event("[DONE]")
 
-    return ClosingStreamingResponse(body(), media_type="text/event-stream", on_close=reply.close)
+    return ClosingStreamingResponse(
+        body(), media_type="text/event-stream", on_close=reply.close, timing=reply
+    )
 
 
 def _chat_template_kwargs(value: dict[str, Any] | None) -> dict[str, Any]:

@@ -721,7 +721,7 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
         (whole,) = await reply.whole(request)
         output.add(Delta(whole.content, whole.thinking, whole.calls))
         output.close(_status(whole.done))
-        return JSONResponse(finished(whole.done))
+        return JSONResponse(finished(whole.done), headers=reply.timing_headers(whole.done))
 
     async def stream() -> AsyncIterator[bytes]:
         yield output.event("response.created", response=response("in_progress", None))
@@ -747,4 +747,6 @@ async def responses(body: ResponsesRequest, request: Request, state: StateDep) -
             failed = {"code": error["code"] or "server_error", "message": problem.message}
             yield output.event("response.failed", response=response("failed", None, error=failed))
 
-    return ClosingStreamingResponse(stream(), media_type="text/event-stream", on_close=reply.close)
+    return ClosingStreamingResponse(
+        stream(), media_type="text/event-stream", on_close=reply.close, timing=reply
+    )

@@ -296,13 +296,18 @@ class Engine:
         clock = self.time
         clock.started = time.perf_counter()
         try:
-            self.speculation.measure()
             while True:
                 idle = (
                     not self.waiting
                     and not self.embeddings
                     and not any(slot.busy for slot in self.slots)
                 )
+                if idle and self.speculation.measure_piece():
+                    # What drafting costs, measured a decode at a time while nothing waits:
+                    # a model's first request waits for one decode, not for all of them.
+                    if not self._drain_inbox(block=False):
+                        break
+                    continue
                 clock.waiting_since = time.perf_counter() if idle else 0.0
                 if not self._drain_inbox(block=idle):
                     break
@@ -434,6 +439,7 @@ class Engine:
             slot.generated = 0
             slot.admitted = time.perf_counter()
             slot.first_token_at = 0.0
+            slot.first_marks = (0.0, 0.0)
             threads = self.model.threads_now
             slot.threads_min = slot.threads_max = threads
             slot.threads_why = self.governor.explain("decode", threads)
@@ -692,8 +698,11 @@ class Engine:
         """Account for one generated token; True when it ended the request."""
         job, text = slot.job, slot.text
         assert job is not None and text is not None
-        if slot.first_token_at == 0.0:
+        first = slot.first_token_at == 0.0
+        if first:
             slot.first_token_at = now
+            sampled = time.perf_counter()
+            slot.first_marks = (sampled - now, 0.0)
         slot.generated += 1
         if self.model.is_end_of_generation(token):
             self._finish(slot, "stop")
@@ -707,6 +716,8 @@ class Engine:
         if job.options.logprobs:
             slot.logprobs.append(self._logprob(index, token, job, piece_bytes))
         piece = text.push(piece_bytes)
+        if first:  # the first token's own timings: the time to first token, split
+            slot.first_marks = (slot.first_marks[0], time.perf_counter() - sampled)
         if piece:
             self._emit(job.emit, TokenEvent(job.id, piece, self._take_logprobs(slot)))
         options = job.options
@@ -798,6 +809,8 @@ class Engine:
             prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
             completion_tokens=slot.generated,
             decode_ms=decode_s * 1000,
+            sample_ms=slot.first_marks[0] * 1000,
+            detokenize_ms=slot.first_marks[1] * 1000,
             decode_tokens_per_s=(slot.generated - 1) / decode_s
             if slot.generated > 1 and decode_s > 0
             else 0.0,

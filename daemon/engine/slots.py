@@ -136,6 +136,8 @@ class Slot:
         """When the request got this slot."""
         self.first_token_at = 0.0
         """When its first token was sampled (0 until then)."""
+        self.first_marks = (0.0, 0.0)
+        """The first token's sampling and detokenizing, in seconds (for its timings)."""
         self.threads_min = 0
         """Fewest CPU threads a step ran with while this request was in the slot."""
         self.threads_max = 0

@@ -203,13 +203,19 @@ async def _serve(args: argparse.Namespace) -> int:
         gpu_memory=args.gpu_memory,
     )
     plan: MemoryPlan | None = None
+    kept = False
     if config.memory_plan:
-        from ..memory.measure import MeasureError, plan_load
+        from ..memory.measure import MeasureError
         from ..memory.plan import DoesNotFit
+        from ..memory.plancache import plan_kept
 
         runner_log = logging.getLogger("localllm.runner")
+        # Plans are kept beside the saved prefixes (a real load's only: /api/plan asks anew).
+        folder = None if args.plan_only or not config.kv_cache_dir else Path(config.kv_cache_dir)
         try:
-            plan = await in_own_thread(lambda: plan_load(config), "localllm-plan")
+            plan, kept = await in_own_thread(
+                lambda: plan_kept(config, folder / "plans" if folder else None), "localllm-plan"
+            )
         except DoesNotFit as exc:
             runner_log.error("the model does not fit: %s", exc)
             _report(args, "nofit", exc.report.to_dict())
@@ -282,6 +288,7 @@ async def _serve(args: argparse.Namespace) -> int:
     engine.start()
     server = RunnerServer(model, engine, Path(args.socket), projector)
     server.memory_plan = plan.to_dict() if plan is not None else None
+    server.memory_plan_kept = kept
     await server.start()
     logging.getLogger("localllm.runner").info(
         "serving %s: %d slots x %d tokens, %d threads, %d GPU layers",

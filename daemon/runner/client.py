@@ -155,6 +155,14 @@ class GenerationStream:
         """Older chat messages truncation left out to fit the context."""
         self.dropped_tokens = 0
         """Prompt tokens truncation left out (those messages' included)."""
+        self.template_ms = 0.0
+        """The runner's time rendering the chat template."""
+        self.tokenize_ms = 0.0
+        """The runner's time tokenizing the prompt."""
+        self.runner_read = 0
+        """When the runner read the request (``perf_counter_ns``; 0: not said)."""
+        self.runner_ready = 0
+        """When the runner accepted the prompt (``perf_counter_ns``; 0: not said)."""
         self._client = client
         self._queue = queue
         self._on_cancelled = on_cancelled
@@ -170,6 +178,9 @@ class GenerationStream:
             self.prompt_tail = event.prompt_tail
             self.dropped_messages = event.dropped_messages
             self.dropped_tokens = event.dropped_tokens
+            self.template_ms = event.template_ms
+            self.tokenize_ms = event.tokenize_ms
+            self.runner_read, self.runner_ready = event.read_at, event.ready_at
         elif isinstance(event, protocol.DoneEvent):  # cancelled while the prompt was being prepared
             self._early = event
         else:

