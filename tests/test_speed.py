@@ -305,20 +305,9 @@ def test_rates_come_back_from_the_probes_timings() -> None:
 def test_the_probe_measures_this_machine(tmp_path: Path) -> None:
     """The child runs llama.cpp on a synthetic model of each type asked for and reports timings
     the parent turns into positive rates (one type here, to keep the suite short)."""
-    # (measured on past figures that do not agree: this machine is shared)
-    report = speedprobe._run_child(1, True, ["Q4_0"], timeout=300, keep_going=True)
+    report = speedprobe._run_child(1, True, ["Q4_0"], timeout=120)
     figures = Calibration.from_probe(report, "key", 0.0)
     assert set(figures.types) == {"Q4_0"}
-    # what is decoded for a rate spans the working set: several times the cache, not in it
-    span = report["working_set"]
-    entry = report["types"]["Q4_0"]
-    assert entry["layers"] * entry["layer_bytes"] >= span and report["head"]["bytes"] >= span
-    if report["cache"] is not None:
-        assert span >= min(4 * report["cache"]["size"] * report["cache"]["instances"], 1 << 30)
-    # every figure timed in rounds (agreeing or listed as unstable: this machine is shared)
-    for name in ("Q4_0 decode", "Q4_0 batch", "tiny-2 decode", "head logits", "memory read"):
-        assert report["stability"][name]["rounds"] >= 3
-    assert all(what.split(" (")[0] in report["stability"] for what in report["unstable"])
     assert figures.types["Q4_0"].decode > 0 and figures.types["Q4_0"].prefill > 0
     assert figures.bandwidth > 0 and figures.threads == 1
 

@@ -18,27 +18,23 @@ from test_cli_support import cli_home
 from localllm.daemon.devices.procfs import CpuReading, allowed_cpus
 from localllm.daemon.speed import probe as speedprobe
 from localllm.daemon.speed.model import Calibration, TypeRate
-from localllm.daemon.speed.watch import MAX_UNSTABLE, ProbeState, SpeedWatch
+from localllm.daemon.speed.watch import ProbeState, SpeedWatch
 from localllm.settings import Settings
 
 
 class Machine:
-    """Made-up CPU readings: other processes use ``others`` cores from now on, the daemon's
-    own process tree (its create, pull, quantize children) ``own``."""
+    """Made-up CPU readings: other processes use ``others`` cores from now on."""
 
     def __init__(self) -> None:
         self.others = 0.0
-        self.own = 0.0
         self._busy = 0.0
-        self._own = 0.0
         self._at = time.monotonic()
 
     def read(self) -> CpuReading:
         now = time.monotonic()
-        self._busy += (self.others + self.own) * (now - self._at)
-        self._own += self.own * (now - self._at)
+        self._busy += self.others * (now - self._at)
         self._at = now
-        return CpuReading(at=now, busy=self._busy, own=self._own)
+        return CpuReading(at=now, busy=self._busy, own=0.0)
 
 
 def _watch(
@@ -132,90 +128,6 @@ async def test_a_failed_or_switched_off_probe_says_what_to_do(tmp_path: Path) ->
     quiet = SpeedWatch(off, 2, lambda: False, cached=lambda: None, calibrate=failing)
     await asyncio.wait_for(quiet.run(), 10)
     assert quiet.state is ProbeState.OFF and "LOCALLLM_SPEED_PROBE=off" in quiet.why()
-
-
-@pytest.mark.anyio
-async def test_the_daemons_own_work_is_waited_for_not_blamed_on_others(tmp_path: Path) -> None:
-    """Right after ``create``: the daemon's own quantizing child used the cores. The reason
-    names it as the daemon's, ``show`` waits for it instead of giving up, and the probe runs
-    once it is over (not beside it: it would measure the quantizer)."""
-    machine, calls = Machine(), []
-    machine.own = 1.5
-
-    def calibrate(settings: Settings, **kwargs: Any) -> Calibration:
-        calls.append(machine.own)
-        measured.append(make_calibration(Q4_0=TypeRate(1e9, 1e9)))
-        return measured[-1]
-
-    watch, measured = _watch(tmp_path, machine, [False], calibrate)
-    task = asyncio.create_task(watch.run())
-    try:
-        deadline = time.monotonic() + 10
-        while "own work" not in watch.why():
-            assert time.monotonic() < deadline, watch.why()
-            await asyncio.sleep(0.02)
-        assert "the daemon's own work (a create, pull or quantize) uses 1.5 of 2" in watch.why()
-        assert "other programs" not in watch.why() and not calls
-        # show asks while the daemon's own work is still the last reading: it waits (when
-        # that work was counted as others', it answered None at once)
-        shown = asyncio.create_task(asyncio.to_thread(watch.wait, 10))
-        machine.own = 0.0  # the create is over
-        figures = await asyncio.wait_for(shown, 15)
-        assert figures is not None and calls == [0.0]
-        await asyncio.wait_for(task, 10)
-    finally:
-        task.cancel()
-
-
-@pytest.mark.anyio
-async def test_figures_that_cannot_be_trusted_are_measured_again_at_the_next_quiet_moment(
-    tmp_path: Path,
-) -> None:
-    machine, attempts, working = Machine(), [], [False]
-
-    def calibrate(settings: Settings, **kwargs: Any) -> Calibration:
-        attempts.append(len(attempts))
-        if len(attempts) == 1:
-            working[0] = True  # a request comes in meanwhile: the retry waits for it
-            raise speedprobe.ProbeUnstable(
-                "the speed probe's figures did not agree when measured again: Q4_K decode "
-                "(its best rounds 27% apart after 6)"
-            )
-        measured.append(make_calibration(Q4_0=TypeRate(1e9, 1e9)))
-        return measured[-1]
-
-    watch, measured = _watch(tmp_path, machine, working, calibrate)
-    task = asyncio.create_task(watch.run())
-    try:
-        deadline = time.monotonic() + 10
-        while watch.state is not ProbeState.UNSTABLE:
-            assert time.monotonic() < deadline, watch.why()
-            await asyncio.sleep(0.01)
-        why = watch.why()
-        assert "measured again at the next quiet moment" in why and "27% apart" in why, why
-        assert watch.measuring and len(attempts) == 1
-        working[0] = False  # the next quiet moment
-        figures = await asyncio.to_thread(watch.wait, 10)
-        assert figures is not None and len(attempts) == 2
-        await asyncio.wait_for(task, 10)
-        assert watch.state is ProbeState.MEASURED and watch.why() == ""
-    finally:
-        task.cancel()
-
-
-@pytest.mark.anyio
-async def test_a_probe_that_never_gets_figures_it_can_trust_gives_up(tmp_path: Path) -> None:
-    attempts: list[int] = []
-
-    def calibrate(settings: Settings, **kwargs: Any) -> Calibration:
-        attempts.append(1)
-        raise speedprobe.ProbeUnstable("the speed probe's figures cannot be true: Q4_K decode")
-
-    watch, _ = _watch(tmp_path, Machine(), [False], calibrate)
-    await asyncio.wait_for(watch.run(), 30)
-    assert len(attempts) == MAX_UNSTABLE and watch.state is ProbeState.FAILED
-    assert f"no figures it could trust in {MAX_UNSTABLE} attempts" in watch.why()
-    assert "cannot be true" in watch.why() and "localllm doctor" in watch.why()
 
 
 def test_the_probe_child_is_stopped_when_work_comes_in() -> None:

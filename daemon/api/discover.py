@@ -196,16 +196,11 @@ def local_speed(
         return answer
     missing = sorted(t for t in cost.types if t not in calibration.types)
     if missing and probe:
-        from ..speed.probe import ProbeFailed, calibrate
+        from ..speed.probe import calibrate
 
-        try:
-            calibration = calibrate(
-                state.settings, threads=probe_threads(state.settings), types=missing
-            )
-        except ProbeFailed as exc:  # figures that could not be trusted, a crash: say so
-            answer["predicted"] = None
-            answer["why"] = f"its weight types {', '.join(missing)} are not measured: {exc}"
-            return answer
+        calibration = calibrate(
+            state.settings, threads=probe_threads(state.settings), types=missing
+        )
     context = plan.n_ctx_per_slot if plan is not None else state.settings.context_length or 4096
     prediction = predict(
         cost,

@@ -1,25 +1,14 @@
 """The speed probe's child (``python -m localllm.daemon.speed.measure``): llama.cpp
-timed on synthetic models, one JSON report printed for :mod:`.probe` to turn into rates
+timed on synthetic models, one JSON report printed for :mod:`.speedprobe` to turn into rates
 (:meth:`~localllm.daemon.speed.model.Calibration.from_probe`).
-
-It measures memory, not caches: every model whose decode is timed for a rate (each weight
-type's, the output head's) and numpy's read are several times (:data:`_CACHE_FACTOR`) the
-last-level cache the system reports (:func:`~localllm.daemon.devices.cpuspec.last_level_cache`;
-:data:`_UNKNOWN_CACHE_BYTES` stands in where it reports none, and the report says so). Each
-figure is timed in rounds after a warm-up until the best rounds agree
-(:func:`~localllm.daemon.speed.trust.settle`). The first that never does ends the probe (its
-report is ``{"unstable": [...], "stopped": true}``: the daemon keeps no figure of a probe with
-one, so measuring on is time lost on a busy machine); with ``--keep-going`` every figure is
-measured and those that did not agree are listed in ``unstable``.
 
 The measurement is a list of parts, each adding its timings to the report:
 
 * :func:`fixed_costs` — two tiny models of 2 and 26 layers, in turns (a step's and a layer's
   cost besides the weights), and the runner's own engine generating on the smaller one (its
   work per step outside llama.cpp);
-* :func:`weight_types` — per weight type, a model of the working set's size decoded, and a
-  smaller one's batch (a batch reuses each weight for every token: compute, not memory), and
-  for one type a batch late in a context (the attention's pace);
+* :func:`weight_types` — a model per weight type, its decode step and its batch (and, for one
+  type, a batch late in a context: the attention's pace);
 * :func:`output_head` — a one-layer model with a large vocabulary decoded with logits and
   without, and the runner's samplers on its logits;
 * the memory bandwidth numpy reads, and what other programs used meanwhile.
@@ -33,66 +22,49 @@ a GPU for its multiplications, which llama.cpp does by default when one exists).
 
 The weights are real ggml blocks: a few rows quantized by ggml itself
 (``ggml_quantize_chunk``), repeated to fill each matrix (the values do not change the speed).
-Each round's figure is the median of its steps, and each figure the fastest of the agreeing
-rounds: a shared machine only ever makes a step slower. Only this child imports llama.cpp.
+Each figure is the best of several steps: a shared machine only ever makes a step slower.
+Only this child imports llama.cpp.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from localllm._exceptions import LocalLLMError
-
 from .probe import BASE_TYPES
-from .trust import Settled, settle
 
-__all__ = [
-    "UnstableFigureError",
-    "fixed_costs",
-    "gpu_device",
-    "main",
-    "output_head",
-    "weight_types",
-    "working_set",
-]
+__all__ = ["fixed_costs", "gpu_device", "main", "output_head", "weight_types"]
 
-# The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks). The
-# decoded one has as many layers as make the working set; the batched one ~32 MB (up to 4).
+# The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks), as
+# many layers as make ~48 MB (beyond a 32 MB last-level cache) up to 6.
 _EMBD, _FFN, _HEADS, _VOCAB = 1024, 2816, 8, 320
-# The working set: this many times the last-level cache, at least 48 MB, at most 1 GiB (a
-# server's 256 MB of L3 would ask for files of gigabytes); 256 MiB where no cache is reported.
-_CACHE_FACTOR = 4
-_MIN_WORKING_SET, _MAX_WORKING_SET = 48 << 20, 1 << 30
-_UNKNOWN_CACHE_BYTES = 64 << 20
-_MAX_LAYERS = 512
-_BATCH_TARGET_BYTES, _BATCH_MAX_LAYERS = 32 << 20, 4
-# numpy's read of memory: twice the working set.
-_BANDWIDTH_FACTOR = 2
+_TARGET_BYTES = 48 << 20
+_MAX_LAYERS = 6
 # The fixed-cost models: 128 wide, FFN 256, Q8_0, 2 and 26 layers.
 _TINY_EMBD, _TINY_FFN, _TINY_HEADS, _TINY_LAYERS = 128, 256, 4, (2, 26)
 _BATCH = 128
-# A decode round: this many steps, its median the round's figure.
-_DECODE_STEPS = 8
+_DECODE_STEPS = 16
+_BATCHES = 1
+_TINY_TURNS = 3
 # The attention's pace: a batch at this position against one at the start, on this type.
 _LATE = 449
 _ATTENTION_TYPE = "Q8_0"
 # The output head and the sampler: a one-layer model with a large vocabulary and narrow rows
-# (Q8_0, 512 wide, 131,072 tokens or twice as many until it is the working set's size: like a
-# real head, beyond the last-level cache), decoded with logits and without; then the runner's
-# samplers on its logits.
+# (Q8_0, 512 wide, 131,072 tokens: 71 MB, beyond the last-level cache, like a real head),
+# decoded with logits and without; then the runner's samplers on its logits.
 _HEAD_EMBD, _HEAD_VOCAB, _HEAD_TYPE = 512, 131072, "Q8_0"
-_HEAD_STEPS = 4
+_HEAD_STEPS = 8
 # The runner's own work per step: the engine on the 2-layer tiny model for this many tokens.
 _ENGINE_TOKENS = 48
-# A GPU's part: the weight types timed on it (others are priced at the nearest in bits).
+# A GPU's part: the weight types timed on it (others are priced at the nearest in bits), and
+# the turns of its tiny models (a GPU is not shared with busy programs as a CPU is).
 _GPU_TYPES = ("Q8_0", "Q4_K")
+_GPU_TURNS = 1
 _GPU_DECODE_STEPS = 4
 # A GPU reads 48 MB in microseconds: its models are larger (up to 256 MB, 32 layers), but a
 # software device reads ~100 MB/s, so its are one or two layers.
@@ -209,17 +181,10 @@ def _write_model(
     write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=vocab, matrix=matrix)
 
 
-class UnstableFigureError(LocalLLMError):
-    """A figure's rounds never agreed: the probe stops (its figures would not be kept)."""
-
-
 class _Runner:
-    """Loads a probe model and times its batch and its decode steps, each figure in rounds
-    until they agree (what did not agree is listed in :attr:`unstable`)."""
+    """Loads a probe model and times its batch and its decode steps."""
 
-    def __init__(
-        self, threads: int, repack: bool, gpu: bool = False, keep_going: bool = True
-    ) -> None:
+    def __init__(self, threads: int, repack: bool, gpu: bool = False) -> None:
         import ctypes
 
         import llama_cpp
@@ -230,27 +195,9 @@ class _Runner:
         self.gpu = gpu
         """Every layer on the first GPU (else everything, batches included, on the CPU)."""
         self.decode_steps = _GPU_DECODE_STEPS if gpu else _DECODE_STEPS
-        self.stability: dict[str, dict[str, float]] = {}
-        """Per figure: how far apart its best rounds were, and how many rounds ran."""
-        self.unstable: list[str] = []
-        """Figures whose rounds never agreed, one phrase each."""
-        self.keep_going = keep_going
-        """Measure on after a figure that did not agree (else :class:`UnstableFigureError`)."""
         self._quiet = llama_cpp.llama_log_callback(lambda *_: None)
         llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
-
-    def settle(self, name: str, measure: Callable[[], float]) -> float:
-        """``measure``'s seconds, in rounds until they agree (:func:`.trust.settle`)."""
-        result: Settled = settle(measure)
-        self.stability[name] = {"spread": round(result.spread, 4), "rounds": result.rounds}
-        if not result.stable:
-            self.unstable.append(
-                f"{name} (its best rounds {result.spread:.0%} apart after {result.rounds})"
-            )
-            if not self.keep_going:
-                raise UnstableFigureError(self.unstable[-1])
-        return result.value
 
     def _load(self, path: Path) -> Any:
         llama = self.llama
@@ -269,27 +216,24 @@ class _Runner:
         params.op_offload = params.offload_kqv = self.gpu
         return params
 
-    def time(
-        self, path: Path, name: str, *, steps: bool = True, batches: bool = True, late: int = 0
-    ) -> dict[str, float]:
-        """Seconds of a decode step (``decode_s``: the median of a round's steps) and of a
-        batch of :data:`_BATCH` tokens (``batch_s``), each the fastest of agreeing rounds
-        (figures named ``"<name> decode"``, ``"<name> batch"``); with ``late``, also of a
-        batch that starts at that position (``late_batch_s``: the attention over the tokens
-        before it). Each round starts from an empty KV cache, so all are alike."""
+    def time(self, path: Path, late: int = 0) -> dict[str, float]:
+        """Seconds of the best decode step (``decode_s``) and of the best batch of
+        :data:`_BATCH` tokens (``batch_s``); with ``late``, also of a batch that starts at
+        that position (``late_batch_s``: the attention over the tokens before it)."""
         from ..devices.synthetic import fill_batch
 
         llama = self.llama
         model = self._load(path)
         ctx_params = self._context_params()
-        ctx_params.n_ctx = max(1 + self.decode_steps, _BATCH, late + _BATCH)
+        # (a GPU's first batch builds its pipelines: it runs one batch before the clock)
+        warm = _BATCH if self.gpu else 0
+        ctx_params.n_ctx = max(1 + warm + _BATCH * _BATCHES + self.decode_steps, late + _BATCH)
         ctx_params.n_batch = ctx_params.n_ubatch = _BATCH
         ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
         ctx = llama.llama_init_from_model(model, ctx_params)
         if not ctx:
             llama.llama_model_free(model)
             raise RuntimeError("llama.cpp could not create the probe's context")
-        memory = llama.llama_get_memory(ctx)
         batch = llama.llama_batch_init(_BATCH, 0, 1)
 
         def decode(start: int, count: int) -> float:
@@ -299,37 +243,27 @@ class _Runner:
                 raise RuntimeError("llama_decode failed in the speed probe")
             return time.perf_counter() - began
 
-        def batch_round() -> float:
-            llama.llama_memory_clear(memory, True)
-            return decode(0, _BATCH)
-
-        def step_round() -> float:
-            llama.llama_memory_clear(memory, True)
-            decode(0, 1)
-            return statistics.median(decode(1 + i, 1) for i in range(self.decode_steps))
-
-        def late_round() -> float:
-            llama.llama_memory_seq_rm(memory, 0, late, -1)
-            return decode(late, _BATCH)
-
         try:
-            timings = {}
-            # Warm-ups: the first of each builds its graph (a GPU's, its pipelines).
-            if batches:
-                batch_round()
-                timings["batch_s"] = self.settle(f"{name} batch", batch_round)
-            if steps:
-                step_round()
-                timings["decode_s"] = self.settle(f"{name} decode", step_round)
+            decode(0, 1)  # the first step sets up the graph and touches every weight
+            position = 1
+            if warm:
+                decode(position, warm)
+                position += warm
+            batches = []
+            for _ in range(_BATCHES):
+                batches.append(decode(position, _BATCH))
+                position += _BATCH
+            steps = []
+            for _ in range(self.decode_steps):
+                steps.append(decode(position, 1))
+                position += 1
+            timings = {"decode_s": min(steps), "batch_s": min(batches)}
             if late:
-                llama.llama_memory_clear(memory, True)
-                position = 0
                 while position < late:
                     count = min(_BATCH, late - position)
                     decode(position, count)
                     position += count
-                late_round()
-                timings["late_batch_s"] = self.settle(f"{name} late batch", late_round)
+                timings["late_batch_s"] = decode(late, _BATCH)
             return timings
         finally:
             llama.llama_batch_free(batch)
@@ -337,10 +271,10 @@ class _Runner:
             llama.llama_model_free(model)
 
     def time_head(self, path: Path, vocab: int) -> dict[str, float]:
-        """The head model's decode step with logits and without (``logits_s``,
+        """The head model's best decode step with logits and without (``logits_s``,
         ``plain_s``), and the runner's samplers on its logits: greedy (``greedy_s``, the
         largest logit) and Ollama's default options (``default_s``: penalties, top-k, top-p,
-        temperature, a draw); each the fastest of agreeing rounds."""
+        temperature, a draw)."""
         from ..devices.synthetic import fill_batch
         from ..engine.sampling import Sampler
         from ..runner.protocol import SamplingOptions
@@ -348,14 +282,10 @@ class _Runner:
         llama = self.llama
         model = self._load(path)
         ctx_params = self._context_params()
-        ctx_params.n_ctx = _HEAD_STEPS + 8
+        ctx_params.n_ctx = 4 * _HEAD_STEPS + 8
         ctx_params.n_batch = ctx_params.n_ubatch = 8
         ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
         ctx = llama.llama_init_from_model(model, ctx_params)
-        if not ctx:
-            llama.llama_model_free(model)
-            raise RuntimeError("llama.cpp could not create the probe's context")
-        memory = llama.llama_get_memory(ctx)
         batch = llama.llama_batch_init(8, 0, 1)
         samplers = {
             "greedy_s": Sampler(
@@ -365,41 +295,25 @@ class _Runner:
                 llama.llama_model_get_vocab(model), vocab, SamplingOptions(seed=1), None, 64
             ),
         }
-
-        def step(position: int, logits: bool) -> float:
-            fill_batch(batch, position, 1)
-            batch.logits[0] = logits
-            began = time.perf_counter()
-            if llama.llama_decode(ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed in the speed probe")
-            return time.perf_counter() - began
-
-        def steps(logits: bool) -> float:
-            llama.llama_memory_clear(memory, True)
-            step(0, logits)
-            return statistics.median(step(1 + i, logits) for i in range(_HEAD_STEPS))
-
-        def sampling(sampler: Sampler) -> float:
-            spent = []
-            for _ in range(_HEAD_STEPS):
-                began = time.perf_counter()
-                sampler.sample(ctx, 0)
-                spent.append(time.perf_counter() - began)
-            return statistics.median(spent)
-
         try:
-            best = {}
-            for key, logits in (("logits_s", True), ("plain_s", False)):
-                steps(logits)  # warm-up
-                best[key] = self.settle(
-                    f"head {key.removesuffix('_s')}", lambda logits=logits: steps(logits)
-                )
-            steps(True)  # the samplers read the last step's logits
-            for name, sampler in samplers.items():
-                sampling(sampler)  # warm-up
-                best[name] = self.settle(
-                    f"{name.removesuffix('_s')} sampling", lambda s=sampler: sampling(s)
-                )
+            best = dict.fromkeys(("logits_s", "plain_s", *samplers), float("inf"))
+            position = 0
+            for step in range(_HEAD_STEPS + 1):
+                for key in ("logits_s", "plain_s"):
+                    fill_batch(batch, position, 1)
+                    batch.logits[0] = key == "logits_s"
+                    began = time.perf_counter()
+                    if llama.llama_decode(ctx, batch) != 0:
+                        raise RuntimeError("llama_decode failed in the speed probe")
+                    spent = time.perf_counter() - began
+                    position += 1
+                    if step:  # the first step sets up the graph
+                        best[key] = min(best[key], spent)
+                    if key == "logits_s":
+                        for name, sampler in samplers.items():
+                            began = time.perf_counter()
+                            sampler.sample(ctx, 0)
+                            best[name] = min(best[name], time.perf_counter() - began)
             return best
         finally:
             for sampler in samplers.values():
@@ -409,12 +323,11 @@ class _Runner:
             llama.llama_model_free(model)
 
 
-def _runner_step(runner: _Runner, path: Path) -> float:
+def _runner_step(path: Path, threads: int, repack: bool) -> float:
     """Seconds the runner's engine spends per step outside ``llama_decode`` (planning and
     filling the batch, sampling with Ollama's default options, detokenizing, stop checks,
     handing the token over), generating on the tiny model ``path`` (its vocabulary is tiny:
-    the sampler's share that grows with the vocabulary is measured by :meth:`_Runner.time_head`),
-    a generation a round."""
+    the sampler's share that grows with the vocabulary is measured by :meth:`_Runner.time_head`)."""
     import threading as threads_module
 
     from ..engine.jobs import GenerationJob
@@ -426,79 +339,54 @@ def _runner_step(runner: _Runner, path: Path) -> float:
         model_path=str(path),
         n_slots=1,
         n_ctx_per_slot=2 * _ENGINE_TOKENS + 64,
-        n_threads=runner.threads,
+        n_threads=threads,
         fixed_threads=True,
         n_gpu_layers=0,
-        cpu_repack=runner.repack,
+        cpu_repack=repack,
     )
     model = LlamaModel(config)
     engine = Engine(model)
     engine.start()
     done = threads_module.Event()
-    turns = iter(range(1_000))
 
     def emit(event: Event) -> None:
         if isinstance(event, DoneEvent | ErrorEvent):
             done.set()
 
-    def generate() -> float:
-        turn = next(turns)
-        clock = engine.time
-        steps, decode, decodes = clock.steps, clock.decode, clock.decodes
-        done.clear()
-        options = SamplingOptions(num_predict=_ENGINE_TOKENS, seed=turn)
-        engine.submit(GenerationJob(f"probe-{turn}", [1, 3 + turn % 200, 4], options, None, emit))
-        if not done.wait(60):
-            raise RuntimeError("the engine did not finish the speed probe's generation")
-        count = clock.decodes - decodes
-        if not count:
-            raise RuntimeError("the engine generated nothing in the speed probe")
-        return ((clock.steps - steps) - (clock.decode - decode)) / count
-
+    best = float("inf")
     try:
-        generate()  # warm-up
-        return runner.settle("runner step", generate)
+        for turn in range(3):  # the first turn warms up
+            clock = engine.time
+            steps, decode, decodes = clock.steps, clock.decode, clock.decodes
+            done.clear()
+            options = SamplingOptions(num_predict=_ENGINE_TOKENS, seed=turn)
+            engine.submit(GenerationJob(f"probe-{turn}", [1, 3 + turn, 4], options, None, emit))
+            if not done.wait(60):
+                raise RuntimeError("the engine did not finish the speed probe's generation")
+            count = clock.decodes - decodes
+            if turn and count:
+                best = min(best, ((clock.steps - steps) - (clock.decode - decode)) / count)
     finally:
         engine.stop()
+    return best
 
 
-def _bandwidth(runner: _Runner, size: int) -> float:
-    """Bytes per second numpy reads from a buffer of ``size`` bytes with the runner's threads
-    (numpy's reductions let go of the GIL), a read a round."""
+def _bandwidth(threads: int) -> float:
+    """Bytes per second numpy reads from a buffer 8x a 32 MB last-level cache with ``threads``
+    threads (numpy's reductions let go of the GIL), best of 3."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
 
-    data = np.ones(size // 8, dtype=np.float64)
-    parts = np.array_split(data, runner.threads)
-    with ThreadPoolExecutor(runner.threads) as pool:
-
-        def read() -> float:
+    data = np.ones(32 << 20, dtype=np.float64)  # 256 MiB
+    parts = np.array_split(data, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(3):
             began = time.perf_counter()
             list(pool.map(np.sum, parts))
-            return time.perf_counter() - began
-
-        read()  # warm-up
-        return data.nbytes / runner.settle("memory read", read)
-
-
-def working_set() -> tuple[int, dict[str, Any] | None]:
-    """Bytes each memory-bound model and read should span: :data:`_CACHE_FACTOR` times the
-    last-level cache the CPUs reach (within bounds), and that cache as the system reports it
-    (None: it reports none, and :data:`_UNKNOWN_CACHE_BYTES` stood in)."""
-    from ..devices.cpuspec import last_level_cache
-
-    cache = last_level_cache()
-    reach = cache.total if cache is not None else _UNKNOWN_CACHE_BYTES
-    target = min(_MAX_WORKING_SET, max(_MIN_WORKING_SET, _CACHE_FACTOR * reach))
-    if cache is None:
-        return target, None
-    return target, {
-        "level": cache.level,
-        "size": cache.size,
-        "instances": cache.instances,
-        "source": cache.source,
-    }
+            best = min(best, time.perf_counter() - began)
+    return data.nbytes / best
 
 
 def _others_since(first: Any) -> float:
@@ -512,20 +400,22 @@ def _others_since(first: Any) -> float:
     return max(0.0, ((last.busy - first.busy) - (last.own - first.own)) / (last.at - first.at))
 
 
-def fixed_costs(runner: _Runner, workdir: Path) -> dict[str, Any]:
-    """The tiny models' decode steps and batches (``tiny``), and on the CPU the runner's own
-    work per step (``runner_step_s``)."""
+def fixed_costs(runner: _Runner, workdir: Path, turns: int = _TINY_TURNS) -> dict[str, Any]:
+    """The tiny models' best decode steps and batches (``tiny``), and on the CPU the runner's
+    own work per step (``runner_step_s``)."""
     paths = []
     for layers in _TINY_LAYERS:
         paths.append(workdir / f"tiny-{layers}.gguf")
         _write_model(paths[-1], "Q8_0", _TINY_EMBD, _TINY_FFN, _TINY_HEADS, layers)
-    tiny = [
-        runner.time(path, f"tiny-{layers}")
-        for path, layers in zip(paths, _TINY_LAYERS, strict=True)
-    ]
+    # The two tiny models in turns, best of each: a busy moment hits one turn, not all.
+    tiny = [{"decode_s": float("inf"), "batch_s": float("inf")} for _ in paths]
+    for _ in range(turns):
+        for best, path in zip(tiny, paths, strict=True):
+            for key, value in runner.time(path).items():
+                best[key] = min(best[key], value)
     report: dict[str, Any] = {}
     if not runner.gpu:  # the runner's own work per step, on the smaller tiny model
-        report["runner_step_s"] = _runner_step(runner, paths[0])
+        report["runner_step_s"] = _runner_step(paths[0], runner.threads, runner.repack)
     for path in paths:
         path.unlink()
     return {
@@ -545,36 +435,26 @@ def weight_types(
     runner: _Runner,
     workdir: Path,
     types: Sequence[str],
-    target_bytes: int,
+    target_bytes: int = _TARGET_BYTES,
     max_layers: int = _MAX_LAYERS,
-    batch_bytes: int | None = _BATCH_TARGET_BYTES,
 ) -> dict[str, Any]:
-    """Each weight type's decode step on a model of ``target_bytes`` (up to ``max_layers``)
-    and its batch on one of ``batch_bytes`` (up to :data:`_BATCH_MAX_LAYERS`; None: the same
-    model), in ``types``; one type also a batch late in its context (``attention``)."""
+    """Each weight type's model: its best decode step and batch (``types``); one of them also
+    a batch late in its context (``attention``)."""
     report: dict[str, Any] = {}
     measured: dict[str, Any] = {}
     for type_name in types:
         weights = _Weights(type_name)
         layer_bytes = weights.layer_bytes(_EMBD, _FFN)
-        layers = max(1, min(max_layers, -(-target_bytes // layer_bytes)))
-        # One type's model also times a batch late in its context: the attention's pace.
-        late = _LATE if type_name == _ATTENTION_TYPE and not runner.gpu else 0
+        layers = max(1, min(max_layers, round(target_bytes / layer_bytes)))
         path = workdir / f"{type_name}.gguf"
         _write_model(path, type_name, _EMBD, _FFN, _HEADS, layers)
-        if batch_bytes is None:
-            timings = runner.time(path, type_name, late=late)
-            batch_layers = layers
-        else:
-            timings = runner.time(path, type_name, batches=False)
-            path.unlink()
-            batch_layers = max(1, min(_BATCH_MAX_LAYERS, batch_bytes // layer_bytes))
-            _write_model(path, type_name, _EMBD, _FFN, _HEADS, batch_layers)
-            timings.update(runner.time(path, type_name, steps=False, late=late))
+        # One type's model also times a batch late in its context: the attention's pace.
+        late = _LATE if type_name == _ATTENTION_TYPE and not runner.gpu else 0
+        timings = runner.time(path, late=late)
         path.unlink()
         if "late_batch_s" in timings:
             report["attention"] = {
-                "layers": batch_layers,
+                "layers": layers,
                 "width": _EMBD,
                 "batch_s": timings["batch_s"],
                 "late_batch_s": timings["late_batch_s"],
@@ -586,7 +466,6 @@ def weight_types(
             "layer_params": 4 * _EMBD**2 + 3 * _EMBD * _FFN,
             "layer_rows": 5 * _EMBD + 2 * _FFN,
             "decode_s": timings["decode_s"],
-            "batch_layers": batch_layers,
             "batch_s": timings["batch_s"],
             # its output head is wider than the tiny models' (whose is in the fixed cost)
             "output_bytes": _VOCAB * (_EMBD - _TINY_EMBD) * 4,
@@ -595,31 +474,26 @@ def weight_types(
     return report
 
 
-def output_head(runner: _Runner, workdir: Path, target_bytes: int) -> dict[str, Any]:
+def output_head(runner: _Runner, workdir: Path) -> dict[str, Any]:
     """The head model's steps with logits and without, and the samplers on its logits
-    (``head``): what grows with a model's vocabulary. Its vocabulary doubles from
-    :data:`_HEAD_VOCAB` until the head spans ``target_bytes``."""
-    row_bytes = _Weights(_HEAD_TYPE).layer_bytes_of(1, _HEAD_EMBD)
-    vocab = _HEAD_VOCAB
-    while vocab * row_bytes < target_bytes:
-        vocab *= 2
+    (``head``): what grows with a model's vocabulary."""
     path = workdir / "head.gguf"
-    _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, vocab, _HEAD_TYPE)
+    _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, _HEAD_VOCAB, _HEAD_TYPE)
     head = {
-        **runner.time_head(path, vocab),
-        "vocab": vocab,
+        **runner.time_head(path, _HEAD_VOCAB),
+        "vocab": _HEAD_VOCAB,
         "embd": _HEAD_EMBD,
         "type": _HEAD_TYPE,
-        "bytes": vocab * row_bytes,
+        "bytes": _Weights(_HEAD_TYPE).layer_bytes_of(_HEAD_VOCAB, _HEAD_EMBD),
     }
     path.unlink()
     return {"head": head}
 
 
-def gpu_device(threads: int, workdir: Path, keep_going: bool = True) -> dict[str, Any]:
+def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
     """The first GPU llama.cpp lists, with every layer on it: the tiny models' steps and a few
-    weight types' (``devices``: its name, description and whether it is a software device;
-    ``unstable``: its figures that did not agree); nothing when there is none."""
+    weight types' (``devices``: its name, description and whether it is a software device);
+    nothing when there is none."""
     from ..devices.gpuinfo import is_software
     from ..memory.measure import llama_devices
 
@@ -627,73 +501,40 @@ def gpu_device(threads: int, workdir: Path, keep_going: bool = True) -> dict[str
     if not devices:
         return {}
     device = devices[0]
-    runner = _Runner(threads, repack=False, gpu=True, keep_going=keep_going)
+    runner = _Runner(threads, repack=False, gpu=True)
     part: dict[str, Any] = {
         "description": device.description,
         "software": is_software(device.description),
     }
-    part.update(fixed_costs(runner, workdir))
+    part.update(fixed_costs(runner, workdir, turns=_GPU_TURNS))
     target = _SOFTWARE_TARGET_BYTES if part["software"] else _GPU_TARGET_BYTES
-    types = weight_types(runner, workdir, _GPU_TYPES, target, _GPU_MAX_LAYERS, batch_bytes=None)
-    part["types"] = types["types"]
-    part["stability"] = runner.stability
-    return {
-        "devices": {device.name: part},
-        "unstable": [f"{device.name} {what}" for what in runner.unstable],
-    }
+    part["types"] = weight_types(runner, workdir, _GPU_TYPES, target, _GPU_MAX_LAYERS)["types"]
+    return {"devices": {device.name: part}}
 
 
-def _probe(
-    threads: int, repack: bool, workdir: Path, types: Sequence[str], keep_going: bool
-) -> dict[str, Any]:
+def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
     from ..devices.procfs import allowed_cpus, read_cpu
 
     began = read_cpu(allowed_cpus())
-    try:
-        return _measure(threads, repack, workdir, types, keep_going, began)
-    except UnstableFigureError as exc:
-        return {"unstable": [str(exc)], "stopped": True, "others": round(_others_since(began), 3)}
-
-
-def _measure(
-    threads: int,
-    repack: bool,
-    workdir: Path,
-    types: Sequence[str],
-    keep_going: bool,
-    began: Any,
-) -> dict[str, Any]:
-    target, cache = working_set()
-    runner = _Runner(threads, repack, keep_going=keep_going)
-    report: dict[str, Any] = {
-        "threads": threads,
-        "repack": repack,
-        "batch": _BATCH,
-        "cache": cache,
-        "working_set": target,
-    }
+    runner = _Runner(threads, repack)
+    report: dict[str, Any] = {"threads": threads, "repack": repack, "batch": _BATCH}
     report.update(fixed_costs(runner, workdir))
-    report.update(weight_types(runner, workdir, types, target))
-    report.update(output_head(runner, workdir, target))
-    gpu = gpu_device(threads, workdir, keep_going)
-    report.update(gpu)
-    report["bandwidth"] = _bandwidth(runner, _BANDWIDTH_FACTOR * target)
-    report["stability"] = runner.stability
-    report["unstable"] = [*runner.unstable, *gpu.get("unstable", [])]
+    report.update(weight_types(runner, workdir, types))
+    report.update(output_head(runner, workdir))
+    report.update(gpu_device(threads, workdir))
+    report["bandwidth"] = _bandwidth(threads)
     # What else ran meanwhile: figures measured beside a busy program are not this machine's.
     report["others"] = round(_others_since(began), 3)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]
-    [--keep-going]``."""
+    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]``."""
     parser = argparse.ArgumentParser(prog="python -m localllm.daemon.speed.measure")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--types", default=",".join(BASE_TYPES))
     parser.add_argument("--no-repack", action="store_true")
-    parser.add_argument("--keep-going", action="store_true", help="on past an unstable figure")
     args = parser.parse_args(argv)
     types = [t for t in args.types.split(",") if t]
     import gguf
@@ -702,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown ggml types: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types, args.keep_going)
+    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types)
     print(json.dumps(report))
     return 0
 

@@ -127,11 +127,10 @@ class DeviceRates:
         rates = {}
         for kind, entry in report["types"].items():
             layers = int(entry["layers"])
-            batch_layers = int(entry.get("batch_layers", layers))
             step, batch_s = float(entry["decode_s"]), float(entry["batch_s"])
             spent = step - fixed - layers * per_layer
-            batch_spent = batch_s - batch_fixed - batch_layers * per_batch_layer
-            work = 2 * batch * batch_layers * int(entry["layer_params"])
+            batch_spent = batch_s - batch_fixed - layers * per_batch_layer
+            work = 2 * batch * layers * int(entry["layer_params"])
             rates[kind] = TypeRate(
                 decode=layers * int(entry["layer_bytes"]) / max(spent, _DEVICE_FLOOR * step),
                 prefill=work / max(batch_spent, _DEVICE_FLOOR * batch_s),
@@ -239,16 +238,6 @@ class Calibration:
     """When (seconds since the epoch)."""
     devices: dict[str, DeviceRates] = field(default_factory=dict)
     """The GPUs llama.cpp offloads to, each with its own figures (empty: none measured)."""
-    cache_bytes: int = 0
-    """The last-level cache the probe's CPUs reach, as the system reports it (0: it reports
-    none)."""
-    working_set: int = 0
-    """Bytes of the models whose decode the probe timed, and twice that of its memory read:
-    several times the cache, so that they measure memory."""
-    spread: float = 0.0
-    """The widest spread of any figure's agreeing rounds: (slowest - fastest) / fastest."""
-    unstable: list[str] = field(default_factory=list)
-    """Figures whose rounds never agreed (such figures are not kept)."""
 
     @classmethod
     def from_probe(cls, report: Mapping[str, Any], key: str, seconds: float) -> Calibration:
@@ -274,8 +263,6 @@ class Calibration:
         for _ in range(40 if "Q8_0" in raw else 1):
             for name, entry in raw.items():
                 layers = int(entry["layers"])
-                # (the batch may be timed on a smaller model of the type: compute, not memory)
-                batch_layers = int(entry.get("batch_layers", layers))
                 step = float(entry["decode_s"])
                 rows = layers * int(entry.get("layer_rows", 0))
                 spent = (
@@ -286,8 +273,8 @@ class Calibration:
                     - entry.get("output_bytes", 0) / bandwidth
                 )
                 weights = layers * int(entry["layer_bytes"])
-                work = 2 * batch * batch_layers * int(entry["layer_params"])
-                batch_spent = float(entry["batch_s"]) - batch_fixed - batch_layers * per_batch_layer
+                work = 2 * batch * layers * int(entry["layer_params"])
+                batch_spent = float(entry["batch_s"]) - batch_fixed - layers * per_batch_layer
                 rates[name] = TypeRate(
                     decode=weights / max(spent, _FLOOR * step),
                     prefill=work / max(batch_spent, _FLOOR * float(entry["batch_s"])),
@@ -311,15 +298,7 @@ class Calibration:
             work = 4 * late["width"] * batch * late["positions"] * late["layers"]
             attention = work / extra if extra > 0 else 0.0
         vocab = int(head["vocab"]) if head else 0
-        cache = report.get("cache") or {}
-        spreads = [float(entry["spread"]) for entry in report.get("stability", {}).values()]
-        for part in report.get("devices", {}).values():
-            spreads += [float(entry["spread"]) for entry in part.get("stability", {}).values()]
         return cls(
-            cache_bytes=int(cache.get("size", 0)) * int(cache.get("instances", 1)),
-            working_set=int(report.get("working_set", 0)),
-            spread=max(spreads, default=0.0),
-            unstable=[str(what) for what in report.get("unstable", [])],
             key=key,
             attention=attention,
             threads=int(report["threads"]),
@@ -379,16 +358,6 @@ class Calibration:
     def describe(self) -> str:
         """One line: memory bandwidth, a few types' rates, the fixed costs."""
         parts = [f"memory {self.bandwidth / 1e9:.1f} GB/s"]
-        if self.working_set:
-            cache = (
-                f"{self.cache_bytes / 2**20:.0f} MiB last-level cache"
-                if self.cache_bytes
-                else "no cache size reported"
-            )
-            parts.append(
-                f"models of {self.working_set / 2**20:.0f} MiB ({cache}), "
-                f"rounds within {self.spread:.0%}"
-            )
         for name in ("F16", "Q8_0", "Q4_K"):
             if (rate := self.types.get(name)) is not None:
                 parts.append(

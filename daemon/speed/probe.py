@@ -5,7 +5,7 @@ ggml's kernels, which unpack each weight type at their own pace, so on a CPU a q
 reaches only a fraction of what ``memcpy`` moves. Prefill is bound by compute: a batch reuses
 each weight for every token. So the probe measures, with the runner's thread count and weight
 repacking as decided for this machine (:mod:`.cpu`), in a child process
-(:mod:`.measure`, which says what each part measures):
+(:mod:`.speedmeasure`, which says what each part measures):
 
 * **per weight type** (``Q4_K``, ``Q8_0``, ``F16``...): a synthetic model whose matrices are
   all of that type, decoded token by token and fed one batch;
@@ -23,9 +23,7 @@ again, and the daemon at its first quiet moment when there is none
 (:mod:`localllm.daemon.speed.watch`).
 Types a model needs that the first probe skipped are measured when first needed
 (:func:`calibrate` with ``types``) and added to the cache. A probe can be stopped (the child
-killed) and refuses figures measured while other programs were busy, figures whose rounds did
-not agree, and figures the machine cannot reach (:mod:`.trust`: a decode faster than memory
-measured a cache): :class:`ProbeUnstable` says which, and nothing is kept.
+killed) and refuses figures measured while other programs were busy.
 
 Only the child imports llama.cpp.
 """
@@ -59,19 +57,18 @@ __all__ = [
     "PROBE_VERSION",
     "ProbeFailed",
     "ProbeInterrupted",
-    "ProbeUnstable",
     "cached_calibration",
     "calibrate",
 ]
 
 log = logging.getLogger("localllm.speedprobe")
 
-PROBE_VERSION = 4
+PROBE_VERSION = 3
 """Bumped when the probe's models or workload change, so older figures are measured again."""
 BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1")
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
 K-quant mixes, the legacy 4- and 8-bit types, unquantized). Others are probed on demand."""
-_TIMEOUT_S = 600.0
+_TIMEOUT_S = 300.0
 _POLL_S = 0.1
 """How often a probe that may be interrupted looks whether it must give way."""
 
@@ -85,12 +82,6 @@ class ProbeFailed(RuntimeError):
 class ProbeInterrupted(ProbeFailed):
     """The probe was stopped before it finished (work came in), or measured while other
     programs were busy: nothing was kept, and it can be run again at a quieter moment."""
-
-
-class ProbeUnstable(ProbeInterrupted):
-    """The probe finished, but some of its figures cannot be trusted: their rounds did not
-    agree, or they are beyond what this machine can do (:mod:`.trust`). Nothing was kept;
-    the message says which figures and why."""
 
 
 # -- the parent -----------------------------------------------------------------------------
@@ -155,15 +146,12 @@ def _run_child(
     types: Sequence[str],
     timeout: float,
     cancelled: Callable[[], bool] | None = None,
-    keep_going: bool = False,
 ) -> dict[str, Any]:
     command = [sys.executable, "-P", "-m", "localllm.daemon.speed.measure"]
     with tempfile.TemporaryDirectory(prefix="localllm-speed-") as workdir:
         args = ["--threads", str(threads), "--workdir", workdir, "--types", ",".join(types)]
         if not repack:
             args.append("--no-repack")
-        if keep_going:  # (else the child stops at the first figure that does not agree)
-            args.append("--keep-going")
         child = subprocess.Popen(
             [*command, *args],
             stdin=subprocess.DEVNULL,
@@ -192,22 +180,6 @@ def _run_child(
     return report
 
 
-def _check(measured: Calibration) -> None:
-    """Raise :class:`ProbeUnstable` unless every figure agreed and is within what this
-    machine can do."""
-    from ..devices.cpuspec import peak_ops
-    from .trust import implausible
-
-    if measured.unstable:
-        raise ProbeUnstable(
-            "the speed probe's figures did not agree when measured again: "
-            + "; ".join(measured.unstable)
-        )
-    problems = implausible(measured, peak_ops(measured.threads))
-    if problems:
-        raise ProbeUnstable("the speed probe's figures cannot be true: " + "; ".join(problems))
-
-
 def calibrate(
     settings: Settings,
     *,
@@ -221,15 +193,12 @@ def calibrate(
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
-    while probing (seconds: every figure in rounds until they agree); raises
-    :class:`ProbeFailed` when the probe cannot run.
+    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run.
 
     ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
     child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures
     measured while other programs used more cores than that on average are not kept
-    (:class:`ProbeInterrupted` too): a probe beside a busy program measures the program.
-    Figures that did not agree or cannot be true raise :class:`ProbeUnstable` (kept
-    neither)."""
+    (:class:`ProbeInterrupted` too): a probe beside a busy program measures the program."""
     count = _threads(settings, threads)
     with _probing:
         known = cached_calibration(settings, count)
@@ -245,17 +214,11 @@ def calibrate(
             raise ProbeFailed(paths.error)
         started = time.monotonic()
         report = _run_child(count, paths.repack, missing, timeout, cancelled)
-        if report.get("stopped"):
-            raise ProbeUnstable(
-                "the speed probe's figures did not agree when measured again: "
-                + "; ".join(report.get("unstable", []))
-            )
         measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
         if max_others is not None and measured.others > max_others:
             raise ProbeInterrupted(
                 f"other programs used {measured.others:.1f} cores while the speed probe ran"
             )
-        _check(measured)
         calibration = measured if cached is None else cached.merged(measured)
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())

@@ -1,26 +1,18 @@
 """The speed probe at the daemon's first quiet moment, so that predictions need no ``doctor``.
 
 Predicted speeds (``show``, ``ps``, the TUI, ``show hf.co/...``) need this machine's figures
-(:mod:`localllm.daemon.speed.probe`: seconds of llama.cpp in a child process, cached per
+(:mod:`localllm.daemon.speed.probe`: a few seconds of llama.cpp in a child process, cached per
 build,
 CPU and thread count). Until they exist, :class:`SpeedWatch` waits for a quiet moment and
 measures them:
 
 * **quiet** means no model loading, no request served or waiting (:attr:`.Scheduler.working`)
-  and the machine using less than :data:`QUIET_SHARE` of the cores, for :data:`QUIET_SPAN`
-  seconds in a row (read from ``/proc/stat`` as the CPU governor reads it). The daemon's own
-  work (its create, pull, hashing and quantizing children: its whole process tree,
-  :func:`~localllm.daemon.devices.procfs.read_cpu_tree`) is not "other programs": the reason
-  names it as the daemon's, and ``show`` waits for it to end instead of giving up at once;
-  but the probe does not measure beside it either (it would measure the quantizer);
+  and other processes using less than :data:`QUIET_SHARE` of the cores, for
+  :data:`QUIET_SPAN` seconds in a row (read from ``/proc/stat`` as the CPU governor reads it);
 * **never in a request's way**: while the probe runs, work that comes in kills it at once
   (the child stops within a tenth of a second) and it is tried again at the next quiet
   moment; figures measured while other programs took more than :data:`QUIET_SHARE` of the
   cores are thrown away likewise (:func:`~localllm.daemon.speed.probe.calibrate`'s ``max_others``);
-* figures that cannot be trusted (their rounds did not agree, or a decode faster than memory:
-  :class:`~localllm.daemon.speed.probe.ProbeUnstable`) are not kept: the state says so
-  (:attr:`ProbeState.UNSTABLE`, with the reason) and the probe is tried again at the next
-  quiet moment, up to :data:`MAX_UNSTABLE` times;
 * a probe that fails (llama.cpp crashed, say) is not retried: ``localllm doctor`` says why.
 
 ``show`` (``POST /api/plan``) waits for the figures up to :data:`SHOW_WAIT_S` while they are
@@ -39,17 +31,10 @@ from collections.abc import Callable
 
 from localllm.settings import Settings
 
-from ..devices.procfs import CpuReading, allowed_cpus, read_cpu_tree
+from ..devices.procfs import CpuReading, allowed_cpus, read_cpu
 from .model import Calibration
 
-__all__ = [
-    "MAX_UNSTABLE",
-    "QUIET_SHARE",
-    "QUIET_SPAN",
-    "SHOW_WAIT_S",
-    "ProbeState",
-    "SpeedWatch",
-]
+__all__ = ["QUIET_SHARE", "QUIET_SPAN", "SHOW_WAIT_S", "ProbeState", "SpeedWatch"]
 
 log = logging.getLogger("localllm.speedwatch")
 
@@ -62,9 +47,6 @@ _READ_S = 0.5
 """How often the readings are taken while waiting for quiet."""
 SHOW_WAIT_S = 20.0
 """How long ``show`` waits for figures being measured (the client's own timeout is 30 s)."""
-MAX_UNSTABLE = 5
-"""Attempts whose figures could not be trusted before the probe stops trying (a machine that
-never gives stable figures would otherwise be probed at every quiet moment)."""
 
 
 class ProbeState(enum.Enum):
@@ -74,14 +56,10 @@ class ProbeState(enum.Enum):
     WAITING = "waiting"
     """For a quiet moment."""
     MEASURING = "measuring"
-    UNSTABLE = "unstable"
-    """The last attempt's figures could not be trusted: waiting for the next quiet moment."""
     FAILED = "failed"
     OFF = "off"
     """``LOCALLLM_SPEED_PROBE=off`` and nothing measured."""
 
-
-_WAITING = (ProbeState.WAITING, ProbeState.UNSTABLE)
 
 Calibrate = Callable[..., Calibration]
 """:func:`~localllm.daemon.speed.probe.calibrate`'s signature (injectable for tests)."""
@@ -111,21 +89,15 @@ class SpeedWatch:
         self._working = working
         self._cached = cached
         self._calibrate = calibrate
-        self._reader = reader if reader is not None else (lambda: read_cpu_tree(cpu_set))
+        self._reader = reader if reader is not None else (lambda: read_cpu(cpu_set))
         self._cpus = cpus or len(cpu_set)
         self._quiet_span = quiet_span
         self._interval = interval
         self._state = ProbeState.WAITING if settings.speed_probe else ProbeState.OFF
         self._others: float | None = None
-        """Cores other programs used in the last reading (the daemon's process tree not)."""
-        self._own = 0.0
-        """Cores the daemon's own process tree used in the last reading."""
         self._error = ""
-        self._unstable = ""
-        """Why the last attempt's figures were not kept."""
         self._started = 0.0
         self._attempts = 0
-        self._unstable_attempts = 0
         self._stopping = False
         self._settled = threading.Event()
         """Set once figures exist, or will not come (failed, off)."""
@@ -152,8 +124,7 @@ class SpeedWatch:
                 self._others is not None and self._others > self._quiet_cores
             )
             left = deadline - time.monotonic()
-            # (the daemon's own work is not a reason to give up: it is ours, and ends)
-            if (self._state in _WAITING and busy) or left <= 0:
+            if (self._state is ProbeState.WAITING and busy) or left <= 0:
                 return None  # the answer says what it waits for instead
             self._settled.wait(min(left, self._interval))
 
@@ -171,28 +142,20 @@ class SpeedWatch:
             return f"the speed probe failed ({self._error}): `localllm doctor` tries again"
         if state is ProbeState.MEASURING:
             ago = time.monotonic() - self._started
-            return f"measuring this machine's speed now (started {ago:.0f} s ago)"
+            return f"measuring this machine's speed now (started {ago:.0f} s ago, a few seconds)"
         waiting = "this machine's speed is measured at the daemon's first quiet moment"
-        if state is ProbeState.UNSTABLE:
-            again = "this machine's speed is measured again at the next quiet moment"
-            waiting = f"{again} ({self._unstable})"
         if self._working():
             return f"{waiting}: models are working now"
         if self._others is not None and self._others > self._quiet_cores:
             return f"{waiting}: other programs use {self._others:.1f} of {self._cpus} cores now"
         if self._others is None:
             return f"{waiting}: reading the machine's load"
-        if self._others + self._own > self._quiet_cores:
-            return (
-                f"{waiting}: the daemon's own work (a create, pull or quantize) uses "
-                f"{self._own:.1f} of {self._cpus} cores now"
-            )
         return f"{waiting}: about to start"
 
     @property
     def measuring(self) -> bool:
         """True while the figures may come soon (waiting for quiet or measuring)."""
-        return self.state in (*_WAITING, ProbeState.MEASURING)
+        return self.state in (ProbeState.WAITING, ProbeState.MEASURING)
 
     # -- the background task --------------------------------------------------------------
 
@@ -218,17 +181,15 @@ class SpeedWatch:
             reading = self._reader()
             now = time.monotonic()
             if reading is not None and last is not None and reading.at > last.at:
-                span = reading.at - last.at
-                own = max(0.0, reading.own - last.own)
-                self._others = max(0.0, (reading.busy - last.busy) - own) / span
-                self._own = own / span
+                used = (reading.busy - last.busy) - (reading.own - last.own)
+                self._others = max(0.0, used / (reading.at - last.at))
             elif reading is None:
                 self._others = 0.0  # no /proc/stat: quiet is judged by the daemon's work
             last = reading
             quiet = (
                 not self._working()
                 and self._others is not None
-                and self._others + self._own <= self._quiet_cores
+                and self._others <= self._quiet_cores
             )
             quiet_since = (quiet_since or now) if quiet else None
             if quiet_since is not None and now - quiet_since >= self._quiet_span:
@@ -239,7 +200,7 @@ class SpeedWatch:
 
     async def _measure(self) -> bool:
         """One attempt; True when it settled (figures, or a failure not worth retrying)."""
-        from .probe import ProbeFailed, ProbeInterrupted, ProbeUnstable, calibrate
+        from .probe import ProbeFailed, ProbeInterrupted, calibrate
 
         self._state = ProbeState.MEASURING
         self._started = time.monotonic()
@@ -258,23 +219,9 @@ class SpeedWatch:
                 cancelled=cancelled,
                 max_others=self._quiet_cores,
             )
-        except ProbeUnstable as exc:
-            self._unstable = str(exc)
-            self._unstable_attempts += 1
-            if self._unstable_attempts >= MAX_UNSTABLE:
-                log.warning("the speed probe gave up: %s", exc)
-                self._state = ProbeState.FAILED
-                self._error = (
-                    f"no figures it could trust in {self._unstable_attempts} attempts: {exc}"
-                )
-                self._settled.set()
-                return True
-            log.info("speed probe not kept: %s; tried again at the next quiet moment", exc)
-            self._state = ProbeState.UNSTABLE
-            return False
         except ProbeInterrupted as exc:
             log.info("speed probe stopped: %s; tried again at a quieter moment", exc)
-            self._state = ProbeState.UNSTABLE if self._unstable else ProbeState.WAITING
+            self._state = ProbeState.WAITING
             return False
         except (ProbeFailed, OSError) as exc:
             log.warning("the speed probe failed: %s", exc)

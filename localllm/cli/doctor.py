@@ -233,16 +233,6 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
         f"{figures.sample_token * 1e9:.1f} us per 1,000 tokens of vocabulary "
         f"(greedy {figures.greedy_token * 1e9:.1f})"
     ]
-    if figures.working_set:
-        cache = (
-            f"a {figures.cache_bytes / 2**20:.0f} MiB last-level cache"
-            if figures.cache_bytes
-            else "a last-level cache the system does not report"
-        )
-        lines.append(
-            f"  models of {figures.working_set / 2**20:.0f} MiB against {cache}; every "
-            f"figure's best rounds within {figures.spread:.0%} of each other"
-        )
     if figures.others > 0.2:
         lines.append(f"  (other programs used {figures.others:.1f} cores while it measured)")
     for name, rate in figures.types.items():
