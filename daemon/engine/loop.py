@@ -956,12 +956,13 @@ class Engine:
             job.emit(_done(job.id, "", reason, Timings(prompt_tokens=len(job.prompt)), error))
         self.waiting.clear()
         for slot in self.slots:
-            if slot.job is not None:
+            if (job := slot.job) is not None:
                 try:
                     self._finish(slot, reason, error)
                 except Exception:  # a crash may have left the slot half-updated
-                    log.exception("could not end request %s cleanly", slot.job.id)
-                    job = slot.job
+                    # _finish may have cleared slot.job before it failed: the job taken above
+                    # still gets its final event, so the request ends.
+                    log.exception("could not end request %s cleanly", job.id)
                     slot.job, slot.state = None, SlotState.IDLE
                     job.emit(_done(job.id, "", "error", Timings(), error or "engine stopped"))
 

@@ -1,5 +1,5 @@
 """The prefix cache's tiers seen from the engine: an idle slot's KV cells go from the llama.cpp
-context to host RAM and disk (:mod:`.kvcache`), and come back into a slot when a new prompt
+context to host RAM and disk (:mod:`.prefixcache`), and come back into a slot when a new prompt
 shares enough of them to pay for the copy.
 
 Everything here runs on the engine thread, on the engine's model and slots.
