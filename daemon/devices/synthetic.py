@@ -1,4 +1,4 @@
-"""Synthetic llama-architecture GGUF models for the probes (:mod:`.cpu`'s, :mod:`localllm.daemon.speed.probe`'s):
+"""Synthetic llama-architecture GGUF models for the probes (:mod:`.cpu`'s, the speed probe's):
 a byte-level SentencePiece vocabulary, norms of ones, a random token embedding, and weight
 matrices of whatever type the caller makes them. llama.cpp loads and runs them like any model;
 what they say is noise."""
