@@ -123,8 +123,21 @@ class Job:
     """``ollama`` or ``openai`` (metrics label)."""
     received: float = field(default_factory=time.monotonic)
     """When the daemon received the request: every duration it reports starts here."""
-    clock: FirstToken = field(default_factory=FirstToken)
-    """Where its time to first token goes."""
+    planning: int = 0
+    """When the request core began planning it (``perf_counter_ns``; 0: not planned there)."""
+    planned: int = 0
+    """When its plan was done."""
+    _clock: FirstToken | None = field(default=None, repr=False)
+
+    @property
+    def clock(self) -> FirstToken:
+        """Where its time to first token goes. Made when first asked for, once planning is over,
+        from the planning stamps: planning itself stays one call into the prompt room."""
+        if self._clock is None:
+            self._clock = FirstToken(received=self.planning or None)
+            if self.planning:
+                self._clock.planning, self._clock.planned = self.planning, self.planned
+        return self._clock
 
     @classmethod
     def for_model(

@@ -236,7 +236,8 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
     """Plan ``ask``: the sampling, the prompt (:func:`~localllm.daemon.prompt.plan.plan_prompt`:
     template, tools, reasoning, grammar), one job per choice. Every problem with the request
     is a 400 here, before anything runs."""
-    began = FirstToken.now()
+    # FirstToken.now()'s clock, read here: planning stays one call into the prompt room
+    began = time.perf_counter_ns()
     model = ask.model
     if "completion" not in model.capabilities():
         wording = "does not support generate" if ask.api == "ollama" else "cannot generate text"
@@ -276,9 +277,9 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
             # the others may reuse its cells instead of evaluating it again.
             copy.options.prompt_logprobs = False
         jobs.append(Job.for_model(state, model, ask.options, copy, ask.keep_alive, ask.api))
-    planned = FirstToken.now()
+    planned = time.perf_counter_ns()
     for job in jobs:
-        job.clock.planning, job.clock.planned = began, planned
+        job.planning, job.planned = began, planned
     return Plan(ask=ask, jobs=jobs, prompt=prompt, counted=counted)
 
 
