@@ -313,13 +313,16 @@ PROMPTS = [
     "Water boils at a temperature of",
 ]
 TOP = 5
-TOP1_TOLERANCE = 0.02
+TOP1_TOLERANCE = 0.08
 TOP5_TOLERANCE = 0.25
 """Largest differences in nats allowed between the CPU's and the device's log probabilities:
 of the most likely token, and of any of the top 5. The kernels differ by more than their last
 bits: for Q4_1 weights llama.cpp's CPU backend quantizes the activations to 8 bits (Q8_1)
-before its dot products, while the Vulkan shaders here multiply in F32. Measured on lavapipe
-with the starter: top token within 0.005 nats, the top 5 within 0.17 (docs/gpu.md)."""
+before its dot products, while the Vulkan shaders here multiply in F32, and which CPU kernel
+runs depends on the CPU. Measured on lavapipe with the starter: top token within 0.005 nats,
+the top 5 within 0.17 on the AVX2 machine of docs/gpu.md; top token 0.048 and top 5 0.18 on a
+2-core AVX-512 EPYC (the same 0.048 at the commit before this round's changes: the CPU's side
+moved, not the device's). The first tokens must still be equal and share the top 5."""
 
 
 def _first_tokens(harness: RunnerHarness, prompt: str) -> tuple[str, dict[str, float]]:
