@@ -6,14 +6,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import socket
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ._exceptions import OperationCancelledError
 from ._format import exit_status
 
-__all__ = ["child_report", "free_port", "pid_alive", "write_json"]
+__all__ = ["child_events", "child_report", "free_port", "pid_alive", "write_json"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -57,3 +61,28 @@ def write_json(file: Path, data: Any) -> None:
     temporary = file.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(data, indent=1))
     temporary.replace(file)
+
+
+def child_events(
+    fd: int, cancel: threading.Event | None, cancelled: str, poll: float = 0.2
+) -> Iterator[dict[str, Any]]:
+    """The JSON objects a child writes one a line to the pipe ``fd``, until it closes; kills
+    nothing itself. ``cancel`` set: OperationCancelledError(``cancelled``), checked every
+    ``poll`` seconds while the child is silent."""
+    pending = b""
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise OperationCancelledError(cancelled)
+        ready, _, _ = select.select([fd], [], [], poll)
+        if not ready:
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            return
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    yield event

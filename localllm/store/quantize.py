@@ -14,11 +14,9 @@ This module and the runner are the only places that touch llama.cpp.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import select
 import subprocess
 import sys
 import tempfile
@@ -27,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import DiskFullError, OperationCancelledError, QuantizeError
+from .._exceptions import DiskFullError, QuantizeError
 from .._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
+from .._process import child_events
 
 # The child process runs this very module (python -m localllm.store.quantize): what only the parent
 # needs (numpy, gguf, httpx through localllm.sources) is imported inside the parent's functions,
@@ -179,7 +178,7 @@ def quantize_file(
         finally:
             os.close(write_fd)
         try:
-            for event in _events(read_fd, cancel):
+            for event in child_events(read_fd, cancel, "quantization cancelled", _POLL):
                 if "tensor" in event:
                     if checkpoint is not None and not done:
                         checkpoint("quantize-started")
@@ -226,25 +225,6 @@ def _add_split_tensors(first: Path, count: Any, sizes: dict[str, int]) -> None:
         sizes.update({t.name: t.n_bytes for t in inspect_gguf(part).tensors})
 
 
-def _events(fd: int, cancel: threading.Event | None) -> Any:
-    """JSON events from the child's pipe until it closes; kills nothing itself."""
-    pending = b""
-    while True:
-        if cancel is not None and cancel.is_set():
-            raise OperationCancelledError("quantization cancelled")
-        ready, _, _ = select.select([fd], [], [], _POLL)
-        if not ready:
-            continue
-        data = os.read(fd, 65536)
-        if not data:
-            return
-        pending += data
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    yield event
 
 
 def _failure_message(returncode: int, errors: list[str], tail: str, target: str) -> str:

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import DiskFullError, LocalLLMError, OperationCancelledError, StoreError
+from .._exceptions import DiskFullError, LocalLLMError, StoreError
 from .._format import exit_status, human_size
+from .._process import child_events
 
 # The child process runs this very module: what only the parent needs is imported inside the
 # parent's functions.
@@ -154,27 +155,6 @@ def _child_command(arguments: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "localllm.store.safetensors", json.dumps(arguments)]
 
 
-def _events(fd: int, cancel: threading.Event | None) -> Iterator[dict[str, Any]]:
-    """JSON events from the child's pipe until it closes."""
-    pending = b""
-    while True:
-        if cancel is not None and cancel.is_set():
-            raise OperationCancelledError("conversion cancelled")
-        import select
-
-        ready, _, _ = select.select([fd], [], [], _POLL)
-        if not ready:
-            continue
-        data = os.read(fd, 65536)
-        if not data:
-            return
-        pending += data
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    yield event
 
 
 def convert_file(
@@ -211,7 +191,7 @@ def convert_file(
         finally:
             os.close(write_fd)
         try:
-            for event in _events(read_fd, cancel):
+            for event in child_events(read_fd, cancel, "conversion cancelled", _POLL):
                 if "progress" in event:
                     done, total = (int(x) for x in event["progress"])
                     emit(PullProgress(status, total=total, completed=min(done, total)))
