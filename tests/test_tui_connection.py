@@ -60,7 +60,8 @@ async def test_starts_the_daemon_and_reconnects_after_it_goes_away(
 
             await stop(pids[0])
             await wait_for(pilot, lambda: app.connection == "lost", "the app to notice")
-            assert "went away" in screen_text(app)
+            # the state changes before the status bar is laid out again: wait for the words
+            await wait_for(pilot, lambda: "went away" in screen_text(app), "the bar to say so")
 
             await wait_for(pilot, lambda: app.connection == "connected", "a new daemon", 120)
             pids.append(daemon_pid(settings))
@@ -74,7 +75,7 @@ async def test_without_autostart_it_says_the_daemon_is_not_running(home: Path) -
     app = LocalLLMApp(Settings.from_env(), autostart=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: app.connection == "offline", "the offline state")
-        assert "not running" in screen_text(app)
+        await wait_for(pilot, lambda: "not running" in screen_text(app), "the bar to say so")
 
 
 async def test_a_daemon_that_cannot_start_is_reported(
@@ -89,4 +90,4 @@ async def test_a_daemon_that_cannot_start_is_reported(
             await wait_for(pilot, lambda: app.connection_error, "the failed start", 120)
             await wait_for(pilot, lambda: app.connection == "offline", "the offline state")
             assert "failed to start" in app.connection_error
-            assert "not running" in screen_text(app)
+            await wait_for(pilot, lambda: "not running" in screen_text(app), "the bar to say so")
