@@ -17,7 +17,14 @@ from typing import Any
 from ._exceptions import OperationCancelledError
 from ._format import exit_status
 
-__all__ = ["child_events", "child_report", "free_port", "pid_alive", "write_json"]
+__all__ = [
+    "child_events",
+    "child_report",
+    "free_port",
+    "pid_alive",
+    "spawn_reporting",
+    "write_json",
+]
 
 
 def pid_alive(pid: int) -> bool:
@@ -86,3 +93,21 @@ def child_events(
                 event = json.loads(line)
                 if isinstance(event, dict):
                     yield event
+
+
+def spawn_reporting(command: list[str], output: Any) -> tuple[subprocess.Popen[bytes], int]:
+    """Start ``command`` with the write end of a new pipe appended as its last argument (where
+    it reports, see :func:`child_events`) and its stdout and stderr to ``output``; returns the
+    process and the pipe's read end, which the caller closes."""
+    read_fd, write_fd = os.pipe()
+    try:
+        process = subprocess.Popen(
+            [*command, str(write_fd)],
+            pass_fds=(write_fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+        )
+    finally:
+        os.close(write_fd)
+    return process, read_fd

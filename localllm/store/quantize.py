@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import DiskFullError, QuantizeError
 from .._format import REBUILD_FOR_THIS_CPU, exit_status, human_size
-from .._process import child_events
+from .._process import child_events, spawn_reporting
 
 # The child process runs this very module (python -m localllm.store.quantize): what only the parent
 # needs (numpy, gguf, httpx through localllm.sources) is imported inside the parent's functions,
@@ -162,21 +161,11 @@ def quantize_file(
         "allow_requantize": allow_requantize,
         "threads": threads,
     }
-    read_fd, write_fd = os.pipe()
     errors: list[str] = []
     done = 0
     result: int | None = None
     with tempfile.TemporaryFile() as child_output:
-        try:
-            process = subprocess.Popen(
-                [*_child_command(arguments), str(write_fd)],
-                pass_fds=(write_fd,),
-                stdin=subprocess.DEVNULL,
-                stdout=child_output,
-                stderr=child_output,
-            )
-        finally:
-            os.close(write_fd)
+        process, read_fd = spawn_reporting(_child_command(arguments), child_output)
         try:
             for event in child_events(read_fd, cancel, "quantization cancelled", _POLL):
                 if "tensor" in event:

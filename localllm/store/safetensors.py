@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import DiskFullError, LocalLLMError, StoreError
 from .._format import exit_status, human_size
-from .._process import child_events
+from .._process import child_events, spawn_reporting
 
 # The child process runs this very module: what only the parent needs is imported inside the
 # parent's functions.
@@ -176,20 +175,10 @@ def convert_file(
 
     emit = on_progress or (lambda event: None)
     arguments = {"parent": os.getpid(), "folder": str(folder), "output": str(output)}
-    read_fd, write_fd = os.pipe()
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as child_output:
-        try:
-            process = subprocess.Popen(
-                [*_child_command(arguments), str(write_fd)],
-                pass_fds=(write_fd,),
-                stdin=subprocess.DEVNULL,
-                stdout=child_output,
-                stderr=child_output,
-            )
-        finally:
-            os.close(write_fd)
+        process, read_fd = spawn_reporting(_child_command(arguments), child_output)
         try:
             for event in child_events(read_fd, cancel, "conversion cancelled", _POLL):
                 if "progress" in event:
