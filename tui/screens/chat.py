@@ -122,6 +122,9 @@ class ChatScreen(MainScreen):
     CSS_PATH = "chat.tcss"
     RELOAD_ON_RESUME = True
     BINDINGS: ClassVar[list[BindingType]] = [
+        # Quit first: the chat's footer is the longest, and at 100 columns the app's own Quit
+        # (shown after every screen key) fell off its end.
+        Binding("ctrl+q", "app.quit", "Quit", id="chat.quit"),
         Binding("escape", "stop", "Stop", id="chat.stop"),
         Binding("ctrl+n", "new_chat", "New", id="chat.new"),
         Binding("ctrl+l", "pick_model", "Model", id="chat.model"),
