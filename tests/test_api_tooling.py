@@ -18,7 +18,6 @@ from localllm.daemon.engine.reasoning import grammar_after
 from localllm.daemon.errors import HTTPProblem
 from localllm.daemon.prompt.chat import chat_template
 from localllm.daemon.prompt.history import history_tool_calls, map_call_id
-from localllm.daemon.prompt.template import effective_template
 from localllm.daemon.prompt.thinking import ThinkPlan, plan_thinking
 from localllm.daemon.prompt.tools import plan_tools, supports_tools
 from localllm.daemon.runner.protocol import GenerationRequest
@@ -49,12 +48,12 @@ def test_modelfile_template_overrides_the_gguf(store: Store, tmp_path: Path) -> 
     path = write_tiny_gguf(tmp_path / "base.gguf")
     create_model(store, "withtools:latest", gguf_file=path, template=MISTRAL_TEMPLATE)
     model = load_model(store, "withtools:latest")
-    assert effective_template(model) == MISTRAL_TEMPLATE
+    assert chat_template(model).effective == MISTRAL_TEMPLATE
     assert supports_tools(model)
     # an Ollama Go template cannot be rendered: the GGUF's own template is the one that counts
     create_model(store, "gotemplate:latest", base="withtools", template="{{ .Prompt }}")
     go = load_model(store, "gotemplate:latest")
-    assert effective_template(go) == go.info.chat_template
+    assert chat_template(go).effective == go.info.chat_template
 
 
 def test_mistral_call_ids(store: Store, tmp_path: Path) -> None:
