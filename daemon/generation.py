@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 
@@ -28,7 +28,6 @@ from localllm.store.names import parse_name
 from .errors import ClientGone, HTTPProblem, problem_from
 from .firsttoken import FirstToken
 from .lora.sharing import adapter_uses
-from .options import runner_config
 from .runner.client import GenerationStream, RunnerDiedError, RunnerError, TokenChunk
 from .runner.protocol import (
     EmbeddingRequest,
@@ -138,20 +137,6 @@ class Job:
             if self.planning:
                 self._clock.planning, self._clock.planned = self.planning, self.planned
         return self._clock
-
-    @classmethod
-    def for_model(
-        cls,
-        state: DaemonState,
-        model: LocalModel,
-        options: dict[str, Any],
-        request: GenerationRequest,
-        keep_alive: float | None,
-        api: str,
-    ) -> Job:
-        """A job whose runner is loaded as ``options`` (num_ctx, num_batch...) ask."""
-        config = runner_config(state.settings, model, options)
-        return cls(model=model, config=config, request=request, keep_alive=keep_alive, api=api)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from .options import drafter_label
+from .loadconfig import drafter_label
 from .runner.protocol import GenerationResult, Stats
 from .scheduler import LoadedModel, Scheduler
 

@@ -10,7 +10,8 @@ from localllm._exceptions import LocalLLMError
 
 from .errors import HTTPProblem
 from .generation import resolve_model
-from .options import merge_options, runner_config
+from .loadconfig import runner_config
+from .options import merge_options
 from .runner.client import RunnerError
 from .state import DaemonState
 

@@ -16,8 +16,8 @@ from localllm.daemon.api.tooling import (
 )
 from localllm.daemon.engine.reasoning import grammar_after
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.prompt.chat import chat_template
 from localllm.daemon.prompt.history import history_tool_calls, map_call_id
-from localllm.daemon.prompt.template import effective_template
 from localllm.daemon.prompt.thinking import ThinkPlan, plan_thinking
 from localllm.daemon.prompt.tools import plan_tools, supports_tools
 from localllm.daemon.runner.protocol import GenerationRequest
@@ -48,17 +48,18 @@ def test_modelfile_template_overrides_the_gguf(store: Store, tmp_path: Path) -> 
     path = write_tiny_gguf(tmp_path / "base.gguf")
     create_model(store, "withtools:latest", gguf_file=path, template=MISTRAL_TEMPLATE)
     model = load_model(store, "withtools:latest")
-    assert effective_template(model) == MISTRAL_TEMPLATE
+    assert chat_template(model).effective == MISTRAL_TEMPLATE
     assert supports_tools(model)
     # an Ollama Go template cannot be rendered: the GGUF's own template is the one that counts
     create_model(store, "gotemplate:latest", base="withtools", template="{{ .Prompt }}")
     go = load_model(store, "gotemplate:latest")
-    assert effective_template(go) == go.info.chat_template
+    assert chat_template(go).effective == go.info.chat_template
 
 
 def test_mistral_call_ids(store: Store, tmp_path: Path) -> None:
     model = _model(store, tmp_path, "mistral", MISTRAL_TEMPLATE)
-    plan = plan_tools(model, [TOOL])  # type: ignore[arg-type]
+    chat = chat_template(model)  # type: ignore[arg-type]
+    plan = plan_tools(chat, [TOOL])
     assert plan is not None and plan.mistral_ids
     parsed = split_output(plan, '[TOOL_CALLS]f[ARGS]{"a": 1}')
     (call,) = parsed.calls
@@ -80,23 +81,24 @@ def test_mistral_call_ids(store: Store, tmp_path: Path) -> None:
 
 def test_tool_choice_rules(store: Store, tmp_path: Path) -> None:
     model = _model(store, tmp_path, "mistral2", MISTRAL_TEMPLATE)
-    assert plan_tools(model, [TOOL], tool_choice="none") is None  # type: ignore[arg-type]
-    assert plan_tools(model, None) is None  # type: ignore[arg-type]
+    chat = chat_template(model)  # type: ignore[arg-type]
+    assert plan_tools(chat, [TOOL], tool_choice="none") is None
+    assert plan_tools(chat, None) is None
     with pytest.raises(HTTPProblem) as info:
-        plan_tools(model, [], tool_choice="auto")  # type: ignore[arg-type]
+        plan_tools(chat, [], tool_choice="auto")
     assert info.value.param == "tool_choice"
-    required = plan_tools(model, [TOOL], tool_choice="required")  # type: ignore[arg-type]
+    required = plan_tools(chat, [TOOL], tool_choice="required")
     assert required is not None and required.grammar is not None
     assert "[TOOL_CALLS]f[ARGS]" in required.grammar  # the template's [ARGS] syntax
     # auto: the same grammar, lazy: it waits for the family's call opener
-    auto = plan_tools(model, [TOOL])  # type: ignore[arg-type]
+    auto = plan_tools(chat, [TOOL])
     assert auto is not None and auto.grammar is None
     assert auto.lazy_grammar == required.grammar
     assert auto.triggers == [r"^[\s\S]*?(\[TOOL_CALLS\])[\s\S]*"]
     # a format constrains the whole output already: no lazy grammar then
-    formatted = plan_tools(model, [TOOL], constrained_output=True)  # type: ignore[arg-type]
+    formatted = plan_tools(chat, [TOOL], constrained_output=True)
     assert formatted is not None and formatted.lazy_grammar is None and not formatted.triggers
-    off = plan_tools(model, [TOOL, {**TOOL, "function": {"name": "g"}}], parallel=False)  # type: ignore[arg-type]
+    off = plan_tools(chat, [TOOL, {**TOOL, "function": {"name": "g"}}], parallel=False)
     assert off is not None
     two = split_output(off, "[TOOL_CALLS]f[ARGS]{}[TOOL_CALLS]g[ARGS]{}")
     assert [c.name for c in two.calls] == ["f"]
@@ -104,11 +106,12 @@ def test_tool_choice_rules(store: Store, tmp_path: Path) -> None:
 
 def test_no_tool_template_refuses_unless_none(store: Store, tmp_path: Path) -> None:
     model = _model(store, tmp_path, "chatml", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    chat = chat_template(model)  # type: ignore[arg-type]
     with pytest.raises(HTTPProblem) as info:
-        plan_tools(model, [TOOL])  # type: ignore[arg-type]
+        plan_tools(chat, [TOOL])
     assert info.value.status == 400 and "does not support tools" in info.value.message
     assert info.value.param == "tools"
-    assert plan_tools(model, [TOOL], tool_choice="none") is None  # type: ignore[arg-type]
+    assert plan_tools(chat, [TOOL], tool_choice="none") is None
 
 
 THINKER_TEMPLATE = (
@@ -190,18 +193,20 @@ def test_plan_thinking_on_models(store: Store, tmp_path: Path) -> None:
     plain = _model(
         store, tmp_path, "plainchat", "{% for m in messages %}{{ m.content }}{% endfor %}"
     )
+    chat = chat_template(plain)  # type: ignore[arg-type]
     with pytest.raises(HTTPProblem) as info:
-        plan_thinking(plain, True)  # type: ignore[arg-type]
+        plan_thinking(chat, True)
     message = info.value.message
     assert message.startswith('"plainchat') and message.endswith('" does not support thinking')
     assert info.value.status == 400 and info.value.param == "think"
-    assert plan_thinking(plain, False) is None  # type: ignore[arg-type]
-    assert plan_thinking(plain, None) is None  # type: ignore[arg-type]
+    assert plan_thinking(chat, False) is None
+    assert plan_thinking(chat, None) is None
     with pytest.raises(HTTPProblem) as effort:
-        plan_thinking(plain, "high", field="reasoning_effort")  # type: ignore[arg-type]
+        plan_thinking(chat, "high", field="reasoning_effort")
     assert effort.value.param == "reasoning_effort"
     thinker = _model(store, tmp_path, "thinker", THINKER_TEMPLATE)
-    plan = plan_thinking(thinker, "low")  # type: ignore[arg-type]
+    thinking = chat_template(thinker)  # type: ignore[arg-type]
+    plan = plan_thinking(thinking, "low")
     assert plan is not None and plan.template_kwargs()["reasoning_effort"] == "low"
 
 

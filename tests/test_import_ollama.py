@@ -213,7 +213,8 @@ OLLAMA_TEMPLATES = [
 def test_go_template_layers_are_shown_but_the_gguf_template_renders(
     ollama: OllamaStore, local: Store, tiny_gguf: Path, template: str
 ) -> None:
-    from localllm.daemon.prompt.template import effective_template, model_template
+    from localllm.daemon.prompt.chat import chat_template
+    from localllm.daemon.prompt.template import model_template
 
     layers = [
         ollama.blob(tiny_gguf.read_bytes(), MEDIA_MODEL),
@@ -224,7 +225,7 @@ def test_go_template_layers_are_shown_but_the_gguf_template_renders(
     model = load_model(local, "gotmpl")
     assert model.template == template  # what show prints
     assert model_template(model) is None  # never sent to the runner, which renders Jinja only
-    assert effective_template(model) == model.info.chat_template
+    assert chat_template(model).effective == model.info.chat_template
 
 
 def test_rerun_is_idempotent_and_reads_nothing_again(ollama: OllamaStore, local: Store) -> None:

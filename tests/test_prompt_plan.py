@@ -18,6 +18,7 @@ import localllm.daemon
 from localllm.daemon.api import core
 from localllm.daemon.api.core import Ask, Turn
 from localllm.daemon.errors import HTTPProblem
+from localllm.daemon.prompt.chat import chat_template
 from localllm.daemon.prompt.plan import plan_prompt
 from localllm.daemon.prompt.template import render_chat
 from localllm.daemon.runner.protocol import SamplingOptions
@@ -37,6 +38,7 @@ TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{%- else %}<think>\n{% endif %}{% endif %}"
 )
+PLAIN = "{% for message in messages %}{{ message.content }}\n{% endfor %}"
 ZONE = {
     "type": "function",
     "function": {
@@ -182,3 +184,49 @@ def test_a_requests_way_through_planning_stays_short(
     # the core hands the request to the prompt room once, and the room's entry is plan.py
     entries = [b for a, b in pairwise(way) if a == "api/core.py" and b.startswith("prompt/")]
     assert entries == ["prompt/plan.py"]
+    # the template is read once, into a value the tools, the reasoning switch and the
+    # conversation take: each is entered once, and none goes back to the template or the model
+    for room in ("prompt/tools.py", "prompt/thinking.py", "prompt/history.py"):
+        assert way.count(room) == 1, " > ".join(way)
+    assert "prompt/template.py" not in way[way.index("prompt/tools.py") :], " > ".join(way)
+    # the sampling options and the runner's load config are each decided in one pass
+    assert way.count("options.py") == 1 and way.count("loadconfig.py") == 1, " > ".join(way)
+
+
+def test_the_choices_share_one_load_config(
+    settings: Settings, store: Store, tmp_path: Path
+) -> None:
+    path = write_tiny_gguf(tmp_path / "thinker.gguf", chat_template=TEMPLATE)
+    create_model(store, "thinker:latest", gguf_file=path)
+    state = DaemonState.create(settings)
+    model = load_model(state.store, "thinker:latest")
+    planned = core.plan(state, _chat(model, n=3, options={"num_ctx": 256}))
+    first, *others = planned.jobs
+    assert len(others) == 2 and first.config.n_ctx_per_slot == 256
+    assert all(job.config is first.config for job in others)  # decided once, for all three
+    assert len({id(job.request) for job in planned.jobs}) == 3  # each its own request
+
+
+def test_the_request_template_counts_where_a_template_is_applied(
+    store: Store, tmp_path: Path
+) -> None:
+    # a model that does not reason, asked with a template of a model that does
+    path = write_tiny_gguf(tmp_path / "plain.gguf", chat_template=PLAIN)
+    create_model(store, "plain:latest", gguf_file=path)
+    model = load_model(store, "plain:latest")
+    chat = chat_template(model, TEMPLATE)
+    assert chat.rendered == TEMPLATE and chat.effective == PLAIN and chat.thinking is not None
+    assert chat.family is None and not chat.takes_tools  # the tools' syntax is the model's own
+    templated = Ask(model=model, api="ollama", prompt="Hi", template=TEMPLATE, think=True)
+    plan = plan_prompt(templated, SamplingOptions())
+    assert plan.think is not None and plan.template == TEMPLATE
+    assert plan.template_kwargs == {"enable_thinking": True}
+    # a raw prompt applies no template: the model's own says whether it reasons
+    raw = Ask(model=model, api="ollama", prompt="Hi", template=TEMPLATE, think=True, raw=True)
+    with pytest.raises(HTTPProblem) as info:
+        plan_prompt(raw, SamplingOptions())
+    assert info.value.status == 400 and "does not support thinking" in info.value.message
+    # tools are checked against the model's own template, whatever the request renders with
+    with pytest.raises(HTTPProblem) as tools:
+        plan_prompt(_chat(model, tools=[ZONE], template=TEMPLATE), SamplingOptions())
+    assert tools.value.param == "tools" and "does not support tools" in tools.value.message

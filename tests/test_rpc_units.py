@@ -20,7 +20,8 @@ from localllm.daemon.devices.placement import place_layers, split_units
 from localllm.daemon.devices.rpc import exposure_warning
 from localllm.daemon.devices.workers import expected_protocol, probe
 from localllm.daemon.errors import HTTPProblem
-from localllm.daemon.options import merge_options, runner_config
+from localllm.daemon.loadconfig import runner_config
+from localllm.daemon.options import merge_options
 from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.settings import Settings, parse_rpc_workers
 from localllm.store.models import LOAD_OPTIONS, create_model, load_model, parse_parameters

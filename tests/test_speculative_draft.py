@@ -24,7 +24,7 @@ from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.errors import HTTPProblem
-from localllm.daemon.options import draft_for, drafter_label, runner_config
+from localllm.daemon.loadconfig import draft_for, drafter_label, runner_config
 from localllm.daemon.runner.protocol import RunnerConfig
 from localllm.daemon.speculation.draft_model import (
     PROBE_SHARE,

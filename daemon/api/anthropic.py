@@ -36,6 +36,7 @@ from localllm.store.models import LocalModel
 from ..errors import HTTPProblem, problem_from
 from ..generation import resolve_model
 from ..options import merge_options
+from ..prompt.chat import chat_template
 from ..prompt.thinking import plan_thinking
 from ..prompt.tools import ToolPlan
 from ..state import DaemonState, StateDep
@@ -507,7 +508,7 @@ def _thinking(ask: Ask, body: _Conversation, forced: bool, max_tokens: int | Non
             "is off; enable thinking (or adaptive) or leave effort out",
             param="output_config.effort",
         )
-    levels = plan_thinking(model, _EFFORT[effort], field="output_config.effort")
+    levels = plan_thinking(chat_template(model), _EFFORT[effort], field="output_config.effort")
     if levels is None or not levels.style.takes_level:
         raise HTTPProblem(
             400,

@@ -64,6 +64,7 @@ from localllm.store.models import LocalModel
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..firsttoken import ARRIVAL, FirstToken, server_timing
 from ..generation import Generation, Job, Outcome, start, until_disconnect
+from ..loadconfig import runner_config
 from ..options import sampling_options
 from ..prompt.plan import PromptPlan, plan_prompt
 from ..prompt.thinking import ThinkPlan
@@ -265,6 +266,8 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
     counted = ask.count_tokens and not sampling.logprobs
     if counted:
         sampling.logprobs = True
+    # the runner's load config, decided once for every choice (draft, adapters, memory plan)
+    config = runner_config(state.settings, model, ask.options)
     jobs = []
     for index in range(max(ask.n, 1)):
         # With a seed, choice i samples with seed + i: the choices differ, and each is
@@ -276,7 +279,7 @@ def plan(state: DaemonState, ask: Ask) -> Plan:
             # The choices share the prompt: its log probabilities are the first choice's, and
             # the others may reuse its cells instead of evaluating it again.
             copy.options.prompt_logprobs = False
-        jobs.append(Job.for_model(state, model, ask.options, copy, ask.keep_alive, ask.api))
+        jobs.append(Job(model, config, copy, ask.keep_alive, ask.api))
     planned = time.perf_counter_ns()
     for job in jobs:
         job.planning, job.planned = began, planned

@@ -21,7 +21,8 @@ from localllm.store.models import OPTION_TYPES, LocalModel
 
 from ..errors import ClientGone, HTTPProblem, problem_from
 from ..generation import context_length, resolve_model, until_disconnect
-from ..options import merge_options, named_options, runner_config
+from ..loadconfig import runner_config
+from ..options import merge_options, named_options
 from ..runner.protocol import SamplingOptions
 from ..state import DaemonState, StateDep
 from .core import Ask, Done, Reply, TextCut, plan

@@ -11,8 +11,9 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..generation import resolve_model
+from ..loadconfig import runner_config
 from ..memory.plan import MemoryPlan
-from ..options import merge_options, runner_config
+from ..options import merge_options
 from ..state import StateDep
 
 __all__ = ["PlanRequest", "router"]

@@ -26,7 +26,9 @@ from localllm.store.models import LocalModel
 from ..engine.text import unicode_problem
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, load_only, parse_keep_alive, resolve_model
-from ..options import drafter_label, merge_options, runner_config
+from ..loadconfig import drafter_label, runner_config
+from ..options import merge_options
+from ..prompt.chat import chat_template
 from ..prompt.template import jinja_override
 from ..prompt.thinking import plan_thinking
 from ..prompt.tools import ToolPlan, plan_tools
@@ -378,8 +380,9 @@ async def chat(body: ChatRequest, request: Request, state: StateDep) -> Response
     ask.tools = body.tools
     if not body.messages:
         # the request's tools and think are checked all the same
-        plan_tools(ask.model, body.tools, constrained_output=ask.format is not None)
-        plan_thinking(ask.model, ask.think)
+        template = chat_template(ask.model)
+        plan_tools(template, body.tools, constrained_output=ask.format is not None)
+        plan_thinking(template, ask.think)
         empty = {"message": {"role": "assistant", "content": ""}}
         return await _load_or_unload(state, request, ask, empty)
     # Ollama drops a long chat's oldest turns; only truncate: false asks for the 400.

@@ -27,7 +27,8 @@ from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem, problem_from
 from ..generation import embed, resolve_model
-from ..options import merge_options, named_options, runner_config
+from ..loadconfig import runner_config
+from ..options import merge_options, named_options
 from ..prompt.tools import ToolPlan
 from ..runner.protocol import TokenLogprob
 from ..state import DaemonState, StateDep

@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import HTTPProblem
 from ..generation import embed, parse_keep_alive, resolve_model
-from ..options import merge_options, runner_config
+from ..loadconfig import runner_config
+from ..options import merge_options
 from ..state import StateDep
 
 __all__ = ["RerankRequest", "router"]

@@ -1,7 +1,8 @@
 """The conversation as chat templates read it (Hugging Face's ``apply_chat_template``
 convention): the system prompt and the model's ``MESSAGE`` examples first, then the request's
 turns with an assistant's calls (arguments as objects), a tool result's call id and tool name,
-and an assistant's earlier reasoning; call ids in the shape the template insists on.
+and an assistant's earlier reasoning; call ids in the shape the template insists on. A prompt
+that continues an earlier exchange (``context``) is rendered here (:func:`continuation`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import string
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from localllm.store.models import LocalModel
-
 from ..errors import HTTPProblem
+from .chat import ChatTemplate
+from .template import TemplateRenderError, render_chat
 from .tools import ToolPlan
 
-__all__ = ["PromptTurn", "conversation", "history_tool_calls", "map_call_id"]
+__all__ = ["PromptTurn", "continuation", "conversation", "history_tool_calls", "map_call_id"]
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -44,7 +45,7 @@ class PromptTurn(Protocol):
 
 
 def conversation(
-    model: LocalModel,
+    chat: ChatTemplate,
     turns: Sequence[PromptTurn] | None,
     system: str | None,
     tools: ToolPlan | None,
@@ -66,14 +67,45 @@ def conversation(
         items = [_turn(index, turn, tools) for index, turn in enumerate(turns)]
         has_system = any(turn.role == "system" for turn in turns)
     out: list[dict[str, Any]] = []
-    system_text = system if system is not None else model.system
+    system_text = system if system is not None else chat.system
     if system_text and not has_system:
         out.append({"role": "system", "content": system_text})
-    for example in model.messages:
+    for example in chat.examples:
         out.append(
             {"role": str(example.get("role", "user")), "content": example.get("content", "")}
         )
     return out + items
+
+
+# The runner's template for a model that has none (its prepare() falls back to the same).
+_PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}\n\n{% endfor %}"
+
+
+def continuation(
+    chat: ChatTemplate, system: str | None, prompt: str, switches: dict[str, Any]
+) -> str:
+    """The templated prompt of a request that continues ``context``, with the template
+    variables ``switches`` (the reasoning's).
+
+    Ollama renders the new prompt and puts it after the context's tokens; the runner takes
+    ``context`` only before a prompt it does not template, so the template is rendered here
+    (in the same sandbox the runner uses). The model's default system prompt was part of
+    the earlier exchange and is not repeated; a ``system`` in the request is. The prompt
+    continues a sequence, so the template's BOS text is left out (``bos_token`` is empty).
+    """
+    messages: list[dict[str, Any]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": prompt})
+    try:
+        return render_chat(
+            chat.rendered or chat.effective or _PLAIN_TEMPLATE,
+            messages,
+            add_generation_prompt=True,
+            extra=switches,
+        )
+    except TemplateRenderError as exc:
+        raise HTTPProblem(400, str(exc), param="template") from None
 
 
 def _turn(index: int, turn: PromptTurn, tools: ToolPlan | None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Chat templates: which one a request uses (the request's, a Modelfile's Jinja ``TEMPLATE``,
-the GGUF's own), rendered in a sandbox.
+"""Chat templates: a model's own (a Modelfile's Jinja ``TEMPLATE``; :mod:`.chat` reads which one
+a request uses and what it says), rendered in a sandbox.
 
 Templates come from downloaded files, so they are rendered with Jinja's immutable sandbox
 (as llama-cpp-python's ``Jinja2ChatFormatter`` and Hugging Face's tokenizers do): no attribute
@@ -22,7 +22,6 @@ from localllm.store.models import LocalModel
 
 __all__ = [
     "TemplateRenderError",
-    "effective_template",
     "is_go_template",
     "jinja_override",
     "model_template",
@@ -61,13 +60,6 @@ def model_template(model: LocalModel) -> str | None:
 
     layer = model.entry.manifest.layer(MEDIA_TEMPLATE)
     return jinja_override(model.template) if layer is not None else None
-
-
-def effective_template(model: LocalModel) -> str | None:
-    """The Jinja chat template the runner renders for ``model``: a Modelfile ``TEMPLATE``
-    written in Jinja, else the GGUF's own (Go templates cannot be rendered, so the GGUF's
-    template is used for those, and is the one whose tool syntax counts)."""
-    return model_template(model) or model.info.chat_template
 
 
 def _raise_exception(message: str) -> None:

@@ -7,23 +7,25 @@ close, a budget closes it), and the splitter that reads the reasoning back out o
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
 from ..runner.protocol import GenerationRequest, SamplingOptions
-from ..toolcalls.thinking import ThinkingSplitter, ThinkingStyle, starts_thinking, thinking_style
-from .template import effective_template
+from ..toolcalls.thinking import ThinkingSplitter, ThinkingStyle, starts_thinking
+from .chat import ChatTemplate, chat_template
 
 __all__ = [
     "LEVEL_BUDGETS",
+    "ThinkAsk",
     "ThinkPlan",
     "after_reasoning",
     "model_thinking",
     "output_constrained",
     "plan_thinking",
+    "request_thinking",
 ]
 
 LEVEL_BUDGETS: dict[str, int | None] = {"low": 1024, "medium": 4096, "high": 16384, "max": None}
@@ -35,11 +37,11 @@ def _problem(message: str, param: str, code: str = "invalid_field") -> HTTPProbl
     return HTTPProblem(400, message, param=param, code=code)
 
 
-def model_thinking(model: LocalModel, template: str | None = None) -> ThinkingStyle | None:
-    """How ``model`` (with ``template`` instead of its own, when given) reasons, or None when
-    its template shows no reasoning (its ``thinking`` capability)."""
+def model_thinking(model: LocalModel) -> ThinkingStyle | None:
+    """How ``model`` reasons, or None when its template shows no reasoning (its ``thinking``
+    capability)."""
     try:
-        return thinking_style(template or effective_template(model))
+        return chat_template(model).thinking
     except Exception:  # a model whose GGUF cannot be read has no capabilities to show
         return None
 
@@ -55,6 +57,10 @@ class ThinkPlan:
     constrained: bool = False
     """The output is constrained from its first token (a format, a forced call): it is the
     answer, even where the template opened a reasoning block."""
+    asked_switches: dict[str, Any] = field(default_factory=dict)
+    """The template switches as the request asked for them, before :meth:`apply` decided
+    for a constrained output (a continued prompt rendered in the daemon is rendered with
+    these)."""
 
     @property
     def keep(self) -> bool:
@@ -82,6 +88,17 @@ class ThinkPlan:
                 kwargs["reasoning_effort"] = "low"  # harmony cannot reason less than this
         return kwargs
 
+    def budget(self, requested: int | None, option: Any = None) -> int | None:
+        """The reasoning budget: the ``requested`` one, else the ``thinking_budget`` option,
+        else the level's (:data:`LEVEL_BUDGETS`) where the template cannot take the level."""
+        if requested is not None:
+            return requested
+        if option is not None and option >= 0:
+            return int(option)
+        if isinstance(self.think, str) and not self.style.takes_level:
+            return LEVEL_BUDGETS.get(self.think)
+        return None
+
     def apply(self, request: GenerationRequest, budget: int | None = None) -> None:
         """Set the template switches, the control-token output the splitter reads and the
         reasoning budget (call it once the request's sampling options are final: format and
@@ -94,6 +111,7 @@ class ThinkPlan:
         Where the template itself closes the block in the prompt (reasoning switched off),
         the runner drops that wait (``closed_triggers``). Harmony's channels and reasoning
         switched off leave the output constrained from its first token: it is the answer."""
+        self.asked_switches = self.template_kwargs()
         options = request.options
         constrained = output_constrained(options)
         lazy = self.reasons_in_output and not self.style.harmony
@@ -156,22 +174,43 @@ def output_constrained(options: SamplingOptions) -> bool:
 
 
 def plan_thinking(
-    model: LocalModel,
-    think: bool | str | None,
-    *,
-    field: str = "think",
-    template: str | None = None,
+    chat: ChatTemplate, think: bool | str | None, *, field: str = "think"
 ) -> ThinkPlan | None:
     """The thinking plan of a request whose ``think`` was parsed by :func:`parse_think` (or
-    :func:`reasoning_effort_think`); None for a model that does not reason.
+    :func:`reasoning_effort_think`) for the model whose template is ``chat``; None for a model
+    that does not reason.
 
     Asking a model that does not reason to think is Ollama's 400 (``"<model>" does not
     support thinking``); asking it not to is fine."""
-    style = model_thinking(model, template)
-    if style is None:
+    if chat.thinking is None:
         if think not in (None, False):
             raise _problem(
-                f'"{model.name.short}" does not support thinking', field, "thinking_unsupported"
+                f'"{chat.model}" does not support thinking', field, "thinking_unsupported"
             )
         return None
-    return ThinkPlan(style=style, think=think)
+    return ThinkPlan(style=chat.thinking, think=think)
+
+
+class ThinkAsk(Protocol):
+    """What the reasoning switch reads of a request (the core's ``Ask`` has these fields)."""
+
+    @property
+    def think(self) -> bool | str | None: ...
+    @property
+    def think_field(self) -> str: ...
+    @property
+    def thinking_budget(self) -> int | None: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+
+
+def request_thinking(
+    chat: ChatTemplate, ask: ThinkAsk, request: GenerationRequest
+) -> ThinkPlan | None:
+    """The reasoning plan of ``ask`` for the model whose template is ``chat``
+    (:func:`plan_thinking`), applied to the runner ``request`` with its budget (call it once
+    the request's tools have set their grammar); None for a model that does not reason."""
+    think = plan_thinking(chat, ask.think, field=ask.think_field)
+    if think is not None:
+        think.apply(request, think.budget(ask.thinking_budget, ask.options.get("thinking_budget")))
+    return think

@@ -12,23 +12,28 @@ import json
 import re
 import secrets
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from localllm.store.models import LocalModel
 
 from ..errors import HTTPProblem
+from ..runner.protocol import GenerationRequest
 from ..toolcalls.core import ToolCall, new_call_id
-from ..toolcalls.detect import detect_family, grammar_syntax, parser_for, template_supports_tools
+from ..toolcalls.detect import parser_for
 from ..toolcalls.grammar import ToolGrammarError, lazy_triggers, tool_call_grammar
 from ..toolcalls.output import OutputParser
 from ..toolcalls.thinking import ThinkingSplitter
-from .template import effective_template
+from .chat import ChatTemplate, chat_template
 
 __all__ = [
+    "ToolAsk",
     "ToolPlan",
+    "check_strict",
     "plan_tools",
+    "request_tools",
     "supports_tools",
 ]
 
@@ -41,7 +46,7 @@ _ALNUM = string.ascii_letters + string.digits
 def supports_tools(model: LocalModel) -> bool:
     """Whether ``model``'s chat template renders ``tools`` (its ``tools`` capability)."""
     try:
-        return template_supports_tools(effective_template(model))
+        return chat_template(model).takes_tools
     except Exception:  # a model whose GGUF cannot be read has no capabilities to show
         return False
 
@@ -81,6 +86,17 @@ class ToolPlan:
         if self.mistral_ids:
             return "".join(secrets.choice(_ALNUM) for _ in range(9))
         return new_call_id()
+
+    def offer(self, request: GenerationRequest) -> None:
+        """Put the tools, their grammar and the control-token output the call parsers read
+        into the runner request (its sampling options final but for the reasoning's)."""
+        request.tools = self.tools
+        request.render_special = True
+        if self.grammar is not None:
+            request.options.grammar = self.grammar
+        elif self.lazy_grammar is not None:
+            request.options.grammar = self.lazy_grammar
+            request.options.grammar_triggers = list(self.triggers)
 
 
 def _problem(message: str, param: str, code: str = "invalid_field") -> HTTPProblem:
@@ -182,24 +198,98 @@ def _choice(
     raise _problem('tool_choice.type must be "function" or "allowed_tools"', "tool_choice.type")
 
 
+class ToolAsk(Protocol):
+    """What the tools read of a request (the core's ``Ask`` has these fields)."""
+
+    @property
+    def tools(self) -> list[Any] | None: ...
+    @property
+    def tool_choice(self) -> str | dict[str, Any] | None: ...
+    @property
+    def parallel(self) -> bool | None: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def tool_renames(self) -> Sequence[tuple[str, str]]: ...
+    @property
+    def format(self) -> str | dict[str, Any] | None: ...
+
+
+def request_tools(chat: ChatTemplate, ask: ToolAsk, request: GenerationRequest) -> ToolPlan | None:
+    """The tools of ``ask`` for the model whose template is ``chat``, checked
+    (:func:`plan_tools`) and offered in the runner ``request`` (:meth:`ToolPlan.offer`); None
+    when the request offers none."""
+    if ask.tools is None and ask.tool_choice is None:
+        return None
+    plan = plan_tools(
+        chat,
+        ask.tools,
+        tool_choice=ask.tool_choice,
+        parallel=ask.parallel,
+        constrained_output=ask.format is not None,
+        strict=ask.strict,
+        renames=ask.tool_renames,
+    )
+    if plan is not None:
+        plan.offer(request)
+    return plan
+
+
+def check_strict(tools: ToolPlan | None, strict: bool, field: str = "tools") -> None:
+    """Strict tools need every call checked against its schema: by the forced call's grammar
+    or the lazy one that starts at the family's call opener. Without either, a 400."""
+    if strict and tools is not None and tools.grammar is None and tools.lazy_grammar is None:
+        raise HTTPProblem(
+            400,
+            "strict tools: calls cannot be checked against their schemas here (this model's "
+            "call syntax has no opener to start checking at, or the output has a format); "
+            "drop strict, or force a call with tool_choice",
+            param=field,
+        )
+
+
 def plan_tools(
-    model: LocalModel,
+    chat: ChatTemplate,
     tools: list[Any] | None,
     *,
     tool_choice: str | dict[str, Any] | None = None,
     parallel: bool | None = None,
     constrained_output: bool = False,
     field: str = "tools",
-    template: str | None = None,
+    strict: bool = False,
+    renames: Sequence[tuple[str, str]] = (),
 ) -> ToolPlan | None:
-    """Check a request's tools; None when there are none to offer the model. ``template``
-    is the model's effective template when the caller has it (None: looked up here).
+    """Check a request's tools for the model whose template is ``chat``; None when there are
+    none to offer the model.
 
     A model whose template takes no tools answers Ollama's 400 (``<model> does not support
     tools``) unless ``tool_choice`` is ``none``, which drops the tools. ``constrained_output``
     says the request already constrains the output (``format``, ``response_format``), which
-    cannot be combined with a required call.
-    """
+    cannot be combined with a required call. ``strict`` tools must be checkable against their
+    schemas (:func:`check_strict`). ``renames`` (old, new) spell the fields of a 400 as the
+    request's family does."""
+    try:
+        plan = _plan_tools(chat, tools, tool_choice, parallel, constrained_output, field)
+    except HTTPProblem as exc:
+        if not renames:
+            raise
+        message, param = exc.message, exc.param
+        for old, new in renames:
+            message = message.replace(old, new)
+            param = param.replace(old, new) if param else param
+        raise HTTPProblem(exc.status, message, param=param, code=exc.code) from None
+    check_strict(plan, strict, field)
+    return plan
+
+
+def _plan_tools(
+    chat: ChatTemplate,
+    tools: list[Any] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel: bool | None,
+    constrained_output: bool,
+    field: str,
+) -> ToolPlan | None:
     if tools is not None and not isinstance(tools, list):
         raise _problem(f"{field} must be a list", field)
     definitions = _normalize_tools(tools or [], field)
@@ -208,18 +298,15 @@ def plan_tools(
         raise _problem("tool_choice needs tools", "tool_choice")
     if not definitions or mode == "none":
         return None
-    if template is None:
-        template = effective_template(model)
-    if not template_supports_tools(template):
+    if chat.family is None:
         raise _problem(
-            f"{model.name.short} does not support tools: its chat template does not render "
+            f"{chat.model} does not support tools: its chat template does not render "
             "them (use a model whose template does, or set a TEMPLATE that does)",
             field,
             "tools_unsupported",
         )
-    plan = ToolPlan(tools=offered, template=template, parallel=parallel is not False)
-    family = detect_family(template)
-    plan.mistral_ids = family is not None and family.family == "mistral"
+    plan = ToolPlan(tools=offered, template=chat.effective, parallel=parallel is not False)
+    plan.mistral_ids = chat.family is not None and chat.family.family == "mistral"
     if mode == "required" and constrained_output:
         raise _problem(
             "a required tool call cannot be combined with a response format", "tool_choice"
@@ -231,7 +318,7 @@ def plan_tools(
         # for: those parse what the model writes unconstrained.
         key = json.dumps(offered, ensure_ascii=False)
         grammar, triggers, error = _grammar(
-            template, key, mode == "required", forced, plan.parallel
+            chat.syntax or "json", key, mode == "required", forced, plan.parallel
         )
         if error is not None:
             raise _problem(f"{field}: {error}", field)
@@ -244,15 +331,14 @@ def plan_tools(
 
 @lru_cache(maxsize=32)
 def _grammar(
-    template: str, tools: str, required: bool, name: str | None, parallel: bool
+    syntax: str, tools: str, required: bool, name: str | None, parallel: bool
 ) -> tuple[str | None, tuple[str, ...], str | None]:
-    """The calls' grammar for ``tools`` (JSON text) in ``template``'s call syntax: forced
+    """The calls' grammar for ``tools`` (JSON text) in the call ``syntax``: forced
     (``required``) or lazy, with the triggers that start it (none: no opener to wait for, no
     grammar), and why a grammar cannot be built (raised naming the request's field).
 
     Cached: an agent sends the same tools on every turn, and turning their schemas into a
     grammar is the costliest part of planning a prompt (the schemas converted to GBNF)."""
-    syntax = grammar_syntax(template) or "json"
     triggers = () if required else tuple(lazy_triggers(syntax))
     if not required and not triggers:
         return None, (), None

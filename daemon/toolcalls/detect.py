@@ -83,6 +83,7 @@ def parser_for(
     return family(tools) if family is not None else None
 
 
+@lru_cache(maxsize=64)
 def grammar_syntax(template: str | None) -> str | None:
     """The call syntax name :func:`tool_call_grammar` and :func:`lazy_triggers` take for a
     template: its family, with Mistral split by whether calls are written ``f[ARGS]{...}``."""
