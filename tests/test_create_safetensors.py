@@ -123,7 +123,8 @@ def test_api_progress_says_converting_then_quantizing(cli: CliHome, checkpoint: 
     assert converting, statuses
     assert all(line["total"] > 0 for line in converting)
     assert converting[-1]["completed"] == converting[-1]["total"]
-    quantizing = [s for s in statuses if s.startswith("quantizing F16 model to Q4_K_M")]
+    # converted to the checkpoint's own BF16 (copied), then quantized from it
+    quantizing = [s for s in statuses if s.startswith("quantizing BF16 model to Q4_K_M")]
     assert quantizing and statuses.index(quantizing[0]) > statuses.index(converting[0]["status"])
     assert statuses[-1] == "success"
     assert not _store_files(cli)["partial"]  # the F16 file and the links are gone

@@ -117,7 +117,8 @@ def test_pull_with_a_tag_converts_and_quantizes(cli: CliHome, module_hub: FakeHu
     assert _shard_requests(module_hub) > before  # (what the other tests count is recorded)
     err = result.stderr
     assert "holds safetensors (LlamaForCausalLM) and no GGUF" in err
-    assert "converting" in err and "quantizing F16 model to Q8_0" in err
+    # converted to the checkpoint's own BF16 (copied by the kernel), then quantized from it
+    assert "converting" in err and "quantizing BF16 model to Q8_0" in err
     assert err.strip().splitlines()[-1] == "success"
     shown = cli.json("show", f"{REPO}:Q8_0")
     assert shown["details"]["quantization_level"] == "Q8_0"
@@ -149,7 +150,7 @@ def test_pull_without_a_tag_picks_the_best_fit(cli: CliHome) -> None:
 def test_pull_quantize_names_the_quantization(cli: CliHome) -> None:
     result = cli.run("pull", f"{REPO}:F16", "--quantize", "q6_K")
     assert result.returncode == 0, result.stderr
-    assert "quantizing F16 model to Q6_K" in result.stderr
+    assert "quantizing BF16 model to Q6_K" in result.stderr
     assert cli.json("show", f"{REPO}:F16")["details"]["quantization_level"] == "Q6_K"
 
 

@@ -22,7 +22,7 @@ conversion raises ``DiskFullError`` (disk full while writing) and ``OperationCan
 
 from __future__ import annotations
 
-from localllm.convert.convert import OUTTYPES, ConvertResult, convert_folder
+from localllm.convert.convert import OUTTYPES, ConvertResult, auto_outtype, convert_folder
 from localllm.convert.families import SUPPORTED_ARCHITECTURES, family_name
 from localllm.convert.folder import FolderInfo, check_tensors, inspect_folder
 from localllm.convert.shards import TensorEntry, header_length, parse_header
@@ -33,6 +33,7 @@ __all__ = [
     "ConvertResult",
     "FolderInfo",
     "TensorEntry",
+    "auto_outtype",
     "check_tensors",
     "convert_folder",
     "family_name",
