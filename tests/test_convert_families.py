@@ -107,6 +107,30 @@ def test_auto_copies_a_bf16_checkpoints_weights_bit_for_bit(tmp_path: Path) -> N
     assert c.rel_diff < REL_TOLERANCE and c.greedy_equal == c.greedy_checked
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_auto_holds_the_values_of_an_exact_conversion(family: str, tmp_path: Path) -> None:
+    """Every family (fused, stacked-expert, permuted, offset tensors included): the ``auto``
+    GGUF's BF16 tensors, copied from the shards, hold exactly the values of the f32
+    conversion (exact for a bf16 checkpoint), and its other tensors equal it."""
+    import gguf
+
+    ck = write_checkpoint(tmp_path / family, family)
+    auto = convert_folder(ck.folder, tmp_path / "auto.gguf", outtype="auto").path
+    exact = convert_folder(ck.folder, tmp_path / "f32.gguf", outtype="f32").path
+    wide = {t.name: t for t in gguf.GGUFReader(str(exact)).tensors}
+    copied = 0
+    for t in gguf.GGUFReader(str(auto)).tensors:
+        reference = np.asarray(wide[t.name].data, dtype=np.float32).reshape(-1)
+        if t.tensor_type.name == "BF16":
+            values = (np.asarray(t.data).view(np.uint16).reshape(-1).astype(np.uint32) << 16)
+            assert np.array_equal(values.view(np.float32), reference), t.name
+            copied += 1
+        else:
+            assert t.tensor_type.name == "F32", t.name
+            assert np.array_equal(np.asarray(t.data).reshape(-1), reference), t.name
+    assert copied > 3 * ck.config["num_hidden_layers"]  # the matrices, every layer's
+
+
 @pytest.mark.parametrize(("stored", "matrix"), [("f16", "F16"), ("f32", "F16")])
 def test_auto_for_other_checkpoints(tmp_path: Path, stored: str, matrix: str) -> None:
     """``auto``: an f16 checkpoint stays F16 (copied); an f32 one becomes F16."""
