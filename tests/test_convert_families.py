@@ -131,6 +131,18 @@ def test_auto_holds_the_values_of_an_exact_conversion(family: str, tmp_path: Pat
     assert copied > 3 * ck.config["num_hidden_layers"]  # the matrices, every layer's
 
 
+@pytest.mark.parametrize("outtype", ["f16", "auto", "q8_0"])
+def test_the_file_is_hashed_as_it_is_written(outtype: str, tmp_path: Path) -> None:
+    """``sha256=True``: the digest the store names the blob by, computed by the writer thread
+    (the header read back, arrays, padding, spans of the shards) is the file's."""
+    import hashlib
+
+    ck = write_checkpoint(tmp_path / "m", "qwen3moe")
+    result = convert_folder(ck.folder, tmp_path / "m.gguf", outtype=outtype, sha256=True)
+    assert result.sha256 == "sha256:" + hashlib.sha256(result.path.read_bytes()).hexdigest()
+    assert convert_folder(ck.folder, tmp_path / "n.gguf", outtype=outtype).sha256 is None
+
+
 @pytest.mark.parametrize(("stored", "matrix"), [("f16", "F16"), ("f32", "F16")])
 def test_auto_for_other_checkpoints(tmp_path: Path, stored: str, matrix: str) -> None:
     """``auto``: an f16 checkpoint stays F16 (copied); an f32 one becomes F16."""

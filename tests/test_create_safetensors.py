@@ -98,6 +98,8 @@ def test_create_from_a_folder_converts_it(cli: CliHome, checkpoint: Path) -> Non
     shown = cli.json("show", "tiny-st")
     assert shown["details"]["quantization_level"] == "F16"
     assert shown["details"]["family"] == "llama"
+    # the F16 file is the blob, named by the digest the converter computed as it wrote it
+    assert "tiny-st:latest" in assert_consistent(cli.settings.data_dir)
     _answers(cli, "tiny-st")
 
 

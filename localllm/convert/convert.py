@@ -15,6 +15,7 @@ interrupt) removes it.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import threading
 import time
@@ -66,6 +67,8 @@ class ConvertResult:
     tensor_count: int
     bytes_written: int
     seconds: float
+    sha256: str | None = None
+    """``sha256:<hex>`` of the file, when asked for (hashed as it was written)."""
     notes: list[str] = field(default_factory=list)
     """What the converter decided for the user (a pre-tokenizer found by its regex, a type
     kept wider than asked for a tensor that cannot take it...), to be reported."""
@@ -132,7 +135,8 @@ def _encoded_chunks(t: OutTensor, q: _Q,
 def convert_folder(folder: Path, out: Path, *,
                    progress: Callable[[int, int], None] | None = None,
                    outtype: str = "f16",
-                   cancel: threading.Event | None = None) -> ConvertResult:
+                   cancel: threading.Event | None = None,
+                   sha256: bool = False) -> ConvertResult:
     """Convert the safetensors model in ``folder`` to a GGUF at ``out``.
 
     ``outtype`` is the matrices' type: ``f16`` (default), ``auto`` (the checkpoint's own
@@ -142,7 +146,9 @@ def convert_folder(folder: Path, out: Path, *,
     exception it raises stops the conversion. Setting ``cancel`` stops it too, with
     :class:`~localllm._exceptions.OperationCancelledError`. Raises a
     :class:`~localllm._exceptions.ConvertError` subclass for bad input; on any error ``out``
-    does not exist (or keeps what it held before) and no temporary file is left.
+    does not exist (or keeps what it held before) and no temporary file is left. With
+    ``sha256`` the file is hashed as it is written (``ConvertResult.sha256``): a caller that
+    makes it a blob need not read it again.
     """
     if outtype != "auto" and outtype not in OUTTYPES:
         raise ConvertError(f"outtype {outtype!r} is not one of auto, {', '.join(OUTTYPES)}")
@@ -187,7 +193,8 @@ def convert_folder(folder: Path, out: Path, *,
         writer.write_ti_data_to_file()
         assert writer.fout is not None
         fh = writer.fout[0]
-        sink = BackgroundWriter(fh)
+        hasher = hashlib.sha256() if sha256 else None
+        sink = BackgroundWriter(fh, hasher=hasher)
         try:
             for t, q in zip(plan, types, strict=True):
                 sink.pad(writer.data_alignment)
@@ -219,5 +226,7 @@ def convert_folder(folder: Path, out: Path, *,
         raise
     return ConvertResult(path=out, architecture=info.architecture, tensor_count=len(plan),
                          bytes_written=out.stat().st_size,
-                         seconds=time.monotonic() - started, notes=notes)
+                         seconds=time.monotonic() - started,
+                         sha256=f"sha256:{hasher.hexdigest()}" if hasher is not None else None,
+                         notes=notes)
 

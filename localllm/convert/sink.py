@@ -8,6 +8,10 @@ next write or at :meth:`BackgroundWriter.close`.
 A :class:`FileSpan` (bytes a tensor keeps as they are: bf16 written as BF16) is copied from
 the shard by the kernel (``copy_file_range``, else ``sendfile``, else reads and writes): the
 bytes never pass through Python or the process's memory, as ``cp`` copies them.
+
+Given a ``hasher``, the thread also hashes the file as it writes it (what is already in it
+first, then every write; a span read back from the page cache), so a caller that makes the
+file a blob need not read it again: on two cores the hashing overlaps the encoding.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -68,10 +72,20 @@ class _SpanCopier:
         self._files: dict[Path, int] = {}
         self._methods = [m for m in ("copy_file_range", "sendfile") if hasattr(os, m)]
 
-    def copy(self, span: FileSpan, dst: int) -> None:
-        src = self._files.get(span.file)
+    def _fd(self, path: Path) -> int:
+        src = self._files.get(path)
         if src is None:
-            src = self._files[span.file] = os.open(span.file, os.O_RDONLY)
+            src = self._files[path] = os.open(path, os.O_RDONLY)
+        return src
+
+    def hash(self, span: FileSpan, hasher: Any) -> None:
+        """Feed the span's bytes to ``hasher`` (read back: the page cache holds them)."""
+        src = self._fd(span.file)
+        for start in range(span.offset, span.offset + span.nbytes, 8 << 20):
+            hasher.update(os.pread(src, min(8 << 20, span.offset + span.nbytes - start), start))
+
+    def copy(self, span: FileSpan, dst: int) -> None:
+        src = self._fd(span.file)
         offset, left = span.offset, span.nbytes
         while left:
             while self._methods:
@@ -96,10 +110,20 @@ class _SpanCopier:
 
 
 class BackgroundWriter:
-    """Append arrays and bytes to ``fh`` in order, from a thread."""
+    """Append arrays, bytes and file spans to ``fh`` in order, from a thread; with a
+    ``hasher`` (``hashlib.sha256()``), hash the whole file meanwhile."""
 
-    def __init__(self, fh: BinaryIO, depth: int = 3) -> None:
+    def __init__(self, fh: BinaryIO, depth: int = 3, hasher: Any = None) -> None:
         self._fh = fh
+        self._hasher = hasher
+        if hasher is not None:
+            # What was written before (the GGUF header), read back once (``fh`` is write-only).
+            fh.flush()
+            with open(fh.name, "rb") as back:
+                head = back.read(fh.tell())
+            if len(head) != fh.tell():
+                raise OSError(errno.EIO, "the GGUF header could not be read back to hash it")
+            hasher.update(head)
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.position = fh.tell()
@@ -130,10 +154,16 @@ class BackgroundWriter:
             self._fh.flush()
             self._spans.copy(item, self._fh.fileno())
             self._fh.seek(0, os.SEEK_END)
+            if self._hasher is not None:
+                self._spans.hash(item, self._hasher)
         elif isinstance(item, np.ndarray):
             item.tofile(self._fh)
+            if self._hasher is not None:
+                self._hasher.update(np.ascontiguousarray(item).reshape(-1).view(np.uint8))
         else:
             self._fh.write(item)  # type: ignore[arg-type]
+            if self._hasher is not None:
+                self._hasher.update(item)
         end = self._fh.tell()
         if end - self._written_back >= _WRITEBACK_STEP:
             self._fh.flush()

@@ -167,12 +167,14 @@ def convert_file(
     status: str,
     *,
     outtype: str = "f16",
+    sha256: bool = False,
     on_progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Convert the checkout ``folder`` into the GGUF ``output`` (matrices in ``outtype``, one
     of the converter's) in a child process; ``status`` events with completed/total bytes go
-    to ``on_progress`` on this thread.
+    to ``on_progress`` on this thread. With ``sha256`` the result's ``sha256`` is the file's
+    digest, hashed by the converter as it wrote the file.
 
     Raises the converter's :class:`ConvertError` (its message), a :class:`ConvertError` for
     a child that died (with its signal), :class:`DiskFullError` or
@@ -186,6 +188,7 @@ def convert_file(
         "folder": str(folder),
         "output": str(output),
         "outtype": outtype,
+        "sha256": sha256,
     }
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
@@ -270,6 +273,7 @@ def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | No
                     output,
                     status,
                     outtype=outtype,
+                    sha256=quantize is None,  # the file becomes the blob: hashed as written
                     on_progress=checkout.on_progress,
                     cancel=checkout.cancel,
                 )
@@ -284,7 +288,7 @@ def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | No
             produced.require_model()
             if quantize is not None:
                 return quantize_into_store(store, [output], quantize, checkout.what)
-            digest = hash_file(output)
+            digest = str(result.get("sha256") or "") or hash_file(output)
             size = output.stat().st_size
             store.publish(output, digest)
             return Layer(MEDIA_MODEL, digest, size)
@@ -327,6 +331,7 @@ def _child_main(argv: list[str]) -> int:
             Path(arguments["output"]),
             progress=progress,
             outtype=str(arguments.get("outtype") or "f16"),
+            sha256=bool(arguments.get("sha256")),
         )
     except LocalLLMError as exc:
         send({"error": str(exc), "kind": type(exc).__name__})
@@ -336,7 +341,7 @@ def _child_main(argv: list[str]) -> int:
         send({"error": str(exc), "kind": "disk full" if full else "os"})
         return 1
     summary: dict[str, Any] = {}
-    for key in ("architecture", "tensor_count", "bytes_written", "seconds"):
+    for key in ("architecture", "tensor_count", "bytes_written", "seconds", "sha256"):
         value = getattr(result, key, None)
         if isinstance(value, int | str | float):
             summary[key] = value
