@@ -34,7 +34,8 @@ __all__ = ["BackgroundWriter", "FileSpan"]
 _STOP = object()
 _WRITEBACK_STEP = 32 << 20  # bytes written between two starts of their writeback
 # copy_file_range/sendfile refused for this pair of files: the next method is tried.
-_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
+_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF,
+                errno.ENOTSOCK}  # macOS: sendfile only to sockets
 
 
 @dataclass(frozen=True)
