@@ -62,6 +62,10 @@ def module_hub(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             b"LlamaForCausalLM", b"FancyNewForCausalLM"
         )
         server.add_repo("tester/fancy", unsupported)
+        misshapen = dict(_files(checkpoint))
+        config = json.loads(misshapen["config.json"])
+        misshapen["config.json"] = json.dumps({**config, "intermediate_size": 96}).encode()
+        server.add_repo("tester/misshapen", misshapen)
         yield server
 
 
@@ -188,6 +192,22 @@ def test_pickles_and_unknown_architectures_are_refused_before_downloading(
     assert "FancyNewForCausalLM" in error
     assert _shard_requests(module_hub) == before
     assert "fancy" not in cli.ok("list") and "pickles" not in cli.ok("list")
+
+
+def test_the_daemon_refuses_a_misshapen_checkout_before_downloading(
+    cli: CliHome, module_hub: FakeHub
+) -> None:
+    """Through the daemon (the CLI's pull): the converter's error, naming the repository and
+    the tensor, and none of the shards' weights fetched (only their headers' ranges)."""
+    before = len(module_hub.cdn.requests)
+    error = cli.fails("pull", "hf.co/tester/misshapen")
+    assert "hf.co/tester/misshapen: tensor 'model.layers.0.mlp." in error
+    assert "shape" in error and "96" in error
+    ranges = [r.headers.get("range") for r in module_hub.cdn.requests[before:]]
+    assert ranges and all(r is not None and not r.endswith("-") for r in ranges), ranges
+    assert "misshapen" not in cli.ok("list")
+    with httpx.Client(base_url=cli.settings.base_url, timeout=30) as http:
+        assert http.get("/api/tags").status_code == 200  # the daemon is up
 
 
 def test_a_quantization_a_checkout_cannot_become_is_named(
