@@ -3,18 +3,23 @@
 Writes a random-weight bf16 checkpoint shaped like Llama 3.2 1B (hidden 2048, 16 layers,
 vocabulary 128256, tied embeddings: 2.47 GB in four shards, the largest tensor the 525 MB
 embedding) with a small trained BPE tokenizer, then, interleaved and repeated, copies the shards
-with ``cp`` and converts the folder to an f16 GGUF in a child process. It reports the child's
-peak resident set (VmHWM) above what it held after its imports, against the bound of the
-issue (largest tensor + 512 MB), and MB/s of source bytes for both, with their ratio. Both
-read the same files, warm in the page cache after the first pass, and write to the same disk.
+with ``cp`` and converts the folder in a child process, once per output type (``auto``, the
+default: bf16 stays BF16, copied by the kernel; ``f16``: rounded on the CPU, what a model kept
+unquantized is stored as). It reports each child's peak resident set (VmHWM), also above
+what it held after its imports, against the bound of the issue (largest tensor + 512 MB), and
+MB/s of source bytes for ``cp`` and each conversion (the child's whole run: start, imports,
+tokenizer, weights, fsync, then ``sync``, as ``cp`` is timed with its ``sync``), with their
+ratio of medians and the load average at each pass (the machine may be shared). All read the
+same files, warm in the page cache after the first pass, and write to the same disk.
 
-    python benchmarks/convert.py [--layers 16] [--repeat 2] [--dir /tmp]
+    python benchmarks/convert.py [--layers 16] [--repeat 3] [--outtypes auto,f16] [--dir /tmp]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -37,7 +42,7 @@ from localllm.convert import convert_folder
 import numpy, gguf, tokenizers, sentencepiece  # imported before the baseline is taken
 base = hwm()
 t = time.perf_counter()
-r = convert_folder(Path(sys.argv[1]), Path(sys.argv[2]))
+r = convert_folder(Path(sys.argv[1]), Path(sys.argv[2]), outtype=sys.argv[3])
 print(json.dumps({"seconds": time.perf_counter() - t, "base": base, "peak": hwm(),
                   "bytes_written": r.bytes_written, "tensors": r.tensor_count}))
 """
@@ -110,13 +115,35 @@ def write_checkpoint(folder: Path, layers: int, shards: int = 4) -> tuple[int, i
     return total, vocab * h * 2
 
 
+def _cp(shards: list[str], dst: Path) -> float:
+    dst.mkdir()
+    t = time.perf_counter()
+    subprocess.run(["cp", *shards, str(dst)], check=True, timeout=900)
+    subprocess.run(["sync"], check=True, timeout=900)
+    seconds = time.perf_counter() - t
+    shutil.rmtree(dst)
+    return seconds
+
+
+def _convert(src: Path, out: Path, outtype: str) -> tuple[float, dict]:
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out), outtype],
+                          check=True, capture_output=True, text=True, timeout=1800)
+    subprocess.run(["sync"], check=True, timeout=900)
+    seconds = time.perf_counter() - t
+    out.unlink()
+    return seconds, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
-    """Write, then time cp and the conversion, interleaved."""
+    """Write, then time cp and the conversions, interleaved."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--outtypes", default="auto,f16")
     ap.add_argument("--dir", default=None, help="where to write (a temporary folder in it)")
     args = ap.parse_args()
+    outtypes = args.outtypes.split(",")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         src = Path(tmp) / "model"
         src.mkdir()
@@ -125,37 +152,34 @@ def main() -> None:
         print(f"checkpoint: {total / 1e9:.2f} GB bf16, largest tensor {largest / 1e6:.0f} MB "
               f"(written in {time.perf_counter() - t:.0f} s)", flush=True)
         shards = sorted(str(p) for p in src.glob("*.safetensors"))
-        cp_s, conv_s, growth, peaks = [], [], [], []
+        cp_s: list[float] = []
+        conv_s: dict[str, list[float]] = {o: [] for o in outtypes}
+        peaks: dict[str, list[int]] = {o: [] for o in outtypes}
+        loads = []
         for i in range(args.repeat):
-            dst = Path(tmp) / "copy"
-            dst.mkdir()
-            t = time.perf_counter()
-            subprocess.run(["cp", *shards, str(dst)], check=True, timeout=900)
-            subprocess.run(["sync"], check=True, timeout=900)
-            cp_s.append(time.perf_counter() - t)
-            shutil.rmtree(dst)
-            out = Path(tmp) / "model.gguf"
-            t = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(out)],
-                                  check=True, capture_output=True, text=True, timeout=1800)
-            subprocess.run(["sync"], check=True, timeout=900)
-            conv_s.append(time.perf_counter() - t)
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
-            growth.append(r["peak"] - r["base"])
-            peaks.append(r["peak"])
-            print(f"pass {i + 1}: cp {total / cp_s[-1] / 1e6:.0f} MB/s; convert "
-                  f"{total / conv_s[-1] / 1e6:.0f} MB/s (in-process {r['seconds']:.1f} s), "
-                  f"peak RSS {r['peak'] / 1e6:.0f} MB = {r['base'] / 1e6:.0f} MB after imports "
-                  f"+ {growth[-1] / 1e6:.0f} MB; GGUF {r['bytes_written'] / 1e9:.2f} GB, "
-                  f"{r['tensors']} tensors", flush=True)
-            out.unlink()
+            loads.append(os.getloadavg()[0])
+            cp_s.append(_cp(shards, Path(tmp) / "copy"))
+            line = [f"pass {i + 1} (load {loads[-1]:.1f}): cp {total / cp_s[-1] / 1e6:.0f} MB/s"]
+            for outtype in outtypes:
+                seconds, r = _convert(src, Path(tmp) / "model.gguf", outtype)
+                conv_s[outtype].append(seconds)
+                peaks[outtype].append(r["peak"])
+                line.append(f"{outtype} {total / seconds / 1e6:.0f} MB/s (in-process "
+                            f"{r['seconds']:.1f} s, peak RSS {r['peak'] / 1e6:.0f} MB = "
+                            f"{r['base'] / 1e6:.0f} after imports + "
+                            f"{(r['peak'] - r['base']) / 1e6:.0f}, GGUF "
+                            f"{r['bytes_written'] / 1e9:.2f} GB)")
+            print("; ".join(line), flush=True)
         cp_rate = total / statistics.median(cp_s) / 1e6
-        conv_rate = total / statistics.median(conv_s) / 1e6
         bound = largest + 512 * 2**20
-        print(f"median: cp {cp_rate:.0f} MB/s, convert {conv_rate:.0f} MB/s "
-              f"(ratio {conv_rate / cp_rate:.2f}); peak RSS {max(peaks) / 1e6:.0f} MB "
-              f"(growth {max(growth) / 1e6:.0f} MB) against the bound largest tensor + 512 MiB"
-              f" = {bound / 1e6:.0f} MB: {'within' if max(peaks) <= bound else 'OVER'}")
+        print(f"median of {args.repeat}, load average {min(loads):.1f}-{max(loads):.1f}: "
+              f"cp {cp_rate:.0f} MB/s")
+        for outtype in outtypes:
+            rate = total / statistics.median(conv_s[outtype]) / 1e6
+            peak = max(peaks[outtype])
+            print(f"  {outtype}: {rate:.0f} MB/s, ratio to cp {rate / cp_rate:.2f}; peak RSS "
+                  f"{peak / 1e6:.0f} MB against the bound largest tensor + 512 MiB = "
+                  f"{bound / 1e6:.0f} MB: {'within' if peak <= bound else 'OVER'}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import safetensors
 
-__all__ = ["CORPUS", "FAMILIES", "Checkpoint", "bf16_bits", "write_checkpoint", "write_shards"]
+__all__ = ["CORPUS", "FAMILIES", "Checkpoint", "bf16_bits", "store_as_int32", "write_checkpoint",
+           "write_shards"]
 
 FAMILIES = ("llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
             "mixtral", "qwen3moe")
@@ -111,6 +112,33 @@ def write_shards(folder: Path, tensors: dict[str, np.ndarray], n_shards: int = 2
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return stored
+
+
+def store_as_int32(folder: Path, tensor: str) -> Path:
+    """Rewrite the shard holding ``tensor`` with that one tensor stored as int32 (a dtype no
+    config implies), the others' bytes unchanged; returns the shard."""
+    for shard in sorted(folder.glob("*.safetensors")):
+        raw = shard.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        if tensor in header:
+            break
+    else:
+        raise AssertionError(f"no shard holds {tensor}")
+    header.pop("__metadata__", None)
+    keep, specs = [], {}
+    for name, spec in header.items():
+        if name == tensor:
+            arr, st_dtype = np.zeros(spec["shape"], dtype=np.int32), "int32"
+        else:
+            begin, end = spec["data_offsets"]
+            arr = np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=np.uint8).copy()
+            st_dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[spec["dtype"]]
+        keep.append(arr)
+        specs[name] = safetensors.TensorSpec(dtype=st_dtype, shape=spec["shape"],
+                                             data_ptr=arr.ctypes.data, data_len=arr.nbytes)
+    safetensors.serialize_file(specs, str(shard))
+    return shard
 
 
 def _train_bpe(folder: Path, regex: str, specials: list[str], bos: str | None) -> dict[str, int]:

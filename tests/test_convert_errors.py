@@ -10,10 +10,8 @@ import json
 import pickle
 from pathlib import Path
 
-import numpy as np
 import pytest
-import safetensors
-from hf_checkpoint import write_checkpoint
+from hf_checkpoint import store_as_int32, write_checkpoint
 
 from localllm._exceptions import (
     ConvertError,
@@ -126,37 +124,28 @@ def test_shard_with_a_broken_header(folder: Path) -> None:
     _convert_fails(folder, TruncatedShardError, "model-00001-of-00002.safetensors")
 
 
+def _inspect_fails(folder: Path, match: str) -> None:
+    """The folder inspection (headers only, what a create runs before it answers) refuses
+    with the converter's own error."""
+    with pytest.raises(TensorMismatchError, match=match):
+        inspect_folder(folder)
+
+
 def test_tensor_shape_disagreeing_with_config(folder: Path) -> None:
     _edit_config(folder, intermediate_size=96)
+    _inspect_fails(folder, r"mlp\.\w+_proj\.weight.*shape.*96")
     _convert_fails(folder, TensorMismatchError, r"mlp\.\w+_proj\.weight.*shape.*96")
 
 
 def test_layers_missing_for_the_config(folder: Path) -> None:
     _edit_config(folder, num_hidden_layers=3)
+    _inspect_fails(folder, "model.layers.2")
     _convert_fails(folder, TensorMismatchError, "model.layers.2")
 
 
 def test_tensor_dtype_disagreeing_with_config(folder: Path) -> None:
-    # Rewrite the shard holding model.norm.weight with that one tensor as int32.
-    shard = folder / "model-00002-of-00002.safetensors"
-    raw = shard.read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    keep, specs = [], {}
-    for name, spec in header.items():
-        if name == "model.norm.weight":
-            arr = np.zeros(spec["shape"], dtype=np.int32)
-            dtype = "int32"
-        else:
-            begin, end = spec["data_offsets"]
-            arr = np.frombuffer(raw[8 + n + begin:8 + n + end], dtype=np.uint16).copy()
-            dtype = "bfloat16"
-        keep.append(arr)
-        specs[name] = safetensors.TensorSpec(dtype=dtype, shape=spec["shape"],
-                                             data_ptr=arr.ctypes.data, data_len=arr.nbytes)
-    assert "model.norm.weight" in specs
-    safetensors.serialize_file(specs, str(shard))
+    store_as_int32(folder, "model.norm.weight")
+    _inspect_fails(folder, r"model\.norm\.weight.*I32")
     err = _convert_fails(folder, TensorMismatchError, "model.norm.weight")
     assert "I32" in str(err) and "bfloat16" in str(err)
 

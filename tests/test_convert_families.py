@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from convert_compare import REL_TOLERANCE, compare
-from hf_checkpoint import write_checkpoint
+from hf_checkpoint import bf16_bits, write_checkpoint
 
 from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
 
@@ -69,12 +71,97 @@ def test_outtypes(tmp_path: Path, outtype: str, matrix: str, tolerance: float) -
     assert c.greedy_equal >= c.greedy_checked - (1 if outtype == "q8_0" else 0)
 
 
+def _bits(t: Any) -> np.ndarray:
+    """A GGUF tensor's 16-bit values as raw bits, rows first."""
+    return np.asarray(t.data).view(np.uint16).reshape(tuple(reversed(t.shape.tolist())))
+
+
+def test_auto_copies_a_bf16_checkpoints_weights_bit_for_bit(tmp_path: Path) -> None:
+    """``auto`` (the store's type for a conversion it quantizes next) keeps bf16 matrices
+    BF16: each GGUF tensor holds exactly the checkpoint's bits (q/k rows in llama.cpp's
+    order), the vectors f32 of the same values."""
+    import gguf
+
+    from localllm.convert.base import llama_rope_permutation
+
+    ck = write_checkpoint(tmp_path / "m", "llama")
+    result = convert_folder(ck.folder, tmp_path / "m.gguf", outtype="auto")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(result.path)).tensors}
+    w, n_head, n_kv = ck.weights, ck.config["num_attention_heads"], ck.config["num_key_value_heads"]
+    pairs = {
+        "token_embd.weight": bf16_bits(w["model.embed_tokens.weight"]),
+        "output.weight": bf16_bits(w["lm_head.weight"]),
+        "blk.1.ffn_down.weight": bf16_bits(w["model.layers.1.mlp.down_proj.weight"]),
+        "blk.0.attn_v.weight": bf16_bits(w["model.layers.0.self_attn.v_proj.weight"]),
+    }
+    for kind, heads in (("q", n_head), ("k", n_kv)):
+        source = bf16_bits(w[f"model.layers.0.self_attn.{kind}_proj.weight"])
+        pairs[f"blk.0.attn_{kind}.weight"] = source[llama_rope_permutation(len(source), heads)]
+    for name, expected in pairs.items():
+        assert tensors[name].tensor_type.name == "BF16", name
+        assert np.array_equal(_bits(tensors[name]), expected), name
+    norm = tensors["blk.0.attn_norm.weight"]
+    assert norm.tensor_type.name == "F32"
+    assert np.array_equal(np.asarray(norm.data), w["model.layers.0.input_layernorm.weight"])
+    c = compare(ck, result.path)
+    assert c.rel_diff < REL_TOLERANCE and c.greedy_equal == c.greedy_checked
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_auto_holds_the_values_of_an_exact_conversion(family: str, tmp_path: Path) -> None:
+    """Every family (fused, stacked-expert, permuted, offset tensors included): the ``auto``
+    GGUF's BF16 tensors, copied from the shards, hold exactly the values of the f32
+    conversion (exact for a bf16 checkpoint), and its other tensors equal it."""
+    import gguf
+
+    ck = write_checkpoint(tmp_path / family, family)
+    auto = convert_folder(ck.folder, tmp_path / "auto.gguf", outtype="auto").path
+    exact = convert_folder(ck.folder, tmp_path / "f32.gguf", outtype="f32").path
+    wide = {t.name: t for t in gguf.GGUFReader(str(exact)).tensors}
+    copied = 0
+    for t in gguf.GGUFReader(str(auto)).tensors:
+        reference = np.asarray(wide[t.name].data, dtype=np.float32).reshape(-1)
+        if t.tensor_type.name == "BF16":
+            values = (np.asarray(t.data).view(np.uint16).reshape(-1).astype(np.uint32) << 16)
+            assert np.array_equal(values.view(np.float32), reference), t.name
+            copied += 1
+        else:
+            assert t.tensor_type.name == "F32", t.name
+            assert np.array_equal(np.asarray(t.data).reshape(-1), reference), t.name
+    assert copied > 3 * ck.config["num_hidden_layers"]  # the matrices, every layer's
+
+
+@pytest.mark.parametrize("outtype", ["f16", "auto", "q8_0"])
+def test_the_file_is_hashed_as_it_is_written(outtype: str, tmp_path: Path) -> None:
+    """``sha256=True``: the digest the store names the blob by, computed by the writer thread
+    (the header read back, arrays, padding, spans of the shards) is the file's."""
+    import hashlib
+
+    ck = write_checkpoint(tmp_path / "m", "qwen3moe")
+    result = convert_folder(ck.folder, tmp_path / "m.gguf", outtype=outtype, sha256=True)
+    assert result.sha256 == "sha256:" + hashlib.sha256(result.path.read_bytes()).hexdigest()
+    assert convert_folder(ck.folder, tmp_path / "n.gguf", outtype=outtype).sha256 is None
+
+
+@pytest.mark.parametrize(("stored", "matrix"), [("f16", "F16"), ("f32", "F16")])
+def test_auto_for_other_checkpoints(tmp_path: Path, stored: str, matrix: str) -> None:
+    """``auto``: an f16 checkpoint stays F16 (copied); an f32 one becomes F16."""
+    import gguf
+
+    ck = write_checkpoint(tmp_path / "m", "qwen2", dtype=stored)
+    result = convert_folder(ck.folder, tmp_path / "m.gguf", outtype="auto")
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(result.path)).tensors}
+    assert kinds["blk.0.attn_q.weight"] == matrix and kinds["token_embd.weight"] == matrix
+    assert kinds["blk.0.attn_q.bias"] == "F32"
+    c = compare(ck, result.path)
+    assert c.rel_diff < REL_TOLERANCE and c.greedy_equal == c.greedy_checked
+
+
 def test_multimodal_gemma3_converts_its_text_model(tmp_path: Path) -> None:
     """A Gemma3ForConditionalGeneration folder (as the 4B-27B ship): text_config, the language
     model under ``language_model.model.*``, a vision tower left out with a note."""
     import json
 
-    import numpy as np
     from hf_checkpoint import write_shards
 
     ck = write_checkpoint(tmp_path / "g", "gemma3")
@@ -131,10 +218,11 @@ def test_converted_model_quantizes_with_the_store_quantizer(tmp_path: Path) -> N
     from localllm.store.quantize import quantize_file
 
     ck = write_checkpoint(tmp_path / "m", "llama")
-    f16 = convert_folder(ck.folder, tmp_path / "m-f16.gguf").path
+    # ``auto``: BF16, as the store converts a checkout it quantizes next
+    converted = convert_folder(ck.folder, tmp_path / "m.gguf", outtype="auto").path
     q8 = tmp_path / "m-q8_0.gguf"
-    quantize_file(f16, q8, "q8_0", threads=1)
-    assert 0 < q8.stat().st_size < f16.stat().st_size
+    quantize_file(converted, q8, "q8_0", threads=1)
+    assert 0 < q8.stat().st_size < converted.stat().st_size
     c = compare(ck, q8)
     assert c.ids_llama == c.ids_reference
     assert c.rel_diff < 5e-2  # q8_0's rounding, as in test_outtypes

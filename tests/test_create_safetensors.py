@@ -24,12 +24,13 @@ from typing import Any
 import httpx
 import ollama
 import pytest
-from hf_checkpoint import FAMILIES, write_checkpoint
+from hf_checkpoint import FAMILIES, store_as_int32, write_checkpoint
 from store_support import assert_consistent, temporaries
 from test_cli_support import CliHome, cli_home
 from test_daemon_support import running_daemon, start_daemon
 
 from localllm import DiskFullError, OperationCancelledError
+from localllm._exceptions import TensorMismatchError
 from localllm.cli.common import folder_source
 from localllm.settings import Settings
 from localllm.store.models import create_model
@@ -97,6 +98,8 @@ def test_create_from_a_folder_converts_it(cli: CliHome, checkpoint: Path) -> Non
     shown = cli.json("show", "tiny-st")
     assert shown["details"]["quantization_level"] == "F16"
     assert shown["details"]["family"] == "llama"
+    # the F16 file is the blob, named by the digest the converter computed as it wrote it
+    assert "tiny-st:latest" in assert_consistent(cli.settings.data_dir)
     _answers(cli, "tiny-st")
 
 
@@ -122,7 +125,8 @@ def test_api_progress_says_converting_then_quantizing(cli: CliHome, checkpoint: 
     assert converting, statuses
     assert all(line["total"] > 0 for line in converting)
     assert converting[-1]["completed"] == converting[-1]["total"]
-    quantizing = [s for s in statuses if s.startswith("quantizing F16 model to Q4_K_M")]
+    # converted to the checkpoint's own BF16 (copied), then quantized from it
+    quantizing = [s for s in statuses if s.startswith("quantizing BF16 model to Q4_K_M")]
     assert quantizing and statuses.index(quantizing[0]) > statuses.index(converting[0]["status"])
     assert statuses[-1] == "success"
     assert not _store_files(cli)["partial"]  # the F16 file and the links are gone
@@ -194,6 +198,14 @@ def _pickles(folder: Path) -> None:
     (folder / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not unpickled")
 
 
+# Each known from the shards' headers and config.json alone (no weights read): a 400 before
+# any reply, on every entry point.
+TENSOR_CASES: list[tuple[str, Callable[[Path], None], str]] = [
+    ("shape", lambda f: _edit_config(f, hidden_size=48), "has shape"),
+    ("dtype", lambda f: store_as_int32(f, "model.norm.weight"), "stored as I32"),
+    ("missing-layer", lambda f: _edit_config(f, num_hidden_layers=3), "lacks model.layers.2"),
+]
+
 BAD_FOLDERS: list[tuple[str, Callable[[Path], None], str]] = [
     ("no-config", lambda f: (f / "config.json").unlink(), "config.json"),
     (
@@ -208,9 +220,15 @@ BAD_FOLDERS: list[tuple[str, Callable[[Path], None], str]] = [
     ),
     ("missing-shard", lambda f: _shards(f)[-1].unlink(), "shard"),
     ("truncated", _truncate, "shorter"),
-    ("shape", lambda f: _edit_config(f, hidden_size=48), "shape"),
+    *TENSOR_CASES,
     ("pickles", _pickles, "pytorch_model.bin"),
 ]
+
+
+def _nothing_started(error: str) -> None:
+    """The CLI's output holds its one error and no progress of a create that began."""
+    assert "gathering model components" not in error, error
+    assert "converting" not in error, error
 
 
 @pytest.mark.parametrize(("case", "damage", "said"), BAD_FOLDERS, ids=[c[0] for c in BAD_FOLDERS])
@@ -231,21 +249,60 @@ def test_bad_folders_are_refused_through_the_api_and_the_cli(
         response = http.post("/api/create", json={**body, "stream": False})
         assert response.status_code == 400, response.text
         assert said.lower() in response.json()["error"].lower()
-        # Streamed: a 400 before the stream when the headers tell (all but a tensor's shape,
-        # which the converter checks once it plans the tensors), else the stream's last line.
+        # Streamed (the default): the same 400, before the stream starts.
         streamed = http.post("/api/create", json=body)
-        if streamed.status_code == 200:
-            last = json.loads(streamed.text.strip().splitlines()[-1])
-            assert case == "shape" and said in last["error"], streamed.text
-        else:
-            assert streamed.status_code == 400
-            assert said.lower() in streamed.json()["error"].lower()
+        assert streamed.status_code == 400, streamed.text
+        assert said.lower() in streamed.json()["error"].lower()
         assert http.get("/api/tags").status_code == 200  # the daemon is up
     error = cli.fails("create", f"bad-{case}", "--from", str(folder))
     assert said.lower() in error.lower()
+    _nothing_started(error)
     errors = [line for line in error.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and error.strip().splitlines()[-1] == errors[0]
     assert _store_files(cli) == before  # nothing half-written
+
+
+@pytest.mark.parametrize(("case", "damage", "said"), TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
+def test_a_tensor_disagreeing_with_the_config_is_refused_before_any_reply(
+    cli: CliHome,
+    checkpoint: Path,
+    tmp_path: Path,
+    case: str,
+    damage: Callable[[Path], None],
+    said: str,
+) -> None:
+    """A Modelfile's ``FROM ./folder``, the folder's files uploaded to ``/api/create`` (the
+    real ollama client, streamed and not), and the CLI's upload path for a remote daemon:
+    each refuses the checkout from its headers, before a create starts or a byte is sent."""
+    project = tmp_path / "project"
+    damage(shutil.copytree(checkpoint, project / "weights"))
+    folder = project / "weights"
+    (project / "Modelfile").write_text("FROM ./weights\n")
+    before = _store_files(cli)
+    error = cli.fails("create", f"bad-{case}", "-f", str(project / "Modelfile"))
+    assert said in error
+    _nothing_started(error)
+
+    client = ollama.Client(host=cli.settings.base_url)
+    files = {path.name: client.create_blob(path) for path in sorted(folder.iterdir())}
+    uploaded = _store_files(cli)["blobs"]
+    for stream in (True, False):
+        with pytest.raises(ollama.ResponseError) as refused:
+            if stream:
+                list(client.create(model=f"bad-{case}", files=files, stream=True))
+            else:
+                client.create(model=f"bad-{case}", files=files, stream=False)
+        assert refused.value.status_code == 400, (stream, refused.value)
+        assert said in refused.value.error
+
+    remote = Settings.from_env({**cli.env, "LOCALLLM_HOST": "192.0.2.1:11435"})
+    with cli.client() as local, pytest.raises(TensorMismatchError, match=said):
+        folder_source(local, remote, folder)  # refused here: nothing uploaded
+    after = _store_files(cli)
+    assert after["blobs"] == uploaded and not after["partial"]
+    assert after["manifests"] == before["manifests"]
+    with httpx.Client(base_url=cli.settings.base_url, timeout=30) as http:
+        assert http.get("/api/tags").status_code == 200  # the daemon is up
 
 
 def test_bad_uploads_are_refused(cli: CliHome, checkpoint: Path, tmp_path: Path) -> None:

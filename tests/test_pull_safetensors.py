@@ -6,20 +6,23 @@ pull's (verified, resumable), converted, quantized, the checkout's blobs gone af
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fakes.helpers import EventLog
 from fakes.hf_hub import FakeHub
-from hf_checkpoint import FAMILIES, write_checkpoint
+from hf_checkpoint import FAMILIES, store_as_int32, write_checkpoint
 from speed_support import seed_calibration
 from test_cli_support import CliHome, cli_home
 
 from localllm import DigestMismatchError, PullError, RemoteNotFoundError
+from localllm._exceptions import TensorMismatchError
 from localllm.convert import convert_folder
 from localllm.gguf_info import inspect_gguf
 from localllm.settings import Settings
@@ -59,6 +62,10 @@ def module_hub(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             b"LlamaForCausalLM", b"FancyNewForCausalLM"
         )
         server.add_repo("tester/fancy", unsupported)
+        misshapen = dict(_files(checkpoint))
+        config = json.loads(misshapen["config.json"])
+        misshapen["config.json"] = json.dumps({**config, "intermediate_size": 96}).encode()
+        server.add_repo("tester/misshapen", misshapen)
         yield server
 
 
@@ -114,7 +121,8 @@ def test_pull_with_a_tag_converts_and_quantizes(cli: CliHome, module_hub: FakeHu
     assert _shard_requests(module_hub) > before  # (what the other tests count is recorded)
     err = result.stderr
     assert "holds safetensors (LlamaForCausalLM) and no GGUF" in err
-    assert "converting" in err and "quantizing F16 model to Q8_0" in err
+    # converted to the checkpoint's own BF16 (copied by the kernel), then quantized from it
+    assert "converting" in err and "quantizing BF16 model to Q8_0" in err
     assert err.strip().splitlines()[-1] == "success"
     shown = cli.json("show", f"{REPO}:Q8_0")
     assert shown["details"]["quantization_level"] == "Q8_0"
@@ -146,7 +154,7 @@ def test_pull_without_a_tag_picks_the_best_fit(cli: CliHome) -> None:
 def test_pull_quantize_names_the_quantization(cli: CliHome) -> None:
     result = cli.run("pull", f"{REPO}:F16", "--quantize", "q6_K")
     assert result.returncode == 0, result.stderr
-    assert "quantizing F16 model to Q6_K" in result.stderr
+    assert "quantizing BF16 model to Q6_K" in result.stderr
     assert cli.json("show", f"{REPO}:F16")["details"]["quantization_level"] == "Q6_K"
 
 
@@ -184,6 +192,22 @@ def test_pickles_and_unknown_architectures_are_refused_before_downloading(
     assert "FancyNewForCausalLM" in error
     assert _shard_requests(module_hub) == before
     assert "fancy" not in cli.ok("list") and "pickles" not in cli.ok("list")
+
+
+def test_the_daemon_refuses_a_misshapen_checkout_before_downloading(
+    cli: CliHome, module_hub: FakeHub
+) -> None:
+    """Through the daemon (the CLI's pull): the converter's error, naming the repository and
+    the tensor, and none of the shards' weights fetched (only their headers' ranges)."""
+    before = len(module_hub.cdn.requests)
+    error = cli.fails("pull", "hf.co/tester/misshapen")
+    assert "hf.co/tester/misshapen: tensor 'model.layers.0.mlp." in error
+    assert "shape" in error and "96" in error
+    ranges = [r.headers.get("range") for r in module_hub.cdn.requests[before:]]
+    assert ranges and all(r is not None and not r.endswith("-") for r in ranges), ranges
+    assert "misshapen" not in cli.ok("list")
+    with httpx.Client(base_url=cli.settings.base_url, timeout=30) as http:
+        assert http.get("/api/tags").status_code == 200  # the daemon is up
 
 
 def test_a_quantization_a_checkout_cannot_become_is_named(
@@ -229,6 +253,12 @@ def _shard(checkpoint: Path) -> bytes:
     return sorted(checkpoint.glob("*.safetensors"))[0].read_bytes()
 
 
+def _header_ranges(shard: bytes) -> list[str]:
+    """The two Range requests reading a shard's header before its download."""
+    length = int.from_bytes(shard[:8], "little")
+    return ["bytes=0-7", f"bytes=8-{8 + length - 1}"]
+
+
 def test_a_dropped_shard_download_resumes_where_it_stopped(
     store: Store, hf_settings: Settings, checkpoint: Path, hub: FakeHub
 ) -> None:
@@ -238,7 +268,7 @@ def test_a_dropped_shard_download_resumes_where_it_stopped(
     hub.cdn.add_fault("drop", len(shard) // 2, path)
     pull(store, f"{REPO}:F16", hf_settings)
     ranges = [r.headers.get("range") for r in hub.cdn.requests_for(path)]
-    assert ranges == [None, f"bytes={len(shard) // 2}-"]
+    assert ranges == [*_header_ranges(shard), None, f"bytes={len(shard) // 2}-"]
     assert load_model(store, f"{REPO}:F16").info.file_type == "F16"
 
 
@@ -251,12 +281,58 @@ def test_corrupt_files_are_refused_and_nothing_is_named(
     with pytest.raises(PullError, match=r"config\.json: the bytes downloaded are not"):
         pull(store, f"{REPO}:F16", hf_settings)
     repo.tampered.clear()
-    # a shard (LFS): checked against its sha256
-    hub.cdn.add_fault("corrupt", 100, hub.cdn.object_path(_shard(checkpoint)))
+    # a shard (LFS): checked against its sha256 (corrupted past its header, which the pull
+    # reads first to check it against the config)
+    shard = _shard(checkpoint)
+    hub.cdn.add_fault("corrupt", len(shard) // 2, hub.cdn.object_path(shard))
     with pytest.raises(DigestMismatchError):
         pull(store, f"{REPO}:F16", hf_settings)
     assert not store.exists(f"{REPO}:F16")
     assert not any(p.is_file() for p in store.manifests_dir.rglob("*"))
+
+
+BAD_TENSORS = [
+    ("shape", {"config.json": {"hidden_size": 48}}, r"has shape \[\d+, 64\] but config"),
+    ("missing-layer", {"config.json": {"num_hidden_layers": 3}}, "lacks model.layers.2"),
+    ("dtype", {"int32": "model.norm.weight"}, "model.norm.weight' is stored as I32"),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "said"), BAD_TENSORS, ids=[c[0] for c in BAD_TENSORS])
+def test_a_tensor_disagreeing_with_the_config_is_refused_before_downloading(
+    store: Store,
+    hf_settings: Settings,
+    checkpoint: Path,
+    hub: FakeHub,
+    tmp_path: Path,
+    case: str,
+    change: dict[str, Any],
+    said: str,
+) -> None:
+    """Each shard's header is read with two Range requests and checked against config.json
+    as the conversion checks it: the pull fails with the converter's error, naming the
+    repository, and no shard's weights are downloaded or stored."""
+    folder = shutil.copytree(checkpoint, tmp_path / "bad")
+    if "config.json" in change:
+        config = json.loads((folder / "config.json").read_text())
+        config.update(change["config.json"])
+        (folder / "config.json").write_text(json.dumps(config))
+    else:
+        store_as_int32(folder, change["int32"])
+    files = _files(folder)
+    hub.add_repo(f"tester/bad-{case}", files)
+    with pytest.raises(TensorMismatchError, match=said) as refused:
+        pull(store, f"hf.co/tester/bad-{case}:F16", hf_settings)
+    assert str(refused.value).startswith(f"hf.co/tester/bad-{case}: ")
+    shards = [data for name, data in files.items() if name.endswith(".safetensors")]
+    assert len(shards) == 2
+    for shard in shards:
+        ranges = [r.headers.get("range") for r in hub.cdn.requests_for(hub.cdn.object_path(shard))]
+        assert ranges == _header_ranges(shard), ranges  # the header only, never the weights
+    assert not store.exists(f"hf.co/tester/bad-{case}:F16")
+    assert not list(store.partial_dir.iterdir())
+    stored = set(store.iter_blobs())
+    assert not stored & {"sha256:" + hashlib.sha256(s).hexdigest() for s in shards}
 
 
 def test_only_the_files_a_conversion_reads_are_downloaded() -> None:

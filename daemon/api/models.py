@@ -497,7 +497,9 @@ def _source_file_type(sources: dict[str, Any], state: DaemonState) -> tuple[str 
     if "checkout" in sources:
         checkout: Checkout = sources["checkout"]
         inspect_checkout(state.store, checkout)  # what cannot be converted is refused now
-        return "F16", checkout.what  # what the converter writes, whatever the shards hold
+        # A 16-bit GGUF whatever the shards hold (F16 kept, BF16/F16 when quantized next):
+        # any quantization starts from it.
+        return "F16", checkout.what
     if "base" in sources:
         model = load_model(state.store, sources["base"])
         return model.info.file_type, model.name.short

@@ -3,14 +3,19 @@
 The header (metadata and every tensor's name, type and shape) is written first, from the plan;
 then each tensor is read from its memory map in chunks of rows, fixed (row order, offsets),
 cast to the output type and handed to a writer thread (:mod:`.sink`). Nothing but one mapped
-tensor and a few chunks is in memory at a time. The file is written under a temporary name
-beside ``out`` and renamed only once it is complete and flushed; any error (or interrupt)
-removes it.
+tensor and a few chunks is in memory at a time. A tensor whose bytes stay as they are (the
+``auto`` output type keeps a bf16 checkpoint's matrices BF16, as llama.cpp's converter does
+with ``--outtype auto``) is copied shard to GGUF by the kernel, as ``cp`` copies: that is most
+of a model, so such a conversion runs near the disk's speed; rounding bf16 to F16 (the
+default) is a pass of the CPU over every weight. The file is written under a
+temporary name beside ``out`` and renamed only once it is complete and flushed; any error (or
+interrupt) removes it.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import threading
 import time
@@ -27,10 +32,11 @@ from localllm.convert.families import family_for
 from localllm.convert.floats import bf16_to_f16
 from localllm.convert.folder import inspect_folder
 from localllm.convert.shards import index_folder, read_rows
-from localllm.convert.sink import BackgroundWriter
+from localllm.convert.sink import BackgroundWriter, FileSpan
 from localllm.convert.vocab import load_vocab, write_vocab
+from localllm.convert.writer import GGUFWriter
 
-__all__ = ["OUTTYPES", "ConvertResult", "convert_folder"]
+__all__ = ["OUTTYPES", "ConvertResult", "auto_outtype", "convert_folder"]
 
 _Q = gguf.GGMLQuantizationType
 OUTTYPES: dict[str, gguf.LlamaFileType] = {
@@ -39,7 +45,17 @@ OUTTYPES: dict[str, gguf.LlamaFileType] = {
     "bf16": gguf.LlamaFileType.MOSTLY_BF16,
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
 }
+"""The output types by name; ``auto`` picks one of them with :func:`auto_outtype`."""
 _MATRIX = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0}
+# A source tensor's stored type → the ggml type that holds its bytes unchanged.
+_SAME_BYTES = {"BF16": _Q.BF16, "F16": _Q.F16, "F32": _Q.F32}
+
+
+def auto_outtype(stored: str) -> str:
+    """The output type ``auto`` picks for weights stored as ``stored`` (``FolderInfo.dtype``:
+    ``bf16``, ``f16``, ``f32``...): the checkpoint's own 16-bit type, so its matrices are
+    copied unchanged (bf16 → BF16, f16 → F16); F16 for wider floats."""
+    return stored if stored in ("bf16", "f16") else "f16"
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,8 @@ class ConvertResult:
     tensor_count: int
     bytes_written: int
     seconds: float
+    sha256: str | None = None
+    """``sha256:<hex>`` of the file, when asked for (hashed as it was written)."""
     notes: list[str] = field(default_factory=list)
     """What the converter decided for the user (a pre-tokenizer found by its regex, a type
     kept wider than asked for a tensor that cannot take it...), to be reported."""
@@ -86,13 +104,22 @@ def _total_out(plan: list[OutTensor], types: list[_Q]) -> int:
     return sum(_nbytes(t.shape, q) for t, q in zip(plan, types, strict=True))
 
 
-def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
-    """The tensor's bytes in the output type, chunk by chunk (experts one after another)."""
+def _encoded_chunks(t: OutTensor, q: _Q,
+                    span_bytes: int = 64 << 20) -> Iterator[np.ndarray | FileSpan]:
+    """The tensor's bytes in the output type, chunk by chunk (experts one after another):
+    spans of the shard itself where the bytes stay as they are."""
     if t.source is None:
         assert t.data is not None
         yield _encode(np.asarray(t.data, dtype=np.float32), q)
         return
     for source in t.sources:
+        if _SAME_BYTES.get(source.dtype) == q and t.order is None and not t.offset:
+            # Unchanged bytes: copied by the kernel, in pieces so cancel and progress stay
+            # responsive on a large tensor.
+            for start in range(0, source.nbytes, span_bytes):
+                yield FileSpan(source.file, source.offset + start,
+                               min(span_bytes, source.nbytes - start))
+            continue
         if source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
             # The common case (a bf16 checkpoint to f16 or bf16) on the bits, no float32.
             for raw in read_rows(source, order=t.order, raw=True):
@@ -108,21 +135,28 @@ def _encoded_chunks(t: OutTensor, q: _Q) -> Iterator[np.ndarray]:
 def convert_folder(folder: Path, out: Path, *,
                    progress: Callable[[int, int], None] | None = None,
                    outtype: str = "f16",
-                   cancel: threading.Event | None = None) -> ConvertResult:
+                   cancel: threading.Event | None = None,
+                   sha256: bool = False) -> ConvertResult:
     """Convert the safetensors model in ``folder`` to a GGUF at ``out``.
 
-    ``outtype`` is the matrices' type: ``f16`` (default), ``bf16``, ``f32`` or ``q8_0``; vectors
-    (norms, biases) are f32 whatever it is. ``progress(done, total)`` is called with source
-    bytes as tensors are written; an exception it raises stops the conversion. Setting
-    ``cancel`` stops it too, with :class:`~localllm._exceptions.OperationCancelledError`.
-    Raises a :class:`~localllm._exceptions.ConvertError` subclass for bad input; on any error
-    ``out`` does not exist (or keeps what it held before) and no temporary file is left.
+    ``outtype`` is the matrices' type: ``f16`` (default), ``auto`` (the checkpoint's own
+    16-bit type, copied: bf16 → BF16, f16 → F16, else F16; see :func:`auto_outtype`),
+    ``bf16``, ``f32`` or ``q8_0``; vectors (norms, biases) are f32 whatever it is.
+    ``progress(done, total)`` is called with source bytes as tensors are written; an
+    exception it raises stops the conversion. Setting ``cancel`` stops it too, with
+    :class:`~localllm._exceptions.OperationCancelledError`. Raises a
+    :class:`~localllm._exceptions.ConvertError` subclass for bad input; on any error ``out``
+    does not exist (or keeps what it held before) and no temporary file is left. With
+    ``sha256`` the file is hashed as it is written (``ConvertResult.sha256``): a caller that
+    makes it a blob need not read it again.
     """
-    if outtype not in OUTTYPES:
-        raise ConvertError(f"outtype {outtype!r} is not one of {', '.join(OUTTYPES)}")
+    if outtype != "auto" and outtype not in OUTTYPES:
+        raise ConvertError(f"outtype {outtype!r} is not one of auto, {', '.join(OUTTYPES)}")
     started = time.monotonic()
     folder, out = Path(folder), Path(out)
     info = inspect_folder(folder)
+    if outtype == "auto":
+        outtype = auto_outtype(info.dtype)
     family = family_for(info.config)
     tensors = index_folder(folder)
     vocab = load_vocab(folder, family.vocab, prefer_sentencepiece=family.prefer_sentencepiece)
@@ -131,7 +165,7 @@ def convert_folder(folder: Path, out: Path, *,
     plan = family.plan(tensors, str(dtype) if dtype else None)
     total = sum(t.source_bytes for t in plan)
 
-    writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[family.gguf_arch])
+    writer = GGUFWriter(None, gguf.MODEL_ARCH_NAMES[family.gguf_arch])
     # The Hub id when config.json carries one; never a path of the author's machine.
     hub_id = str(info.config.get("_name_or_path") or "")
     local = not hub_id or hub_id.startswith(("/", ".", "~")) or "\\" in hub_id
@@ -159,7 +193,8 @@ def convert_folder(folder: Path, out: Path, *,
         writer.write_ti_data_to_file()
         assert writer.fout is not None
         fh = writer.fout[0]
-        sink = BackgroundWriter(fh)
+        hasher = hashlib.sha256() if sha256 else None
+        sink = BackgroundWriter(fh, hasher=hasher)
         try:
             for t, q in zip(plan, types, strict=True):
                 sink.pad(writer.data_alignment)
@@ -191,5 +226,7 @@ def convert_folder(folder: Path, out: Path, *,
         raise
     return ConvertResult(path=out, architecture=info.architecture, tensor_count=len(plan),
                          bytes_written=out.stat().st_size,
-                         seconds=time.monotonic() - started, notes=notes)
+                         seconds=time.monotonic() - started,
+                         sha256=f"sha256:{hasher.hexdigest()}" if hasher is not None else None,
+                         notes=notes)
 

@@ -1,14 +1,18 @@
 """A safetensors folder at a glance: its config, its family, its files, sizes and tensors.
 
 :func:`inspect_folder` reads only config.json, the index and the shards' headers (no weights),
-and raises the same errors a conversion would for a folder that cannot be converted, so a
-caller can refuse early (before a download, before a store transaction).
+and raises the same errors a conversion would for a folder that cannot be converted (every
+tensor's name, shape and dtype checked against the config, as the conversion plans them), so a
+caller can refuse early (before a download, before a store transaction, before a streamed
+create answers). :func:`check_tensors` is that check on headers read elsewhere (a pull reads a
+shard's header with a Range request before downloading it).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +23,7 @@ from localllm.convert.families import family_for
 from localllm.convert.shards import INDEX_NAME, TensorEntry, index_folder
 from localllm.convert.vocab import has_tokenizer
 
-__all__ = ["TOKENIZER_FILES", "FolderInfo", "inspect_folder", "read_config"]
+__all__ = ["TOKENIZER_FILES", "FolderInfo", "check_tensors", "inspect_folder", "read_config"]
 
 # The files besides the shards a conversion reads when present.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
@@ -70,15 +74,29 @@ def read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+def check_tensors(config: Mapping[str, Any], tensors: Mapping[str, TensorEntry]) -> Family:
+    """Check every tensor's name, shape and dtype (from the headers alone) against what
+    ``config`` implies, as a conversion plans them; returns the family. Raises the
+    conversion's own :class:`~localllm._exceptions.TensorMismatchError` (a tensor missing,
+    foreign, of another shape or not a float), or the family's config errors."""
+    family = family_for(config)
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    family.plan(tensors, str(dtype) if dtype else None)
+    return family
+
+
 def _scan(folder: Path) -> tuple[dict[str, Any], Family, dict[str, TensorEntry]]:
     config = read_config(folder)
-    family = family_for(config)
+    family_for(config)  # an architecture it cannot convert is said before the shards are read
     tensors = index_folder(folder)
     if not has_tokenizer(folder):
         raise MissingTokenizerError(
             f"{folder} has no tokenizer: neither tokenizer.json nor tokenizer.model (copy the "
             "tokenizer files of the repository next to the weights)"
         )
+    # Headers only, no weights: a tensor that disagrees with the config is refused here,
+    # before a create answers, not midway through a conversion.
+    family = check_tensors(config, tensors)
     return config, family, tensors
 
 

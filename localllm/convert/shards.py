@@ -36,7 +36,9 @@ __all__ = [
     "INDEX_NAME",
     "PICKLE_PATTERNS",
     "TensorEntry",
+    "header_length",
     "index_folder",
+    "parse_header",
     "read_header",
     "read_rows",
     "shard_names",
@@ -103,23 +105,25 @@ def shard_names(folder: Path) -> list[str]:
     raise MissingShardError(f"{folder} has no weights: no *.safetensors file and no {INDEX_NAME}")
 
 
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """Parse one safetensors file's header and check every tensor's bytes lie inside the file."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise TruncatedShardError(f"{path.name}: {size} bytes, too short for a header")
-            (length,) = struct.unpack("<Q", head)
-            if length > _MAX_HEADER or length > size - 8:
-                raise TruncatedShardError(
-                    f"{path.name}: header says {length} bytes but the file has {size}: "
-                    "truncated or not a safetensors file"
-                )
-            raw = fh.read(length)
-    except FileNotFoundError:
-        raise MissingShardError(f"shard {path.name} is missing from {path.parent}") from None
+def header_length(head: bytes, name: str, size: int) -> int:
+    """The JSON header's length from a safetensors file's first 8 bytes, checked against the
+    file's ``size``; raises :class:`TruncatedShardError` for what cannot be a header."""
+    if len(head) < 8:
+        raise TruncatedShardError(f"{name}: {size} bytes, too short for a header")
+    (length,) = struct.unpack("<Q", head[:8])
+    if length > _MAX_HEADER or length > size - 8:
+        raise TruncatedShardError(
+            f"{name}: header says {length} bytes but the file has {size}: "
+            "truncated or not a safetensors file"
+        )
+    return int(length)
+
+
+def parse_header(raw: bytes, path: Path, size: int) -> dict[str, TensorEntry]:
+    """The tensors of one safetensors header (``raw``: the JSON after the 8 length bytes) of
+    a file of ``size`` bytes, each checked to lie inside the file. ``path`` names the file
+    (it need not exist here: a pull checks a shard's header before downloading it)."""
+    length = len(raw)
     try:
         header = json.loads(raw)
         if not isinstance(header, dict):
@@ -153,6 +157,18 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             )
         out[name] = TensorEntry(name, path, dtype, shape, base + begin, end - begin)
     return out
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """Parse one safetensors file's header and check every tensor's bytes lie inside the file."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            length = header_length(fh.read(8), path.name, size)
+            raw = fh.read(length)
+    except FileNotFoundError:
+        raise MissingShardError(f"shard {path.name} is missing from {path.parent}") from None
+    return parse_header(raw, path, size)
 
 
 def index_folder(folder: Path) -> dict[str, TensorEntry]:

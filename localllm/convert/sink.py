@@ -4,47 +4,172 @@ numpy's encoding and the file write both release the GIL; with a bounded queue o
 between them a conversion runs at about the slower of the two instead of their sum, with a
 few chunks more in memory. An error on the thread (a full disk) is raised in the caller at its
 next write or at :meth:`BackgroundWriter.close`.
+
+A :class:`FileSpan` (bytes a tensor keeps as they are: bf16 written as BF16) is copied from
+the shard by the kernel (``copy_file_range``, else ``sendfile``, else reads and writes): the
+bytes never pass through Python or the process's memory, as ``cp`` copies them.
+
+Given a ``hasher``, the thread also hashes the file as it writes it (what is already in it
+first, then every write; a span read back from the page cache), so a caller that makes the
+file a blob need not read it again: on two cores the hashing overlaps the encoding.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import queue
 import threading
-from typing import BinaryIO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
-__all__ = ["BackgroundWriter"]
+from localllm._exceptions import TruncatedShardError
+
+__all__ = ["BackgroundWriter", "FileSpan"]
 
 _STOP = object()
+_WRITEBACK_STEP = 32 << 20  # bytes written between two starts of their writeback
+# copy_file_range/sendfile refused for this pair of files: the next method is tried.
+_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF,
+                errno.ENOTSOCK}  # macOS: sendfile only to sockets
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """``nbytes`` bytes of ``file`` from ``offset``, to be appended as they are."""
+
+    file: Path
+    offset: int
+    nbytes: int
+
+
+def _kernel_copy(method: str, src: int, dst: int, offset: int, count: int) -> int:
+    if method == "copy_file_range":
+        return os.copy_file_range(src, dst, count, offset)
+    return os.sendfile(dst, src, offset, count)
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing ``length`` bytes just copied to the disk now, without waiting, so the
+    final fsync finds little left to write (the disk works while the next span is copied).
+
+    ``POSIX_FADV_DONTNEED`` on dirty pages starts their writeback (Linux); it drops only the
+    pages already clean, so most of the file stays cached for the quantizer that reads it next
+    (86% of a 1 GB conversion here, measured with ``fincore``)."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+class _SpanCopier:
+    """Appends spans of source files to one output file descriptor, with what the kernel
+    offers; the source files stay open until :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._files: dict[Path, int] = {}
+        self._methods = [m for m in ("copy_file_range", "sendfile") if hasattr(os, m)]
+
+    def _fd(self, path: Path) -> int:
+        src = self._files.get(path)
+        if src is None:
+            src = self._files[path] = os.open(path, os.O_RDONLY)
+        return src
+
+    def hash(self, span: FileSpan, hasher: Any) -> None:
+        """Feed the span's bytes to ``hasher`` (read back: the page cache holds them)."""
+        src = self._fd(span.file)
+        for start in range(span.offset, span.offset + span.nbytes, 8 << 20):
+            hasher.update(os.pread(src, min(8 << 20, span.offset + span.nbytes - start), start))
+
+    def copy(self, span: FileSpan, dst: int) -> None:
+        src = self._fd(span.file)
+        offset, left = span.offset, span.nbytes
+        while left:
+            while self._methods:
+                try:
+                    n = _kernel_copy(self._methods[0], src, dst, offset, left)
+                    break
+                except OSError as exc:
+                    if exc.errno not in _UNSUPPORTED:
+                        raise
+                    self._methods.pop(0)
+            else:
+                n = os.write(dst, os.pread(src, min(left, 8 << 20), offset))
+            if n == 0:
+                raise TruncatedShardError(f"{span.file.name} ended at byte {offset} while it "
+                                          "was read (changed since its header was checked?)")
+            offset, left = offset + n, left - n
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
 
 
 class BackgroundWriter:
-    """Append arrays and bytes to ``fh`` in order, from a thread."""
+    """Append arrays, bytes and file spans to ``fh`` in order, from a thread; with a
+    ``hasher`` (``hashlib.sha256()``), hash the whole file meanwhile."""
 
-    def __init__(self, fh: BinaryIO, depth: int = 3) -> None:
+    def __init__(self, fh: BinaryIO, depth: int = 3, hasher: Any = None) -> None:
         self._fh = fh
+        self._hasher = hasher
+        if hasher is not None:
+            # What was written before (the GGUF header), read back once (``fh`` is write-only).
+            fh.flush()
+            with open(fh.name, "rb") as back:
+                head = back.read(fh.tell())
+            if len(head) != fh.tell():
+                raise OSError(errno.EIO, "the GGUF header could not be read back to hash it")
+            hasher.update(head)
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self.position = fh.tell()
         """The file's length once everything queued is written."""
+        self._spans = _SpanCopier()
+        self._written_back = self.position
         self._thread = threading.Thread(target=self._run, name="convert-writer", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            if self._error is not None:
-                continue  # keep draining so the producer never blocks on a dead writer
-            try:
-                if isinstance(item, np.ndarray):
-                    item.tofile(self._fh)
-                else:
-                    self._fh.write(item)  # type: ignore[arg-type]
-            except BaseException as exc:
-                self._error = exc
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                if self._error is not None:
+                    continue  # keep draining so the producer never blocks on a dead writer
+                try:
+                    self._write(item)
+                except BaseException as exc:
+                    self._error = exc
+        finally:
+            self._spans.close()
+
+    def _write(self, item: object) -> None:
+        if isinstance(item, FileSpan):
+            # Past the file object's buffer: flushed first, and its position read again after.
+            self._fh.flush()
+            self._spans.copy(item, self._fh.fileno())
+            self._fh.seek(0, os.SEEK_END)
+            if self._hasher is not None:
+                self._spans.hash(item, self._hasher)
+        elif isinstance(item, np.ndarray):
+            item.tofile(self._fh)
+            if self._hasher is not None:
+                self._hasher.update(np.ascontiguousarray(item).reshape(-1).view(np.uint8))
+        else:
+            self._fh.write(item)  # type: ignore[arg-type]
+            if self._hasher is not None:
+                self._hasher.update(item)
+        end = self._fh.tell()
+        if end - self._written_back >= _WRITEBACK_STEP:
+            self._fh.flush()
+            _start_writeback(self._fh.fileno(), self._written_back, end - self._written_back)
+            self._written_back = end
 
     def _put(self, item: object) -> None:
         while True:
@@ -56,10 +181,10 @@ class BackgroundWriter:
             except queue.Full:
                 continue
 
-    def write(self, data: np.ndarray | bytes) -> None:
+    def write(self, data: np.ndarray | bytes | FileSpan) -> None:
         """Queue ``data`` to be appended (the caller must not modify an array afterwards)."""
         self._put(data)
-        self.position += data.nbytes if isinstance(data, np.ndarray) else len(data)
+        self.position += data.nbytes if isinstance(data, np.ndarray | FileSpan) else len(data)
 
     def pad(self, alignment: int) -> None:
         """Queue zero bytes up to the next multiple of ``alignment``."""

@@ -1,11 +1,16 @@
-"""Models as the Hub ships them (a safetensors checkout) into the store: converted to an F16
-GGUF by :mod:`localllm.convert` in a child process, then quantized as any GGUF, then a blob.
+"""Models as the Hub ships them (a safetensors checkout) into the store: converted to GGUF by
+:mod:`localllm.convert` in a child process, then quantized as any GGUF, then a blob.
+
+A model kept unquantized is converted to F16 (as Ollama stores it). One that is quantized next
+is converted with the converter's ``auto`` type: a bf16 checkpoint's matrices stay BF16, copied
+by the kernel at the disk's speed instead of rounded to F16 on the CPU, and llama.cpp's
+quantizer reads the checkpoint's own values.
 
 A checkout comes as a folder on this machine (``create --from ./folder``, a Modelfile's
 ``FROM ./folder``) or as uploaded blobs named by their file names (Ollama's ``/api/create``
 with ``files``, a pull of a Hugging Face repository without GGUF files). Blobs are hard-linked
 under their names into a work folder in ``partial/`` (held while :meth:`Store.writing`, so
-nothing collects them meanwhile); the F16 GGUF is written there too; only the finished model
+nothing collects them meanwhile); the converted GGUF is written there too; only the finished model
 file becomes a blob. A failure or a kill leaves no blob and no name behind.
 
 The child (``python -m localllm.store.safetensors``) reports ``{"progress": [done, total]}``
@@ -161,11 +166,15 @@ def convert_file(
     output: Path,
     status: str,
     *,
+    outtype: str = "f16",
+    sha256: bool = False,
     on_progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Convert the checkout ``folder`` into the F16 GGUF ``output`` in a child process;
-    ``status`` events with completed/total bytes go to ``on_progress`` on this thread.
+    """Convert the checkout ``folder`` into the GGUF ``output`` (matrices in ``outtype``, one
+    of the converter's) in a child process; ``status`` events with completed/total bytes go
+    to ``on_progress`` on this thread. With ``sha256`` the result's ``sha256`` is the file's
+    digest, hashed by the converter as it wrote the file.
 
     Raises the converter's :class:`ConvertError` (its message), a :class:`ConvertError` for
     a child that died (with its signal), :class:`DiskFullError` or
@@ -174,7 +183,13 @@ def convert_file(
     from ..sources.progress import PullProgress
 
     emit = on_progress or (lambda event: None)
-    arguments = {"parent": os.getpid(), "folder": str(folder), "output": str(output)}
+    arguments = {
+        "parent": os.getpid(),
+        "folder": str(folder),
+        "output": str(output),
+        "outtype": outtype,
+        "sha256": sha256,
+    }
     error: dict[str, Any] | None = None
     result: dict[str, Any] | None = None
     with tempfile.TemporaryFile() as child_output:
@@ -213,11 +228,13 @@ def convert_file(
 
 
 def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | None) -> Layer:
-    """Convert ``checkout`` to an F16 GGUF in ``partial/``, quantize it when ``quantize``
-    says, and publish the result as a blob: its model layer. Call inside a
-    :meth:`Store.transaction` (the caller writes the manifest once this returned).
+    """Convert ``checkout`` to a GGUF in ``partial/`` (F16, or the checkpoint's own 16-bit
+    type when ``quantize`` follows), quantize it when ``quantize`` says, and publish the
+    result as a blob: its model layer. Call inside a :meth:`Store.transaction` (the caller
+    writes the manifest once this returned).
 
-    Refuses before starting when the disk cannot hold the F16 file and the quantized one."""
+    Refuses before starting when the disk cannot hold the 16-bit file and the quantized one."""
+    from ..convert import auto_outtype
     from ..gguf_info import inspect_gguf
     from ..sources.blobfile import hash_file
     from .manifest import MEDIA_MODEL, Layer
@@ -235,7 +252,9 @@ def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | No
             f"needed, {human_size(free)} free"
         )
     architecture = getattr(info, "architecture", "") or "the"
-    status = f"converting {architecture} safetensors to F16 GGUF"
+    # Kept: F16, as the store names it. Quantized next: the checkpoint's own type, copied.
+    outtype = "f16" if quantize is None else auto_outtype(str(getattr(info, "dtype", "")))
+    status = f"converting {architecture} safetensors to {outtype.upper()} GGUF"
     with store.writing():
         work = store.temp_path()
         try:
@@ -248,11 +267,13 @@ def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | No
                 work.mkdir(parents=True)
                 folder_context = contextlib.nullcontext(checkout.folder)
             with folder_context as folder:
-                output = work / "model-f16.gguf"
+                output = work / f"model-{outtype}.gguf"
                 result = convert_file(
                     folder,
                     output,
                     status,
+                    outtype=outtype,
+                    sha256=quantize is None,  # the file becomes the blob: hashed as written
                     on_progress=checkout.on_progress,
                     cancel=checkout.cancel,
                 )
@@ -267,7 +288,7 @@ def convert_into_store(store: Store, checkout: Checkout, quantize: Quantize | No
             produced.require_model()
             if quantize is not None:
                 return quantize_into_store(store, [output], quantize, checkout.what)
-            digest = hash_file(output)
+            digest = str(result.get("sha256") or "") or hash_file(output)
             size = output.stat().st_size
             store.publish(output, digest)
             return Layer(MEDIA_MODEL, digest, size)
@@ -306,7 +327,11 @@ def _child_main(argv: list[str]) -> int:
 
     try:
         result = convert_folder(
-            Path(arguments["folder"]), Path(arguments["output"]), progress=progress
+            Path(arguments["folder"]),
+            Path(arguments["output"]),
+            progress=progress,
+            outtype=str(arguments.get("outtype") or "f16"),
+            sha256=bool(arguments.get("sha256")),
         )
     except LocalLLMError as exc:
         send({"error": str(exc), "kind": type(exc).__name__})
@@ -316,7 +341,7 @@ def _child_main(argv: list[str]) -> int:
         send({"error": str(exc), "kind": "disk full" if full else "os"})
         return 1
     summary: dict[str, Any] = {}
-    for key in ("architecture", "tensor_count", "bytes_written", "seconds"):
+    for key in ("architecture", "tensor_count", "bytes_written", "seconds", "sha256"):
         value = getattr(result, key, None)
         if isinstance(value, int | str | float):
             summary[key] = value

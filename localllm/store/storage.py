@@ -37,7 +37,7 @@ PAUSE_STEPS: dict[str, str] = {
     "quantize-ready": "the disk space for the quantized weights was checked; llama.cpp waits",
     "quantize-started": "llama.cpp is quantizing (its first tensor is done)",
     "quantize-written": "llama.cpp's output is complete in partial/, not yet hashed",
-    "convert-written": "a checkout's F16 GGUF is complete in partial/, not yet quantized",
+    "convert-written": "a checkout's converted GGUF is complete in partial/, not yet quantized",
     "download-started": "a download wrote its first bytes to its partial file",
 }
 """Where a test may pause a store write, and what has happened by then."""
