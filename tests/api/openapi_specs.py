@@ -1,5 +1,5 @@
 """The official OpenAPI documents of OpenAI, Anthropic, Open Responses and Ollama
-(``tests/openapi/``, whose README says where and when each was taken), and JSON-schema
+(``tests/api/openapi/``, whose README says where and when each was taken), and JSON-schema
 validators for their component schemas, so tests can check real replies against them.
 
 The newest whole Anthropic document that could be had is older than Anthropic's current spec;

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +27,7 @@ import pytest
 import tiny_gguf
 from test_api_tools import ASK, HERMES_TEMPLATE, TOOLS, _valid
 from test_daemon_support import Daemon, running_daemon, wait_for_stats
-from tiny_gguf import write_tiny_gguf
+from thinking_models import THINKER_TEMPLATE, write_with_special
 
 from localllm.daemon.api.llamaserver import _EarlyStop
 
@@ -38,28 +37,8 @@ PLAIN = "tiny:plain"
 THINKER = "tiny:thinker"
 HERMES = "tiny:hermes"
 
-# A Qwen3-style template with both switches: enable_thinking (off writes an empty reasoning
-# block) and reasoning_effort (a system line); on or unset, the prompt opens the block itself,
-# as DeepSeek-R1's and Qwen3's templates do, so the answer starts as reasoning.
-THINKER_TEMPLATE = (
-    "{%- if reasoning_effort is defined %}<|im_start|>system\nReasoning: {{ reasoning_effort }}"
-    "<|im_end|>\n{% endif %}"
-    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
-    "<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{%- else %}<think>\n{% endif %}{% endif %}"
-)
-# The tokens reasoning and tool-calling templates use, as single (control) tokens.
-EXTRA_SPECIAL = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 HI = [{"role": "user", "content": "Hello there"}]
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
-
-
-def _write(path: Path, template: str) -> Path:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tiny_gguf, "SPECIAL_TOKENS", [*tiny_gguf.SPECIAL_TOKENS, *EXTRA_SPECIAL])
-        return write_tiny_gguf(path, chat_template=template, never_ends=True)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +52,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
             (THINKER, THINKER_TEMPLATE),
             (HERMES, HERMES_TEMPLATE),
         ):
-            path = _write(models / f"{name.split(':')[1]}.gguf", template)
+            path = write_with_special(models / f"{name.split(':')[1]}.gguf", template)
             d.create(name, path)
         yield d
 

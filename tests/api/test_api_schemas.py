@@ -1,5 +1,5 @@
 """Every reply of every OpenAI, Anthropic and Ollama route, streamed events included, validated
-against the official OpenAPI documents (vendored in ``tests/openapi/``, see its README:
+against the official OpenAPI documents (vendored in ``tests/api/openapi/``, see its README:
 OpenAI's of 2026-08-21, Anthropic's of 2026-05-06 with what its spec of 2026-08-19 changes,
 Open Responses' release 2026-04-24, Ollama's of 2026-07-20): a real daemon, tiny models with
 a tool-calling and a reasoning template, real HTTP.

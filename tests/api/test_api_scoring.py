@@ -20,8 +20,8 @@ import numpy as np
 import openai
 import pytest
 from openapi_specs import OPENAI, check
+from plain_loop import PlainLoop
 from test_daemon_support import Daemon, running_daemon
-from test_runner_smollm2 import PlainLoop
 
 from localllm.client import Client
 from localllm.daemon.runner.protocol import RunnerConfig

@@ -21,7 +21,7 @@ import ollama
 import openai
 import pytest
 from test_daemon_support import Daemon, running_daemon
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import HERMES_TEMPLATE, write_tiny_gguf
 
 SMOL = "smollm2:135m"
 HERMES = "tiny:hermes"
@@ -29,24 +29,6 @@ JSONTOOLS = "tiny:jsontools"
 
 pytestmark = pytest.mark.slow
 
-# A Qwen 2.5-style template: tools in the system turn, calls as <tool_call> JSON, results as
-# <tool_response> in a user turn.
-HERMES_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\nYou may call functions.\n<tools>"
-    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
-    "For each function call, return a json object within <tool_call></tool_call> XML tags."
-    "<|im_end|>\n{% endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
-    "{% for call in message.tool_calls %}<tool_call>\n"
-    '{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}\n'
-    "</tool_call>{% endfor %}<|im_end|>\n"
-    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
-    "{{ message.content }}\n</tool_response><|im_end|>\n"
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 # Takes tools but shows no call syntax: the generic JSON family.
 GENERIC_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nFunctions: {{ tools | tojson }}<|im_end|>\n{% endif %}"

@@ -1,5 +1,5 @@
 """Images through every API route: a real daemon, the tiny model with the tiny projector
-(``tests/tiny_mmproj.py``) and the same model without it.
+(``tests/support/tiny_mmproj.py``) and the same model without it.
 
 Bad images are refused with a specific 400 before any runner sees them, and the daemon keeps
 serving; a model without a projector answers its one sentence on every route; a vision

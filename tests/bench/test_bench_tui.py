@@ -3,7 +3,7 @@ fixed points, a live sweep on a real daemon with the tiny model, a refused run r
 dashboard card's history since the daemon started, and the chat's throttled Markdown stream.
 
 Snapshots show fixed points injected through :meth:`BenchScreen.show_points` (no measured
-number can vary); update with ``pytest tests/test_bench_tui.py --snapshot-update`` and
+number can vary); update with ``pytest tests/bench/test_bench_tui.py --snapshot-update`` and
 review the SVGs.
 """
 

@@ -192,5 +192,5 @@ def _main(root: Path, in_namespace: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "support"))  # test_cli_support
     _main(Path(sys.argv[1]), sys.argv[2] == "1")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGING = Path(__file__).resolve().parent.parent / "packaging"
+PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 UNIT = PACKAGING / "systemd" / "localllm.service"
 
 

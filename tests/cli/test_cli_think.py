@@ -17,95 +17,29 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import gguf
-import httpx
 import pexpect
 import pytest
-import tiny_gguf
-from test_api_agents import THINKER_TEMPLATE, _write
 from test_cli_run import _plain, _prompt_tokens
 from test_cli_support import CliHome, cli_home
+from thinking_models import (
+    MIXED,
+    PLAIN,
+    PROMPT,
+    THINKER,
+    ask,
+    create_thinking_models,
+)
 
 from localllm._exceptions import APIError
-from localllm.client import AsyncClient, ChatChunk, Client, Think
+from localllm.client import AsyncClient
 
 pytestmark = pytest.mark.slow
 
-THINKER = "tiny:thinker"
-"""Reasons (its template opens the block) and never closes the block: all reasoning."""
-MIXED = "tiny:mixed"
-"""Reasons a few tokens, then answers (for :data:`PROMPT` with ``think`` on)."""
-PLAIN = "tiny:plain"
-"""Does not reason (ChatML template)."""
-PROMPT = "Hello there"
-"""The message :data:`MIXED` was tuned on."""
-ANSWER_TOKENS = 24
-GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": ANSWER_TOKENS}
-"""Every model's parameters: short greedy answers, the same each time."""
 OPENING = "Thinking...\n"
 CLOSING = "...done thinking."
-
-
-def _create(client: Client, name: str, path: Path) -> None:
-    for _ in client.create(name, from_=str(path), parameters=GREEDY):
-        pass
-
-
-def ask(client: Client, model: str, think: Think | None = True) -> ChatChunk:
-    """The daemon's whole answer to :data:`PROMPT` (what the CLI and the TUI also send)."""
-    return client.chat(model, [{"role": "user", "content": PROMPT}], think=think)
-
-
-def _greedy_tokens(base_url: str, model: str, vocabulary: list[str]) -> list[int]:
-    """The token ids of ``model``'s greedy answer to :data:`PROMPT` with ``think`` on."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "think": True,
-        "logprobs": True,
-        "stream": False,
-    }
-    response = httpx.post(f"{base_url}/api/chat", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    to_text = tiny_gguf.byte_to_unicode()  # the byte-level vocabulary's spelling of bytes
-    pieces = ["".join(to_text[b] for b in entry["bytes"]) for entry in response.json()["logprobs"]]
-    return [vocabulary.index(piece) for piece in pieces]
-
-
-def _close_on(source: Path, target: Path, trigger: int, close: int) -> Path:
-    """A copy of ``source`` whose token ``close`` wins wherever ``trigger`` would have."""
-    shutil.copyfile(source, target)
-    reader = gguf.GGUFReader(target, "r+")
-    output = next(t for t in reader.tensors if t.name == "output.weight")
-    output.data[close] = output.data[trigger] * 1.01  # numpy rows are the vocabulary
-    reader.data.flush()
-    return target
-
-
-def create_thinking_models(base_url: str, client: Client, folder: Path) -> None:
-    """:data:`THINKER`, :data:`PLAIN` and :data:`MIXED` in the daemon's store."""
-    _create(client, PLAIN, _write(folder / "plain.gguf", tiny_gguf.CHATML_TEMPLATE))
-    thinker = _write(folder / "thinker.gguf", THINKER_TEMPLATE)
-    _create(client, THINKER, thinker)
-    vocabulary = [
-        str(token) for token in gguf.GGUFReader(thinker).fields["tokenizer.ggml.tokens"].contents()
-    ]
-    close = vocabulary.index("</think>")
-    tokens = _greedy_tokens(base_url, THINKER, vocabulary)
-    # a token first written at position 3 or later: some reasoning comes before the close
-    half = tokens[: ANSWER_TOKENS // 2]
-    candidates = [t for k, t in enumerate(half) if k >= 3 and tokens.index(t) == k]
-    for trigger in candidates:
-        _create(client, MIXED, _close_on(thinker, folder / f"mixed-{trigger}.gguf", trigger, close))
-        message = ask(client, MIXED)["message"]
-        if message.get("thinking") and message.get("content", "").strip():
-            return
-    raise AssertionError(f"no token of {tokens} closes the reasoning with an answer after it")
 
 
 @pytest.fixture(scope="module")

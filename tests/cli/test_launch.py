@@ -23,9 +23,8 @@ import anthropic
 import openai
 import pytest
 from ruamel.yaml import YAML
-from test_api_tools import HERMES_TEMPLATE
 from test_daemon_support import Daemon, running_daemon
-from tiny_gguf import write_tiny_gguf
+from tiny_gguf import HERMES_TEMPLATE, write_tiny_gguf
 
 from localllm import LaunchError
 from localllm.client import Client
@@ -520,7 +519,7 @@ def test_every_tool_has_a_test() -> None:
 def test_the_context_in_a_small_memory_cgroup(tmp_path: Path) -> None:
     """Where 64k tokens do not fit with the model's slots: one slot when that fits, else the
     largest context that fits, and the launcher says which (a daemon held to 900 MiB)."""
-    from test_memory_cgroup import memory_limited
+    from cgroup_support import memory_limited
 
     # 64k-trained tiny models whose KV cache is 4 KiB and 16 KiB a token (f16)
     one_slot, shorter = (

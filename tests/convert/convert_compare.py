@@ -1,6 +1,6 @@
 """Run a converted GGUF in llama.cpp and compare it with the numpy reference of the checkpoint.
 
-Shared by the family tests and by the report's table (``python tests/convert_compare.py``).
+Shared by the family tests and by the report's table (``python tests/convert/convert_compare.py``).
 The tolerance: the largest absolute logit difference, divided by the reference's largest
 absolute logit, stays under ``REL_TOLERANCE``; the greedy token (argmax) is equal at every
 position where the reference's top two logits are more than ``TIE_MARGIN`` (of the same scale)

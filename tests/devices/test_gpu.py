@@ -240,8 +240,7 @@ def test_a_draft_model_on_the_device_drafts_and_keeps_the_greedy_answer(
 ) -> None:
     # As test_speculative_draft does on the CPU: an in-process engine whose drafts are free,
     # so every step drafts; the answers must be plain decoding's.
-    from test_speculative import JOBS, Run
-    from test_speculative_draft import DraftRun
+    from speculative_runs import JOBS, DraftRun, Run
 
     from localllm.daemon.engine.model import LlamaModel
     from localllm.daemon.speculation.draft_model import DraftModel

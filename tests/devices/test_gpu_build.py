@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-build.sh"
 PATCH = ROOT / "scripts" / "patches" / "vulkan-old-headers.patch"
 PATCHED_FILE = "vendor/llama.cpp/ggml/src/ggml-vulkan/ggml-vulkan.cpp"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from runner_harness import load_failure
+from speculative_runs import JOBS, DraftRun, Run, options
 from test_daemon_support import Daemon, running_daemon
-from test_speculative import JOBS, Run, options
 from tiny_gguf import write_tiny_gguf
 
 from localllm.daemon.engine.model import LlamaModel
@@ -75,29 +75,6 @@ def drafts(model: LlamaModel, files: dict[str, Path]) -> Iterator[dict[str, Draf
     yield loaded
     for draft in loaded.values():
         draft.close()
-
-
-class DraftRun(Run):
-    """A :class:`Run` whose engine drafts with ``draft`` (free, so that it always drafts)."""
-
-    def __init__(self, model: LlamaModel, draft: DraftModel, num_draft: int = 6) -> None:
-        super().__init__(model, num_draft=num_draft)
-        self.draft = draft
-        self.engine.speculation.draft = draft
-        self.engine.speculation.draft_cost = 0.0
-
-    def run(self, jobs: list[tuple[str, str, object]]) -> dict[str, str]:  # type: ignore[override]
-        for seq in range(len(self.draft.seen)):
-            self.draft.model.seq_remove(seq, 0)
-            self.draft.seen[seq] = []
-        texts = super().run(jobs)  # type: ignore[arg-type]
-        for slot in self.engine.slots:
-            seen = self.draft.seen[slot.seq_id]
-            # Rejected drafts left the draft context: it holds a prefix of what the target
-            # accepted, and nothing else.
-            assert seen == slot.cache[: len(seen)]
-            assert self.draft.model.seq_pos_max(slot.seq_id) == len(seen) - 1
-        return texts
 
 
 @pytest.fixture(scope="module")

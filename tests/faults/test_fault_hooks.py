@@ -1,7 +1,7 @@
 """The test hooks act only where a test fixture switched them on.
 
 ``LOCALLLM_TEST_FAULT`` and ``LOCALLLM_TEST_PAUSE`` are read only by the hooks module in the
-test tree (tests/hooks/), which a daemon finds on the ``PYTHONPATH`` the fixtures give it. A
+test tree (tests/support/hooks/), which a daemon finds on the ``PYTHONPATH`` the fixtures give it. A
 user who sets them in a daemon's environment gets a daemon that ignores them: the model
 answers and stays on its device, a store write does not pause. The same daemon with the
 fixture's switch (the control, same home, same worker) fails the decode the variable names,

@@ -175,7 +175,7 @@ def test_prompt_arguments() -> None:
 
 
 def test_the_docs_document_the_settings_and_the_config_shape() -> None:
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     configuration = (root / "docs" / "configuration.md").read_text()
     for variable in (
         "LOCALLLM_MCP_CONFIG",

@@ -1,4 +1,5 @@
-"""The test hooks switched on for a daemon a test starts (see tests/hooks/localllm_test_hooks.py).
+"""The test hooks switched on for a daemon a test starts (see
+tests/support/hooks/localllm_test_hooks.py).
 
 A daemon finds the hooks module only on the ``PYTHONPATH`` this puts in its environment (its
 runners inherit it); a daemon started without it ignores every ``LOCALLLM_TEST_*`` variable, as

@@ -13,7 +13,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-__all__ = ["CHATML_TEMPLATE", "SPECIAL_TOKENS", "byte_to_unicode", "write_tiny_gguf"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "HERMES_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "byte_to_unicode",
+    "write_tiny_gguf",
+]
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -22,6 +28,24 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# A Qwen 2.5-style template: tools in the system turn, calls as <tool_call> JSON, results as
+# <tool_response> in a user turn.
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call functions.\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    "For each function call, return a json object within <tool_call></tool_call> XML tags."
+    "<|im_end|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
+    "{% for call in message.tool_calls %}<tool_call>\n"
+    '{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}\n'
+    "</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
+    "{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",

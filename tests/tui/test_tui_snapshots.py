@@ -1,5 +1,5 @@
 """Snapshots of the three screens at 100x30 (pytest-textual-snapshot; update with
-``pytest tests/test_tui_snapshots.py --snapshot-update`` and review the SVGs).
+``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` and review the SVGs).
 
 Deterministic by construction: a real daemon with only the bundled model, a chat database
 written by the test with fixed stats, the clock frozen for "modified" times, a model loaded

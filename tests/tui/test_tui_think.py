@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_cli_think import MIXED, PLAIN, PROMPT, THINKER, ask, create_thinking_models
 from test_daemon_support import Daemon, running_daemon
 from test_tui import connected, last_answer
 from test_tui_support import make_app, screen_text, wait_for
 from textual.widgets import Collapsible, Select
+from thinking_models import MIXED, PLAIN, PROMPT, THINKER, ask, create_thinking_models
 
 from localllm.tui.chats import DB_NAME, ChatStore, StoredMessage
 from localllm.tui.screens.chat import ChatScreen

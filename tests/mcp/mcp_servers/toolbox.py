@@ -1,5 +1,5 @@
 """An MCP server for the tests, written with the SDK's own server class (``MCPServer``), run
-as a subprocess over stdio: ``python tests/mcp_servers/toolbox.py [--only TOOL,...]
+as a subprocess over stdio: ``python tests/mcp/mcp_servers/toolbox.py [--only TOOL,...]
 [--bad-schema] [--fail-start] [--hang-start]``.
 
 Tools: ``add``, ``colour_of`` (an enum argument, so that even a tiny model's forced call is
