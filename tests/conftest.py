@@ -10,13 +10,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+# The suite's rooms (api/, engine/, cli/...) import the shared helpers by their bare names
+# (``from tiny_gguf import ...``): tests/support/ comes first on sys.path, as tests/ did before
+# the rooms.
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 
 from tiny_gguf import write_tiny_gguf
 
 from localllm.settings import Settings
 from localllm.starter import starter_gguf_path
 from localllm.store.store import Store
+
+# Helpers taken out of test modules keep pytest's assertion messages (registered before any test
+# module imports them).
+pytest.register_assert_rewrite("plain_loop", "speculative_runs", "thinking_models")
 
 if TYPE_CHECKING:
     import httpx
