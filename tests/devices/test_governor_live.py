@@ -80,6 +80,7 @@ def threads_of(snapshot: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+@pytest.mark.alone  # gives threads back once the CPU is free: no other test beside it
 def test_busy_processes_take_threads_from_a_generating_runner_and_give_them_back(
     daemon: Daemon,
 ) -> None:

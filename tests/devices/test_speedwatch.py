@@ -139,6 +139,7 @@ def test_the_probe_child_is_stopped_when_work_comes_in() -> None:
     assert time.monotonic() - began < 5  # killed, not waited for
 
 
+@pytest.mark.alone  # the probe waits for a quiet moment: no other test beside it
 @pytest.mark.slow
 def test_show_predicts_on_a_fresh_machine_without_doctor(tmp_path: Path) -> None:
     """A fresh data root and cache dir: the daemon measures this machine's speed at its first
