@@ -10,7 +10,8 @@ server then the other, the order alternating, ``--pairs`` times after a warm-up.
 * the daemon's phases (median ms): its ``Server-Timing`` header (sent with the first byte)
   and the final chunk's split of the engine's share (``usage.timings.first_token_ms``);
 * llama-server's own ``timings`` of the same requests (``prompt_ms``, ``prompt_n``,
-  ``cache_n``): its prefill, comparable with the daemon's ``prefill``.
+  ``cache_n``): its prefill, comparable with the daemon's ``prefill``;
+* each server's decode step after the first token (median ms per step, its own timings).
 
 ``--base PYTHON`` adds a second daemon started by another interpreter, one whose
 ``localllm`` is the code before a change (a venv with another checkout installed): each
@@ -177,6 +178,12 @@ def main() -> int:
                 for a in answers
             ]
             print("  final chunk:    " + _medians(finals))
+            steps = [
+                a["last"]["usage"]["timings"]["decode_ms"]
+                / max(a["last"]["usage"]["completion_tokens"] - 1, 1)
+                for a in answers
+            ]
+            print(f"  decode:         {statistics.median(steps):.2f} ms per step (median)")
         else:
             timings = [
                 {
@@ -187,6 +194,10 @@ def main() -> int:
                 for a in answers
             ]
             print("  its timings:    " + _medians(timings))
+            steps = [
+                a["last"].get("timings", {}).get("predicted_per_token_ms", 0.0) for a in answers
+            ]
+            print(f"  decode:         {statistics.median(steps):.2f} ms per step (median)")
     for one, other in (("daemon", "llama-server"), ("base", "llama-server"), ("daemon", "base")):
         if one in rows and other in rows:
             _ratios(one, other, rows[one], rows[other])

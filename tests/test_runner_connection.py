@@ -108,3 +108,41 @@ def test_a_full_socket_sends_the_rest_through_the_loop_in_order(tmp_path: Path) 
     assert all(len(t) == len(t.split(":")[0]) + 1 + (64 << 10) for t in texts)
     assert isinstance(events[-1], DoneEvent)
     assert 0 < connection.direct_writes < 256  # some went straight out, the rest queued
+
+
+def test_the_prompt_ready_event_goes_first_though_the_engine_emitted_before_it_was_written(
+    tmp_path: Path,
+) -> None:
+    """``send_after``: the engine gets the request before the acceptance is written, and
+    whatever it emits meanwhile (here: everything, the thread joined) follows the acceptance."""
+
+    async def main() -> tuple[list[object], Connection]:
+        loop = asyncio.get_running_loop()
+        connections: list[Connection] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connection = Connection(writer, loop)
+            connections.append(connection)
+
+            def submit() -> None:
+                engine = threading.Thread(target=_tokens_then_done(50), args=(connection,))
+                engine.start()
+                engine.join()
+
+            connection.send_after(PromptReadyEvent(id="r", prompt_tokens=3), submit)
+            try:
+                await reader.read()
+            finally:
+                connection.close()
+
+        server = await asyncio.start_unix_server(handle, path=str(tmp_path / "s.sock"))
+        events = await asyncio.wait_for(_read_all(tmp_path / "s.sock"), 120)
+        server.close()
+        return events, connections[0]
+
+    events, connection = asyncio.run(main())
+    assert isinstance(events[0], PromptReadyEvent)
+    texts = [e.text for e in events if isinstance(e, TokenEvent)]
+    assert [t.split(":")[0] for t in texts] == [str(i) for i in range(50)]
+    assert isinstance(events[-1], DoneEvent)
+    assert connection.direct_writes == 0  # the acceptance was waiting: nothing overtook it

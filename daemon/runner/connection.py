@@ -20,6 +20,7 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Callable
 
 from .protocol import DoneEvent, EmbeddingEvent, ErrorEvent, Event, TokenEvent, encode
 
@@ -52,6 +53,19 @@ class Connection:
         """Write one event (on the loop's thread)."""
         with self._lock:
             self._write([event])
+
+    def send_after(self, event: Event, work: Callable[[], None]) -> None:
+        """Run ``work``, then write ``event``, ahead of whatever the engine emits meanwhile
+        (on the loop's thread). ``work`` hands the engine a request whose events must follow
+        ``event`` on the wire: the engine starts on it before this write wakes the reader
+        (on a busy machine the woken reader can take the core this thread needs to hand it
+        over)."""
+        with self._lock:
+            self._pending.append(event)  # the engine's events queue behind it
+        try:
+            work()
+        finally:
+            self._flush()
 
     def close(self) -> None:
         """The connection is gone: nothing more is written (on the loop's thread)."""

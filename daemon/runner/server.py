@@ -723,35 +723,32 @@ class RunnerServer:
             return
         score = self._score(request, prompt) if request.options.prompt_logprobs else None
         budget, grammar = self._reasoning(request, prompt, grammar)
-        connection.send(
-            PromptReadyEvent(
-                id=op.id,
-                prompt_tokens=len(prompt.tokens),
-                prompt_tail=prompt.tail,
-                dropped_messages=prompt.dropped_messages,
-                dropped_tokens=prompt.dropped_tokens,
-                template_ms=prompt.template_ms,
-                tokenize_ms=prompt.tokenize_ms,
-                read_at=read_at,
-                ready_at=time.perf_counter_ns(),
-            )
+        ready = PromptReadyEvent(
+            id=op.id,
+            prompt_tokens=len(prompt.tokens),
+            prompt_tail=prompt.tail,
+            dropped_messages=prompt.dropped_messages,
+            dropped_tokens=prompt.dropped_tokens,
+            template_ms=prompt.template_ms,
+            tokenize_ms=prompt.tokenize_ms,
+            read_at=read_at,
+            ready_at=time.perf_counter_ns(),
         )
-        self.engine.submit(
-            GenerationJob(
-                id=op.id,
-                prompt=prompt.tokens,
-                keep=prompt.keep,
-                options=request.options,
-                grammar=grammar,
-                emit=connection.emitter(),
-                return_context=request.return_context,
-                render_special=request.render_special,
-                images=prompt.images,
-                score=score,
-                budget=budget,
-                adapters=adapters,
-            )
+        job = GenerationJob(
+            id=op.id,
+            prompt=prompt.tokens,
+            keep=prompt.keep,
+            options=request.options,
+            grammar=grammar,
+            emit=connection.emitter(),
+            return_context=request.return_context,
+            render_special=request.render_special,
+            images=prompt.images,
+            score=score,
+            budget=budget,
+            adapters=adapters,
         )
+        connection.send_after(ready, lambda: self.engine.submit(job))
 
     def _reasoning(
         self, request: GenerationRequest, prompt: Prompt, grammar: str | None
