@@ -16,7 +16,8 @@ server then the other, the order alternating, ``--pairs`` times after a warm-up.
 ``--base PYTHON`` adds a second daemon started by another interpreter, one whose
 ``localllm`` is the code before a change (a venv with another checkout installed): each
 round then asks every server once, the order rotating, and the per-round ratios daemon /
-base say what the change did, measured under the same load.
+base say what the change did, measured under the same load; the greedy answers of the two
+daemons are compared too (a change that only moves time leaves them equal).
 
 Usage::
 
@@ -65,6 +66,7 @@ def _ask_once(client: httpx.Client, url: str, model: str, tokens: int) -> dict[s
     started = time.perf_counter()
     ttft = None
     last: dict[str, Any] = {}
+    text: list[str] = []
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         header = response.headers.get("server-timing", "")
@@ -73,9 +75,11 @@ def _ask_once(client: httpx.Client, url: str, model: str, tokens: int) -> dict[s
                 ttft = (time.perf_counter() - started) * 1000
             if line.startswith("data: {"):
                 last = json.loads(line[6:])
+                for choice in last.get("choices") or ():
+                    text.append((choice.get("delta") or {}).get("content") or "")
     if ttft is None:
         raise RuntimeError(f"{url} streamed no content")
-    return {"ttft": ttft, "header": header, "last": last}
+    return {"ttft": ttft, "header": header, "last": last, "text": "".join(text)}
 
 
 def _phases(header: str) -> dict[str, float]:
@@ -201,6 +205,11 @@ def main() -> int:
     for one, other in (("daemon", "llama-server"), ("base", "llama-server"), ("daemon", "base")):
         if one in rows and other in rows:
             _ratios(one, other, rows[one], rows[other])
+    if "base" in rows:
+        # greedy: a change that only moves time leaves every answer as it was
+        pairs = zip(rows["daemon"], rows["base"], strict=True)
+        same = sum(a["text"] == b["text"] for a, b in pairs)
+        print(f"daemon's answers equal to base's: {same} of {len(rows['base'])}")
     return 0
 
 
