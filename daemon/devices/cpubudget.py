@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -83,6 +84,8 @@ class CpuBudget:
         self.pin = pin
         self._order: list[str] = []
         self._sent: dict[str, Share] = {}
+        self._told: dict[str, tuple[weakref.ref[Any], Share]] = {}
+        """The share each runner was last told (it keeps it while idle), by model name."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def working(self, runners: dict[str, _Threaded]) -> None:
@@ -91,15 +94,24 @@ class CpuBudget:
         self._order += [name for name in runners if name not in self._order]
         for name in list(self._sent):
             if name not in runners:
-                # Idle: it keeps its last share until it works again, when it gets a new one.
                 del self._sent[name]
+        for name, told in list(self._told.items()):
+            if told[0]() is None:
+                del self._told[name]  # that runner is gone
         for name, share in zip(
             self._order, shares(self._order, self.cores, self.cpus, self.pin), strict=True
         ):
-            if self._sent.get(name) == share:
-                continue
             self._sent[name] = share
-            task = asyncio.create_task(self._tell(name, runners[name], share))
+            # Idle, a runner keeps the share it was last told: one that works again with the
+            # same share is not told again (a message and its answer at the start of every
+            # request of a model working alone, beside the request's own hand-over and
+            # prefill, on the cores that the prefill needs).
+            runner = runners[name]
+            told = self._told.get(name)
+            if told is not None and told[0]() is runner and told[1] == share:
+                continue
+            self._told[name] = (weakref.ref(runner), share)
+            task = asyncio.create_task(self._tell(name, runner, share))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

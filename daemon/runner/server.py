@@ -12,7 +12,6 @@ import binascii
 import contextlib
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..engine.text import unicode_problem
 from ..engine.vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
 from ..lora.adapterset import AdapterLoadError, AdapterSet
 from ..prompt.template import TemplateRenderError, render_chat
+from .connection import Connection
 from .protocol import (
     IMAGE_MARKER,
     AdapterFile,
@@ -39,11 +39,9 @@ from .protocol import (
     CancelOp,
     DetokenizeOp,
     DoneEvent,
-    EmbeddingEvent,
     EmbeddingRequest,
     EmbedOp,
     ErrorEvent,
-    Event,
     GenerateOp,
     GenerationRequest,
     GenerationResult,
@@ -62,7 +60,6 @@ from .protocol import (
     TokenLogprob,
     TokensEvent,
     decode,
-    encode,
 )
 from .threads import in_own_thread
 
@@ -453,80 +450,6 @@ def _light(request: GenerationRequest) -> bool:
     return size <= _LIGHT_CHARS
 
 
-class _Connection:
-    """One client connection; events from the engine thread are written on the loop.
-
-    The engine emits one event per generated token per stream. Waking the event loop for each
-    would cost a self-pipe write per token; instead events queue up and one wake-up writes
-    everything that arrived meanwhile. The engine hands a step's events over together
-    (:meth:`_Emitter.many`), so one step of 8 streams costs one wake-up and one write.
-    """
-
-    def __init__(self, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> None:
-        self.writer = writer
-        self.loop = loop
-        self.active: set[str] = set()
-        """Requests of this connection that have not ended (cancelled if it closes)."""
-        self.preparing: set[str] = set()
-        """Generations whose prompt is being prepared in a worker thread."""
-        self.cancelled: set[str] = set()
-        """Generations cancelled while being prepared: they end as soon as preparation does."""
-        self.closed = False
-        self._pending: list[Event] = []
-        self._lock = threading.Lock()
-        self._emitter = _Emitter(self)
-
-    def send(self, event: Event) -> None:
-        """Write one event (on the loop's thread)."""
-        self._write([event])
-
-    def _write(self, events: list[Event]) -> None:
-        for event in events:
-            if isinstance(event, DoneEvent | ErrorEvent | EmbeddingEvent):
-                self.active.discard(str(event.id))
-        if self.closed:
-            return
-        try:
-            self.writer.write(b"".join([encode(e) for e in events]))
-        except (ConnectionError, RuntimeError):
-            self.closed = True
-
-    def _flush(self) -> None:
-        with self._lock:
-            events, self._pending = self._pending, []
-        self._write(events)
-
-    def _emit(self, events: list[Event]) -> None:
-        with self._lock:
-            wake = not self._pending
-            self._pending += events
-        if wake:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the runner is exiting
-                self.loop.call_soon_threadsafe(self._flush)
-
-    def emitter(self) -> _Emitter:
-        """A thread-safe callback for the engine (the same one for every job here, so the
-        engine can batch a step's events per connection)."""
-        return self._emitter
-
-
-class _Emitter:
-    """The engine's handle on a connection: ``emitter(event)`` or ``emitter.many(events)``."""
-
-    __slots__ = ("_connection",)
-
-    def __init__(self, connection: _Connection) -> None:
-        self._connection = connection
-
-    def __call__(self, event: Event) -> None:
-        """Queue one event for writing (any thread)."""
-        self._connection._emit([event])
-
-    def many(self, events: list[Event]) -> None:
-        """Queue several events, in order, with at most one wake-up of the loop (any thread)."""
-        self._connection._emit(events)
-
-
 class RunnerServer:
     """Serves one engine on a Unix socket."""
 
@@ -549,7 +472,7 @@ class RunnerServer:
         """The memory plan the model was loaded by
         (:class:`~localllm.daemon.memory.plan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
         self._template_ms: dict[str, float] = {}
         """The slowest render of each template seen (ms): quick ones render on the loop."""
         # Dispatched requests; close() waits for them, because prompt preparation reads the
@@ -577,8 +500,7 @@ class RunnerServer:
         if self._server is not None:
             self._server.close()
             for connection in list(self._connections):
-                connection.closed = True
-                connection.writer.close()
+                connection.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
         if self._tasks:
@@ -622,7 +544,7 @@ class RunnerServer:
         }
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(writer, asyncio.get_running_loop())
+        connection = Connection(writer, asyncio.get_running_loop())
         self._connections.add(connection)
         try:
             while line := await reader.readline():
@@ -646,14 +568,13 @@ class RunnerServer:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
-            connection.closed = True
+            connection.close()
             # Whatever this client started is nobody's business any more.
             for job_id in list(connection.active):
                 self._cancel(connection, job_id)
             self._connections.discard(connection)
-            writer.close()
 
-    async def _dispatch(self, connection: _Connection, message: Request, read_at: int = 0) -> None:
+    async def _dispatch(self, connection: Connection, message: Request, read_at: int = 0) -> None:
         """Run one request; whatever happens, a request that fails gets its error event.
         ``read_at``: when its line was read (``perf_counter_ns``)."""
         try:
@@ -747,14 +668,14 @@ class RunnerServer:
             raise PromptError(str(exc)) from None
         return adapters
 
-    def _cancel(self, connection: _Connection, request_id: str) -> None:
+    def _cancel(self, connection: Connection, request_id: str) -> None:
         if request_id in connection.preparing:
             # Not in the engine yet: _generate ends it once preparation returns.
             connection.cancelled.add(request_id)
         else:
             self.engine.cancel(request_id)
 
-    async def _generate(self, connection: _Connection, op: GenerateOp, read_at: int = 0) -> None:
+    async def _generate(self, connection: Connection, op: GenerateOp, read_at: int = 0) -> None:
         request = op.request
         request.id = op.id
         adapters = self._adapter_set(request.adapters)
@@ -802,35 +723,32 @@ class RunnerServer:
             return
         score = self._score(request, prompt) if request.options.prompt_logprobs else None
         budget, grammar = self._reasoning(request, prompt, grammar)
-        connection.send(
-            PromptReadyEvent(
-                id=op.id,
-                prompt_tokens=len(prompt.tokens),
-                prompt_tail=prompt.tail,
-                dropped_messages=prompt.dropped_messages,
-                dropped_tokens=prompt.dropped_tokens,
-                template_ms=prompt.template_ms,
-                tokenize_ms=prompt.tokenize_ms,
-                read_at=read_at,
-                ready_at=time.perf_counter_ns(),
-            )
+        ready = PromptReadyEvent(
+            id=op.id,
+            prompt_tokens=len(prompt.tokens),
+            prompt_tail=prompt.tail,
+            dropped_messages=prompt.dropped_messages,
+            dropped_tokens=prompt.dropped_tokens,
+            template_ms=prompt.template_ms,
+            tokenize_ms=prompt.tokenize_ms,
+            read_at=read_at,
+            ready_at=time.perf_counter_ns(),
         )
-        self.engine.submit(
-            GenerationJob(
-                id=op.id,
-                prompt=prompt.tokens,
-                keep=prompt.keep,
-                options=request.options,
-                grammar=grammar,
-                emit=connection.emitter(),
-                return_context=request.return_context,
-                render_special=request.render_special,
-                images=prompt.images,
-                score=score,
-                budget=budget,
-                adapters=adapters,
-            )
+        job = GenerationJob(
+            id=op.id,
+            prompt=prompt.tokens,
+            keep=prompt.keep,
+            options=request.options,
+            grammar=grammar,
+            emit=connection.emitter(),
+            return_context=request.return_context,
+            render_special=request.render_special,
+            images=prompt.images,
+            score=score,
+            budget=budget,
+            adapters=adapters,
         )
+        connection.send_after(ready, lambda: self.engine.submit(job))
 
     def _reasoning(
         self, request: GenerationRequest, prompt: Prompt, grammar: str | None
@@ -870,7 +788,7 @@ class RunnerServer:
         entry = TokenLogprob(data.decode("utf-8", errors="replace"), 0.0, list(data))
         return PromptScore(prompt.tokens, entry)
 
-    async def _embed(self, connection: _Connection, op: EmbedOp) -> None:
+    async def _embed(self, connection: Connection, op: EmbedOp) -> None:
         request = op.request
         adapters = self._adapter_set(request.adapters)
         limit = self.model.n_ctx_per_slot

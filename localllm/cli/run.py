@@ -161,7 +161,10 @@ def _run(session: ChatSession, args: argparse.Namespace) -> int:
     typed, images = session.attach_images(" ".join(args.prompt))
     prompt = " ".join([*([piped] if piped else []), *([typed] if typed else [])])
     if not prompt.strip() and not images:
-        session.client.load(config.model, keep_alive=config.keep_alive)  # Ollama: just load
+        # Ollama: just load (as the session's requests would find it)
+        session.client.load(
+            config.model, options=config.options or None, keep_alive=config.keep_alive
+        )
         return 0
     session.answer(prompt, interactive=False, images=images)
     return 0

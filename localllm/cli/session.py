@@ -281,7 +281,11 @@ class ChatSession:
     def load(self) -> None:
         """Load the model now, with a spinner, so the first answer starts quickly."""
         with _spinner(self.err):
-            self.client.load(self.config.model, keep_alive=self.config.keep_alive)
+            self.client.load(
+                self.config.model,
+                options=self.config.options or None,
+                keep_alive=self.config.keep_alive,
+            )
 
     def answer(self, prompt: str, *, interactive: bool, images: list[str] | None = None) -> str:
         """Stream the answer to ``prompt`` (with ``images``, base64, attached); returns its

@@ -407,8 +407,16 @@ class AsyncClient:
         async for item in self._answer("/api/chat", payload(locals(), stream=True)):
             yield item
 
-    async def load(self, model: str, *, keep_alive: str | float | None = None) -> GenerateChunk:
-        """Load a model without generating (an empty prompt)."""
+    async def load(
+        self,
+        model: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        keep_alive: str | float | None = None,
+    ) -> GenerateChunk:
+        """Load a model without generating (an empty prompt); ``options`` are those the
+        requests that follow will send (the ones that shape the load, ``num_ctx`` say, then
+        find it loaded as they want it)."""
         body = payload(locals(), stream=False)
         return await self._json("POST", "/api/generate", body, timeout=NO_READ_TIMEOUT)
 

@@ -103,6 +103,17 @@ def test_generation_routes(client: Client) -> None:
     assert SMOL not in [m["name"] for m in client.ps()]
 
 
+def test_a_load_takes_the_options_its_requests_will_send(client: Client) -> None:
+    # num_ctx shapes the runner: loaded with it, the chat that follows finds it as it wants
+    assert client.load(SMOL, options={"num_ctx": 512})["done_reason"] == "load"
+    (loaded,) = [m for m in client.ps() if m["name"] == SMOL]
+    assert loaded["context_length"] == 512
+    client.chat(SMOL, [{"role": "user", "content": "Hi"}], options={**FEW, "num_ctx": 512})
+    (again,) = [m for m in client.ps() if m["name"] == SMOL]
+    assert again["runner_pid"] == loaded["runner_pid"]  # not loaded again
+    assert client.unload(SMOL)["done_reason"] == "unload"
+
+
 def test_openai_routes(client: Client) -> None:
     assert SMOL in [m["id"] for m in client.openai_models()]
     assert client.openai_model(SMOL)["id"] == SMOL

@@ -597,5 +597,15 @@ def test_models_working_at_once_share_the_cores_and_one_left_alone_gets_them_bac
         again = await scheduler.acquire(model("a"), config())
         assert await share_of(a, 3) == (2, "working alone", None)
         again.release()
+        # Idle, a runner keeps its last share: working alone again, it is not told again
+        # (no message beside every request of a model used alone).
+        for name in ("a", "a", "b", "a"):
+            (await scheduler.acquire(model(name), config())).release()
+        both = [await scheduler.acquire(model(name), config()) for name in ("a", "b")]
+        assert await share_of(b, 3) == (1, "sharing 2 cores with a:latest", [1])
+        assert await share_of(a, 4) == (1, "sharing 2 cores with b:latest", [0])
+        for lease in both:
+            lease.release()
+        assert len(a.shares) == 4 and len(b.shares) == 3
 
     run(scenario, num_parallel=2)

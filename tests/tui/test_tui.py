@@ -521,3 +521,35 @@ async def test_a_snapshot_arriving_while_the_dashboard_closes_is_harmless(
         await screen.show_snapshot({"queue_depth": 1, "max_queue": 8, "models": [model]})
         assert screen.updates == seen + 1
     assert app.return_code in (None, 0)
+
+
+# -- loading ahead ----------------------------------------------------------------------------
+
+
+async def test_picking_a_model_starts_its_load_before_any_message_is_sent(
+    daemon: Daemon, tmp_path: Path, client: AsyncClient
+) -> None:
+    async for _ in client.pull("tiny"):
+        pass
+    app = make_app(daemon, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await connected(pilot, app)
+        screen = app.screen
+        assert isinstance(screen, ChatScreen) and screen.current is not None
+        # the model the chat does not use yet, not loaded
+        picked = next(m for m in ("tiny:latest", SMOL) if m != screen.current.model)
+        assert picked in screen.models
+        if picked in [m["name"] for m in await client.ps()]:
+            await client.unload(picked)
+
+        screen.query_one("#model", Select).value = picked
+        await wait_for(pilot, lambda: screen.current.model == picked, "the pick to be kept")
+        for _ in range(1200):  # up to a minute, as wait_for
+            if picked in [m["name"] for m in await client.ps()]:
+                break
+            await pilot.pause(0.05)
+        else:
+            raise AssertionError(f"picking {picked} did not load it:\n{screen_text(app)}")
+        # loaded by the pick alone: nothing was asked
+        assert not screen.answering
+        assert not [m for m in screen.current.messages if m.role == "user"]

@@ -223,8 +223,18 @@ class ChatScreen(MainScreen):
         if chat is None or not isinstance(event.value, str) or event.value == chat.model:
             return
         chat.model = event.value
+        # Loading starts now, while the first message is still being typed.
+        self.run_worker(self._load(event.value, chat.options), group="load", exclusive=True)
         await asyncio.to_thread(self.llm.chats.update_chat, chat)
         self.query_one("#prompt").focus()
+
+    async def _load(self, model: str, options: dict[str, Any] | None) -> None:
+        """Load ``model`` as the chat's requests will want it (its options); a model that
+        cannot load is said now, rather than at the first message."""
+        try:
+            await self.llm.client.load(model, options=options or None)
+        except DaemonError as exc:
+            self.report(exc, f"Could not load {model}")
 
     # -- chats ----------------------------------------------------------------------------
 
