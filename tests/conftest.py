@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 from collections.abc import Iterator
@@ -26,56 +25,14 @@ from localllm.store.store import Store
 # module imports them).
 pytest.register_assert_rewrite("plain_loop", "speculative_runs", "thinking_models")
 
+# The suite on every core, and the ``alone`` marker (tests/support/workers.py).
+pytest_plugins = ["workers"]
+
 if TYPE_CHECKING:
     import httpx
     import ollama
     import openai
     from test_daemon_support import Daemon
-
-
-# -- the suite on every core ----------------------------------------------------------------
-# pyproject's addopts run the suite with pytest-xdist (`-n auto`): one worker per core this
-# process may use, at most MAX_WORKERS (each worker's daemons start runners of their own, and
-# more workers than that only fight over memory bandwidth). `-n 0` runs it in one process.
-
-MAX_WORKERS = 4
-
-
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """As many workers as the cores this process may run on, at most :data:`MAX_WORKERS`."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
-
-
-@pytest.fixture(autouse=True)
-def _alone_when_marked(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """A test marked ``alone`` runs while no other test of the suite does.
-
-    Such a test is about the machine's own load (the governor giving threads back once the CPU
-    is free, the speed probe waiting for a quiet moment): the suite's other workers are load it
-    would wait out. A readers-writer lock over the workers' shared temporary root: every test
-    holds ``suite.lock`` shared; an ``alone`` test takes ``gate.lock`` first, so that no new test
-    starts, then ``suite.lock`` exclusively once the running ones have ended.
-    """
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield  # one process: nothing else runs beside a test
-        return
-    root = tmp_path_factory.getbasetemp().parent  # popen-gwN's parent: shared by the workers
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(root / "gate.lock", "a") as gate, open(root / "suite.lock", "a") as suite:
-        if alone:
-            fcntl.flock(gate, fcntl.LOCK_EX)
-            fcntl.flock(suite, fcntl.LOCK_EX)
-        else:
-            fcntl.flock(gate, fcntl.LOCK_SH)
-            fcntl.flock(suite, fcntl.LOCK_SH)
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(suite, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
