@@ -3,6 +3,10 @@
 
 The governor, the speed probe's quiet-moment watch, the scheduler and ``doctor`` read the machine
 through these functions; each returns None (or a fallback) where the system has no such file.
+Two views of "this process": :func:`read_cpu` counts the calling process alone (a runner's
+governor: the daemon's quantizing child beside it is load it must share the cores with), and
+:func:`read_cpu_tree` counts it with every process it started (the daemon's quiet-moment watch:
+its own create, pull and quantize children are not other programs).
 """
 
 from __future__ import annotations
@@ -12,7 +16,16 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-__all__ = ["CpuReading", "allowed_cpus", "busy_seconds", "others_now", "pin_process", "read_cpu"]
+__all__ = [
+    "CpuReading",
+    "allowed_cpus",
+    "busy_seconds",
+    "others_now",
+    "pin_process",
+    "read_cpu",
+    "read_cpu_tree",
+    "tree_seconds",
+]
 
 
 class CpuReading(NamedTuple):
@@ -72,6 +85,88 @@ def read_cpu(cpus: frozenset[int], path: str = "/proc/stat") -> CpuReading | Non
     return CpuReading(at=time.monotonic(), busy=busy, own=time.process_time())
 
 
+def _children(pid: int, proc: str) -> list[int]:
+    """The live children of ``pid``: from each thread's ``children`` file (Linux 3.5+), else
+    by scanning every process's parent."""
+    tasks = f"{proc}/{pid}/task"
+    found: list[int] = []
+    if os.path.exists(f"{tasks}/{pid}/children"):
+        try:
+            threads = os.listdir(tasks)
+        except OSError:  # it ended
+            return found
+        for task in threads:
+            try:
+                with open(f"{tasks}/{task}/children") as listing:
+                    found.extend(int(child) for child in listing.read().split())
+            except (OSError, ValueError):  # a thread that just ended
+                continue
+        return found
+    try:
+        entries = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    except OSError:
+        return found
+    for entry in entries:
+        fields = _stat_fields(int(entry), proc)
+        if fields is not None and fields[1] == str(pid):
+            found.append(int(entry))
+    return found
+
+
+def _stat_fields(pid: int, proc: str) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields from the state on (the name, in parentheses, may hold
+    spaces and parentheses itself: split after its last one); None when it is gone."""
+    try:
+        with open(f"{proc}/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    _, _, rest = text.rpartition(")")
+    fields = rest.split()
+    return fields if len(fields) > 14 else None
+
+
+def tree_seconds(pid: int | None = None, proc: str = "/proc") -> float:
+    """CPU seconds spent by process ``pid`` (default: this one) and everything it started:
+    its own time and its reaped children's (``utime stime cutime cstime``), and the same of
+    each live descendant (a child's own reaped children are in its ``cutime``). A child that
+    ends moves from the live ones into its parent's ``cutime`` once reaped, so the sum only
+    grows."""
+    root = os.getpid() if pid is None else pid
+    total = 0.0
+    if root == os.getpid():
+        times = os.times()
+        # the calling process: its thread clock, finer than the kernel's ticks
+        total += time.process_time() + times.children_user + times.children_system
+    else:
+        fields = _stat_fields(root, proc)
+        if fields is not None:
+            total += sum(int(value) for value in fields[11:15]) * _TICK
+    seen = {root}
+    pending = _children(root, proc)
+    while pending:
+        child = pending.pop()
+        if child in seen:
+            continue
+        seen.add(child)
+        fields = _stat_fields(child, proc)
+        if fields is None:  # it ended meanwhile: its parent's cutime holds it once reaped
+            continue
+        # utime stime cutime cstime: fields 14-17 of stat, 11-14 from the state on
+        total += sum(int(value) for value in fields[11:15]) * _TICK
+        pending.extend(_children(child, proc))
+    return total
+
+
+def read_cpu_tree(cpus: frozenset[int], path: str = "/proc/stat") -> CpuReading | None:
+    """As :func:`read_cpu`, with ``own`` the CPU time of this process and every process it
+    started (:func:`tree_seconds`): what the rest of the machine used is ``busy - own``."""
+    reading = read_cpu(cpus, path)
+    if reading is None:
+        return None
+    return reading._replace(own=tree_seconds())
+
+
 def pin_process(cpus: Iterable[int]) -> bool:
     """Let every thread of this process (OpenMP's workers included) run only on ``cpus``;
     threads started later inherit it from the thread that starts them. False where the
@@ -91,7 +186,6 @@ def pin_process(cpus: Iterable[int]) -> bool:
         except OSError:  # a thread that just ended, or CPUs this process may not use
             continue
     return pinned
-
 
 
 def others_now(cpus: frozenset[int] | None = None, seconds: float = 0.25) -> float | None:

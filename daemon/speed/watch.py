@@ -7,8 +7,12 @@ CPU and thread count). Until they exist, :class:`SpeedWatch` waits for a quiet m
 measures them:
 
 * **quiet** means no model loading, no request served or waiting (:attr:`.Scheduler.working`)
-  and other processes using less than :data:`QUIET_SHARE` of the cores, for
-  :data:`QUIET_SPAN` seconds in a row (read from ``/proc/stat`` as the CPU governor reads it);
+  and the machine using less than :data:`QUIET_SHARE` of the cores, for :data:`QUIET_SPAN`
+  seconds in a row (read from ``/proc/stat`` as the CPU governor reads it). The daemon's own
+  work (its create, pull, hashing and quantizing children: its whole process tree,
+  :func:`~localllm.daemon.devices.procfs.read_cpu_tree`) is not "other programs": the reason
+  names it as the daemon's, and ``show`` waits for it to end instead of giving up at once;
+  but the probe does not measure beside it either (it would measure the quantizer);
 * **never in a request's way**: while the probe runs, work that comes in kills it at once
   (the child stops within a tenth of a second) and it is tried again at the next quiet
   moment; figures measured while other programs took more than :data:`QUIET_SHARE` of the
@@ -31,7 +35,7 @@ from collections.abc import Callable
 
 from localllm.settings import Settings
 
-from ..devices.procfs import CpuReading, allowed_cpus, read_cpu
+from ..devices.procfs import CpuReading, allowed_cpus, read_cpu_tree
 from .model import Calibration
 
 __all__ = ["QUIET_SHARE", "QUIET_SPAN", "SHOW_WAIT_S", "ProbeState", "SpeedWatch"]
@@ -89,12 +93,15 @@ class SpeedWatch:
         self._working = working
         self._cached = cached
         self._calibrate = calibrate
-        self._reader = reader if reader is not None else (lambda: read_cpu(cpu_set))
+        self._reader = reader if reader is not None else (lambda: read_cpu_tree(cpu_set))
         self._cpus = cpus or len(cpu_set)
         self._quiet_span = quiet_span
         self._interval = interval
         self._state = ProbeState.WAITING if settings.speed_probe else ProbeState.OFF
         self._others: float | None = None
+        """Cores other programs used in the last reading (the daemon's process tree not)."""
+        self._own = 0.0
+        """Cores the daemon's own process tree used in the last reading."""
         self._error = ""
         self._started = 0.0
         self._attempts = 0
@@ -124,6 +131,7 @@ class SpeedWatch:
                 self._others is not None and self._others > self._quiet_cores
             )
             left = deadline - time.monotonic()
+            # (the daemon's own work is not a reason to give up: it is ours, and ends)
             if (self._state is ProbeState.WAITING and busy) or left <= 0:
                 return None  # the answer says what it waits for instead
             self._settled.wait(min(left, self._interval))
@@ -150,6 +158,11 @@ class SpeedWatch:
             return f"{waiting}: other programs use {self._others:.1f} of {self._cpus} cores now"
         if self._others is None:
             return f"{waiting}: reading the machine's load"
+        if self._others + self._own > self._quiet_cores:
+            return (
+                f"{waiting}: the daemon's own work (a create, pull or quantize) uses "
+                f"{self._own:.1f} of {self._cpus} cores now"
+            )
         return f"{waiting}: about to start"
 
     @property
@@ -181,15 +194,17 @@ class SpeedWatch:
             reading = self._reader()
             now = time.monotonic()
             if reading is not None and last is not None and reading.at > last.at:
-                used = (reading.busy - last.busy) - (reading.own - last.own)
-                self._others = max(0.0, used / (reading.at - last.at))
+                span = reading.at - last.at
+                own = max(0.0, reading.own - last.own)
+                self._others = max(0.0, (reading.busy - last.busy) - own) / span
+                self._own = own / span
             elif reading is None:
                 self._others = 0.0  # no /proc/stat: quiet is judged by the daemon's work
             last = reading
             quiet = (
                 not self._working()
                 and self._others is not None
-                and self._others <= self._quiet_cores
+                and self._others + self._own <= self._quiet_cores
             )
             quiet_since = (quiet_since or now) if quiet else None
             if quiet_since is not None and now - quiet_since >= self._quiet_span:

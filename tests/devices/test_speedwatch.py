@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,13 @@ import pytest
 from speed_support import make_calibration, seed_calibration
 from test_cli_support import cli_home
 
-from localllm.daemon.devices.procfs import CpuReading, allowed_cpus
+from localllm.daemon.devices.procfs import (
+    CpuReading,
+    allowed_cpus,
+    read_cpu,
+    read_cpu_tree,
+    tree_seconds,
+)
 from localllm.daemon.speed import probe as speedprobe
 from localllm.daemon.speed.model import Calibration, TypeRate
 from localllm.daemon.speed.watch import ProbeState, SpeedWatch
@@ -23,18 +31,22 @@ from localllm.settings import Settings
 
 
 class Machine:
-    """Made-up CPU readings: other processes use ``others`` cores from now on."""
+    """Made-up CPU readings: other processes use ``others`` cores from now on, the daemon's
+    own process tree (its create, pull, quantize children) ``own``."""
 
     def __init__(self) -> None:
         self.others = 0.0
+        self.own = 0.0
         self._busy = 0.0
+        self._own = 0.0
         self._at = time.monotonic()
 
     def read(self) -> CpuReading:
         now = time.monotonic()
-        self._busy += self.others * (now - self._at)
+        self._busy += (self.others + self.own) * (now - self._at)
+        self._own += self.own * (now - self._at)
         self._at = now
-        return CpuReading(at=now, busy=self._busy, own=0.0)
+        return CpuReading(at=now, busy=self._busy, own=self._own)
 
 
 def _watch(
@@ -130,6 +142,39 @@ async def test_a_failed_or_switched_off_probe_says_what_to_do(tmp_path: Path) ->
     assert quiet.state is ProbeState.OFF and "LOCALLLM_SPEED_PROBE=off" in quiet.why()
 
 
+@pytest.mark.anyio
+async def test_the_daemons_own_work_is_waited_for_not_blamed_on_others(tmp_path: Path) -> None:
+    """Right after ``create``: the daemon's own quantizing child used the cores. The reason
+    names it as the daemon's, ``show`` waits for it instead of giving up, and the probe runs
+    once it is over (not beside it: it would measure the quantizer)."""
+    machine, calls = Machine(), []
+    machine.own = 1.5
+
+    def calibrate(settings: Settings, **kwargs: Any) -> Calibration:
+        calls.append(machine.own)
+        measured.append(make_calibration(Q4_0=TypeRate(1e9, 1e9)))
+        return measured[-1]
+
+    watch, measured = _watch(tmp_path, machine, [False], calibrate)
+    task = asyncio.create_task(watch.run())
+    try:
+        deadline = time.monotonic() + 10
+        while "own work" not in watch.why():
+            assert time.monotonic() < deadline, watch.why()
+            await asyncio.sleep(0.02)
+        assert "the daemon's own work (a create, pull or quantize) uses 1.5 of 2" in watch.why()
+        assert "other programs" not in watch.why() and not calls
+        # show asks while the daemon's own work is still the last reading: it waits (when
+        # that work was counted as others', it answered None at once)
+        shown = asyncio.create_task(asyncio.to_thread(watch.wait, 10))
+        machine.own = 0.0  # the create is over
+        figures = await asyncio.wait_for(shown, 15)
+        assert figures is not None and calls == [0.0]
+        await asyncio.wait_for(task, 10)
+    finally:
+        task.cancel()
+
+
 def test_the_probe_child_is_stopped_when_work_comes_in() -> None:
     began = time.monotonic()
     with pytest.raises(speedprobe.ProbeInterrupted):
@@ -203,3 +248,53 @@ async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
                 await wait_for(
                     pilot, lambda: "predicted" in details.source, "the prediction", timeout=30
                 )
+
+
+# -- the daemon's own work is not other programs' -------------------------------------------
+
+_BURN = """
+import sys, time
+began = time.process_time()
+while time.process_time() - began < 0.3:
+    pass
+print(time.process_time(), flush=True)
+sys.stdin.read()  # until the test lets it end
+"""
+
+
+def test_the_daemons_own_children_are_not_other_programs() -> None:
+    """A child burning CPU, started as the daemon starts its quantizer: the watch's reading
+    (the whole process tree) counts its time as the daemon's own, live and once reaped; the
+    governor's (this process alone) does not, so threads are still shared with it."""
+    cpus = allowed_cpus()
+    tree_first, plain_first = read_cpu_tree(cpus), read_cpu(cpus)
+    assert tree_first is not None and plain_first is not None
+    child = subprocess.Popen(
+        [sys.executable, "-c", _BURN],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        burnt = float(child.stdout.readline())  # its CPU seconds, once it has burnt them
+        assert burnt >= 0.3
+        live, plain = read_cpu_tree(cpus), read_cpu(cpus)
+        assert live is not None and plain is not None
+        own_tree = live.own - tree_first.own
+        own_plain = plain.own - plain_first.own
+        # (ticks of 10 ms: the kernel counts a process's time in them)
+        assert own_tree - own_plain >= burnt - 0.05
+        # what the rest of the machine used leaves the child out of it
+        others_tree = (live.busy - tree_first.busy) - own_tree
+        others_plain = (plain.busy - plain_first.busy) - own_plain
+        assert others_plain - others_tree >= burnt - 0.1
+        child.stdin.close()
+        child.wait(30)
+        reaped = tree_seconds()
+        # an ended child's time moves into this process's children's time: never lost
+        assert reaped - tree_first.own >= own_tree - 0.02
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
