@@ -211,3 +211,30 @@ def test_a_runner_loaded_again_keeps_its_plan_until_an_option_or_file_changes(
     # the same file name with other contents (its modification time changed): planned anew
     os.utime(model, ns=(1, 1))
     assert loaded(config, "touched")["memory_plan_kept"] is False
+
+
+def test_a_kept_plan_follows_free_memory_by_distance_not_by_steps(
+    tmp_path: Path, tiny_gguf: Path
+) -> None:
+    """Free memory that drifts less than a step either way (across a step's edge, too) keeps
+    the plan; a step or more plans again; so does a device that is not the same."""
+    from localllm.daemon.memory.plan import Device
+    from localllm.daemon.memory.plancache import FREE_STEP, PlanCache
+
+    config = RunnerConfig(model_path=str(tiny_gguf), n_slots=1, n_threads=1)
+    plan = plan_load(config)
+    cache = PlanCache(tmp_path / "plans")
+    edge = 40 * FREE_STEP  # planned just below a step's edge
+
+    def host(free: int) -> list[Device]:
+        return [Device(name="CPU", kind="cpu", free=free, total=64 * FREE_STEP)]
+
+    key = cache.key(config, host(edge - 1), "build")
+    assert key == cache.key(config, host(edge + FREE_STEP), "build")  # free is not in the key
+    cache.put(key, plan, host(edge - 1))
+    assert cache.get(key, host(edge + 1)) == plan  # across the edge, 2 bytes away
+    assert cache.get(key, host(edge - FREE_STEP // 2)) == plan
+    assert cache.get(key, host(edge - 1 + FREE_STEP)) is None  # a step more
+    assert cache.get(key, host(edge - 1 - FREE_STEP)) is None  # a step less
+    assert cache.get(key, [*host(edge), *host(edge)]) is None  # other devices
+    assert cache.get(cache.key(config, host(edge), "other build"), host(edge)) is None
