@@ -176,7 +176,12 @@ async def test_settings_prompts_and_resources(scripted: ScriptedModel, tmp_path:
         listing = dialog.query_one(SelectionList)
         assert "server:toolbox" in listing.selected and "tool:toolbox/add" in listing.selected
         listing.deselect("tool:toolbox/add")
-        await wait_for(pilot, lambda: dialog.query("#save"), "the dialog's buttons")
+        # laid out, not only mounted: a click at a button with no region yet goes nowhere
+        await wait_for(
+            pilot,
+            lambda: dialog.query("#save") and dialog.query_one("#save").region.area > 0,
+            "the dialog's buttons",
+        )
         await pilot.click("#save")
         await wait_for(pilot, lambda: app.screen is screen, "the dialog to close")
         assert screen.current.tools == {"servers": ["toolbox"], "off": ["toolbox/add"]}
