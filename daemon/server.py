@@ -31,6 +31,8 @@ from localllm.starter import ensure_starter
 from localllm.store.check import check_store
 
 from .app import create_app
+from .eventloop import loop_name
+from .eventloop import run as run_loop
 from .preload import preload
 from .security import check_bind_allowed
 from .state import DaemonState
@@ -248,11 +250,12 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
         tcp_sock = _tcp_socket(settings.bind_host, settings.bind_port)
         unix_sock = _unix_socket(socket_path)
         log.info(
-            "localllm %s daemon (pid %d) listening on %s and %s",
+            "localllm %s daemon (pid %d) listening on %s and %s (event loop: %s)",
             __version__,
             os.getpid(),
             socket_path,
             settings.base_url,
+            loop_name(),
         )
         if announce:
             print(
@@ -262,7 +265,7 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
                 flush=True,
             )
         try:
-            asyncio.run(_run(settings, unix_sock, tcp_sock))
+            run_loop(_run(settings, unix_sock, tcp_sock))
         finally:
             unix_sock.close()
             tcp_sock.close()
