@@ -92,7 +92,10 @@ def stop_logging() -> None:
         listener = _listeners.pop()
         listener.stop()  # joins the thread after it wrote everything queued before
         for handler in listener.handlers:
-            handler.close()
+            # A full disk fails the final flush: the lines are lost either way, and (as in
+            # logging.shutdown) it is no reason for the daemon to exit with an error.
+            with contextlib.suppress(OSError, ValueError):
+                handler.close()
 
 
 atexit.register(stop_logging)
