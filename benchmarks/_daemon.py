@@ -51,6 +51,10 @@ def start_daemon(env: dict[str, str], python: str | None = None) -> subprocess.P
     return subprocess.Popen(
         [python or sys.executable, "-m", "localllm.daemon"],
         env=env,
+        # Started in its data dir, not in the caller's: ``python -m`` puts the working folder
+        # first on sys.path, so a --base daemon started from a checkout's root imported that
+        # checkout's ``localllm`` beside its own ``localllm.daemon``.
+        cwd=env.get("LOCALLLM_HOME"),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
