@@ -1,9 +1,10 @@
-"""The event loop the daemon and its runners run on: uvloop where it imports, else asyncio's.
+"""The daemon's event loop: uvloop where it imports, else asyncio's.
 
 uvloop (libuv) takes less CPU per wake-up, socket read and write than asyncio's selector loop:
 on the first token's path the daemon's loop wakes for the request, the runner's acceptance and
-the first token line, and the runner's for the request. Windows has no uvloop (the dependency
-is declared for other platforms only), and an install without it still runs on asyncio.
+the first token line. Windows has no uvloop (the dependency is declared for other platforms
+only), and an install without it still runs on asyncio. The runners stay on asyncio's loop
+(see :mod:`localllm.daemon.runner.__main__`).
 """
 
 from __future__ import annotations
