@@ -48,9 +48,16 @@ def daemon_env(home: str | Path, **settings: Any) -> tuple[dict[str, str], str]:
 def start_daemon(env: dict[str, str], python: str | None = None) -> subprocess.Popen[bytes]:
     """``python -m localllm.daemon`` with ``env``, silent (its log goes to its data dir);
     ``python``: another interpreter (one whose localllm is another checkout), else this one."""
+    home = env.get("LOCALLLM_HOME")
+    if home:
+        Path(home).mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [python or sys.executable, "-m", "localllm.daemon"],
         env=env,
+        # Started in its data dir, not in the caller's: ``python -m`` puts the working folder
+        # first on sys.path, so a --base daemon started from a checkout's root imported that
+        # checkout's ``localllm`` beside its own ``localllm.daemon``.
+        cwd=home or None,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

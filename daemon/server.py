@@ -10,11 +10,13 @@ every runner and removes the socket.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import errno
 import logging
 import logging.handlers
 import os
+import queue
 import signal
 import socket
 import sys
@@ -31,11 +33,13 @@ from localllm.starter import ensure_starter
 from localllm.store.check import check_store
 
 from .app import create_app
+from .eventloop import loop_name
+from .eventloop import run as run_loop
 from .preload import preload
 from .security import check_bind_allowed
 from .state import DaemonState
 
-__all__ = ["DaemonLockedError", "serve", "setup_logging"]
+__all__ = ["DaemonLockedError", "serve", "setup_logging", "stop_logging"]
 
 log = logging.getLogger("localllm.daemon")
 
@@ -49,7 +53,14 @@ class DaemonLockedError(SettingsError):
 
 
 def setup_logging(settings: Settings) -> Path:
-    """Send the daemon's and uvicorn's logs (requests included) to ``daemon.log``."""
+    """Send the daemon's and uvicorn's logs (requests included) to ``daemon.log``.
+
+    A request's thread only queues its records (``QueueHandler``); one listener thread writes
+    them to the file, so no log line's disk write sits between a request's arrival and its
+    first byte (uvicorn's access line and ours were written synchronously before it).
+    :func:`stop_logging` writes what is queued; :func:`serve` calls it on every exit and
+    ``atexit`` on the way out of the interpreter.
+    """
     settings.log_dir.mkdir(parents=True, exist_ok=True)
     path = settings.log_dir / "daemon.log"
     handler = logging.handlers.RotatingFileHandler(path, maxBytes=20 << 20, backupCount=3)
@@ -57,12 +68,37 @@ def setup_logging(settings: Settings) -> Path:
     level = logging.DEBUG if settings.debug else logging.INFO
     # A log that cannot be written (a full disk) is no reason to print tracebacks.
     logging.raiseExceptions = False
+    stop_logging()
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    listener.start()
+    _listeners.append(listener)
+    queued = logging.handlers.QueueHandler(records)
     for name in ("localllm", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
-        logger.handlers = [handler]
+        logger.handlers = [queued]
         logger.setLevel(level)
         logger.propagate = False
     return path
+
+
+_listeners: list[logging.handlers.QueueListener] = []
+
+
+def stop_logging() -> None:
+    """Write every queued log record, stop the writer thread and close the file (records
+    logged later are queued for no one: call :func:`setup_logging` again to log)."""
+    while _listeners:
+        listener = _listeners.pop()
+        listener.stop()  # joins the thread after it wrote everything queued before
+        for handler in listener.handlers:
+            # A full disk fails the final flush: the lines are lost either way, and (as in
+            # logging.shutdown) it is no reason for the daemon to exit with an error.
+            with contextlib.suppress(OSError, ValueError):
+                handler.close()
+
+
+atexit.register(stop_logging)
 
 
 def _unusable(settings: Settings, path: Path, exc: OSError) -> SettingsError:
@@ -240,32 +276,36 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
         log_path = setup_logging(settings)
     except OSError as exc:
         raise _unusable(settings, settings.log_dir, exc) from None
-    socket_path = settings.socket_path
-    # From the announcement on, a SIGTERM must mean a clean shutdown, not death by the default
-    # action: hold the signals until the event loop's handlers are in place.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    with _daemon_lock(settings):
-        tcp_sock = _tcp_socket(settings.bind_host, settings.bind_port)
-        unix_sock = _unix_socket(socket_path)
-        log.info(
-            "localllm %s daemon (pid %d) listening on %s and %s",
-            __version__,
-            os.getpid(),
-            socket_path,
-            settings.base_url,
-        )
-        if announce:
-            print(
-                f"localllm daemon listening on {settings.base_url} and {socket_path} "
-                f"(log: {log_path})",
-                file=sys.stderr,
-                flush=True,
+    try:
+        socket_path = settings.socket_path
+        # From the announcement on, a SIGTERM must mean a clean shutdown, not death by the default
+        # action: hold the signals until the event loop's handlers are in place.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        with _daemon_lock(settings):
+            tcp_sock = _tcp_socket(settings.bind_host, settings.bind_port)
+            unix_sock = _unix_socket(socket_path)
+            log.info(
+                "localllm %s daemon (pid %d) listening on %s and %s (event loop: %s)",
+                __version__,
+                os.getpid(),
+                socket_path,
+                settings.base_url,
+                loop_name(),
             )
-        try:
-            asyncio.run(_run(settings, unix_sock, tcp_sock))
-        finally:
-            unix_sock.close()
-            tcp_sock.close()
-            with contextlib.suppress(FileNotFoundError):
-                socket_path.unlink()
+            if announce:
+                print(
+                    f"localllm daemon listening on {settings.base_url} and {socket_path} "
+                    f"(log: {log_path})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            try:
+                run_loop(_run(settings, unix_sock, tcp_sock))
+            finally:
+                unix_sock.close()
+                tcp_sock.close()
+                with contextlib.suppress(FileNotFoundError):
+                    socket_path.unlink()
+    finally:
+        stop_logging()  # every queued line on disk before the process ends
     return 0

@@ -179,6 +179,7 @@ def diagnose(verify: bool = True, fresh_speed: bool = True) -> dict[str, Any]:
     from ..daemon.devices.gpuinfo import gpu_build_command, hidden_vulkan_devices
     from ..daemon.devices.llamareport import system_report
     from ..daemon.devices.rpc import doctor_line
+    from ..daemon.eventloop import loop_name
     from .common import load_settings
 
     settings = load_settings()
@@ -193,6 +194,7 @@ def diagnose(verify: bool = True, fresh_speed: bool = True) -> dict[str, Any]:
         "localllm": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "event_loop": loop_name(),
         "llama_cpp": llama,
         "threads": _threads(settings, str(llama.get("system_info", ""))),
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},
@@ -298,7 +300,8 @@ def _render(report: dict[str, Any]) -> list[str]:
     llama = report["llama_cpp"]
     repack = report["cpu_repack"]
     lines = [
-        f"localllm {report['localllm']} (Python {report['python']}, {report['platform']})",
+        f"localllm {report['localllm']} (Python {report['python']}, {report['platform']}, "
+        f"event loop {report.get('event_loop', '?')})",
     ]
     if "error" in llama:
         lines.append(f"llama.cpp: {llama['error']}")
