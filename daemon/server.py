@@ -33,8 +33,6 @@ from localllm.starter import ensure_starter
 from localllm.store.check import check_store
 
 from .app import create_app
-from .eventloop import loop_name
-from .eventloop import run as run_loop
 from .preload import preload
 from .security import check_bind_allowed
 from .state import DaemonState
@@ -285,12 +283,11 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
             tcp_sock = _tcp_socket(settings.bind_host, settings.bind_port)
             unix_sock = _unix_socket(socket_path)
             log.info(
-                "localllm %s daemon (pid %d) listening on %s and %s (event loop: %s)",
+                "localllm %s daemon (pid %d) listening on %s and %s",
                 __version__,
                 os.getpid(),
                 socket_path,
                 settings.base_url,
-                loop_name(),
             )
             if announce:
                 print(
@@ -300,7 +297,7 @@ def serve(settings: Settings, *, announce: bool = True) -> int:
                     flush=True,
                 )
             try:
-                run_loop(_run(settings, unix_sock, tcp_sock))
+                asyncio.run(_run(settings, unix_sock, tcp_sock))
             finally:
                 unix_sock.close()
                 tcp_sock.close()

@@ -383,9 +383,6 @@ def main(argv: list[str] | None = None) -> int:
 
         route_mtmd_log()
     try:
-        # asyncio's own loop, not uvloop as in the daemon: the runner's loop reads one line
-        # per request, and with uvloop here the engine thread's wake-up (the ``wait`` phase)
-        # was 0.10 ms slower over five interleaved runs (docs/first-token.md).
         return asyncio.run(_serve(args))
     finally:
         with contextlib.suppress(Exception):

@@ -179,7 +179,6 @@ def diagnose(verify: bool = True, fresh_speed: bool = True) -> dict[str, Any]:
     from ..daemon.devices.gpuinfo import gpu_build_command, hidden_vulkan_devices
     from ..daemon.devices.llamareport import system_report
     from ..daemon.devices.rpc import doctor_line
-    from ..daemon.eventloop import loop_name
     from .common import load_settings
 
     settings = load_settings()
@@ -194,7 +193,6 @@ def diagnose(verify: bool = True, fresh_speed: bool = True) -> dict[str, Any]:
         "localllm": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "event_loop": loop_name(),
         "llama_cpp": llama,
         "threads": _threads(settings, str(llama.get("system_info", ""))),
         "cpu_repack": paths.to_json() | {"warning": paths.warning, "error": paths.error},

@@ -1,8 +1,7 @@
-"""The daemon's event loop (uvloop, asyncio's without it) and its queued log writes."""
+"""The daemon's queued log writes: every line on disk, with or without stop_logging()."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import subprocess
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from localllm.daemon import eventloop
 from localllm.settings import Settings
 
 # Logs from three threads and uvicorn's access logger, then leaves without stop_logging():
@@ -86,23 +84,3 @@ def test_stop_logging_writes_what_is_queued(settings: Settings) -> None:
     finally:
         stop_logging()
     assert sum("queued " in line for line in path.read_text().splitlines()) == 200
-
-
-async def _loop_module() -> str:
-    return type(asyncio.get_running_loop()).__module__
-
-
-def test_the_loop_is_uvloop_where_it_imports() -> None:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        pytest.skip("uvloop is not installed here")
-    assert eventloop.run(_loop_module()).startswith("uvloop")
-    assert eventloop.loop_name().startswith("uvloop ")
-
-
-def test_without_uvloop_the_loop_is_asyncios(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
-    assert eventloop.loop_factory() is None
-    assert eventloop.loop_name() == "asyncio"
-    assert eventloop.run(_loop_module()).startswith("asyncio")
