@@ -20,7 +20,10 @@ MAX_WORKERS = 4
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """As many workers as the cores this process may run on, at most :data:`MAX_WORKERS`."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    # the CPUs this process may run on (a container's or taskset's share); all of them where
+    # the platform cannot say (macOS)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(usable or 1, MAX_WORKERS))
 
 
 @pytest.fixture(autouse=True)
