@@ -193,6 +193,10 @@ def cached_share(results: Sequence[dict[str, int]]) -> float:
     return sum(r["cached"] for r in results) / sum(r["tokens"] for r in results)
 
 
+# Alone: smg routes by cache only while its daemons' reported loads are balanced, and with the
+# suite's other workers beside it the first round's placements and reports drift apart (it
+# failed once in three runs on two workers, never in one process).
+@pytest.mark.alone
 def test_cache_aware_routing_serves_repeats_from_each_daemons_prefix_cache(
     fleet: list[Daemon], tmp_path: Path
 ) -> None:
