@@ -27,13 +27,14 @@ from ..runner.protocol import GenerationRequest, SamplingOptions
 from .chat import chat_template
 from .history import PromptTurn, continuation, conversation
 from .thinking import ThinkPlan, request_thinking
-from .tools import ToolPlan, request_tools
+from .tools import ToolAsk, ToolPlan, request_tools
 
 __all__ = ["PromptAsk", "PromptPlan", "plan_prompt"]
 
 
-class PromptAsk(Protocol):
-    """What the prompt reads of a request (the core's ``Ask`` has these fields)."""
+class PromptAsk(ToolAsk, Protocol):
+    """What the prompt reads of a request (the core's ``Ask`` has these fields): the tools'
+    fields (:class:`~.tools.ToolAsk`) and these."""
 
     @property
     def model(self) -> LocalModel: ...
@@ -54,23 +55,11 @@ class PromptAsk(Protocol):
     @property
     def template(self) -> str | None: ...
     @property
-    def tools(self) -> list[Any] | None: ...
-    @property
-    def tool_choice(self) -> str | dict[str, Any] | None: ...
-    @property
-    def parallel(self) -> bool | None: ...
-    @property
-    def strict(self) -> bool: ...
-    @property
-    def tool_renames(self) -> Sequence[tuple[str, str]]: ...
-    @property
     def think(self) -> bool | str | None: ...
     @property
     def think_field(self) -> str: ...
     @property
     def thinking_budget(self) -> int | None: ...
-    @property
-    def format(self) -> str | dict[str, Any] | None: ...
     @property
     def options(self) -> dict[str, Any]: ...
     @property
