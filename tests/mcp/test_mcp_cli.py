@@ -19,6 +19,7 @@ import pexpect
 import pytest
 from mcp_support import Reply, ScriptedModel, toolbox_entry, write_config
 from test_cli_support import CliHome, cli_home, closed_port_url
+from tiny_gguf import HERMES_TEMPLATE
 
 TIME_SERVER = {
     "command": sys.executable,
@@ -193,24 +194,6 @@ def test_run_yes_with_the_published_time_server(
     assert '"scripted" cannot call tools' in refused
 
 
-HERMES = (
-    "{%- if tools %}<|im_start|>system\nYou may call functions.\n<tools>"
-    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
-    "For each function call, return a json object within <tool_call></tool_call> XML tags."
-    "<|im_end|>\n{% endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
-    "{% for call in message.tool_calls %}<tool_call>\n"
-    '{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}\n'
-    "</tool_call>{% endfor %}<|im_end|>\n"
-    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
-    "{{ message.content }}\n</tool_response><|im_end|>\n"
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 @pytest.mark.slow
 def test_the_starter_calls_a_tool(tmp_path: Path) -> None:
     """SmolLM2 with a template that declares tools (Qwen's Hermes style, which its ChatML
@@ -222,7 +205,7 @@ def test_the_starter_calls_a_tool(tmp_path: Path) -> None:
     )
     modelfile = tmp_path / "Modelfile"
     modelfile.write_text(
-        f'FROM smollm2:135m\nTEMPLATE """{HERMES}"""\n'
+        f'FROM smollm2:135m\nTEMPLATE """{HERMES_TEMPLATE}"""\n'
         "PARAMETER num_predict 32\nPARAMETER temperature 0\n"
     )
     with cli_home(
