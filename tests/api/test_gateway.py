@@ -43,7 +43,11 @@ from localllm.gateway import (
     model_aliases,
 )
 
-pytestmark = pytest.mark.slow
+# Alone, the whole module: smg routes by cache only while its daemons' reported loads are
+# balanced, and the first round's placements and load reports drift apart beside the suite's
+# other workers (the cache-aware test failed in 3 of 6 runs on two workers, also when only its
+# test body ran alone; never in one process). So the fleet starts and stops alone too.
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 MODEL = "tiny"  # created as tiny:latest; the gateway is told that "tiny" names it
 FLEET = {
@@ -193,10 +197,6 @@ def cached_share(results: Sequence[dict[str, int]]) -> float:
     return sum(r["cached"] for r in results) / sum(r["tokens"] for r in results)
 
 
-# Alone: smg routes by cache only while its daemons' reported loads are balanced, and with the
-# suite's other workers beside it the first round's placements and reports drift apart (it
-# failed once in three runs on two workers, never in one process).
-@pytest.mark.alone
 def test_cache_aware_routing_serves_repeats_from_each_daemons_prefix_cache(
     fleet: list[Daemon], tmp_path: Path
 ) -> None:

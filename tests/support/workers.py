@@ -7,6 +7,7 @@ and more workers than that only fight over memory bandwidth). ``-n 0`` runs it i
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Iterator
@@ -26,23 +27,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(usable or 1, MAX_WORKERS))
 
 
-@pytest.fixture(autouse=True)
-def _alone_when_marked(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    """A test marked ``alone`` runs while no other test of the suite does.
-
-    Such a test is about the machine's own load (the governor giving threads back once the CPU
-    is free, the speed probe waiting for a quiet moment): the suite's other workers are load it
-    would wait out. A readers-writer lock over the workers' shared temporary root: every test
-    holds ``suite.lock`` shared; an ``alone`` test takes ``gate.lock`` first, so that no new test
-    starts, then ``suite.lock`` exclusively once the running ones have ended.
-    """
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield  # one process: nothing else runs beside a test
-        return
+@contextlib.contextmanager
+def _suite_lock(tmp_path_factory: pytest.TempPathFactory, alone: bool) -> Iterator[None]:
+    """Hold the suite's lock: exclusively when ``alone``, else shared (see
+    :func:`_alone_when_marked`)."""
     root = tmp_path_factory.getbasetemp().parent  # popen-gwN's parent: shared by the workers
-    alone = request.node.get_closest_marker("alone") is not None
     with open(root / "gate.lock", "a") as gate, open(root / "suite.lock", "a") as suite:
         if alone:
             fcntl.flock(gate, fcntl.LOCK_EX)
@@ -56,3 +45,42 @@ def _alone_when_marked(
         finally:
             fcntl.flock(suite, fcntl.LOCK_UN)
             fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+_module_alone: list[bool] = [False]  # a module marked alone holds the lock for its tests
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _alone_module(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A module marked ``alone`` (``pytestmark``) runs alone from before its module-scoped
+    fixtures start (daemons, a gateway) until after they end."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or request.node.get_closest_marker("alone") is None:
+        yield
+        return
+    with _suite_lock(tmp_path_factory, alone=True):
+        _module_alone[0] = True
+        try:
+            yield
+        finally:
+            _module_alone[0] = False
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """A test marked ``alone`` runs while no other test of the suite does.
+
+    Such a test is about the machine's own load (the governor giving threads back once the CPU
+    is free, the speed probe waiting for a quiet moment): the suite's other workers are load it
+    would wait out. A readers-writer lock over the workers' shared temporary root: every test
+    holds ``suite.lock`` shared; an ``alone`` test takes ``gate.lock`` first, so that no new test
+    starts, then ``suite.lock`` exclusively once the running ones have ended.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ or _module_alone[0]:
+        yield  # one process, or its module holds the lock already
+        return
+    with _suite_lock(tmp_path_factory, request.node.get_closest_marker("alone") is not None):
+        yield
