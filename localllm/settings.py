@@ -287,6 +287,14 @@ class Settings:
         "the daemon's first quiet moment when it is not measured yet, so that show and the "
         "TUI predict speeds (on, or off: only localllm doctor measures it).",
     )
+    speed_probe_quiet: float = _setting(
+        "LOCALLLM_SPEED_PROBE_QUIET",
+        0.2,
+        "What other programs may use of all cores for the machine to count as quiet enough "
+        "for the speed probe, a share from 0.05 to 1 (0.2: 0.4 of a core on 2 cores). Raise it "
+        "on a machine that is never quiet (a shared server, a CI runner): the probe then "
+        "measures beside other programs, and its figures are below this machine's best.",
+    )
     cpu_affinity: bool = _setting(
         "LOCALLLM_CPU_AFFINITY",
         True,
@@ -597,6 +605,17 @@ class Settings:
                 if raw.lower() not in switch:
                     raise SettingsError(f"{name} must be on or off, got {raw!r}")
                 values[attr] = switch[raw.lower()]
+        if (raw := get("LOCALLLM_SPEED_PROBE_QUIET")) is not None:
+            try:
+                share = float(raw)
+            except ValueError:
+                share = -1.0
+            if not 0.05 <= share <= 1.0:
+                raise SettingsError(
+                    f"LOCALLLM_SPEED_PROBE_QUIET must be a share of the cores from 0.05 to 1, "
+                    f"got {raw!r}"
+                )
+            values["speed_probe_quiet"] = share
         if (raw := get("LOCALLLM_RPC_WORKERS")) is not None:
             values["rpc_workers"] = parse_rpc_workers(raw)
         if (raw := get("OMP_WAIT_POLICY")) is not None:

@@ -64,12 +64,19 @@ def test_environment_is_read_and_normalised(tmp_path: Path) -> None:
         ({"LOCALLLM_FLASH_ATTENTION": "maybe"}, "auto, on or off"),
         ({"LOCALLLM_KEEP_ALIVE": "soon"}, "LOCALLLM_KEEP_ALIVE"),
         ({"LOCALLLM_HOST": "127.0.0.1:99999"}, "invalid port"),
+        ({"LOCALLLM_SPEED_PROBE_QUIET": "2"}, "share of the cores from 0.05 to 1"),
+        ({"LOCALLLM_SPEED_PROBE_QUIET": "quiet"}, "LOCALLLM_SPEED_PROBE_QUIET must be"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(SettingsError) as info:
         Settings.from_env(env)
     assert fragment in str(info.value)
+
+
+def test_the_speed_probes_quiet_share() -> None:
+    assert Settings.from_env({}).speed_probe_quiet == 0.2
+    assert Settings.from_env({"LOCALLLM_SPEED_PROBE_QUIET": "0.5"}).speed_probe_quiet == 0.5
 
 
 @pytest.mark.parametrize(

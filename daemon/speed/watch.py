@@ -7,7 +7,8 @@ CPU and thread count). Until they exist, :class:`SpeedWatch` waits for a quiet m
 measures them:
 
 * **quiet** means no model loading, no request served or waiting (:attr:`.Scheduler.working`)
-  and the machine using less than :data:`QUIET_SHARE` of the cores, for :data:`QUIET_SPAN`
+  and the machine using less than :data:`QUIET_SHARE` of the cores
+  (``LOCALLLM_SPEED_PROBE_QUIET``; at 1, whatever other programs use), for :data:`QUIET_SPAN`
   seconds in a row (read from ``/proc/stat`` as the CPU governor reads it). The daemon's own
   work (its create, pull, hashing and quantizing children: its whole process tree,
   :func:`~localllm.daemon.devices.procfs.read_cpu_tree`) is not "other programs": the reason
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -42,9 +44,10 @@ __all__ = ["QUIET_SHARE", "QUIET_SPAN", "SHOW_WAIT_S", "ProbeState", "SpeedWatch
 
 log = logging.getLogger("localllm.speedwatch")
 
-QUIET_SHARE = 0.2
+QUIET_SHARE = Settings.speed_probe_quiet
 """Of all cores: what other processes may use for the machine to count as quiet (on 2 cores,
-0.4 of a core: an editor, a browser tab; not a build or a test run)."""
+0.4 of a core: an editor, a browser tab; not a build or a test run). The default of
+``LOCALLLM_SPEED_PROBE_QUIET``, which a machine that is never quiet raises."""
 QUIET_SPAN = 2.0
 """Seconds of quiet before the probe starts."""
 _READ_S = 0.5
@@ -174,7 +177,10 @@ class SpeedWatch:
 
     @property
     def _quiet_cores(self) -> float:
-        return QUIET_SHARE * self._cpus
+        share = self._settings.speed_probe_quiet
+        # All of the cores means any load: a reading a hair above the core count (two reads
+        # of /proc/stat a moment apart) must not hold the probe back.
+        return math.inf if share >= 1.0 else share * self._cpus
 
     async def run(self) -> None:
         """Wait for a quiet moment and measure, until figures exist, the probe fails or the

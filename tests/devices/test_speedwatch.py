@@ -184,26 +184,31 @@ def test_the_probe_child_is_stopped_when_work_comes_in() -> None:
     assert time.monotonic() - began < 5  # killed, not waited for
 
 
-@pytest.mark.alone  # the probe waits for a quiet moment: no other test beside it
 @pytest.mark.slow
 def test_show_predicts_on_a_fresh_machine_without_doctor(tmp_path: Path) -> None:
     """A fresh data root and cache dir: the daemon measures this machine's speed at its first
-    quiet moment, and ``show`` predicts (waiting for the probe while it runs). On a shared
-    machine the quiet moment may take a while: the test waits for it, bounded."""
+    quiet moment, and ``show`` predicts (waiting for the probe while it runs).
+
+    Quiet is what ``LOCALLLM_SPEED_PROBE_QUIET`` says, here any load of other programs (as on a
+    machine that is never quiet): the suite's other workers and whatever else runs on this
+    machine then neither hold the probe back nor have to stop for it. Waiting for quiet is the
+    watch's own tests' (above), and the models pane's (below).
+    """
     cache = tmp_path / "cache"
-    with cli_home(tmp_path / "home", XDG_CACHE_HOME=str(cache), LOCALLLM_SPEED_PROBE="on") as cli:
+    env = {"XDG_CACHE_HOME": str(cache), "LOCALLLM_SPEED_PROBE": "on"}
+    with cli_home(tmp_path / "home", LOCALLLM_SPEED_PROBE_QUIET="1", **env) as cli:
         cli.ok("list")  # starts the daemon
         deadline = time.monotonic() + 240
         with cli.client() as client:
             while True:
-                # /api/speed makes no plan: a plan's child process every poll would be the
-                # "other program" that keeps the machine from ever looking quiet
+                # /api/speed makes no plan: it answers at once whatever the probe does
                 speed = client.speed("smollm2:135m")
                 if (speed.get("predicted") or {}).get("decode"):
                     break
                 # Not yet: it says why (a quiet moment awaited, or the probe running).
                 assert speed["measuring"], speed
                 assert "quiet moment" in speed["why"] or "measuring" in speed["why"], speed
+                assert "other programs use" not in speed["why"], speed  # any load is quiet
                 assert time.monotonic() < deadline, speed
                 time.sleep(1)
         out = cli.ok("show", "smollm2:135m")
