@@ -19,9 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
-
 from ._exceptions import GGUFError
+from ._gguf_constants import gguf_constants
+
+# gguf's own enums, without importing the gguf package (numpy and more: see _gguf_constants)
+_constants = gguf_constants()
+GGML_QUANT_SIZES = _constants.GGML_QUANT_SIZES
+GGMLQuantizationType = _constants.GGMLQuantizationType
+GGUFValueType = _constants.GGUFValueType
+LlamaFileType = _constants.LlamaFileType
 
 __all__ = [
     "GGUFInfo",
