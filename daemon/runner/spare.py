@@ -28,8 +28,9 @@ loaded); also when it does not answer ``go`` (it died in between). A memory plan
 writes its answer to a pipe on stdout.
 
 The spare holds no model and nothing on a GPU (llama.cpp's device registry is left for the load:
-asking it about devices would start the GPU backends); about 55 MB resident, most of it the
-libraries' pages shared with every runner. It is in a session of its own like every runner
+asking it about devices would start the GPU backends): about 60 MB resident, 35 MB of it its
+own (the interpreter's and the modules' objects), the rest the libraries' pages, shared with
+every runner. It is in a session of its own like every runner
 (so a kill of its group stays within it), is stopped with the daemon, and exits by itself when
 its socket reaches end of file (the daemon died without stopping it). A consumed spare is
 replaced once the daemon is quiet (no load, no request), so that the new one's imports do not
@@ -111,9 +112,20 @@ def serve_spare(fd: int, run: Callable[[list[str]], int]) -> int:
     # the low priority of the importing thread for the runner's whole life.
     import numpy  # noqa: F401
 
-    loader = threading.Thread(target=_preload, name="localllm-spare-preload")
+    failed: list[BaseException] = []
+
+    def preload() -> None:
+        try:
+            _preload()
+        except BaseException as exc:
+            failed.append(exc)
+            raise  # its traceback goes to this spare's log
+
+    loader = threading.Thread(target=preload, name="localllm-spare-preload")
     loader.start()
     loader.join()
+    if failed:  # never offered: a load then starts a fresh runner, which reports the failure
+        return 1
     try:
         channel.sendall(b"spare\n")
         line = _read_line(channel)
