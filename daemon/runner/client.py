@@ -804,7 +804,8 @@ async def plan_only(
 ) -> dict[str, Any]:
     """The memory plan a runner would load ``config`` by, without loading it:
     ``{"plan": MemoryPlan}`` or ``{"nofit": NoFitReport}`` (as dicts); raises
-    :class:`RunnerStartError` when the runner cannot say."""
+    :class:`RunnerStartError` when the runner cannot say. Always a fresh process, never the
+    spare runner (:mod:`.spare`): its answer comes on stdout, and the spare is kept for a load."""
     process = RunnerProcess(config, log_path.with_suffix(".plan.sock"), log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:

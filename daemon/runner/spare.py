@@ -83,8 +83,9 @@ def _preload() -> None:
     """Import what every runner imports, in a thread of low priority (a thread's nice value is
     its own on Linux, and threads inherit it from the thread that starts them: the runner's
     threads, started later from the main thread, are not slowed)."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PRELOAD_NICE)
+    if sys.platform.startswith("linux"):  # elsewhere the priority is the whole process's
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PRELOAD_NICE)
     for name in _PRELOAD:
         importlib.import_module(name)
     import llama_cpp
