@@ -7,8 +7,9 @@ llama-server from its start as well. Each round measures every server once, the 
 rotating. For a daemon: its model is unloaded (``keep_alive: 0``), its runner waited for until
 it exited, the spare (``on``) until it is ready (as it is when a model is named after any
 quiet moment), then one streamed 1-token chat request (``/v1/chat/completions``, greedy, the
-starter SmolLM2-135M) is timed from sent to first content; after it the spare's replacement
-is waited for (its imports must not run beside the next server's measurement). For
+starter SmolLM2-135M, a question no server saw before) is timed from sent to first content;
+after it the spare's replacement is waited for (its imports must not run beside the next
+server's measurement). For
 llama-server: from the start of its process to its first content. Each daemon also says its
 load time (``localllm_model_load_seconds``).
 
@@ -41,15 +42,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from localllm.starter import starter_gguf_path
 
 MODEL = "smollm2-bench"
-QUESTION = "Tell me a long story about a lighthouse keeper named Keeper0."
+QUESTION = "Tell me a long story about a lighthouse keeper named Keeper{}."
 
 
-def _first_token_ms(url: str, model: str, started: float, deadline: float) -> float:
-    """Milliseconds from ``started`` to the first streamed content of a 1-token chat,
-    retrying while the server does not answer yet (llama-server starting)."""
+def _first_token_ms(url: str, model: str, started: float, deadline: float, question: str) -> float:
+    """Milliseconds from ``started`` to the first streamed content of a 1-token chat asking
+    ``question``, retrying while the server does not answer yet (llama-server starting)."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": QUESTION}],
+        "messages": [{"role": "user", "content": question}],
         "max_tokens": 1,
         "temperature": 0,
         "stream": True,
@@ -92,7 +93,7 @@ def _until(what: str, condition: Any, timeout: float = 60) -> float:
     return time.monotonic() - started
 
 
-def _daemon_cold(url: str, spare: bool) -> dict[str, float]:
+def _daemon_cold(url: str, spare: bool, question: str) -> dict[str, float]:
     """One cold first token of a daemon: unload, (wait for its spare), ask."""
     pids = [m["runner_pid"] for m in httpx.get(f"{url}/api/ps", timeout=30).json()["models"]]
     httpx.post(
@@ -109,7 +110,7 @@ def _daemon_cold(url: str, spare: bool) -> dict[str, float]:
     waited = _until("the spare runner", ready) if spare else 0.0
     before = _load_seconds(url)
     started = time.perf_counter()
-    first = _first_token_ms(url, MODEL, started, started + 120)
+    first = _first_token_ms(url, MODEL, started, started + 120, question)
     load_ms = (_load_seconds(url) - before) * 1000
     if spare:
         # Its replacement starts once the daemon is quiet: it imports beside whatever is
@@ -119,11 +120,11 @@ def _daemon_cold(url: str, spare: bool) -> dict[str, float]:
     return {"ms": first, "load_ms": load_ms, "wait_s": waited}
 
 
-def _peer_cold(command: list[str], url: str) -> dict[str, float]:
+def _peer_cold(command: list[str], url: str, question: str) -> dict[str, float]:
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        return {"ms": _first_token_ms(url, "model", started, started + 120)}
+        return {"ms": _first_token_ms(url, "model", started, started + 120, question)}
     finally:
         stop(process)
 
@@ -168,7 +169,8 @@ def main() -> int:
                 wait_http(url, process, timeout=180)
                 body = {"model": MODEL, "from": "smollm2:135m", "stream": False}
                 httpx.post(f"{url}/api/create", json=body, timeout=300).raise_for_status()
-                _first_token_ms(url, MODEL, time.perf_counter(), time.perf_counter() + 120)
+                warm = QUESTION.format("warm")
+                _first_token_ms(url, MODEL, time.perf_counter(), time.perf_counter() + 120, warm)
             peer: list[str] = []
             peer_url = ""
             if args.llama_server:
@@ -184,11 +186,15 @@ def main() -> int:
                 order = sides[index % len(sides) :] + sides[: index % len(sides)]
                 if (index // len(sides)) % 2:
                     order.reverse()
+                # A new question each round: no server has its prefix cached (a saved prefix
+                # restored from the daemons' disk tier is another measurement).
+                question = QUESTION.format(index)
                 for side in order:
                     if side == "llama-server":
-                        results[side].append(_peer_cold(peer, peer_url))
+                        results[side].append(_peer_cold(peer, peer_url, question))
                     else:
-                        results[side].append(_daemon_cold(daemons[side][1], side == "on"))
+                        url = daemons[side][1]
+                        results[side].append(_daemon_cold(url, side == "on", question))
                 line = ", ".join(
                     f"{side} {results[side][-1]['ms']:.0f} ms"
                     + (
