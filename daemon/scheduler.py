@@ -20,17 +20,16 @@
 * A runner that died is noticed on the next request and started again; the requests it was
   serving fail with their own error (the runner client raises ``RunnerDiedError``). When RPC
   workers took it down, that load may go on without them (``RunnerConfig.rpc_lost``).
-* Every load follows the CPU probe's decision (:mod:`localllm.daemon.devices.cpu`, once per thread
-  count, in a
-  thread): weight repacking on or off, or a one-line refusal when llama.cpp cannot run on this
-  CPU at all. A runner with repacking on that dies by a native fault the probe missed (SIGILL,
-  SIGSEGV) turns repacking off for later loads, and a load that died so is tried once without.
-* Memory (:mod:`localllm.daemon.memory.plan`): runners plan their load against free memory before
-  allocating
-  anything, one load at a time, each told what the loaded models may still grow into (their
-  plan less what they hold now). A load that does not fit unloads idle models, least
-  recently used first, and tries again; while models that would make room are busy, it
-  waits for them; when nothing could make room, it is refused
+* Every load follows the CPU probe's decision (:mod:`localllm.daemon.devices.cpu`, once per
+  thread count, in a thread): weight repacking on or off, or a one-line refusal when llama.cpp
+  cannot run on this CPU at all. A runner with repacking on that dies by a native fault the
+  probe missed (SIGILL, SIGSEGV) turns repacking off for later loads, and a load that died so
+  is tried once without.
+* Memory (:mod:`localllm.daemon.memory.plan`): runners plan their load against free memory
+  before allocating anything, one load at a time, each told what the loaded models may still
+  grow into (their plan less what they hold now). A load that does not fit unloads idle
+  models, least recently used first, and tries again; while models that would make room are
+  busy, it waits for them; when nothing could make room, it is refused
   (:class:`~.errors.InsufficientMemoryError`) with the plan's sentence: what is needed, what
   is free, what to change. Models kept loaded forever (a negative ``keep_alive``: pinned)
   are never unloaded to make room.
@@ -39,7 +38,8 @@
 
 The scheduler knows runners only through the :class:`Runner` protocol and gets them from a
 ``runner_factory``; the daemon's factory starts runner processes
-(:class:`~.runner.client.ProcessRunner`), the unit tests pass in-process fakes.
+(:class:`~.runner.client.ProcessRunner`, on the spare runner started ahead when it can:
+:mod:`.runner.spare`), the unit tests pass in-process fakes.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ from .runner.protocol import (
     Stats,
     ThreadStats,
 )
+from .runner.spare import SparePool
 
 __all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
 
@@ -435,6 +436,8 @@ class Scheduler:
             pin=settings.cpu_affinity,
         )
         """Shares the cores among the runners working at the same time."""
+        self.spares = SparePool(settings.log_dir, settings.spare_runner, self.quiet)
+        """The runner process started ahead of need (started once the daemon serves)."""
         self.closed = False
 
     # -- queries ------------------------------------------------------------------------
@@ -454,6 +457,11 @@ class Scheduler:
             or self._waiting_here > 0
             or any(m.busy() for m in self._models.values())
         )
+
+    async def quiet(self) -> None:
+        """Return once nothing loads and no request is served or waits."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self.working)
 
     def loaded(self) -> list[LoadedModel]:
         """Models loaded now (dead runners left out), most recently used first."""
@@ -760,11 +768,8 @@ class Scheduler:
 
     async def _start_process(self, model: LocalModel, config: RunnerConfig) -> Runner:
         log.info("loading %s (%s)", model.name.short, config)
-        return await ProcessRunner.start(
-            config,
-            self.settings.runtime_socket(f"runner-{secrets.token_hex(6)}.sock"),
-            self._runner_log(model),
-        )
+        sock = self.settings.runtime_socket(f"runner-{secrets.token_hex(6)}.sock")
+        return await ProcessRunner.start(config, sock, self._runner_log(model), spares=self.spares)
 
     async def plan(self, model: LocalModel, config: RunnerConfig) -> dict[str, Any]:
         """The memory plan of ``model`` under ``config`` on this machine now, without loading
@@ -976,6 +981,7 @@ class Scheduler:
     async def close(self) -> None:
         """Stop every runner (daemon shutdown)."""
         self.closed = True
+        await self.spares.close()
         if self._loading:
             # Loads in progress stop their runner themselves once they see `closed`.
             await asyncio.wait(list(self._loading.values()), timeout=30)

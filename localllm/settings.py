@@ -301,6 +301,12 @@ class Settings:
         "While several models work at once, each runner's threads run on CPUs of their own "
         "(on or off).",
     )
+    spare_runner: bool = _setting(
+        "LOCALLLM_SPARE_RUNNER",
+        True,
+        "Keep one runner process started ahead, its libraries imported and no model loaded, "
+        "so that a load skips starting Python (on, or off: every load starts a new process).",
+    )
     origins: tuple[str, ...] = _setting(
         "LOCALLLM_ORIGINS",
         (),
@@ -598,6 +604,7 @@ class Settings:
             ("LOCALLLM_GOVERNOR", "governor"),
             ("LOCALLLM_SPEED_PROBE", "speed_probe"),
             ("LOCALLLM_CPU_AFFINITY", "cpu_affinity"),
+            ("LOCALLLM_SPARE_RUNNER", "spare_runner"),
         ):
             if (raw := get(name)) is not None:
                 switch = {"1": True, "true": True, "on": True, "0": False, "false": False}

@@ -566,6 +566,8 @@ async def _snapshot(state: DaemonState) -> dict[str, Any]:
         "queue_depth": state.scheduler.queued,
         "max_queue": state.settings.max_queue,
         "models": models,
+        # The runner process started ahead for the next load ({pid, ready}; None: none now).
+        "spare_runner": state.scheduler.spares.describe(),
     }
 
 

@@ -1,4 +1,7 @@
-"""``python -m localllm.daemon.runner --model PATH --socket PATH``: serve one model."""
+"""``python -m localllm.daemon.runner --model PATH --socket PATH``: serve one model.
+
+``python -m localllm.daemon.runner --spare-fd FD`` starts a spare runner, which imports ahead
+and takes its arguments from the daemon later (:mod:`.spare`)."""
 
 from __future__ import annotations
 
@@ -390,4 +393,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--spare-fd"] and len(sys.argv) == 3:
+        # A spare started ahead of need: it becomes a runner once given its arguments.
+        from .spare import serve_spare
+
+        sys.exit(serve_spare(int(sys.argv[2]), main))
     sys.exit(main())

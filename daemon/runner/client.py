@@ -23,7 +23,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localllm._format import exit_status
 
@@ -31,6 +31,9 @@ from ..devices.faults import EXIT_DEVICE_FAULT, gpu_cause
 from ..devices.gpuinfo import HIDDEN_GPUS
 from ..devices.workers import probe_all
 from . import protocol
+
+if TYPE_CHECKING:
+    from .spare import SparePool
 
 __all__ = [
     "DoesNotFitError",
@@ -563,10 +566,9 @@ def _death(code: int, cause: str, log_path: Path, during: str = "", gpu: str | N
 _READY_LIMIT = 1 << 20
 
 
-def _read_line(fd: int) -> bytes:
+def _read_line(fd: int, data: bytes = b"") -> bytes:
     """The first line written to the pipe ``fd`` (``ready``, or ``nofit`` and a report), or
-    what came before its writer closed it."""
-    data = b""
+    what came before its writer closed it; ``data``: what was read of it already."""
     while b"\n" not in data and len(data) < _READY_LIMIT and (chunk := os.read(fd, 65536)):
         data += chunk
     return data
@@ -588,11 +590,14 @@ class RunnerProcess:
 
     def command(self) -> list[str]:
         """The command line that starts the runner."""
-        c = self.config
         # -P: never put the working directory on sys.path (a source checkout there would
         # shadow the installed package).
+        return [sys.executable, "-P", "-m", "localllm.daemon.runner", *self.arguments()]
+
+    def arguments(self) -> list[str]:
+        """The runner's arguments (what a spare runner is handed, too)."""
+        c = self.config
         args = [
-            sys.executable, "-P", "-m", "localllm.daemon.runner",
             "--model", c.model_path,
             "--socket", str(self.socket_path),
             "--slots", str(c.n_slots),
@@ -639,37 +644,30 @@ class RunnerProcess:
                 args += ["--reserve", f"{device}={amount}"]
         return args
 
-    async def start(self, timeout: float = 300.0) -> RunnerClient:
+    async def start(self, timeout: float = 300.0, spares: SparePool | None = None) -> RunnerClient:
         """Start the process and return a connected client once the model is loaded.
 
         The runner writes ``ready`` to an inherited pipe once its socket listens; if it exits
-        first, the pipe closes empty and the error says why in one line (from its log).
+        first, the pipe closes empty and the error says why in one line (from its log). With
+        ``spares``, their spare process becomes the runner when it can (:mod:`.spare`).
         """
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
-        ready_read, ready_write = os.pipe()
-        try:
+        handed = None
+        if spares is not None:
             with open(self.log_path, "ab") as log_file:
                 log_start = self._log_start = log_file.tell()
-                self.process = subprocess.Popen(
-                    [*self.command(), "--ready-fd", str(ready_write)],
-                    env=runner_environment(self.config),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=log_file,
-                    cwd=str(self.log_path.parent),
-                    pass_fds=(ready_write,),
-                    start_new_session=True,
-                )
-        except BaseException:
-            os.close(ready_read)
-            raise
-        finally:
-            os.close(ready_write)
+            env = runner_environment(self.config)
+            handed = await spares.hand(self.arguments(), self.log_path, env)
+            spares.refill()  # once the daemon is quiet: after this load and its first request
+        if handed is not None:
+            self.process, ready_read, early = handed.process, handed.ready_fd, handed.early
+        else:
+            (log_start, ready_read), early = self._spawn(), b""
         loop = asyncio.get_running_loop()
-        ready = loop.run_in_executor(None, _read_line, ready_read)
+        ready = loop.run_in_executor(None, _read_line, ready_read, early)
         try:
             signal_bytes = await asyncio.wait_for(asyncio.shield(ready), timeout)
         except TimeoutError:
@@ -694,6 +692,29 @@ class RunnerProcess:
             message = _death(code, cause, self.log_path, " while loading the model", gpu)
             raise RunnerStartError(message, code, gpu)
         return await self._connect()
+
+    def _spawn(self) -> tuple[int, int]:
+        """Start a fresh runner process: (where its log starts, the ready pipe's read end)."""
+        ready_read, ready_write = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log_file:
+                log_start = self._log_start = log_file.tell()
+                self.process = subprocess.Popen(
+                    [*self.command(), "--ready-fd", str(ready_write)],
+                    env=runner_environment(self.config),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=log_file,
+                    cwd=str(self.log_path.parent),
+                    pass_fds=(ready_write,),
+                    start_new_session=True,
+                )
+        except BaseException:
+            os.close(ready_read)
+            raise
+        finally:
+            os.close(ready_write)
+        return log_start, ready_read
 
     async def explain_loss(self, reason: str, wait: float = 5.0) -> tuple[str, int | None]:
         """How the runner ended, once its connection was lost: ``the runner was killed by
@@ -783,7 +804,8 @@ async def plan_only(
 ) -> dict[str, Any]:
     """The memory plan a runner would load ``config`` by, without loading it:
     ``{"plan": MemoryPlan}`` or ``{"nofit": NoFitReport}`` (as dicts); raises
-    :class:`RunnerStartError` when the runner cannot say."""
+    :class:`RunnerStartError` when the runner cannot say. Always a fresh process, never the
+    spare runner (:mod:`.spare`): its answer comes on stdout, and the spare is kept for a load."""
     process = RunnerProcess(config, log_path.with_suffix(".plan.sock"), log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:
@@ -867,10 +889,12 @@ class ProcessRunner:
         socket_path: Path,
         log_path: Path,
         timeout: float = 300.0,
+        spares: SparePool | None = None,
     ) -> ProcessRunner:
-        """Start a runner for ``config`` and wait until it serves."""
+        """Start a runner for ``config`` (on the spare process when it can) and wait until it
+        serves."""
         process = RunnerProcess(config, socket_path, log_path)
-        client = await process.start(timeout)
+        client = await process.start(timeout, spares)
         try:
             health = await client.health()
         except BaseException:
