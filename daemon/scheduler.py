@@ -437,7 +437,7 @@ class Scheduler:
         )
         """Shares the cores among the runners working at the same time."""
         self.spares = SparePool(settings.log_dir, settings.spare_runner, self.quiet)
-        """The runner process started ahead of need (started once the daemon serves)."""
+        """The runner process started ahead of need (after the first load, once quiet)."""
         self.closed = False
 
     # -- queries ------------------------------------------------------------------------

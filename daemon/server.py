@@ -216,7 +216,6 @@ async def _run(settings: Settings, unix_sock: socket.socket, tcp_sock: socket.so
         # failure (a full disk, say) must not keep the daemon from serving what exists.
         # The CPU probe runs (or its cached decision is read) before any request needs it.
         state.scheduler.probe_cpu()
-        state.scheduler.spares.refill()  # the first spare runner, for the first load
         await asyncio.to_thread(_check_store, state)
         try:
             await asyncio.to_thread(ensure_starter, state.store)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import faulthandler
+import gc
 import json
 import logging
 import os
@@ -301,6 +302,10 @@ async def _serve(args: argparse.Namespace) -> int:
         model.n_threads,
         model.n_gpu_layers,
     )
+    # What exists now (the modules, the model's Python side) lives as long as the runner: out
+    # of the collector's sight, full collections while serving skip it, and so does the final
+    # one at exit.
+    gc.freeze()
     if args.ready_fd is not None:
         os.write(args.ready_fd, b"ready\n")
         os.close(args.ready_fd)

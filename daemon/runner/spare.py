@@ -32,10 +32,15 @@ asking it about devices would start the GPU backends): about 60 MB resident, 35 
 own (the interpreter's and the modules' objects), the rest the libraries' pages, shared with
 every runner. It is in a session of its own like every runner
 (so a kill of its group stays within it), is stopped with the daemon, and exits by itself when
-its socket reaches end of file (the daemon died without stopping it). A consumed spare is
-replaced once the daemon is quiet (no load, no request), so that the new one's imports do not
-take a core from the first request of the model that just loaded (the runner's CPU governor
-would see them as another program's load and use fewer threads).
+its socket reaches end of file (the daemon died without stopping it). After every load (one
+that used the spare or not) a spare is started once the daemon is quiet (no load, no
+request), so that its imports do not take a core from the first request of the model that just
+loaded (the runner's CPU governor would see them as another program's load and use fewer
+threads). So the first spare follows the daemon's first load: a daemon that never loads a
+model (one started to list, pull or create) starts none, and the load that comes right after
+the daemon starts (``localllm run`` starting it) does not import beside a spare doing the same.
+What the spare saves is the next load: after an unload, a switch to another model, a model
+reloaded with other options.
 """
 
 from __future__ import annotations

@@ -108,11 +108,24 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [write_tiny_gguf(folder / f"tiny{i}.gguf", seed=i) for i in range(len(MODELS))]
 
 
+def _first_load(daemon: Daemon, tiny: list[Path]) -> int:
+    """Create the models and load the last one: a daemon starts its first spare after its
+    first load, none before (checked here). The first load's runner pid."""
+    with daemon.http() as http:
+        assert http.get("/api/stats").json()["spare_runner"] is None
+    _models(daemon, tiny)
+    with daemon.http() as http:
+        pid, _ = _load(http, MODELS[-1])
+        assert not _from_spare(pid)
+    return pid
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, tiny: list[Path]) -> Iterator[Daemon]:
     home = tmp_path_factory.mktemp("spare") / "home"
-    with running_daemon(home, num_threads=1, context_length=256, max_loaded_models=1) as d:
-        _models(d, tiny)
+    settings: dict[str, Any] = {"context_length": 256, "max_loaded_models": 1}
+    with running_daemon(home, num_threads=1, spare_runner="on", **settings) as d:
+        _first_load(d, tiny)
         yield d
 
 
@@ -159,17 +172,21 @@ def test_the_setting_off_means_no_spare_process(tmp_path: Path, tiny: list[Path]
     assert "spare runner" not in daemon.log()
 
 
-def test_the_spare_ends_with_the_daemon(tmp_path: Path) -> None:
-    with running_daemon(tmp_path / "home", num_threads=1) as daemon:
+def test_the_spare_ends_with_the_daemon(tmp_path: Path, tiny: list[Path]) -> None:
+    with running_daemon(tmp_path / "home", num_threads=1, spare_runner="on") as daemon:
+        _first_load(daemon, tiny)
         spare = _ready_spare(daemon)
         assert spare in _children(daemon.process.pid)
     # The daemon stopped (cleanly, checked by running_daemon) and reaped its spare.
     assert not os.path.exists(f"/proc/{spare}")
 
 
-def test_a_spare_exits_once_its_daemon_died_without_stopping_it(tmp_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "home", num_threads=1)
+def test_a_spare_exits_once_its_daemon_died_without_stopping_it(
+    tmp_path: Path, tiny: list[Path]
+) -> None:
+    daemon = start_daemon(tmp_path / "home", num_threads=1, spare_runner="on")
     try:
+        _first_load(daemon, tiny)
         spare = _ready_spare(daemon)
         assert os.getsid(spare) == spare  # a session (and process group) of its own
     finally:

@@ -76,6 +76,9 @@ class CliHome:
             "LOCALLLM_MCP_CONFIG": str(home / "mcp.json"),
             # no speed probe at the daemon's quiet moments beside the suite, unless asked
             "LOCALLLM_SPEED_PROBE": "off",
+            # no spare runner (a process importing llama.cpp after a daemon's first load, 0.5 s
+            # of CPU each) unless asked: its own tests ask (tests/engine/test_spare_runner.py)
+            "LOCALLLM_SPARE_RUNNER": "off",
             **env,
         }
         if hooks if hooks is not None else asks_for_hooks(env):

@@ -114,6 +114,9 @@ def start_daemon(
     # No speed probe at a quiet moment (a child measuring the CPU beside the suite), unless
     # a test asks for it (speed_probe="on").
     env["LOCALLLM_SPEED_PROBE"] = "off"
+    # No spare runner (a process importing llama.cpp after the first load, 0.5 s of CPU per
+    # daemon) unless a test asks (spare_runner="on": tests/engine/test_spare_runner.py).
+    env["LOCALLLM_SPARE_RUNNER"] = "off"
     for key, value in settings.items():
         env[f"LOCALLLM_{key.upper()}"] = str(value)
     if hooks if hooks is not None else asks_for_hooks(env):
