@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,28 @@ from tiny_gguf import write_tiny_gguf
 from localllm.settings import Settings
 from localllm.starter import starter_gguf_path
 from localllm.store.store import Store
+
+
+def _byte_code_cached() -> None:
+    """Cache byte code in a folder of the suite's own when this environment turns caching off
+    (``PYTHONDONTWRITEBYTECODE``, set on some CI machines): otherwise each of the ~450 Python
+    processes the suite starts (daemons, runners, the CLI) compiles localllm from source
+    again, and each worker rewrites and compiles every test module again (about 0.15 s of CPU
+    per daemon start, 5 s per worker). Nothing is written beside the sources; the folder is
+    this user's, under the system's temporary directory; caches follow the sources' mtimes.
+    """
+    if not (sys.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE")):
+        return
+    prefix = Path(tempfile.gettempdir()) / f"localllm-tests-pycache-{os.getuid()}"
+    prefix.mkdir(mode=0o700, exist_ok=True)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    sys.pycache_prefix = str(prefix)  # this process: the test modules pytest rewrites
+    sys.dont_write_bytecode = False
+
+
+_byte_code_cached()
+
 
 # Helpers taken out of test modules keep pytest's assertion messages (registered before any test
 # module imports them).
