@@ -43,9 +43,10 @@ def daemon_env(home: str | Path, **settings: Any) -> tuple[dict[str, str], str]:
     env.update(LOCALLLM_HOME=str(home), LOCALLLM_HOST=f"127.0.0.1:{port}")
     # As a user's machine runs it: byte code cached (some CI machines turn caching off, and a
     # runner would then compile the engine's modules from source at every load), in a folder
-    # under the daemon's home rather than beside the sources.
+    # of the benchmarks' own (shared by every daemon they start) rather than beside the sources.
     if env.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
-        env.setdefault("PYTHONPYCACHEPREFIX", str(Path(home) / "pycache"))
+        cache = Path(tempfile.gettempdir()) / f"localllm-bench-pycache-{os.getuid()}"
+        env.setdefault("PYTHONPYCACHEPREFIX", str(cache))
     env.update({f"LOCALLLM_{name.upper()}": str(value) for name, value in settings.items()})
     return env, f"http://127.0.0.1:{port}"
 
