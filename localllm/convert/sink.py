@@ -82,7 +82,8 @@ class BufferPool:
         self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
 
     def take(self) -> np.ndarray:
-        """A free buffer (uint8, ``nbytes`` long), waiting for the writer to return one."""
+        """A free buffer (uint8, ``nbytes`` long), waiting for the writer to return one (called
+        from the one producer thread)."""
         if self._free.empty() and self._made < self._count:
             self._made += 1
             return np.empty(self.nbytes, dtype=np.uint8)
