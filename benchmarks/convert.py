@@ -10,9 +10,12 @@ what it held after its imports, against the bound of the issue (largest tensor +
 MB/s of source bytes for ``cp`` and each conversion (the child's whole run: start, imports,
 tokenizer, weights, fsync, then ``sync``, as ``cp`` is timed with its ``sync``), with their
 ratio of medians and the load average at each pass (the machine may be shared). All read the
-same files, warm in the page cache after the first pass, and write to the same disk.
+same files, warm in the page cache after the first pass, and write to the same disk. An output
+type ``f16+sha256`` also hashes the file as it is written, as ``localllm create`` does for a
+model it keeps unquantized (the file becomes the blob).
 
-    python benchmarks/convert.py [--layers 16] [--repeat 3] [--outtypes auto,f16] [--dir /tmp]
+    python benchmarks/convert.py [--layers 16] [--repeat 3] [--outtypes auto,f16,f16+sha256]
+                                 [--dir /tmp]
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ from localllm.convert import convert_folder
 import numpy, gguf, tokenizers, sentencepiece  # imported before the baseline is taken
 base = hwm()
 t = time.perf_counter()
-r = convert_folder(Path(sys.argv[1]), Path(sys.argv[2]), outtype=sys.argv[3])
+outtype, _, hashed = sys.argv[3].partition("+")
+r = convert_folder(Path(sys.argv[1]), Path(sys.argv[2]), outtype=outtype,
+                   sha256=hashed == "sha256")
 print(json.dumps({"seconds": time.perf_counter() - t, "base": base, "peak": hwm(),
                   "bytes_written": r.bytes_written, "tensors": r.tensor_count}))
 """

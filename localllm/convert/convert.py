@@ -6,8 +6,11 @@ cast to the output type and handed to a writer thread (:mod:`.sink`). Nothing bu
 tensor and a few chunks is in memory at a time. A tensor whose bytes stay as they are (the
 ``auto`` output type keeps a bf16 checkpoint's matrices BF16, as llama.cpp's converter does
 with ``--outtype auto``) is copied shard to GGUF by the kernel, as ``cp`` copies: that is most
-of a model, so such a conversion runs near the disk's speed; rounding bf16 to F16 (the
-default) is a pass of the CPU over every weight. The file is written under a
+of a model, so such a conversion runs near the disk's speed. Rounding bf16 to F16 (the default)
+is a pass of the CPU over every weight: read with ``pread`` in blocks that stay in the L2 cache,
+rounded with integer operations (:mod:`.floats`) straight into a few reused buffers that the
+writer thread writes as they are, so it costs about as much CPU as the write itself and, with
+a core free, runs at about the writer's speed. The file is written under a
 temporary name beside ``out`` and renamed only once it is complete and flushed; any error (or
 interrupt) removes it.
 """
@@ -31,8 +34,8 @@ from localllm.convert.base import OutTensor
 from localllm.convert.families import family_for
 from localllm.convert.floats import bf16_to_f16
 from localllm.convert.folder import inspect_folder
-from localllm.convert.shards import index_folder, read_rows
-from localllm.convert.sink import BackgroundWriter, FileSpan
+from localllm.convert.shards import TensorEntry, index_folder, read_blocks, read_rows
+from localllm.convert.sink import BackgroundWriter, BufferPool, FileSpan, Lent
 from localllm.convert.vocab import load_vocab, write_vocab
 from localllm.convert.writer import GGUFWriter
 
@@ -49,6 +52,18 @@ OUTTYPES: dict[str, gguf.LlamaFileType] = {
 _MATRIX = {"f32": _Q.F32, "f16": _Q.F16, "bf16": _Q.BF16, "q8_0": _Q.Q8_0}
 # A source tensor's stored type → the ggml type that holds its bytes unchanged.
 _SAME_BYTES = {"BF16": _Q.BF16, "F16": _Q.F16, "F32": _Q.F32}
+_READ_BYTES = 512 << 10
+"""The buffer bf16 is read into when rounded to F16 (whole, or half of it for rows reordered):
+with what the rounding touches, it stays in the core's L2 cache."""
+_CHUNK_BYTES = 4 << 20
+"""Most bytes of one chunk handed to the writer thread (a pooled F16 buffer, or a chunk of
+float32 rows read), so the queue below holds at most its depth times this."""
+_WRITE_DEPTH = 16
+"""Chunks queued for the writer thread (and for the hash thread after it): 64 MiB, about 25 ms
+of writing. On a loaded machine a thread woken for the next chunk may wait several
+milliseconds for a core; with 3 chunks of 4 MiB queued the writer ran dry while the producer
+waited (F16 of the 2.47 GB benchmark checkpoint, load 5-6 on 2 cores: median 653 MB/s with 3,
+840-1094 with 16)."""
 
 
 def auto_outtype(stored: str) -> str:
@@ -104,10 +119,36 @@ def _total_out(plan: list[OutTensor], types: list[_Q]) -> int:
     return sum(_nbytes(t.shape, q) for t, q in zip(plan, types, strict=True))
 
 
-def _encoded_chunks(t: OutTensor, q: _Q,
-                    span_bytes: int = 64 << 20) -> Iterator[np.ndarray | FileSpan]:
+def _bf16_as_f16(source: TensorEntry, order: np.ndarray | None,
+                 pool: BufferPool) -> Iterator[Lent]:
+    """``source`` (bf16) as float16, rows in ``order``, in the pool's buffers filled to the end
+    (the last one as far as the tensor goes).
+
+    The source is read in blocks the size of the L2 cache (with ``pread``, rows gathered in
+    ``order``) and each block rounded straight into the buffer: no chunk-sized temporaries, no
+    fresh pages to fault in, and the writer thread writes the buffer itself."""
+    buffer, fill = pool.take().view(np.float16), 0
+    staging = np.empty(_READ_BYTES, dtype=np.uint8)
+    for flat in read_blocks(source, staging, order=order):
+        done = 0
+        while done < flat.size:
+            n = min(flat.size - done, buffer.size - fill)
+            bf16_to_f16(flat[done:done + n], out=buffer[fill:fill + n])
+            done, fill = done + n, fill + n
+            if fill == buffer.size:
+                yield pool.lend(buffer, buffer)
+                buffer, fill = pool.take().view(np.float16), 0
+    if fill:
+        yield pool.lend(buffer, buffer[:fill])
+    else:
+        pool.give(buffer)
+
+
+def _encoded_chunks(t: OutTensor, q: _Q, span_bytes: int = 64 << 20,
+                    pool: BufferPool | None = None) -> Iterator[np.ndarray | FileSpan | Lent]:
     """The tensor's bytes in the output type, chunk by chunk (experts one after another):
-    spans of the shard itself where the bytes stay as they are."""
+    spans of the shard itself where the bytes stay as they are; with a ``pool``, bf16 rounded
+    to F16 in its buffers (given back once written)."""
     if t.source is None:
         assert t.data is not None
         yield _encode(np.asarray(t.data, dtype=np.float32), q)
@@ -120,13 +161,17 @@ def _encoded_chunks(t: OutTensor, q: _Q,
                 yield FileSpan(source.file, source.offset + start,
                                min(span_bytes, source.nbytes - start))
             continue
+        if source.dtype == "BF16" and not t.offset and q == _Q.F16 and pool is not None:
+            # The default's common case: a bf16 checkpoint rounded to F16 on the bits.
+            yield from _bf16_as_f16(source, t.order, pool)
+            continue
         if source.dtype == "BF16" and not t.offset and q in (_Q.F16, _Q.BF16):
-            # The common case (a bf16 checkpoint to f16 or bf16) on the bits, no float32.
-            for raw in read_rows(source, order=t.order, raw=True):
+            # The same without a pool, and bf16 rows reordered (BF16 output): no float32.
+            for raw in read_rows(source, chunk_bytes=_CHUNK_BYTES, order=t.order, raw=True):
                 # A copy for the writer thread: the view dies with the map.
                 yield np.array(raw) if q == _Q.BF16 else bf16_to_f16(raw)
             continue
-        for chunk in read_rows(source, order=t.order):
+        for chunk in read_rows(source, chunk_bytes=_CHUNK_BYTES, order=t.order):
             if t.offset:
                 chunk += np.float32(t.offset)
             yield _encode(chunk, q)
@@ -194,12 +239,15 @@ def convert_folder(folder: Path, out: Path, *,
         assert writer.fout is not None
         fh = writer.fout[0]
         hasher = hashlib.sha256() if sha256 else None
-        sink = BackgroundWriter(fh, hasher=hasher)
+        sink = BackgroundWriter(fh, depth=_WRITE_DEPTH, hasher=hasher)
+        # Enough buffers for the queue, the one being written and the one being filled (and,
+        # hashing, the hash thread's queue and the one it hashes).
+        pool = BufferPool((_WRITE_DEPTH + 1) * (2 if sha256 else 1) + 1, _CHUNK_BYTES)
         try:
             for t, q in zip(plan, types, strict=True):
                 sink.pad(writer.data_alignment)
                 start = sink.position
-                for data in _encoded_chunks(t, q):
+                for data in _encoded_chunks(t, q, pool=pool):
                     if cancel is not None and cancel.is_set():
                         raise OperationCancelledError(f"conversion of {folder.name} cancelled")
                     sink.write(data)

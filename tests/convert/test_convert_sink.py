@@ -1,6 +1,7 @@
-"""The conversion's writers. The writer thread: arrays, bytes and spans of a shard copied by
-the kernel (``copy_file_range``, else ``sendfile``, else reads and writes) land in order, byte
-for byte; a span past the end of its file is an error, not a short tensor. The GGUF writer:
+"""The conversion's writers. The writer thread: arrays, pooled buffers, bytes and spans of a
+shard copied by the kernel (``copy_file_range``, else ``sendfile``, else reads and writes) land
+in order, byte for byte, and are hashed in order on the hash thread; a span past the end of its
+file is an error, not a short tensor, and so is a failed hash. The GGUF writer:
 long metadata arrays packed in bulk, byte for byte as gguf's own."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from localllm._exceptions import TruncatedShardError
-from localllm.convert.sink import BackgroundWriter, FileSpan
+from localllm.convert.sink import BackgroundWriter, BufferPool, FileSpan, Lent
 
 
 @pytest.fixture
@@ -81,3 +82,57 @@ def test_bulk_packed_metadata_is_gguf_writers_bytes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="same type"):
         mixed.write_kv_data_to_file()
     mixed.close()
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["plain", "hashed"])
+def test_lent_buffers_are_written_in_order_and_given_back(
+    source: Path, tmp_path: Path, hashed: bool
+) -> None:
+    """Pooled buffers (the F16 path's) among arrays, spans and bytes: written in order, hashed
+    in order on the hash thread (the header first), each buffer back in the pool once done."""
+    import hashlib
+
+    data = source.read_bytes()
+    pool = BufferPool(3, 1000)
+    hasher = hashlib.sha256() if hashed else None
+    out = tmp_path / "out.bin"
+    expected = b"HEAD"
+    given: list[int] = []
+    with out.open("wb") as fh:
+        fh.write(b"HEAD")
+        sink = BackgroundWriter(fh, depth=1, hasher=hasher)
+        for i in range(20):  # more than the pool holds: taking waits for buffers given back
+            buffer = pool.take()
+            buffer[:] = i
+            lent = pool.lend(buffer, buffer[: 100 + i])
+            sink.write(Lent(lent.array, lambda b=lent: (given.append(1), b.give_back())))
+            expected += bytes([i]) * (100 + i)
+            if i % 7 == 3:
+                sink.write(FileSpan(source, i, 5000))
+                sink.write(b"-")
+                expected += data[i : i + 5000] + b"-"
+        sink.close()
+    assert out.read_bytes() == expected and len(given) == 20
+    assert pool._free.qsize() == pool._made <= 3  # every buffer back
+    if hasher is not None:
+        assert hasher.hexdigest() == hashlib.sha256(expected).hexdigest()
+
+
+def test_a_hashing_error_is_raised_and_nothing_blocks(tmp_path: Path) -> None:
+    class Failing:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def update(self, data: object) -> None:
+            self.calls += 1
+            if self.calls == 3:
+                raise OSError(5, "the hash failed")
+
+    pool = BufferPool(2, 64)
+    with (tmp_path / "out.bin").open("wb") as fh:
+        sink = BackgroundWriter(fh, depth=1, hasher=Failing())
+        with pytest.raises(OSError, match="the hash failed"):
+            for _ in range(50):  # the error surfaces at a later write or at close
+                buffer = pool.take()
+                sink.write(pool.lend(buffer, buffer))
+            sink.close()
