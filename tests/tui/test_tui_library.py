@@ -218,8 +218,11 @@ async def test_export_markdown_and_openai_json(daemon: Daemon, tmp_path: Path) -
             ],
         }
 
-        # /export md PATH: the same branch as Markdown, no dialog
-        await pilot.press(*f"/export md {out / 'tides.md'}", "enter")
+        # /export md PATH: the same branch as Markdown, no dialog (the long paths are put in
+        # the box at once: typed, they took 10 s of key presses; "/export html" is typed)
+        prompt = screen.query_one(PromptArea)
+        prompt.insert(f"/export md {out / 'tides.md'}")
+        await pilot.press("enter")
         await wait_for(pilot, lambda: (out / "tides.md").exists(), "the Markdown file")
         assert (out / "tides.md").read_text() == export_chat(chat, "md")
         assert "Gravity." in (out / "tides.md").read_text()
@@ -228,7 +231,8 @@ async def test_export_markdown_and_openai_json(daemon: Daemon, tmp_path: Path) -
         await pilot.press(*"/export html", "enter")
         await wait_for(pilot, lambda: notified(app, "Usage: /export"), "the usage")
         screen.query_one(PromptArea).clear()
-        await pilot.press(*f"/export json {out / 'missing' / 'x.json'}", "enter")
+        prompt.insert(f"/export json {out / 'missing' / 'x.json'}")
+        await pilot.press("enter")
         await wait_for(pilot, lambda: notified(app, "Cannot write"), "the error")
         assert sorted(p.name for p in out.iterdir()) == ["tides.json", "tides.md"]
         assert len(chat.all_messages()) == 3  # no command went to the model
