@@ -41,39 +41,12 @@ from typing import Any
 import httpx
 from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
 from prometheus_client.parser import text_string_to_metric_families
+from serve import first_token_ms
 
 from localllm.starter import starter_gguf_path
 
 MODEL = "smollm2-bench"
 QUESTION = "Tell me a long story about a lighthouse keeper named Keeper{}."
-
-
-def _first_token_ms(url: str, model: str, started: float, deadline: float, question: str) -> float:
-    """Milliseconds from ``started`` to the first streamed content of a 1-token chat asking
-    ``question``, retrying while the server does not answer yet (llama-server starting)."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": 1,
-        "temperature": 0,
-        "stream": True,
-    }
-    while True:
-        try:
-            with httpx.stream(
-                "POST", f"{url}/v1/chat/completions", json=body, timeout=120
-            ) as response:
-                if response.status_code == 503:  # llama-server: still loading
-                    raise httpx.TransportError("loading")
-                response.raise_for_status()
-                for line in response.iter_lines():
-                    if line.startswith("data:") and '"content"' in line:
-                        return (time.perf_counter() - started) * 1000
-                raise RuntimeError(f"{url} streamed no content")
-        except httpx.TransportError:
-            if time.perf_counter() > deadline:
-                raise
-            time.sleep(0.005)
 
 
 def _load_seconds(url: str) -> float:
@@ -113,7 +86,7 @@ def _daemon_cold(url: str, spare: bool, question: str) -> dict[str, float]:
     waited = _until("the spare runner", ready) if spare else 0.0
     before = _load_seconds(url)
     started = time.perf_counter()
-    first = _first_token_ms(url, MODEL, started, started + 120, question)
+    first = first_token_ms(url, MODEL, started, started + 120, question)
     load_ms = (_load_seconds(url) - before) * 1000
     if spare:
         # Its replacement starts once the daemon is quiet: it imports beside whatever is
@@ -127,7 +100,7 @@ def _peer_cold(command: list[str], url: str, question: str) -> dict[str, float]:
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        return {"ms": _first_token_ms(url, "model", started, started + 120, question)}
+        return {"ms": first_token_ms(url, "model", started, started + 120, question)}
     finally:
         stop(process)
 
@@ -231,7 +204,7 @@ def main() -> int:
                 body = {"model": MODEL, "from": "smollm2:135m", "stream": False}
                 httpx.post(f"{url}/api/create", json=body, timeout=300).raise_for_status()
                 warm = QUESTION.format("warm")
-                _first_token_ms(url, MODEL, time.perf_counter(), time.perf_counter() + 120, warm)
+                first_token_ms(url, MODEL, time.perf_counter(), time.perf_counter() + 120, warm)
             peer: list[str] = []
             peer_url = ""
             if args.llama_server:

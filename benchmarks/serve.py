@@ -485,12 +485,15 @@ def _table(server: Server, levels: list[int]) -> None:
             print(f"{clients:>7} clients, engine thread: {_engine_shares(engine)}")
 
 
-def _first_token_ms(url: str, model: str, started: float, deadline: float) -> float:
+def first_token_ms(
+    url: str, model: str, started: float, deadline: float, question: str | None = None
+) -> float:
     """Milliseconds from ``started`` (``time.perf_counter()``) to the first streamed content
-    of a 1-token chat request to ``url``, retrying while the server does not answer yet."""
+    of a 1-token chat request to ``url`` asking ``question`` (by default the first of this
+    benchmark's), retrying while the server does not answer yet (llama-server starting)."""
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": _question(0)}],
+        "messages": [{"role": "user", "content": question or _question(0)}],
         "max_tokens": 1,
         "temperature": 0,
         "stream": True,
@@ -535,7 +538,7 @@ def cold_pairs(
                     time.sleep(0.05)
                 before = _load_seconds(daemon.url)
                 started = time.perf_counter()
-                results["daemon"] = _first_token_ms(
+                results["daemon"] = first_token_ms(
                     daemon.url, daemon.model, started, started + 120
                 )
                 results["load"] = (_load_seconds(daemon.url) - before) * 1000
@@ -545,7 +548,7 @@ def cold_pairs(
                     peer_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
                 )
                 try:
-                    results["peer"] = _first_token_ms(peer_url, "model", started, started + 120)
+                    results["peer"] = first_token_ms(peer_url, "model", started, started + 120)
                 finally:
                     stop(process)
         pairs.append((results["daemon"], results["load"], results["peer"]))
