@@ -5,7 +5,8 @@ cores this process may use, at most :data:`MAX_WORKERS` (each worker's daemons s
 their own, and more workers than that only fight over memory bandwidth). The one more: a test
 spends much of its time waiting for a daemon, a runner or a child process to start or answer,
 and with one worker per core those waits left the cores idle (2 cores, 1,685 tests: one worker
-per core used 1.37 cores on average and took 5 min 44 s to 6 min 06 s; three workers 5 min 00 s).
+per core used 1.37 cores on average and took 5 min 44 s and 6 min 06 s; three workers 5 min 00 s
+and 5 min 46 s; four 5 min 59 s).
 ``-n 0`` runs it in one process.
 """
 
