@@ -98,15 +98,17 @@ def _preload() -> None:
     llama_cpp.llama_backend_init()
 
 
-def _read_line(channel: socket.socket) -> bytes | None:
-    """The first line read from ``channel`` (without its newline); None at end of file."""
+def _read_line(channel: socket.socket) -> tuple[bytes, bytes] | None:
+    """The first line read from ``channel`` (without its newline) and what came after it;
+    None at end of file before a whole line."""
     data = b""
     while b"\n" not in data:
         chunk = channel.recv(65536)
         if not chunk:
             return None
         data += chunk
-    return data.split(b"\n", 1)[0]
+    line, _, rest = data.partition(b"\n")
+    return line, rest
 
 
 def serve_spare(fd: int, run: Callable[[list[str]], int]) -> int:
@@ -134,12 +136,12 @@ def serve_spare(fd: int, run: Callable[[list[str]], int]) -> int:
         return 1
     try:
         channel.sendall(b"spare\n")
-        line = _read_line(channel)
+        read = _read_line(channel)
     except OSError:
         return 0
-    if line is None:  # the daemon is gone or let this spare go
+    if read is None:  # the daemon is gone or let this spare go
         return 0
-    job = json.loads(line)
+    job = json.loads(read[0])
     # The same start as a fresh runner's: stdout and stderr appended to the model's log, in
     # the log's folder.
     log_fd = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
@@ -372,13 +374,10 @@ def _give(channel: socket.socket, line: bytes) -> bytes:
     """Send the job; once the spare answers ``go``, what came after it on the socket."""
     channel.settimeout(_GO_S)
     channel.sendall(line)
-    data = b""
-    while b"\n" not in data:
-        chunk = channel.recv(65536)
-        if not chunk:
-            raise ValueError("it ended first")
-        data += chunk
-    answer, _, rest = data.partition(b"\n")
+    read = _read_line(channel)
+    if read is None:
+        raise ValueError("it ended first")
+    answer, rest = read
     if answer != b"go":
         raise ValueError(f"it answered {answer[:80]!r}")
     channel.settimeout(None)
