@@ -33,8 +33,9 @@ _CONVERT = (
 
 
 def _checkpoint_writer() -> object:
-    spec = importlib.util.spec_from_file_location("convert_bench", Path(__file__).with_name(
-        "convert.py"))
+    spec = importlib.util.spec_from_file_location(
+        "convert_bench", Path(__file__).with_name("convert.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -170,6 +170,7 @@ def raw_loops(adapters: list[Path], threads: int, repeat: int, steps: int = 24) 
     import llama_cpp as ll
 
     from localllm.daemon.devices import cpu
+
     quiet = ll.llama_log_callback(lambda level, text, data: None)
     ll.llama_log_set(quiet, ctypes.c_void_p(0))  # its debug lines would be most of the time
     ll.llama_backend_init()

@@ -346,6 +346,7 @@ def _raw_loop(args: argparse.Namespace, model: Path, streams: int) -> tuple[Any,
     import llama_cpp as llama
 
     from localllm.daemon.devices import cpu
+
     _quiet_llama()
     llama.llama_backend_init()
     handle = llama.llama_model_load_from_file(str(model).encode(), cpu.model_params())
@@ -538,9 +539,7 @@ def cold_pairs(
                     time.sleep(0.05)
                 before = _load_seconds(daemon.url)
                 started = time.perf_counter()
-                results["daemon"] = first_token_ms(
-                    daemon.url, daemon.model, started, started + 120
-                )
+                results["daemon"] = first_token_ms(daemon.url, daemon.model, started, started + 120)
                 results["load"] = (_load_seconds(daemon.url) - before) * 1000
             else:
                 started = time.perf_counter()

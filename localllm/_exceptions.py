@@ -191,8 +191,7 @@ class UnsupportedArchitectureError(ConvertError):
         self.architecture = architecture
         self.supported = supported
         super().__init__(
-            f"cannot convert architecture {architecture!r}: supported are "
-            + ", ".join(supported)
+            f"cannot convert architecture {architecture!r}: supported are " + ", ".join(supported)
         )
 
 

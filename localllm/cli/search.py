@@ -169,9 +169,7 @@ def render_hub(data: Mapping[str, Any]) -> str:
     lines += ["", table(headers, rows), ""]
     header = data.get("header")
     if header and converted:
-        lines.append(
-            f"≈ shapes from its config.json, as {header}; the others scaled to their size"
-        )
+        lines.append(f"≈ shapes from its config.json, as {header}; the others scaled to their size")
     elif header:
         if any(_shape_mark(q) == "≈" for q in quants):
             lines.append(

@@ -107,18 +107,33 @@ class Family:
             self.rope_theta = float(c.get("rope_theta") or 10000.0)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
             raise MissingConfigError(f"config.json lacks a usable {exc} for {self.name}") from None
-        if min(self.hidden, self.n_layers, self.n_head, self.n_kv, self.ffn, self.vocab,
-               self.head_dim) <= 0 or self.n_head % self.n_kv:
-            raise MissingConfigError(f"config.json's sizes cannot describe a {self.name} model "
-                                     "(zero or negative, or heads not a multiple of kv heads)")
+        if (
+            min(
+                self.hidden,
+                self.n_layers,
+                self.n_head,
+                self.n_kv,
+                self.ffn,
+                self.vocab,
+                self.head_dim,
+            )
+            <= 0
+            or self.n_head % self.n_kv
+        ):
+            raise MissingConfigError(
+                f"config.json's sizes cannot describe a {self.name} model "
+                "(zero or negative, or heads not a multiple of kv heads)"
+            )
         self.tied = bool(c.get("tie_word_embeddings", False))
 
     # ---- the tensors -------------------------------------------------------------------------
 
     def global_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shapes of the tensors outside the layers, by HF name (``lm_head`` when untied)."""
-        shapes = {"model.embed_tokens.weight": (self.vocab, self.hidden),
-                  "model.norm.weight": (self.hidden,)}
+        shapes = {
+            "model.embed_tokens.weight": (self.vocab, self.hidden),
+            "model.norm.weight": (self.hidden,),
+        }
         if not self.tied:
             shapes["lm_head.weight"] = (self.vocab, self.hidden)
         return shapes
@@ -141,8 +156,11 @@ class Family:
     def optional_layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Tensors a layer may hold or not (biases some checkpoints add)."""
         q, kv = self.n_head * self.head_dim, self.n_kv * self.head_dim
-        return {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
-                "self_attn.v_proj.bias": (kv,)}
+        return {
+            "self_attn.q_proj.bias": (q,),
+            "self_attn.k_proj.bias": (kv,),
+            "self_attn.v_proj.bias": (kv,),
+        }
 
     def fix(self, hf_name: str, out: OutTensor) -> None:
         """Adjust one tensor on its way to GGUF (row order, offsets); Llama's q/k here."""
@@ -236,8 +254,14 @@ class Family:
             out.append(item)
         for gguf_name, parts in experts.items():
             ordered = [parts[e] for e in sorted(parts)]
-            out.append(OutTensor(name=gguf_name, shape=(len(ordered), *ordered[0].shape),
-                                 source=ordered[0], more=ordered[1:]))
+            out.append(
+                OutTensor(
+                    name=gguf_name,
+                    shape=(len(ordered), *ordered[0].shape),
+                    source=ordered[0],
+                    more=ordered[1:],
+                )
+            )
         out.extend(self.extra_tensors())
         return out
 
@@ -249,8 +273,9 @@ class Family:
         params = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
         params.setdefault("rope_theta", self.rope_theta)
         if c.get("original_max_position_embeddings"):
-            params.setdefault("original_max_position_embeddings",
-                              c["original_max_position_embeddings"])
+            params.setdefault(
+                "original_max_position_embeddings", c["original_max_position_embeddings"]
+            )
         if "type" in params and "rope_type" not in params:
             params["rope_type"] = params["type"]
         return params

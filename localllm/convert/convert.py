@@ -119,8 +119,7 @@ def _total_out(plan: list[OutTensor], types: list[_Q]) -> int:
     return sum(_nbytes(t.shape, q) for t, q in zip(plan, types, strict=True))
 
 
-def _bf16_as_f16(source: TensorEntry, order: np.ndarray | None,
-                 pool: BufferPool) -> Iterator[Lent]:
+def _bf16_as_f16(source: TensorEntry, order: np.ndarray | None, pool: BufferPool) -> Iterator[Lent]:
     """``source`` (bf16) as float16, rows in ``order``, in the pool's buffers filled to the end
     (the last one as far as the tensor goes).
 
@@ -133,7 +132,7 @@ def _bf16_as_f16(source: TensorEntry, order: np.ndarray | None,
         done = 0
         while done < flat.size:
             n = min(flat.size - done, buffer.size - fill)
-            bf16_to_f16(flat[done:done + n], out=buffer[fill:fill + n])
+            bf16_to_f16(flat[done : done + n], out=buffer[fill : fill + n])
             done, fill = done + n, fill + n
             if fill == buffer.size:
                 yield pool.lend(buffer, buffer)
@@ -144,8 +143,9 @@ def _bf16_as_f16(source: TensorEntry, order: np.ndarray | None,
         pool.give(buffer)
 
 
-def _encoded_chunks(t: OutTensor, q: _Q, span_bytes: int = 64 << 20,
-                    pool: BufferPool | None = None) -> Iterator[np.ndarray | FileSpan | Lent]:
+def _encoded_chunks(
+    t: OutTensor, q: _Q, span_bytes: int = 64 << 20, pool: BufferPool | None = None
+) -> Iterator[np.ndarray | FileSpan | Lent]:
     """The tensor's bytes in the output type, chunk by chunk (experts one after another):
     spans of the shard itself where the bytes stay as they are; with a ``pool``, bf16 rounded
     to F16 in its buffers (given back once written)."""
@@ -158,8 +158,9 @@ def _encoded_chunks(t: OutTensor, q: _Q, span_bytes: int = 64 << 20,
             # Unchanged bytes: copied by the kernel, in pieces so cancel and progress stay
             # responsive on a large tensor.
             for start in range(0, source.nbytes, span_bytes):
-                yield FileSpan(source.file, source.offset + start,
-                               min(span_bytes, source.nbytes - start))
+                yield FileSpan(
+                    source.file, source.offset + start, min(span_bytes, source.nbytes - start)
+                )
             continue
         if source.dtype == "BF16" and not t.offset and q == _Q.F16 and pool is not None:
             # The default's common case: a bf16 checkpoint rounded to F16 on the bits.
@@ -177,11 +178,15 @@ def _encoded_chunks(t: OutTensor, q: _Q, span_bytes: int = 64 << 20,
             yield _encode(chunk, q)
 
 
-def convert_folder(folder: Path, out: Path, *,
-                   progress: Callable[[int, int], None] | None = None,
-                   outtype: str = "f16",
-                   cancel: threading.Event | None = None,
-                   sha256: bool = False) -> ConvertResult:
+def convert_folder(
+    folder: Path,
+    out: Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    outtype: str = "f16",
+    cancel: threading.Event | None = None,
+    sha256: bool = False,
+) -> ConvertResult:
     """Convert the safetensors model in ``folder`` to a GGUF at ``out``.
 
     ``outtype`` is the matrices' type: ``f16`` (default), ``auto`` (the checkpoint's own
@@ -223,11 +228,13 @@ def convert_folder(folder: Path, out: Path, *,
     types = [_out_type(t, outtype) for t in plan]
     for t, q in zip(plan, types, strict=True):
         if q != _Q.F32 and len(t.shape) >= 2 and q != _MATRIX[outtype]:
-            notes.append(f"{t.name} kept as {q.name}: its rows ({t.shape[-1]}) do not fit "
-                         f"{outtype}'s blocks")
+            notes.append(
+                f"{t.name} kept as {q.name}: its rows ({t.shape[-1]}) do not fit {outtype}'s blocks"
+            )
         # Shapes in the writer's numpy order; the writer reverses them into GGUF's.
-        writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32), _nbytes(t.shape, q),
-                               raw_dtype=q)
+        writer.add_tensor_info(
+            t.name, t.shape, np.dtype(np.float32), _nbytes(t.shape, q), raw_dtype=q
+        )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.partial")
@@ -268,13 +275,18 @@ def convert_folder(folder: Path, out: Path, *,
         writer.close()
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            raise DiskFullError(f"the disk filled up writing {out.name}: the partial file was "
-                                f"removed; the GGUF needs about {_total_out(plan, types)} "
-                                "bytes") from None
+            raise DiskFullError(
+                f"the disk filled up writing {out.name}: the partial file was "
+                f"removed; the GGUF needs about {_total_out(plan, types)} "
+                "bytes"
+            ) from None
         raise
-    return ConvertResult(path=out, architecture=info.architecture, tensor_count=len(plan),
-                         bytes_written=out.stat().st_size,
-                         seconds=time.monotonic() - started,
-                         sha256=f"sha256:{hasher.hexdigest()}" if hasher is not None else None,
-                         notes=notes)
-
+    return ConvertResult(
+        path=out,
+        architecture=info.architecture,
+        tensor_count=len(plan),
+        bytes_written=out.stat().st_size,
+        seconds=time.monotonic() - started,
+        sha256=f"sha256:{hasher.hexdigest()}" if hasher is not None else None,
+        notes=notes,
+    )

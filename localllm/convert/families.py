@@ -20,8 +20,15 @@ from localllm.convert.qwen3moe import Qwen3MoeFamily
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "family_for", "family_name"]
 
 FAMILIES: tuple[type[Family], ...] = (
-    LlamaFamily, MistralFamily, Qwen2Family, Qwen3Family, Gemma2Family, Gemma3Family,
-    Phi3Family, MixtralFamily, Qwen3MoeFamily,
+    LlamaFamily,
+    MistralFamily,
+    Qwen2Family,
+    Qwen3Family,
+    Gemma2Family,
+    Gemma3Family,
+    Phi3Family,
+    MixtralFamily,
+    Qwen3MoeFamily,
 )
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
@@ -33,8 +40,10 @@ def family_for(config: Mapping[str, Any]) -> Family:
     """The family instance for a config.json, or a clear refusal naming what is supported."""
     archs = config.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise MissingConfigError("config.json has no \"architectures\" list: cannot tell which "
-                                 "model family the weights belong to")
+        raise MissingConfigError(
+            'config.json has no "architectures" list: cannot tell which '
+            "model family the weights belong to"
+        )
     arch = archs[0]
     for fam in FAMILIES:
         if arch in fam.architectures:

@@ -90,6 +90,6 @@ def bf16_to_f16(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     block = min(_BLOCK, src.size)
     x, k = np.empty(block, dtype=np.uint16), np.empty(block, dtype=np.bool_)
     for start in range(0, src.size, block):
-        b = src[start:start + block]
-        _convert_block(b, dst[start:start + block], x[:b.size], k[:b.size])
+        b = src[start : start + block]
+        _convert_block(b, dst[start : start + block], x[: b.size], k[: b.size])
     return out

@@ -26,12 +26,27 @@ from localllm.convert.vocab import has_tokenizer
 __all__ = ["TOKENIZER_FILES", "FolderInfo", "check_tensors", "inspect_folder", "read_config"]
 
 # The files besides the shards a conversion reads when present.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
-                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-                   "chat_template.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 
-_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
-           "BF16": "bf16", "F16": "f16", "F32": "f32", "F64": "f64"}
+_DTYPES = {
+    "bfloat16": "bf16",
+    "float16": "f16",
+    "float32": "f32",
+    "float64": "f64",
+    "BF16": "bf16",
+    "F16": "f16",
+    "F32": "f32",
+    "F64": "f64",
+}
 
 
 @dataclass(frozen=True)
@@ -59,12 +74,15 @@ def read_config(folder: Path) -> dict[str, Any]:
     folder = Path(folder)
     if not folder.is_dir():
         what = "does not exist" if not folder.exists() else "is not a folder"
-        raise NotAFolderError(f"{folder} {what}: give the folder holding config.json and the "
-                              "*.safetensors files")
+        raise NotAFolderError(
+            f"{folder} {what}: give the folder holding config.json and the *.safetensors files"
+        )
     path = folder / "config.json"
     if not path.is_file():
-        raise MissingConfigError(f"{folder} has no config.json: it is not a Hugging Face model "
-                                 "folder (or the download is incomplete)")
+        raise MissingConfigError(
+            f"{folder} has no config.json: it is not a Hugging Face model "
+            "folder (or the download is incomplete)"
+        )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

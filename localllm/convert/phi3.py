@@ -29,8 +29,10 @@ class Phi3Family(Family):
     def check_vocab(self, tokens: list[str]) -> None:
         """llama.cpp's Phi-3 vocabulary needs ``<|endoftext|>`` (it fails to load without)."""
         if "<|endoftext|>" not in tokens:
-            raise ConvertError("this Phi-3 tokenizer has no <|endoftext|> token, which "
-                               "llama.cpp requires to load a Phi-3 model")
+            raise ConvertError(
+                "this Phi-3 tokenizer has no <|endoftext|> token, which "
+                "llama.cpp requires to load a Phi-3 model"
+            )
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """One fused attention input and one fused gate/up projection a layer."""
@@ -49,15 +51,21 @@ class Phi3Family(Family):
         return {}
 
     def _rope_dims(self) -> int:
-        pct = float(self.rope_parameters().get("partial_rotary_factor")
-                    or self.config.get("partial_rotary_factor") or 1.0)
+        pct = float(
+            self.rope_parameters().get("partial_rotary_factor")
+            or self.config.get("partial_rotary_factor")
+            or 1.0
+        )
         return int(pct * self.hidden) // self.n_head
 
     def _orig_ctx(self) -> int:
         p = self.rope_parameters()
-        return int(p.get("original_max_position_embeddings")
-                   or self.config.get("original_max_position_embeddings")
-                   or self.context_length or 4096)
+        return int(
+            p.get("original_max_position_embeddings")
+            or self.config.get("original_max_position_embeddings")
+            or self.context_length
+            or 4096
+        )
 
     def write_hparams(self, w: gguf.GGUFWriter) -> None:
         """Phi-3's keys, as llama.cpp's converter writes them."""
@@ -69,8 +77,9 @@ class Phi3Family(Family):
         p = self.rope_parameters()
         if p.get("long_factor"):
             scale = (self.context_length or self._orig_ctx()) / self._orig_ctx()
-            factor = math.sqrt(1 + math.log(scale) / math.log(self._orig_ctx())) \
-                if scale > 1.0 else 1.0
+            factor = (
+                math.sqrt(1 + math.log(scale) / math.log(self._orig_ctx())) if scale > 1.0 else 1.0
+            )
             w.add_rope_scaling_attn_factors(factor)
 
     def extra_tensors(self) -> list[OutTensor]:
@@ -81,11 +90,15 @@ class Phi3Family(Family):
             return []
         half = self._rope_dims() // 2
         if not short or len(long) != half or len(short) != half:
-            raise ConvertError(f"rope_scaling's long_factor and short_factor must both have "
-                               f"{half} values for this Phi-3 model")
+            raise ConvertError(
+                f"rope_scaling's long_factor and short_factor must both have "
+                f"{half} values for this Phi-3 model"
+            )
         out = []
-        for kind, values in ((gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, long),
-                             (gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, short)):
+        for kind, values in (
+            (gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, long),
+            (gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, short),
+        ):
             data = np.asarray(values, dtype=np.float32)
             out.append(OutTensor(gguf.TENSOR_NAMES[kind] + ".weight", data.shape, data=data))
         return out

@@ -35,11 +35,15 @@ class Qwen3MoeFamily(Qwen3Family):
         except (KeyError, TypeError, ValueError) as exc:
             raise MissingConfigError(f"config.json lacks a usable {exc} for Qwen3-MoE") from None
         if c.get("norm_topk_prob") is False:
-            raise ConvertError("norm_topk_prob false: llama.cpp's Qwen3-MoE graph always "
-                               "renormalises the chosen experts' weights")
+            raise ConvertError(
+                "norm_topk_prob false: llama.cpp's Qwen3-MoE graph always "
+                "renormalises the chosen experts' weights"
+            )
         if int(c.get("decoder_sparse_step") or 1) != 1 or c.get("mlp_only_layers"):
-            raise ConvertError("dense layers among the sparse ones (decoder_sparse_step, "
-                               "mlp_only_layers) are not supported by llama.cpp's Qwen3-MoE")
+            raise ConvertError(
+                "dense layers among the sparse ones (decoder_sparse_step, "
+                "mlp_only_layers) are not supported by llama.cpp's Qwen3-MoE"
+            )
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
         """Qwen3's attention, then the router and every expert's three projections."""

@@ -61,8 +61,23 @@ _STORAGE: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"),
     "F64": np.dtype("<f8"),
 }
-_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "U16": 2,
-             "I32": 4, "U32": 4, "I64": 8, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_ITEMSIZE = {
+    "BF16": 2,
+    "F16": 2,
+    "F32": 4,
+    "F64": 8,
+    "I8": 1,
+    "U8": 1,
+    "I16": 2,
+    "U16": 2,
+    "I32": 4,
+    "U32": 4,
+    "I64": 8,
+    "U64": 8,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 # A header larger than this is not a header (real ones are well under 1 MB per thousand tensors).
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -150,8 +165,10 @@ def parse_header(raw: bytes, path: Path, size: int) -> dict[str, TensorEntry]:
             raise TruncatedShardError(f"{path.name}: bad header entry for {name!r}") from None
         itemsize = _ITEMSIZE.get(dtype)
         if itemsize is None or any(d < 0 for d in shape):
-            raise TensorMismatchError(f"{path.name}: tensor {name!r} has dtype {dtype} shape "
-                                      f"{list(shape)}, which cannot be a model weight")
+            raise TensorMismatchError(
+                f"{path.name}: tensor {name!r} has dtype {dtype} shape "
+                f"{list(shape)}, which cannot be a model weight"
+            )
         if end - begin != math.prod(shape) * itemsize or begin < 0:
             raise TruncatedShardError(
                 f"{path.name}: tensor {name!r} spans {end - begin} bytes but {dtype} "
@@ -191,8 +208,10 @@ def index_folder(folder: Path) -> dict[str, TensorEntry]:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         for tname, shard in weight_map.items():
             if tname not in tensors:
-                raise MissingShardError(f"tensor {tname!r} is listed in {INDEX_NAME} under "
-                                        f"{shard} but that shard does not hold it")
+                raise MissingShardError(
+                    f"tensor {tname!r} is listed in {INDEX_NAME} under "
+                    f"{shard} but that shard does not hold it"
+                )
     return tensors
 
 
@@ -200,8 +219,10 @@ def index_folder(folder: Path) -> dict[str, TensorEntry]:
 def _mapped(entry: TensorEntry) -> Iterator[np.ndarray]:
     storage = _STORAGE.get(entry.dtype)
     if storage is None:
-        raise TensorMismatchError(f"tensor {entry.name!r} is {entry.dtype}: only float weights "
-                                  "(BF16, F16, F32, F64) can be converted")
+        raise TensorMismatchError(
+            f"tensor {entry.name!r} is {entry.dtype}: only float weights "
+            "(BF16, F16, F32, F64) can be converted"
+        )
     if entry.nbytes == 0:
         yield np.zeros(entry.shape, dtype=storage)
         return
@@ -229,16 +250,21 @@ def _to_f32(raw: np.ndarray, dtype: str) -> np.ndarray:
     return raw.astype(np.float32)
 
 
-def read_rows(entry: TensorEntry, chunk_bytes: int = 64 << 20,
-              order: np.ndarray | None = None, raw: bool = False) -> Iterator[np.ndarray]:
+def read_rows(
+    entry: TensorEntry,
+    chunk_bytes: int = 64 << 20,
+    order: np.ndarray | None = None,
+    raw: bool = False,
+) -> Iterator[np.ndarray]:
     """The tensor as float32 (or, with ``raw``, as stored: bf16 as its uint16 bits), in chunks
     of whole rows (first dimension), optionally gathered in ``order`` (a permutation of the
     rows). A float32 chunk is a fresh array the caller may modify; a raw one may be a view of
     the memory map, valid only until the next chunk is asked for."""
     # Raw chunks are views of the map when no reordering copies them anyway: the caller reads
     # them once (a gather, a copy), saving a pass over the data.
-    convert = ((lambda a: a.view(np.ndarray)) if raw
-               else (lambda a: _to_f32(np.asarray(a), entry.dtype)))
+    convert = (
+        (lambda a: a.view(np.ndarray)) if raw else (lambda a: _to_f32(np.asarray(a), entry.dtype))
+    )
     with _mapped(entry) as mm:
         if mm.ndim == 0:
             yield convert(mm.reshape(()))
@@ -256,9 +282,11 @@ def _pread_into(fd: int, view: memoryview, offset: int, entry: TensorEntry) -> N
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
         if n == 0:
-            raise TruncatedShardError(f"{entry.file.name} ended at byte {offset + done} while "
-                                      f"tensor {entry.name!r} was read (changed since its "
-                                      "header was checked?)")
+            raise TruncatedShardError(
+                f"{entry.file.name} ended at byte {offset + done} while "
+                f"tensor {entry.name!r} was read (changed since its "
+                "header was checked?)"
+            )
         done += n
 
 
@@ -272,8 +300,9 @@ def _contiguous_blocks(order: np.ndarray, step: int) -> bool:
     return bool(np.all(highs - lows + 1 == sizes))
 
 
-def read_blocks(entry: TensorEntry, buffer: np.ndarray,
-                order: np.ndarray | None = None) -> Iterator[np.ndarray]:
+def read_blocks(
+    entry: TensorEntry, buffer: np.ndarray, order: np.ndarray | None = None
+) -> Iterator[np.ndarray]:
     """The tensor's elements as stored (bf16 as its uint16 bits), flat and in row order (rows
     gathered in ``order``, a permutation of the first dimension, when given), read with
     ``pread`` into ``buffer`` (a C-contiguous byte array) a block at a time. Each block is a
@@ -283,8 +312,10 @@ def read_blocks(entry: TensorEntry, buffer: np.ndarray,
     that come from far apart), the rows are gathered from a memory map (:func:`read_rows`)."""
     storage = _STORAGE.get(entry.dtype)
     if storage is None:
-        raise TensorMismatchError(f"tensor {entry.name!r} is {entry.dtype}: only float weights "
-                                  "(BF16, F16, F32, F64) can be converted")
+        raise TensorMismatchError(
+            f"tensor {entry.name!r} is {entry.dtype}: only float weights "
+            "(BF16, F16, F32, F64) can be converted"
+        )
     if entry.nbytes == 0:
         return
     raw = buffer.view(np.uint8).reshape(-1)
@@ -315,7 +346,7 @@ def read_blocks(entry: TensorEntry, buffer: np.ndarray,
             n = (stop - start) * row_bytes
             _pread_into(fd, memoryview(raw[:n]), entry.offset + low * row_bytes, entry)
             stored = raw[:n].view(storage).reshape(stop - start, -1)
-            ordered = raw[half:half + n].view(storage).reshape(stop - start, -1)
+            ordered = raw[half : half + n].view(storage).reshape(stop - start, -1)
             np.take(stored, wanted - low, axis=0, out=ordered, mode="clip")
             yield ordered.reshape(-1)
     finally:

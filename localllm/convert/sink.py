@@ -42,8 +42,14 @@ __all__ = ["BackgroundWriter", "BufferPool", "FileSpan", "Lent"]
 _STOP = object()
 _WRITEBACK_STEP = 32 << 20  # bytes written between two starts of their writeback
 # copy_file_range/sendfile refused for this pair of files: the next method is tried.
-_UNSUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF,
-                errno.ENOTSOCK}  # macOS: sendfile only to sockets
+_UNSUPPORTED = {
+    errno.EXDEV,
+    errno.ENOSYS,
+    errno.EINVAL,
+    errno.EOPNOTSUPP,
+    errno.EBADF,
+    errno.ENOTSOCK,
+}  # macOS: sendfile only to sockets
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,10 @@ class _SpanCopier:
             else:
                 n = os.write(dst, os.pread(src, min(left, 8 << 20), offset))
             if n == 0:
-                raise TruncatedShardError(f"{span.file.name} ended at byte {offset} while it "
-                                          "was read (changed since its header was checked?)")
+                raise TruncatedShardError(
+                    f"{span.file.name} ended at byte {offset} while it "
+                    "was read (changed since its header was checked?)"
+                )
             offset, left = offset + n, left - n
 
     def close(self) -> None:
@@ -291,8 +299,9 @@ class BackgroundWriter:
         """Queue ``data`` to be appended (the caller must not modify an array afterwards; a
         :class:`Lent` one is given back once written)."""
         self._put(data)
-        self.position += (data.nbytes if isinstance(data, np.ndarray | FileSpan | Lent)
-                          else len(data))
+        self.position += (
+            data.nbytes if isinstance(data, np.ndarray | FileSpan | Lent) else len(data)
+        )
 
     def pad(self, alignment: int) -> None:
         """Queue zero bytes up to the next multiple of ``alignment``."""

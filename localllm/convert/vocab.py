@@ -51,9 +51,11 @@ def has_tokenizer(folder: Path) -> bool:
 
 def _looks_special(text: str) -> bool:
     # As llama.cpp's converter: some added tokens meant as control are not marked special.
-    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-            or (text.startswith("<|") and text.endswith("|>"))
-            or (text.startswith("<unused") and text.endswith(">")))
+    return (
+        text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (text.startswith("<|") and text.endswith("|>"))
+        or (text.startswith("<unused") and text.endswith(">"))
+    )
 
 
 def _added_tokens(folder: Path) -> dict[int, tuple[str, bool]]:
@@ -88,11 +90,14 @@ def _sentencepiece(folder: Path, n_vocab: int) -> Vocab:
         sp.LoadFromFile(str(folder / "tokenizer.model"))
     except (OSError, RuntimeError) as exc:
         raise MissingTokenizerError(
-            f"tokenizer.model is not a SentencePiece model ({exc})") from None
+            f"tokenizer.model is not a SentencePiece model ({exc})"
+        ) from None
     size = sp.vocab_size()
     if size > n_vocab:
-        raise TensorMismatchError(f"tokenizer.model has {size} pieces but the embeddings only "
-                                  f"{n_vocab} rows (config.json vocab_size)")
+        raise TensorMismatchError(
+            f"tokenizer.model has {size} pieces but the embeddings only "
+            f"{n_vocab} rows (config.json vocab_size)"
+        )
     tokens: list[str] = []
     scores: list[float] = []
     types: list[int] = []
@@ -112,8 +117,9 @@ def _sentencepiece(folder: Path, n_vocab: int) -> Vocab:
     _pad(tokens, types, n_vocab, scores)
     for tid, (content, special) in _added_tokens(folder).items():
         if tid >= n_vocab:
-            raise TensorMismatchError(f"added token {content!r} has id {tid}, beyond the "
-                                      f"{n_vocab} embedding rows")
+            raise TensorMismatchError(
+                f"added token {content!r} has id {tid}, beyond the {n_vocab} embedding rows"
+            )
         if tid < size and tokens[tid] == content:
             if special and types[tid] == _T.NORMAL:
                 types[tid] = int(_T.CONTROL)
@@ -150,11 +156,15 @@ def _bpe_pre(tok: Any, spec: dict[str, Any]) -> tuple[str, str | None]:
             regex = (part.get("pattern") or {}).get("Regex")
             if regex in SPLIT_REGEXES:
                 name = SPLIT_REGEXES[regex]
-                return name, (f"tokenizer.json's vocabulary is not in llama.cpp's table "
-                              f"(hash {digest[:12]}); its pre-tokenizer regex is {name}'s")
+                return name, (
+                    f"tokenizer.json's vocabulary is not in llama.cpp's table "
+                    f"(hash {digest[:12]}); its pre-tokenizer regex is {name}'s"
+                )
     if len(parts) == 1 and parts[0].get("type") == "ByteLevel" and parts[0].get("use_regex", True):
-        return "gpt-2", (f"tokenizer.json's vocabulary is not in llama.cpp's table "
-                         f"(hash {digest[:12]}); its pre-tokenizer is GPT-2's byte level")
+        return "gpt-2", (
+            f"tokenizer.json's vocabulary is not in llama.cpp's table "
+            f"(hash {digest[:12]}); its pre-tokenizer is GPT-2's byte level"
+        )
     raise ConvertError(
         f"the BPE pre-tokenizer of tokenizer.json is not one llama.cpp knows (hash {digest}); "
         "converting it anyway would tokenize text differently from the original model"
@@ -167,20 +177,26 @@ def _bpe(folder: Path, n_vocab: int) -> Vocab:
     spec = _json(folder / "tokenizer.json")
     model = spec.get("model") or {}
     if model.get("type") != "BPE":
-        raise MissingTokenizerError(f"tokenizer.json holds a {model.get('type')} model and no "
-                                    "tokenizer.model is present: only BPE and SentencePiece "
-                                    "tokenizers are supported")
+        raise MissingTokenizerError(
+            f"tokenizer.json holds a {model.get('type')} model and no "
+            "tokenizer.model is present: only BPE and SentencePiece "
+            "tokenizers are supported"
+        )
     if model.get("byte_fallback"):
-        raise MissingTokenizerError("tokenizer.json is a SentencePiece-style BPE (byte "
-                                    "fallback) but tokenizer.model is missing: add it")
+        raise MissingTokenizerError(
+            "tokenizer.json is a SentencePiece-style BPE (byte "
+            "fallback) but tokenizer.model is missing: add it"
+        )
     try:
         tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as exc:  # the Rust library raises a bare Exception for bad files
         raise MissingTokenizerError(f"tokenizer.json cannot be loaded ({exc})") from None
     vocab = tok.get_vocab(with_added_tokens=True)
     if vocab and max(vocab.values()) >= n_vocab:
-        raise TensorMismatchError(f"tokenizer.json has ids up to {max(vocab.values())} but the "
-                                  f"embeddings only {n_vocab} rows (config.json vocab_size)")
+        raise TensorMismatchError(
+            f"tokenizer.json has ids up to {max(vocab.values())} but the "
+            f"embeddings only {n_vocab} rows (config.json vocab_size)"
+        )
     added = tok.get_added_tokens_decoder()
     reverse = {i: t for t, i in vocab.items()}
     tokens: list[str] = []
@@ -239,11 +255,14 @@ def load_vocab(folder: Path, n_vocab: int, *, prefer_sentencepiece: bool = True)
         if isinstance(flag, bool):
             vocab.add_space_prefix = flag
     try:
-        vocab.special = gguf.SpecialVocab(folder, load_merges=vocab.model == "gpt2",
-                                          n_vocab=n_vocab)
+        vocab.special = gguf.SpecialVocab(
+            folder, load_merges=vocab.model == "gpt2", n_vocab=n_vocab
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise MissingTokenizerError(f"the tokenizer's files cannot be read ({exc}): "
-                                    "tokenizer.json / tokenizer_config.json damaged?") from None
+        raise MissingTokenizerError(
+            f"the tokenizer's files cannot be read ({exc}): "
+            "tokenizer.json / tokenizer_config.json damaged?"
+        ) from None
     vocab.eot_ids, notes = _stop_ids(folder, vocab.special)
     vocab.notes.extend(notes)
     return vocab
@@ -269,6 +288,8 @@ def write_vocab(w: gguf.GGUFWriter, vocab: Vocab) -> list[str]:
         if extra and kind not in taken:
             add(extra.pop(0))
     if extra:
-        notes.append(f"generation_config.json stop ids {extra} have no GGUF key left; llama.cpp "
-                     "still stops on them when their text marks an end of turn")
+        notes.append(
+            f"generation_config.json stop ids {extra} have no GGUF key left; llama.cpp "
+            "still stops on them when their text marks an end of turn"
+        )
     return notes

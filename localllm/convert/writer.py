@@ -25,16 +25,23 @@ class GGUFWriter(gguf.GGUFWriter):
     """A ``gguf.GGUFWriter`` whose long string/int/float metadata arrays pack in bulk."""
 
     def _pack_val(
-        self, val: Any, vtype: GGUFValueType, add_vtype: bool,
+        self,
+        val: Any,
+        vtype: GGUFValueType,
+        add_vtype: bool,
         sub_type: GGUFValueType | None = None,
     ) -> bytes:
-        bulk = self._pack_array(val) if (
-            vtype == GGUFValueType.ARRAY
-            and sub_type is None
-            and self.endianess == GGUFEndian.LITTLE
-            and isinstance(val, list | tuple)
-            and len(val) >= _MIN_BULK
-        ) else None
+        bulk = (
+            self._pack_array(val)
+            if (
+                vtype == GGUFValueType.ARRAY
+                and sub_type is None
+                and self.endianess == GGUFEndian.LITTLE
+                and isinstance(val, list | tuple)
+                and len(val) >= _MIN_BULK
+            )
+            else None
+        )
         if bulk is None:
             return super()._pack_val(val, vtype, add_vtype, sub_type)
         return (struct.pack("<I", vtype) if add_vtype else b"") + bulk
@@ -52,7 +59,7 @@ class GGUFWriter(gguf.GGUFWriter):
             encoded = [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in val]
             lengths = struct.pack(f"<{len(encoded)}Q", *map(len, encoded))
             parts = [b""] * (2 * len(encoded))
-            parts[0::2] = (lengths[i:i + 8] for i in range(0, len(lengths), 8))
+            parts[0::2] = (lengths[i : i + 8] for i in range(0, len(lengths), 8))
             parts[1::2] = encoded
             return head + b"".join(parts)
         fmt = _BULK.get(kind)

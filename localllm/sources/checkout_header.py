@@ -130,8 +130,10 @@ def _tensors(config: dict[str, Any], arch: str) -> list[tuple[str, tuple[int, ..
             ]
         found.append((f"{block}.attn_output.weight", (hidden, q), True))
         if arch == "qwen2":
-            found += [(f"{block}.attn_{x}.bias", (size,), False) for x, size in
-                      (("q", q), ("k", kv), ("v", kv))]
+            found += [
+                (f"{block}.attn_{x}.bias", (size,), False)
+                for x, size in (("q", q), ("k", kv), ("v", kv))
+            ]
         if arch in ("qwen3", "qwen3moe", "gemma3"):
             found += [(f"{block}.attn_{x}_norm.weight", (head_dim,), False) for x in ("q", "k")]
         if arch in ("gemma2", "gemma3"):

@@ -62,8 +62,9 @@ def _shard_header(source: BlobSource, client: Any, hub_file: HubFile) -> dict[st
     from ..convert import header_length, parse_header
 
     name = hub_file.path
-    length = header_length(_read_range(source, client, 0, min(8, hub_file.size)), name,
-                           hub_file.size)
+    length = header_length(
+        _read_range(source, client, 0, min(8, hub_file.size)), name, hub_file.size
+    )
     return parse_header(_read_range(source, client, 8, 8 + length), Path(name), hub_file.size)
 
 
@@ -91,8 +92,9 @@ def check_shard_headers(
         exc.args = (f"hf.co/{repo}: {exc}",)
         raise
     except (httpx.HTTPError, TransientError) as exc:
-        raise PullError(f"hf.co/{repo}: cannot read the shards' headers ({exc}); try the "
-                        "pull again") from None
+        raise PullError(
+            f"hf.co/{repo}: cannot read the shards' headers ({exc}); try the pull again"
+        ) from None
 
 
 def plan_checkout(

@@ -376,6 +376,7 @@ def _checkout_listing(
     from .checkout_header import checkout_header
 
     repo_id, revision = str(info.id), info.sha or "main"
+
     def get_json(path: str) -> Any:
         where = f"hf.co/{repo_id}/{path}"
         response = _get(settings, f"/{repo_id}/resolve/{revision}/{path}", None, where)

@@ -214,8 +214,6 @@ def _add_split_tensors(first: Path, count: Any, sizes: dict[str, int]) -> None:
         sizes.update({t.name: t.n_bytes for t in inspect_gguf(part).tensors})
 
 
-
-
 def _failure_message(returncode: int, errors: list[str], tail: str, target: str) -> str:
     if returncode < 0:
         import signal

@@ -159,8 +159,6 @@ def _child_command(arguments: dict[str, Any]) -> list[str]:
     return [sys.executable, "-m", "localllm.store.safetensors", json.dumps(arguments)]
 
 
-
-
 def convert_file(
     folder: Path,
     output: Path,

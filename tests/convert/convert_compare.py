@@ -59,8 +59,14 @@ def compare(ck: Checkpoint, gguf_path: Path, text: str = PROMPT) -> Comparison:
     """Tokenize ``text`` in both worlds and compare llama.cpp's logits with the reference's."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gguf_path), n_ctx=128, n_batch=128, n_threads=2,
-                logits_all=True, verbose=False)
+    llm = Llama(
+        model_path=str(gguf_path),
+        n_ctx=128,
+        n_batch=128,
+        n_threads=2,
+        logits_all=True,
+        verbose=False,
+    )
     try:
         ids_llama = llm.tokenize(text.encode(), add_bos=True, special=False)
         ids_ref = reference_ids(ck, text)
@@ -74,8 +80,15 @@ def compare(ck: Checkpoint, gguf_path: Path, text: str = PROMPT) -> Comparison:
     top2 = np.sort(want, axis=-1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > TIE_MARGIN * scale
     equal = np.argmax(got, axis=-1) == np.argmax(want, axis=-1)
-    return Comparison(ck.family, ids_ref, list(ids_llama), diff, scale,
-                      int(clear.sum()), int((equal & clear).sum()))
+    return Comparison(
+        ck.family,
+        ids_ref,
+        list(ids_llama),
+        diff,
+        scale,
+        int(clear.sum()),
+        int((equal & clear).sum()),
+    )
 
 
 def main() -> None:
@@ -85,8 +98,9 @@ def main() -> None:
     from localllm.convert import convert_folder
 
     families = sys.argv[1:] or list(FAMILIES)
-    print(f"{'family':9} {'converted':9} {'ids equal':9} {'max|dlogit|':>11} {'rel':>8} "
-          "greedy equal")
+    print(
+        f"{'family':9} {'converted':9} {'ids equal':9} {'max|dlogit|':>11} {'rel':>8} greedy equal"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for fam in families:
             ck = write_checkpoint(Path(tmp) / fam, fam)
@@ -96,9 +110,11 @@ def main() -> None:
                 print(f"{fam:9} no: {exc}")
                 continue
             c = compare(ck, out.path)
-            print(f"{fam:9} {'yes':9} {c.ids_llama == c.ids_reference!s:9} "
-                  f"{c.max_abs_diff:11.2e} {c.rel_diff:8.1e} "
-                  f"{c.greedy_equal}/{c.greedy_checked}")
+            print(
+                f"{fam:9} {'yes':9} {c.ids_llama == c.ids_reference!s:9} "
+                f"{c.max_abs_diff:11.2e} {c.rel_diff:8.1e} "
+                f"{c.greedy_equal}/{c.greedy_checked}"
+            )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,14 @@ def _rope(x: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0) -> np.ndarra
     return (x * cos + rot * sin).astype(np.float32)
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-            softcap: float | None, window: int | None) -> np.ndarray:
+def _attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    softcap: float | None,
+    window: int | None,
+) -> np.ndarray:
     t, n_head, _ = q.shape
     rep = n_head // k.shape[1]
     k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
@@ -73,26 +79,38 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def _moe(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray], p: str,
-         m: np.ndarray) -> np.ndarray:
+def _moe(
+    family: str, cfg: dict[str, Any], w: dict[str, np.ndarray], p: str, m: np.ndarray
+) -> np.ndarray:
     """Sparse experts: softmax router, top-k, weights renormalised (modeling_mixtral.py,
     modeling_qwen3_moe.py with norm_topk_prob), each chosen expert a SwiGLU."""
     if family == "mixtral":
         router, k = w[p + "block_sparse_moe.gate.weight"], cfg["num_experts_per_tok"]
-        names = [(f"{p}block_sparse_moe.experts.{e}.w1.weight",
-                  f"{p}block_sparse_moe.experts.{e}.w3.weight",
-                  f"{p}block_sparse_moe.experts.{e}.w2.weight") for e in range(len(router))]
+        names = [
+            (
+                f"{p}block_sparse_moe.experts.{e}.w1.weight",
+                f"{p}block_sparse_moe.experts.{e}.w3.weight",
+                f"{p}block_sparse_moe.experts.{e}.w2.weight",
+            )
+            for e in range(len(router))
+        ]
     else:
         router, k = w[p + "mlp.gate.weight"], cfg["num_experts_per_tok"]
-        names = [(f"{p}mlp.experts.{e}.gate_proj.weight", f"{p}mlp.experts.{e}.up_proj.weight",
-                  f"{p}mlp.experts.{e}.down_proj.weight") for e in range(len(router))]
+        names = [
+            (
+                f"{p}mlp.experts.{e}.gate_proj.weight",
+                f"{p}mlp.experts.{e}.up_proj.weight",
+                f"{p}mlp.experts.{e}.down_proj.weight",
+            )
+            for e in range(len(router))
+        ]
     logits = m @ router.T
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
@@ -106,8 +124,9 @@ def _moe(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray], p: str,
     return out
 
 
-def forward(family: str, cfg: dict[str, Any], w: dict[str, np.ndarray],
-            ids: list[int]) -> np.ndarray:
+def forward(
+    family: str, cfg: dict[str, Any], w: dict[str, np.ndarray], ids: list[int]
+) -> np.ndarray:
     """Logits (tokens, vocab) of the checkpoint for the token ids, in float32."""
     gemma = family.startswith("gemma")
     h, n_head, n_kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]

@@ -160,11 +160,18 @@ def test_pickles_are_refused_and_never_unpickled(tmp_path: Path) -> None:
             return (open, (str(marker), "w"))
 
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
-    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                                    "hidden_size": 64, "num_hidden_layers": 2,
-                                                    "num_attention_heads": 4,
-                                                    "intermediate_size": 128,
-                                                    "vocab_size": 300}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 128,
+                "vocab_size": 300,
+            }
+        )
+    )
     with pytest.raises(PickleCheckpointError, match=r"pytorch_model\.bin.*never opens"):
         convert_folder(folder, tmp_path / "out.gguf")
     with pytest.raises(PickleCheckpointError):
@@ -217,10 +224,17 @@ def test_damaged_tokenizer_files(folder: Path) -> None:
     _convert_fails(folder, MissingTokenizerError, "tokenizer.json")
 
 
-@pytest.mark.parametrize("changes", [
-    {"hidden_size": "wide"}, {"num_attention_heads": 0}, {"rope_theta": "fast"},
-    {"num_key_value_heads": 3}, {"head_dim": [16]}, {"rope_scaling": {"rope_type": "dynamic"}},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"hidden_size": "wide"},
+        {"num_attention_heads": 0},
+        {"rope_theta": "fast"},
+        {"num_key_value_heads": 3},
+        {"head_dim": [16]},
+        {"rope_scaling": {"rope_type": "dynamic"}},
+    ],
+)
 def test_config_values_that_cannot_be_used(folder: Path, changes: dict[str, object]) -> None:
     _edit_config(folder, **changes)
     _convert_fails(folder, ConvertError, "config.json|rope scaling")

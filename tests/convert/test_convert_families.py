@@ -15,8 +15,18 @@ from hf_checkpoint import bf16_bits, write_checkpoint
 
 from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
 
-FAMILIES = ["llama", "llama31", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3",
-            "mixtral", "qwen3moe"]
+FAMILIES = [
+    "llama",
+    "llama31",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "mixtral",
+    "qwen3moe",
+]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -24,13 +34,13 @@ def test_family_matches_reference(family: str, tmp_path: Path) -> None:
     ck = write_checkpoint(tmp_path / family, family)
     assert ck.config["architectures"][0] in SUPPORTED_ARCHITECTURES
     seen: list[tuple[int, int]] = []
-    result = convert_folder(ck.folder, tmp_path / "out" / "model.gguf",
-                            progress=lambda d, t: seen.append((d, t)))
+    result = convert_folder(
+        ck.folder, tmp_path / "out" / "model.gguf", progress=lambda d, t: seen.append((d, t))
+    )
     assert result.path.is_file() and result.bytes_written == result.path.stat().st_size
     assert not [p for p in result.path.parent.iterdir() if p.name != "model.gguf"]
     total = sum(ck.weights[n].size * 2 for n in ck.weights)
-    assert seen[-1] == (total, total) and all(
-        a <= b for (a, _), (b, _) in pairwise(seen))
+    assert seen[-1] == (total, total) and all(a <= b for (a, _), (b, _) in pairwise(seen))
 
     c = compare(ck, result.path)
     assert c.ids_llama == c.ids_reference, "llama.cpp tokenizes the prompt differently"
@@ -52,11 +62,15 @@ def test_inspect_folder_reads_headers_only(tmp_path: Path) -> None:
     assert "tokenizer.json" in info.files and "config.json" in info.files
 
 
-@pytest.mark.parametrize(("outtype", "matrix", "tolerance"), [
-    ("f32", "F32", REL_TOLERANCE), ("bf16", "BF16", REL_TOLERANCE),
-    # q8_0 rounds each weight to 8 bits: a looser bound, still far below a wrong conversion.
-    ("q8_0", "Q8_0", 5e-2),
-])
+@pytest.mark.parametrize(
+    ("outtype", "matrix", "tolerance"),
+    [
+        ("f32", "F32", REL_TOLERANCE),
+        ("bf16", "BF16", REL_TOLERANCE),
+        # q8_0 rounds each weight to 8 bits: a looser bound, still far below a wrong conversion.
+        ("q8_0", "Q8_0", 5e-2),
+    ],
+)
 def test_outtypes(tmp_path: Path, outtype: str, matrix: str, tolerance: float) -> None:
     import gguf
 
@@ -122,7 +136,7 @@ def test_auto_holds_the_values_of_an_exact_conversion(family: str, tmp_path: Pat
     for t in gguf.GGUFReader(str(auto)).tensors:
         reference = np.asarray(wide[t.name].data, dtype=np.float32).reshape(-1)
         if t.tensor_type.name == "BF16":
-            values = (np.asarray(t.data).view(np.uint16).reshape(-1).astype(np.uint32) << 16)
+            values = np.asarray(t.data).view(np.uint16).reshape(-1).astype(np.uint32) << 16
             assert np.array_equal(values.view(np.float32), reference), t.name
             copied += 1
         else:
@@ -168,16 +182,25 @@ def test_multimodal_gemma3_converts_its_text_model(tmp_path: Path) -> None:
     for p in ck.folder.glob("model-*.safetensors"):
         p.unlink()
     text = {k: v for k, v in ck.config.items() if k not in ("architectures", "torch_dtype")}
-    (ck.folder / "config.json").write_text(json.dumps({
-        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-        "torch_dtype": "bfloat16", "text_config": text,
-        "vision_config": {"hidden_size": 32, "model_type": "siglip_vision_model"}}))
+    (ck.folder / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Gemma3ForConditionalGeneration"],
+                "model_type": "gemma3",
+                "torch_dtype": "bfloat16",
+                "text_config": text,
+                "vision_config": {"hidden_size": 32, "model_type": "siglip_vision_model"},
+            }
+        )
+    )
     renamed = {"language_model." + k: v for k, v in ck.weights.items()}
     rng = np.random.default_rng(3)
     renamed["vision_tower.vision_model.embeddings.patch_embedding.weight"] = rng.normal(
-        size=(32, 3, 14, 14)).astype(np.float32)
-    renamed["multi_modal_projector.mm_input_projection_weight"] = rng.normal(
-        size=(32, 64)).astype(np.float32)
+        size=(32, 3, 14, 14)
+    ).astype(np.float32)
+    renamed["multi_modal_projector.mm_input_projection_weight"] = rng.normal(size=(32, 64)).astype(
+        np.float32
+    )
     write_shards(ck.folder, renamed)
 
     info = inspect_folder(ck.folder)
@@ -199,9 +222,11 @@ def test_phi3_long_rope(tmp_path: Path) -> None:
 
     ck = write_checkpoint(tmp_path / "p", "phi3")
     half = ck.config["hidden_size"] // ck.config["num_attention_heads"] // 2
-    scaling = {"type": "longrope",
-               "short_factor": [1.0 + 0.25 * i for i in range(half)],
-               "long_factor": [2.0 + 0.5 * i for i in range(half)]}
+    scaling = {
+        "type": "longrope",
+        "short_factor": [1.0 + 0.25 * i for i in range(half)],
+        "long_factor": [2.0 + 0.5 * i for i in range(half)],
+    }
     ck.config.update(rope_scaling=scaling, max_position_embeddings=1024)
     (ck.folder / "config.json").write_text(json.dumps(ck.config))
     result = convert_folder(ck.folder, tmp_path / "p.gguf")

@@ -35,8 +35,9 @@ def test_bf16_to_f16_is_the_tables_bits_at_any_size(size: int) -> None:
     """The integer path (f16's normal range) and the table (zeros, subnormals, beyond range,
     inf, nan) meet at every block edge: bit for bit the table's gather, nan payloads too."""
     rng = np.random.default_rng(size)
-    bits = np.concatenate([rng.permutation(_every_bf16()),
-                           rng.integers(0, 1 << 16, size, dtype=np.uint16)])[:size]
+    bits = np.concatenate(
+        [rng.permutation(_every_bf16()), rng.integers(0, 1 << 16, size, dtype=np.uint16)]
+    )[:size]
     want = _f16_table().view(np.uint16)[bits]
     assert np.array_equal(bf16_to_f16(bits).view(np.uint16), want)
     out = np.full(size, 7, dtype=np.float16)
@@ -47,8 +48,25 @@ def test_bf16_to_f16_is_the_tables_bits_at_any_size(size: int) -> None:
 def test_bf16_to_f16_in_a_block_of_mostly_zeros_and_edges() -> None:
     """A block mostly outside the integer path (a pruned or padded tensor) takes the table for
     the whole block; the range's edges (smallest normal, largest finite, first overflow)."""
-    edges = np.array([0x0000, 0x8000, 0x3880, 0x387F, 0xB880, 0x477F, 0x4780, 0xC780, 0x7F80,
-                      0xFF80, 0x7FC1, 0x0001, 0x3800, 0x37FF], dtype=np.uint16)
+    edges = np.array(
+        [
+            0x0000,
+            0x8000,
+            0x3880,
+            0x387F,
+            0xB880,
+            0x477F,
+            0x4780,
+            0xC780,
+            0x7F80,
+            0xFF80,
+            0x7FC1,
+            0x0001,
+            0x3800,
+            0x37FF,
+        ],
+        dtype=np.uint16,
+    )
     bits = np.zeros(_BLOCK + 200_000, dtype=np.uint16)
     bits[::97] = np.resize(edges, bits[::97].size)
     for x in (bits, edges):

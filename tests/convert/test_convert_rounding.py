@@ -38,8 +38,9 @@ def _joined(blocks: object) -> np.ndarray:
 
 @pytest.mark.parametrize("buffer_bytes", [2, 1000, 74 * 64 * 2, 74 * 67 * 2, 1 << 20])
 @pytest.mark.parametrize("ordered", [False, True], ids=["rows", "rope-order"])
-def test_blocks_are_the_rows_in_order(tensor: tuple[TensorEntry, np.ndarray],
-                                      buffer_bytes: int, ordered: bool) -> None:
+def test_blocks_are_the_rows_in_order(
+    tensor: tuple[TensorEntry, np.ndarray], buffer_bytes: int, ordered: bool
+) -> None:
     """pread blocks of any size; rows reordered block by block where blocks hold whole heads
     (74*64*2), from the map where they cannot (67 rows, a row larger than half of 1000)."""
     entry, bits = tensor
@@ -59,9 +60,12 @@ def test_a_shard_cut_short_is_an_error(tensor: tuple[TensorEntry, np.ndarray]) -
 
 @pytest.mark.parametrize("pool_bytes", [1000, 4096, 74 * 64 * 2, 1 << 20])
 @pytest.mark.parametrize("ordered", [False, True], ids=["rows", "rope-order"])
-def test_pooled_f16_is_bf16_to_f16_of_the_rows(tensor: tuple[TensorEntry, np.ndarray],
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               pool_bytes: int, ordered: bool) -> None:
+def test_pooled_f16_is_bf16_to_f16_of_the_rows(
+    tensor: tuple[TensorEntry, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    pool_bytes: int,
+    ordered: bool,
+) -> None:
     """The conversion's fast path: buffers filled to their end across read blocks (3000 bytes
     read at a time here), the last one as far as the tensor goes, each given back once
     written; the bytes equal bf16_to_f16 of the rows in order."""

@@ -41,7 +41,7 @@ def test_spans_arrays_and_bytes_land_in_order(
         sink.write(b"tail")
         sink.close()
         assert sink.position == fh.tell()
-    expected = (b"HEAD" + data[5 : 5 + (1 << 20)] + array.tobytes())
+    expected = b"HEAD" + data[5 : 5 + (1 << 20)] + array.tobytes()
     expected += bytes(-len(expected) % 32) + data[(2 << 20) + 3 :] + b"tail"
     assert out.read_bytes() == expected
 

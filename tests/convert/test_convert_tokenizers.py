@@ -21,8 +21,12 @@ def _field(reader: gguf.GGUFReader, key: str) -> object:
     if f.types[0] == gguf.GGUFValueType.STRING:
         return bytes(f.parts[f.data[0]]).decode()
     if f.types[0] == gguf.GGUFValueType.ARRAY:
-        return [f.parts[i].tolist()[0] if f.types[-1] != gguf.GGUFValueType.STRING
-                else bytes(f.parts[i]).decode() for i in f.data]
+        return [
+            f.parts[i].tolist()[0]
+            if f.types[-1] != gguf.GGUFValueType.STRING
+            else bytes(f.parts[i]).decode()
+            for i in f.data
+        ]
     return f.parts[f.data[0]].tolist()[0]
 
 
@@ -38,10 +42,12 @@ def _smollm2_tokenizer_json(folder: Path) -> tuple[int, list[str]]:
     assert isinstance(tokens, list) and isinstance(types, list)
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     specials = [t for t, k in zip(tokens, types, strict=True) if k == gguf.TokenType.CONTROL]
@@ -63,15 +69,23 @@ def test_real_vocabulary_is_identified_by_llama_cpp_hash(tmp_path: Path) -> None
     cfg = json.loads((folder / "config.json").read_text())
     cfg.update(vocab_size=n_vocab, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     (folder / "config.json").write_text(json.dumps(cfg))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
-        "chat_template": CHATML}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|im_start|>",
+                "eos_token": "<|im_end|>",
+                "add_bos_token": False,
+                "chat_template": CHATML,
+            }
+        )
+    )
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     for p in folder.glob("model-*.safetensors"):
         p.unlink()
     weights = {k: v for k, v in ck.weights.items() if k != "lm_head.weight"}
-    weights["model.embed_tokens.weight"] = np.random.default_rng(1).normal(
-        size=(n_vocab, 64)).astype(np.float32)
+    weights["model.embed_tokens.weight"] = (
+        np.random.default_rng(1).normal(size=(n_vocab, 64)).astype(np.float32)
+    )
     write_shards(folder, weights)
 
     result = convert_folder(folder, tmp_path / "smollm.gguf")
@@ -119,7 +133,8 @@ def test_qwen_adds_no_bos_and_stops_on_both_ids(tmp_path: Path) -> None:
     assert _field(r, "tokenizer.ggml.eos_token_id") == ck.eos_id
     assert _field(r, "tokenizer.ggml.eot_token_id") == ck.stop_ids[0]
     assert "tokenizer.ggml.bos_token_id" not in r.fields or not _field(
-        r, "tokenizer.ggml.add_bos_token")
+        r, "tokenizer.ggml.add_bos_token"
+    )
 
 
 @pytest.mark.parametrize(("family", "prefix"), [("mistral", True), ("gemma2", False)])

@@ -160,9 +160,7 @@ def test_cli_uploads_a_folder_to_a_remote_daemon(cli: CliHome, checkpoint: Path)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_each_family_is_created_and_answers(
-    cli: CliHome, family: str, tmp_path: Path
-) -> None:
+def test_each_family_is_created_and_answers(cli: CliHome, family: str, tmp_path: Path) -> None:
     folder = write_checkpoint(tmp_path / family, family).folder
     with cli.client() as client:
         lines = list(client.create(f"family-{family}", from_=str(folder), quantize="q8_0"))

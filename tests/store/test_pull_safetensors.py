@@ -94,8 +94,9 @@ def test_show_before_download_lists_converted_quantizations(
     assert sizes["Q4_K_M"] <= sizes["Q8_0"] < sizes["F16"]
     for quant in data["quants"]:
         assert quant["converted_from"] == "safetensors"
-        assert quant["download_size"] == sum(len(v) for k, v in _files_of(module_hub).items()
-                                             if k in quant["files"])
+        assert quant["download_size"] == sum(
+            len(v) for k, v in _files_of(module_hub).items() if k in quant["files"]
+        )
         assert quant["fit"] == "cpu" and quant["context_length"] == 1024
         assert quant["split"] is False  # one GGUF once converted, whatever the shards
     (q8,) = [q for q in data["quants"] if q["label"] == "Q8_0"]
@@ -236,8 +237,13 @@ def test_the_header_show_makes_from_a_config_is_the_conversions(
         t.name: (t.shape, t.n_bytes) for t in real.tensors
     }
     arch = real.architecture
-    for key in ("block_count", "embedding_length", "attention.head_count",
-                "attention.head_count_kv", "context_length"):
+    for key in (
+        "block_count",
+        "embedding_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "context_length",
+    ):
         assert made.metadata[f"{arch}.{key}"] == real.metadata[f"{arch}.{key}"], key
     # Quantized by llama.cpp: each tensor's type (its output-head and _M-mix rules, its
     # fallback for rows its blocks do not divide), hence the size show gives, are the same.
