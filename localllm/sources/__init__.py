@@ -20,8 +20,32 @@ Modules, one job each:
 
 from __future__ import annotations
 
-from .progress import ProgressCallback, PullProgress
-from .pull import pull
-from .splits import linked_splits, model_paths
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .progress import ProgressCallback, PullProgress
+    from .pull import pull
+    from .splits import linked_splits, model_paths
 
 __all__ = ["ProgressCallback", "PullProgress", "linked_splits", "model_paths", "pull"]
+
+# Imported on first use: a submodule (the hub's listings, say) is imported without the pull
+# machinery, which brings httpx, and httpx brings rich and pygments for its command line
+# whenever they are installed (0.1 s of every daemon start).
+_HOMES = {
+    "ProgressCallback": ".progress",
+    "PullProgress": ".progress",
+    "pull": ".pull",
+    "linked_splits": ".splits",
+    "model_paths": ".splits",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value

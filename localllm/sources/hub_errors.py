@@ -14,7 +14,6 @@ from .._exceptions import (
     RemoteNotFoundError,
 )
 from .gguf_files import HubFile
-from .http import TransientError, is_transport_error
 
 __all__ = ["hub_error", "hub_files"]
 
@@ -74,6 +73,9 @@ def hub_error(exc: BaseException, where: str, endpoint: str) -> Exception:
         response = getattr(exc, "response", None)
         status = int(getattr(response, "status_code", 0) or 0)
         return _status_error(status, getattr(response, "headers", None), where, endpoint)
+    # here, not at the top: the daemon imports this module to start, and httpx comes with .http
+    from .http import TransientError, is_transport_error
+
     if is_transport_error(exc) or isinstance(exc, TransientError):
         return NetworkError(
             f"cannot reach Hugging Face at {endpoint} ({type(exc).__name__}: {exc}); check the "
