@@ -18,7 +18,7 @@ type ``f16+sha256`` also hashes the file as it is written, as ``localllm create`
 model it keeps unquantized (the file becomes the blob).
 
     python benchmarks/convert.py [--layers 16] [--repeat 3] [--outtypes auto,f16,f16+sha256]
-                                 [--dir /tmp] [--cold]
+                                 [--dir /tmp] [--cold] [--base CHECKOUT]
 """
 
 from __future__ import annotations
@@ -200,7 +200,12 @@ def _cp(shards: list[str], dst: Path) -> float:
     return seconds
 
 
-def _convert(src: Path, out: Path, outtype: str) -> tuple[float, dict]:
+def _convert(src: Path, out: Path, outtype: str, base: str | None = None) -> tuple[float, dict]:
+    """Convert in a child process; with ``base`` (a checkout's root), that checkout's
+    converter (imported from it: the child starts outside any checkout)."""
+    env = dict(os.environ)
+    if base is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [base, env.get("PYTHONPATH")]))
     t = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, str(src), str(out), outtype],
@@ -208,6 +213,8 @@ def _convert(src: Path, out: Path, outtype: str) -> tuple[float, dict]:
         capture_output=True,
         text=True,
         timeout=1800,
+        cwd=out.parent,
+        env=env,
     )
     subprocess.run(["sync"], check=True, timeout=900)
     seconds = time.perf_counter() - t
@@ -223,12 +230,19 @@ def main() -> None:
     ap.add_argument("--outtypes", default="auto,f16")
     ap.add_argument("--dir", default=None, help="where to write (a temporary folder in it)")
     ap.add_argument(
+        "--base",
+        default=None,
+        help="a checkout's root: its converter too, interleaved with this one (outtype@base)",
+    )
+    ap.add_argument(
         "--cold",
         action="store_true",
         help="read the shards from the disk each time (drop them from the page cache)",
     )
     args = ap.parse_args()
     outtypes = args.outtypes.split(",")
+    if args.base:
+        outtypes = [name for o in outtypes for name in (o, f"{o}@base")]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         src = Path(tmp) / "model"
         src.mkdir()
@@ -252,7 +266,10 @@ def main() -> None:
             line = [f"pass {i + 1} (load {loads[-1]:.1f}): cp{cold} {rate:.0f} MB/s"]
             for outtype in outtypes:
                 cold = _cold(shards) if args.cold else ""
-                seconds, r = _convert(src, Path(tmp) / "model.gguf", outtype)
+                kind, _, base = outtype.partition("@")
+                seconds, r = _convert(
+                    src, Path(tmp) / "model.gguf", kind, args.base if base else None
+                )
                 conv_s[outtype].append(seconds)
                 peaks[outtype].append(r["peak"])
                 line.append(
