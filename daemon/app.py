@@ -45,7 +45,7 @@ from .runner.client import RunnerError
 from .security import GuardMiddleware, is_openai_path, origin_regex
 from .state import DaemonState
 
-__all__ = ["create_app"]
+__all__ = ["ACCESS_LOG", "create_app"]
 
 log = logging.getLogger("localllm.daemon")
 
@@ -104,8 +104,21 @@ class _Arrival:
         await self.app(scope, receive, send)
 
 
+ACCESS_LOG = logging.Logger("uvicorn.access")
+"""The logger of each answer's access line: uvicorn's line under uvicorn's logger name, but
+the app's own logger (outside the logging registry), which :func:`~.server.setup_logging`
+sends to ``daemon.log``. uvicorn's own (``logging.getLogger("uvicorn.access")``) has no
+handler in the daemon (``access_log=False``), so uvicorn writes none."""
+
+
 class _CountRequests:
-    """Counts answered HTTP requests by route and status for /metrics."""
+    """Counts answered HTTP requests by route and status for /metrics, and writes each one's
+    access line (uvicorn's, word for word) once its answer is over.
+
+    uvicorn writes that line as the headers go out, which for a stream is the moment of its
+    first token: the record formatted then, and the log's writer thread woken to contend for
+    the GIL and the cores while the first token's bytes are written. Written at the end, the
+    line is the same and the first token does not wait for it."""
 
     def __init__(self, app: ASGIApp, state: DaemonState) -> None:
         self.app = app
@@ -115,7 +128,7 @@ class _CountRequests:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
+        status = 500  # what the server answers when the app fails before its own answer
 
         async def counting_send(message: Message) -> None:
             nonlocal status
@@ -129,6 +142,33 @@ class _CountRequests:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
             self.state.metrics.http_requests.labels(scope["method"], path, str(status)).inc()
+            if ACCESS_LOG.handlers and ACCESS_LOG.isEnabledFor(logging.INFO):
+                ACCESS_LOG.info(
+                    '%s - "%s %s HTTP/%s" %d',
+                    _client(scope),
+                    scope["method"],
+                    _path_and_query(scope),
+                    scope["http_version"],
+                    status,
+                )
+
+
+def _client(scope: Scope) -> str:
+    """The client's address as uvicorn's access line writes it (empty on the Unix socket)."""
+    client = scope.get("client")
+    if not client:
+        return ""
+    host, port = client
+    return f"{host}:{port}"
+
+
+def _path_and_query(scope: Scope) -> str:
+    """The path and query as uvicorn's access line writes it."""
+    raw = scope.get("raw_path")
+    path = raw.decode("latin1") if raw is not None else scope["path"]
+    if scope.get("query_string"):
+        path = f"{path}?{scope['query_string'].decode('ascii')}"
+    return path.replace('"', "%22")
 
 
 def _model_routes(app: FastAPI) -> None:

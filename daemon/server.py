@@ -32,7 +32,7 @@ from localllm.settings import Settings
 from localllm.starter import ensure_starter
 from localllm.store.check import check_store
 
-from .app import create_app
+from .app import ACCESS_LOG, create_app
 from .preload import preload
 from .security import check_bind_allowed
 from .state import DaemonState
@@ -51,7 +51,8 @@ class DaemonLockedError(SettingsError):
 
 
 def setup_logging(settings: Settings) -> Path:
-    """Send the daemon's and uvicorn's logs (requests included) to ``daemon.log``.
+    """Send the daemon's and uvicorn's logs to ``daemon.log``, each answer's access line
+    included (:data:`~.app.ACCESS_LOG`, written once the answer is over).
 
     A request's thread only queues its records (``QueueHandler``); one listener thread writes
     them to the file, so no log line's disk write sits between a request's arrival and its
@@ -72,8 +73,7 @@ def setup_logging(settings: Settings) -> Path:
     listener.start()
     _listeners.append(listener)
     queued = logging.handlers.QueueHandler(records)
-    for name in ("localllm", "uvicorn", "uvicorn.error", "uvicorn.access"):
-        logger = logging.getLogger(name)
+    for logger in (*map(logging.getLogger, ("localllm", "uvicorn", "uvicorn.error")), ACCESS_LOG):
         logger.handlers = [queued]
         logger.setLevel(level)
         logger.propagate = False
@@ -183,7 +183,7 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         http="auto",
         lifespan="off",
         log_config=None,
-        access_log=True,
+        access_log=False,  # written by the app once each answer is over (app._CountRequests)
         timeout_graceful_shutdown=_GRACEFUL_SECONDS,
         timeout_keep_alive=30,
         server_header=False,

@@ -331,7 +331,9 @@ class Governor:
         # A batch is long and decided once: it gets a fresh reading (see batch_tokens); while
         # others hold the count down, so does every step a tenth of a second on, so that the
         # end of their burst is seen at once.
-        fresh = kind == "batch" or self._cpu_cap[kind] < self.max_threads
+        # (With one thread at most there is nothing to decide: no fresh reading before a batch,
+        # which is a prompt's first step, where reading /proc/stat delayed the first token.)
+        fresh = self.max_threads > 1 and (kind == "batch" or self._cpu_cap[kind] < self.max_threads)
         if now >= self._next_sample or (fresh and now - self._last_sample >= _QUICK_S):
             self._sample(now)
         cap = self.cap(kind)
@@ -353,8 +355,8 @@ class Governor:
         fresh reading: while other processes hold the batch count below what this runner
         may use, about :data:`_HELD_BATCH_S` of them, so that the end of their burst lifts
         the count within a batch or two."""
-        if self.fixed:
-            return None
+        if self.fixed or self.max_threads == 1:
+            return None  # a batch cannot be held below one thread
         now = self._clock()
         if now - self._last_sample >= _QUICK_S:
             self._sample(now)

@@ -22,6 +22,7 @@ from localllm.store.models import LocalModel
 
 __all__ = [
     "TemplateRenderError",
+    "compile_template",
     "is_go_template",
     "jinja_override",
     "model_template",
@@ -83,6 +84,20 @@ def _compile(template: str) -> jinja2.Template:
     environment.globals["strftime_now"] = _strftime_now
     environment.filters["tojson"] = _tojson
     return environment.from_string(template)
+
+
+def compile_template(template: str) -> bool:
+    """Compile ``template`` ahead of its first render (compiled templates are cached, so the
+    render that follows only renders); whether it was compiled now (False: it already was,
+    or it does not compile: then :func:`render_chat` meets the same error and reports it)."""
+    if is_go_template(template):
+        return False
+    misses = _compile.cache_info().misses
+    try:
+        _compile(template)
+    except Exception:  # a syntax error, or anything a template's compile raises
+        return False
+    return _compile.cache_info().misses > misses
 
 
 def render_chat(

@@ -28,7 +28,7 @@ from ..engine.slots import common_prefix_length
 from ..engine.text import unicode_problem
 from ..engine.vision import ImageEmbeddings, VisionError, VisionProjector, is_image_token
 from ..lora.adapterset import AdapterLoadError, AdapterSet
-from ..prompt.template import TemplateRenderError, render_chat
+from ..prompt.template import TemplateRenderError, compile_template, render_chat
 from .connection import Connection
 from .protocol import (
     IMAGE_MARKER,
@@ -63,7 +63,14 @@ from .protocol import (
 )
 from .threads import in_own_thread
 
-__all__ = ["Prompt", "PromptError", "RunnerServer", "prepare", "prepare_prompt"]
+__all__ = [
+    "Prompt",
+    "PromptError",
+    "RunnerServer",
+    "TemplateRenders",
+    "prepare",
+    "prepare_prompt",
+]
 
 log = logging.getLogger("localllm.runner.server")
 
@@ -121,7 +128,10 @@ class Prompt:
     dropped_tokens: int = 0
     """Prompt tokens left out to fit the context (truncation), those messages' included."""
     template_ms: float = 0.0
-    """Time spent rendering the chat template (every render truncation needed)."""
+    """Time spent rendering the chat template (every render truncation needed), its compile
+    included."""
+    compile_ms: float = 0.0
+    """Of ``template_ms``, compiling the template (its first use in this process)."""
     tokenize_ms: float = 0.0
     """Time spent tokenizing (images included)."""
 
@@ -129,15 +139,21 @@ class Prompt:
 class _Spent:
     """Time a prompt's preparation spent rendering and tokenizing (``perf_counter_ns``)."""
 
-    __slots__ = ("template", "tokenize")
+    __slots__ = ("compile", "template", "tokenize")
 
     def __init__(self) -> None:
+        self.compile = 0
         self.template = 0
         self.tokenize = 0
 
     def into(self, prompt: Prompt) -> Prompt:
         """``prompt`` with these times."""
-        return replace(prompt, template_ms=self.template / 1e6, tokenize_ms=self.tokenize / 1e6)
+        return replace(
+            prompt,
+            template_ms=self.template / 1e6,
+            tokenize_ms=self.tokenize / 1e6,
+            compile_ms=self.compile / 1e6,
+        )
 
 
 class _Images:
@@ -302,6 +318,12 @@ def _chat_prompt(
         _encodable(message["content"], f"messages[{index}].content")
 
     rendered = [""]
+    # Compiled apart from the first render, and timed apart: a template's first use compiles
+    # it (several ms for a GGUF's template), and the runner judges a template by its renders.
+    began = time.perf_counter_ns()
+    if compile_template(template):
+        spent.compile = time.perf_counter_ns() - began
+    spent.template += time.perf_counter_ns() - began
 
     def tokens_for(
         conversation: list[dict[str, Any]],
@@ -431,6 +453,29 @@ _LIGHT_CHARS = 8192
 _QUICK_MS = 2.0
 
 
+class TemplateRenders:
+    """How long each chat template takes to render, to prepare a light prompt on the loop
+    when its template has always rendered quickly (the slowest render seen decides: a
+    template that once took long goes to a thread again). A render's time leaves out the
+    template's compile: a template's first use compiles it (several ms for a GGUF's), which
+    counted would send every later request to a thread."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._ms: dict[str, float] = {}
+        self._limit = limit
+
+    def quick(self, template: str) -> bool:
+        """Whether every render of ``template`` so far took under :data:`_QUICK_MS` (never
+        rendered yet: no)."""
+        return self._ms.get(template, _QUICK_MS) < _QUICK_MS
+
+    def record(self, template: str, render_ms: float) -> None:
+        """A render of ``template`` took ``render_ms`` (its compile left out)."""
+        self._ms[template] = max(self._ms.get(template, 0.0), render_ms)
+        if len(self._ms) > self._limit:  # requests may bring their own templates
+            self._ms.pop(next(iter(self._ms)))
+
+
 def _light(request: GenerationRequest) -> bool:
     """Whether ``request``'s prompt is prepared quicker than a thread starts: text only, short,
     and no JSON schema or grammar to compile."""
@@ -473,8 +518,8 @@ class RunnerServer:
         (:class:`~localllm.daemon.memory.plan.MemoryPlan`), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[Connection] = set()
-        self._template_ms: dict[str, float] = {}
-        """The slowest render of each template seen (ms): quick ones render on the loop."""
+        self._renders = TemplateRenders()
+        """How long each template takes to render: quick ones render on the loop."""
         # Dispatched requests; close() waits for them, because prompt preparation reads the
         # model's vocabulary from worker threads and the model must outlive them.
         self._tasks: set[asyncio.Task[None]] = set()
@@ -689,7 +734,7 @@ class RunnerServer:
 
         template = request.template or self.default_template or ""
         try:
-            if _light(request) and self._template_ms.get(template, _QUICK_MS) < _QUICK_MS:
+            if _light(request) and self._renders.quick(template):
                 # A short text prompt whose template rendered quickly before takes well under a
                 # millisecond here: a thread would cost more (its start, two hand-overs).
                 prompt, grammar = work()
@@ -698,11 +743,7 @@ class RunnerServer:
                 # long prompt or a schema's grammar must not hold the other requests' events.
                 prompt, grammar = await in_own_thread(work, "localllm-prepare")
             check_sampling(request.options, self.model.n_vocab)
-            # The slowest render seen: a template that once took long goes to a thread again.
-            seen = self._template_ms.get(template, 0.0)
-            self._template_ms[template] = max(seen, prompt.template_ms)
-            if len(self._template_ms) > 64:  # requests may bring their own templates
-                self._template_ms.pop(next(iter(self._template_ms)))
+            self._renders.record(template, prompt.template_ms - prompt.compile_ms)
         except (GrammarError, ValueError) as exc:
             if isinstance(exc, PromptError):
                 raise

@@ -41,6 +41,11 @@ class NgramDrafter:
     For every n-gram size up to ``max_ngram`` an index maps each n-gram to the position just
     after its latest occurrence; before the index learns the n-gram that now ends the
     sequence, its previous occurrence is remembered, and that is where a draft is copied from.
+
+    The sequence is indexed when a draft is first asked for, not as it is given: a request's
+    drafter is made as the engine admits it and learns the first token before that token
+    goes out, and indexing the prompt there (a few microseconds a token) would delay the
+    first token, which no draft can help.
     """
 
     def __init__(self, tokens: list[int], max_ngram: int = 3, min_ngram: int = 2) -> None:
@@ -49,7 +54,7 @@ class NgramDrafter:
         self.tokens: list[int] = []
         self._latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram + 1)]
         self._previous: list[int | None] = [None] * (max_ngram + 1)
-        self.extend(tokens)
+        self._unindexed: list[int] | None = list(tokens)
 
     def extend(self, tokens: list[int]) -> None:
         """Add tokens to the end of the sequence."""
@@ -58,6 +63,17 @@ class NgramDrafter:
 
     def append(self, token: int) -> None:
         """Add one token to the end of the sequence."""
+        if self._unindexed is not None:
+            self._unindexed.append(token)
+        else:
+            self._add(token)
+
+    def _index_prompt(self) -> None:
+        tokens, self._unindexed = self._unindexed or [], None
+        for token in tokens:
+            self._add(token)
+
+    def _add(self, token: int) -> None:
         self.tokens.append(token)
         end = len(self.tokens)
         for n in range(1, self.max_ngram + 1):
@@ -73,6 +89,8 @@ class NgramDrafter:
         """Up to ``limit`` tokens that followed the longest n-gram match, or none."""
         if limit <= 0:
             return []
+        if self._unindexed is not None:
+            self._index_prompt()
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             start = self._previous[n]
             if start is not None:

@@ -13,7 +13,7 @@ import pytest
 
 from localllm.settings import Settings
 
-# Logs from three threads and uvicorn's access logger, then leaves without stop_logging():
+# Logs from three threads and the access logger, then leaves without stop_logging():
 # what the interpreter's exit writes is all the daemon's log gets.
 _LOG_AND_EXIT = """
 import logging, threading
@@ -26,8 +26,9 @@ def many(tag):
 threads = [threading.Thread(target=many, args=(t,)) for t in "abc"]
 for t in threads: t.start()
 for t in threads: t.join()
-logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:9", "POST",
-    "/v1/chat/completions", "1.1", 200)
+from localllm.daemon.app import ACCESS_LOG
+ACCESS_LOG.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:9", "POST", "/v1/chat/completions", "1.1",
+    200)
 try:
     1 / 0
 except ZeroDivisionError:
@@ -60,10 +61,12 @@ def test_queued_log_lines_are_all_on_disk_after_an_exit_without_stop(home: Path)
 def own_loggers() -> Iterator[None]:
     """The loggers setup_logging() takes over, given back as they were (other tests of this
     process read them with caplog)."""
-    names = ("localllm", "uvicorn", "uvicorn.error", "uvicorn.access")
+    from localllm.daemon.app import ACCESS_LOG
+
+    names = ("localllm", "uvicorn", "uvicorn.error")
     saved = [
         (logger, logger.handlers[:], logger.level, logger.propagate)
-        for logger in map(logging.getLogger, names)
+        for logger in (*map(logging.getLogger, names), ACCESS_LOG)
     ]
     raise_exceptions = logging.raiseExceptions
     yield
@@ -84,3 +87,26 @@ def test_stop_logging_writes_what_is_queued(settings: Settings) -> None:
     finally:
         stop_logging()
     assert sum("queued " in line for line in path.read_text().splitlines()) == 200
+
+
+def test_every_answer_has_one_access_line_once_it_is_over(tmp_path: Path, tiny_gguf: Path) -> None:
+    from test_daemon_support import running_daemon
+
+    with running_daemon(tmp_path / "home") as daemon:
+        daemon.create("tiny:log", tiny_gguf)
+        with daemon.http() as http:
+            body = {"model": "tiny:log", "prompt": "a", "raw": True, "options": {"num_predict": 2}}
+            with http.stream("POST", "/api/generate", json=body) as streamed:
+                assert streamed.status_code == 200
+                assert [line for line in streamed.iter_lines() if line]
+            assert http.get("/no/such/route", params={"q": 'a"b'}).status_code == 404
+            assert http.get("/health").status_code == 200
+    lines = daemon.log().splitlines()  # stopped: everything queued is on disk
+    for request in (
+        '"POST /api/generate HTTP/1.1" 200',
+        '"GET /no/such/route?q=a%22b HTTP/1.1" 404',  # as uvicorn writes it
+        '"GET /health HTTP/1.1" 200',
+    ):
+        found = [line for line in lines if request in line]
+        assert len(found) == 1, (request, found)
+        assert " INFO uvicorn.access: 127.0.0.1:" in found[0]

@@ -209,3 +209,18 @@ def test_short_text_prompts_are_prepared_without_a_thread() -> None:
     assert not _light(ask(prompt="Hi", images=["aGk="]))
     assert not _light(ask(prompt="Hi", options=SamplingOptions(json_schema={"type": "object"})))
     assert not _light(ask(messages=[{"role": "user", "content": [{"type": "text"}]}]))
+
+
+def test_a_templates_compile_does_not_send_its_later_prompts_to_a_thread() -> None:
+    from localllm.daemon.runner.server import TemplateRenders
+
+    renders = TemplateRenders(limit=2)
+    assert not renders.quick("t")  # never rendered: prepared in a thread, where it compiles
+    renders.record("t", 0.2)  # the first render's time, its compile left out
+    assert renders.quick("t")
+    renders.record("t", 5.0)  # once slow, a thread again, whatever follows
+    renders.record("t", 0.1)
+    assert not renders.quick("t")
+    renders.record("u", 0.1)
+    renders.record("v", 0.1)
+    assert not renders.quick("t") and renders.quick("u") and renders.quick("v")  # bounded

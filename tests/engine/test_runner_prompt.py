@@ -11,7 +11,7 @@ from runner_harness import loaded_model
 from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.engine.text import TextStream
 from localllm.daemon.runner.protocol import GenerationRequest, SamplingOptions
-from localllm.daemon.runner.server import PromptError, prepare_prompt
+from localllm.daemon.runner.server import PromptError, prepare, prepare_prompt
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +95,14 @@ def test_text_stream_holds_back_a_possible_stop_string() -> None:
     assert other.push(b"a </") == "a "
     assert other.push(b"b>") == "</b>"  # not the stop string after all: released
     assert other.finish() == ""
+
+
+def test_a_templates_compile_is_timed_apart_within_its_render(model: LlamaModel) -> None:
+    # a template of this test's own: no other test compiled it before
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}#compile"
+    request = GenerationRequest(id="c", messages=[{"role": "user", "content": "hello"}])
+    first = prepare(model, request, template)
+    assert 0 < first.compile_ms <= first.template_ms
+    again = prepare(model, request, template)
+    assert again.compile_ms == 0 and again.template_ms > 0
+    assert again.tokens == first.tokens

@@ -253,3 +253,15 @@ def test_the_cost_measurement_comes_a_decode_at_a_time(model: LlamaModel) -> Non
     assert not speculation.measure_piece()  # done once and for all
     # every piece left its scratch sequence empty
     assert all(model.seq_pos_max(seq) < 0 for seq in sequences)
+
+
+def test_ngram_drafter_drafts_the_same_when_tokens_came_before_the_first_draft() -> None:
+    # the prompt and the first tokens are indexed when a draft is first asked for
+    late = NgramDrafter([5, 6, 7, 8])
+    for token in (9, 5, 6):
+        late.append(token)
+    early = NgramDrafter([5, 6, 7, 8])
+    assert early.propose(2) == []
+    for token in (9, 5, 6):
+        early.append(token)
+    assert late.propose(3) == early.propose(3) == [7, 8, 9]

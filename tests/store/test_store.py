@@ -188,3 +188,17 @@ def test_model_cache_reuses_a_model_until_its_manifest_changes(
     store.delete(name)
     with pytest.raises(ModelNotFoundError):
         cache.get(name)
+
+
+def test_model_cache_reports_a_blob_of_another_size(store: Store, tiny_gguf: Path) -> None:
+    from localllm._exceptions import DamagedModelError
+    from localllm.store.models import ModelCache
+
+    cache = ModelCache(store)
+    name = parse_name("resized")
+    create_model(store, name, gguf_file=tiny_gguf, system="one")
+    model = cache.get(name)
+    layer = next(x for x in model.entry.manifest.layers if "system" in x.media_type)
+    store.blob_path(layer.digest).write_bytes(b"x" * (layer.size + 1))
+    with pytest.raises(DamagedModelError, match="the manifest says"):
+        cache.get(name)
