@@ -57,13 +57,14 @@ __all__ = [
     "PROBE_VERSION",
     "ProbeFailed",
     "ProbeInterrupted",
+    "ProbeUnsettled",
     "cached_calibration",
     "calibrate",
 ]
 
 log = logging.getLogger("localllm.speedprobe")
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 """Bumped when the probe's models or workload change, so older figures are measured again."""
 BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1")
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
@@ -82,6 +83,16 @@ class ProbeFailed(RuntimeError):
 class ProbeInterrupted(ProbeFailed):
     """The probe was stopped before it finished (work came in), or measured while other
     programs were busy: nothing was kept, and it can be run again at a quieter moment."""
+
+
+class ProbeUnsettled(ProbeInterrupted):
+    """The probe finished, but its figures did not agree from round to round or broke a
+    sanity bound (:attr:`~localllm.daemon.speed.model.Calibration.kept`): they were not kept
+    (``figures`` holds them, to show), and the probe is run again at a quieter moment."""
+
+    def __init__(self, figures: Calibration) -> None:
+        super().__init__(f"measured, not kept: {figures.why_not_kept()}")
+        self.figures = figures
 
 
 # -- the parent -----------------------------------------------------------------------------
@@ -219,6 +230,9 @@ def calibrate(
             raise ProbeInterrupted(
                 f"other programs used {measured.others:.1f} cores while the speed probe ran"
             )
+        if not measured.kept:
+            log.info("speed probe: %s", measured.why_not_kept())
+            raise ProbeUnsettled(measured)
         calibration = measured if cached is None else cached.merged(measured)
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())
