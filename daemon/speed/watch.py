@@ -154,8 +154,10 @@ class SpeedWatch:
                 self._others is not None and self._others > self._quiet_cores
             )
             left = deadline - time.monotonic()
-            # (the daemon's own work is not a reason to give up: it is ours, and ends)
-            if (self._state is ProbeState.WAITING and busy) or left <= 0:
+            # (the daemon's own work is not a reason to give up: it is ours, and ends; a
+            # pause after figures that were not kept is: nothing comes before it ends)
+            pausing = time.monotonic() < self._not_before
+            if (self._state is ProbeState.WAITING and (busy or pausing)) or left <= 0:
                 return None  # the answer says what it waits for instead
             self._settled.wait(min(left, self._interval))
 
