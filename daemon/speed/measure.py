@@ -64,11 +64,11 @@ _TINY_TURNS = 3
 # The attention's pace: a batch at this position against one at the start, on this type.
 _LATE = 449
 _ATTENTION_TYPE = "Q8_0"
+_ATTENTION_FFN, _ATTENTION_LAYERS = 256, 4
 # The output head and the sampler: a one-layer model with a large vocabulary and narrow rows
 # (Q8_0, 512 wide, 131,072 tokens: 71 MB, beyond the last-level cache, like a real head),
 # decoded with logits and without; then the runner's samplers on its logits.
 _HEAD_EMBD, _HEAD_VOCAB, _HEAD_TYPE = 512, 131072, "Q8_0"
-_HEAD_STEPS = 8
 # The runner's own work per step: the engine on the 2-layer tiny model for this many tokens.
 _ENGINE_TOKENS = 48
 # A GPU's part: the weight types timed on it (others are priced at the nearest in bits), and
@@ -452,7 +452,10 @@ _MIN_ROUNDS, _MAX_ROUNDS, _ROUNDS_BUDGET_S = 3, 8, 25.0
 _AGREE, _AGREE_S = 0.10, 20e-6
 _ROUND_STEPS = 6
 """Decode steps a round times per model (its best counts)."""
-_BANDWIDTH_PASSES = 2
+_BANDWIDTH_PASSES = 8
+# A batch is bound by arithmetic, not memory: its model is small (a round's batches are most
+# of the probe's time), a layer or two of about this many bytes.
+_BATCH_BYTES, _BATCH_LAYERS = 16 << 20, 2
 # The sanity bounds, raw against raw: a decode step cannot read its weights faster than the
 # memory gives (numpy's readers, as many as the decode threads), with this much room for the
 # two readers' differences; a batch cannot multiply faster than the cores' arithmetic.
@@ -660,6 +663,7 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
     step late in a context, the head model's steps and samplers, and the memory's bandwidth.
     The report says how many rounds it took, which figures did not agree, and what the sanity
     bounds refused."""
+    began = time.monotonic()
     cache = last_level_cache()
     reads = working_set(cache)
     rounds = _Rounds(runner)
@@ -681,7 +685,7 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
             weights = _Weights(type_name)
             layer_bytes = weights.layer_bytes(_EMBD, _FFN)
             layers = max(1, min(_MAX_DECODE_LAYERS, -(-reads // layer_bytes)))
-            batch_layers = max(1, min(_MAX_LAYERS, round(_TARGET_BYTES / layer_bytes)))
+            batch_layers = max(1, min(_BATCH_LAYERS, round(_BATCH_BYTES / layer_bytes)))
             shapes[type_name] = {
                 "layers": layers,
                 "batch_layers": batch_layers,
@@ -693,27 +697,18 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
             rounds.read(f"{type_name}.decode", decode.steps)
             path = workdir / f"{type_name}-batch.gguf"
             _write_model(path, type_name, _EMBD, _FFN, _HEADS, batch_layers)
-            late_positions = _LATE + _BATCH + _ROUND_STEPS + 2
-            if type_name == _ATTENTION_TYPE:
-                # The attention's pace: the same model's batch and steps early and late in a
-                # context (a context of its own keeps the late positions between rounds).
-                early, late = rounds.load(path, late_positions, contexts=2)
-                rounds.read(f"{type_name}.batch", early.prefill)
-                rounds.read("attention.early_decode", early.steps)
-                rounds.read("attention.late_batch", lambda late=late: late.prefill(_LATE))
-                rounds.read(
-                    "attention.late_decode",
-                    lambda late=late: late.steps(position=_LATE + _BATCH),
-                )
-                report["attention"] = {
-                    "layers": batch_layers,
-                    "width": _EMBD,
-                    "positions": _LATE - 1,
-                    "decode_positions": _LATE + _BATCH,
-                }
-            else:
-                (batch,) = rounds.load(path, _BATCH + 2)
-                rounds.read(f"{type_name}.batch", batch.prefill)
+            (batch,) = rounds.load(path, _BATCH + 2)
+            rounds.read(f"{type_name}.batch", batch.prefill)
+        # The attention's pace: a model of wide attention and a narrow FFN (its weights are
+        # not what is timed), its batch and its steps early and late in a context (a context
+        # of its own keeps the late positions from round to round).
+        path = workdir / "attention.gguf"
+        _write_model(path, _ATTENTION_TYPE, _EMBD, _ATTENTION_FFN, _HEADS, _ATTENTION_LAYERS)
+        early, late = rounds.load(path, _LATE + _BATCH + 2 * _ROUND_STEPS + 2, contexts=2)
+        rounds.read("attention.batch", early.prefill)
+        rounds.read("attention.decode", early.steps)
+        rounds.read("attention.late_batch", lambda: late.prefill(_LATE))
+        rounds.read("attention.late_decode", lambda: late.steps(position=_LATE + _BATCH))
         vocab = _head_vocab(reads)
         path = workdir / "head.gguf"
         _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, vocab, _HEAD_TYPE)
@@ -726,7 +721,9 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
         memory, stop_reader = _memory_reader(runner.threads, reads)
         rounds.read("memory", memory)
 
+        report["setup_s"] = round(time.monotonic() - began, 2)
         report["rounds"] = rounds.run()
+        report["rounds_s"] = round(time.monotonic() - began - report["setup_s"], 2)
         sampling.close()
         best = rounds.best
         report["tiny"] = {
@@ -748,13 +745,16 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
             }
             for name, shape in shapes.items()
         }
-        if "attention" in report:
-            report["attention"].update(
-                batch_s=best(f"{_ATTENTION_TYPE}.batch"),
-                late_batch_s=best("attention.late_batch"),
-                decode_s=best("attention.early_decode"),
-                late_decode_s=best("attention.late_decode"),
-            )
+        report["attention"] = {
+            "layers": _ATTENTION_LAYERS,
+            "width": _EMBD,
+            "positions": _LATE - 1,
+            "decode_positions": _LATE + _BATCH,
+            "batch_s": best("attention.batch"),
+            "late_batch_s": best("attention.late_batch"),
+            "decode_s": best("attention.decode"),
+            "late_decode_s": best("attention.late_decode"),
+        }
         report["head"] = {
             "logits_s": best("head.logits"),
             "plain_s": best("head.plain"),
