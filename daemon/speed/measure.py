@@ -535,11 +535,13 @@ class _Context:
         self.batch = llama.llama_batch_init(_BATCH, 0, 1)
         self.filled = 0
 
-    def _decode(self, start: int, count: int, logits: bool = True) -> float:
+    def _decode(self, start: int, count: int, logits: bool = True, every: bool = False) -> float:
         from ..devices.synthetic import fill_batch
 
         fill_batch(self.batch, start, count)
         self.batch.logits[count - 1] = logits
+        for index in range(count - 1 if every else 0):
+            self.batch.logits[index] = True
         began = time.perf_counter()
         if self.llama.llama_decode(self.ctx, self.batch) != 0:
             raise RuntimeError("llama_decode failed in the speed probe")
@@ -563,9 +565,11 @@ class _Context:
         return min(self._decode(self.filled, 1, logits) for _ in range(count))
 
     def prefill(self, position: int = 0) -> float:
-        """One batch of :data:`_BATCH` tokens from ``position`` on."""
+        """One batch of :data:`_BATCH` tokens from ``position`` on, with logits for every
+        token: llama.cpp runs the last layer after its attention only for the tokens whose
+        logits are asked for, which would leave out most of a small model's work."""
         self.at(position)
-        return self._decode(position, _BATCH)
+        return self._decode(position, _BATCH, every=True)
 
     def close(self) -> None:
         """Free the context (the model is its owner's)."""
@@ -742,6 +746,8 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
                 "decode_s": best(f"{name}.decode"),
                 "batch_s": best(f"{name}.batch"),
                 "output_bytes": _VOCAB * (_EMBD - _TINY_EMBD) * 4,
+                # every token's logits in a batch: the head's work beyond the tiny models'
+                "output_params": _VOCAB * (_EMBD - _TINY_EMBD),
             }
             for name, shape in shapes.items()
         }

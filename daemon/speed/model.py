@@ -306,7 +306,15 @@ class Calibration:
                     - entry.get("output_bytes", 0) / bandwidth
                 )
                 weights = layers * int(entry["layer_bytes"])
-                work = 2 * batch * batch_layers * int(entry["layer_params"])
+                # (its batch asks for every token's logits: its head's work is in the batch)
+                work = (
+                    2
+                    * batch
+                    * (
+                        batch_layers * int(entry["layer_params"])
+                        + int(entry.get("output_params", 0))
+                    )
+                )
                 batch_spent = float(entry["batch_s"]) - batch_fixed - batch_layers * per_batch_layer
                 rates[name] = TypeRate(
                     decode=weights / max(spent, _FLOOR * step),
@@ -449,6 +457,10 @@ class ModelCost:
     only)."""
     vocab: int = 0
     """Rows of the output head: the logits a decode step makes and the sampler looks at."""
+    last_skipped: dict[str, int] = field(default_factory=dict)
+    """The last layer's weights after its attention (its output projection and FFN, routed
+    experts only), by type: llama.cpp multiplies them in a batch only for the tokens whose
+    logits are asked for (a prompt's last), not for every token."""
 
     @property
     def types(self) -> set[str]:
@@ -490,6 +502,7 @@ class ModelCost:
             attention_width=self.attention_width,
             layer_rows=self.layer_rows,
             vocab=self.vocab,
+            last_skipped=self.last_skipped,
         )
 
     def retyped(self, mapping: Mapping[str, str]) -> ModelCost:
@@ -513,6 +526,7 @@ class ModelCost:
             attention_width=self.attention_width,
             layer_rows=self.layer_rows,
             vocab=self.vocab,
+            last_skipped=rename(self.last_skipped),
         )
 
 
@@ -536,6 +550,7 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
     vocab = 0
     output_bytes: dict[str, int] = {}
     output_params: dict[str, int] = {}
+    last_skipped: dict[str, int] = {}
     embedding: tuple[str, int, int] | None = None
     embedding_rows = 0
     has_output = False
@@ -550,6 +565,10 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
                 _add(layer_bytes[int(index)], tensor.type, round(tensor.n_bytes * share))
                 if len(tensor.shape) >= 2:
                     _add(layer_params[int(index)], tensor.type, round(tensor.n_elements * share))
+                    if int(index) == n_layer - 1 and not name.split(".")[2].startswith(
+                        ("attn_q", "attn_k", "attn_v")
+                    ):
+                        _add(last_skipped, tensor.type, round(tensor.n_elements * share))
                     rows = tensor.n_elements // max(tensor.shape[0], 1)
                     layer_rows[int(index)] += round(rows * share)
             elif name.startswith(("output.", "output_norm.")):
@@ -581,6 +600,7 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
         attention_width=heads * head_size,
         layer_rows=tuple(layer_rows),
         vocab=vocab,
+        last_skipped=last_skipped,
     )
 
 
@@ -725,6 +745,10 @@ def predict(
     for work in (cpu_work, device_work):
         for name in work:
             work[name] *= 2 * prompt
+    # The last layer after its attention runs for the prompt's last token only (its logits).
+    last = device_work if offloaded else cpu_work
+    for name, amount in cost.last_skipped.items():
+        last[name] = max(last.get(name, 0) - 2 * (prompt - 1) * amount, 0)
     for name, amount in head_work.items():  # the last token's logits only
         target = device_work if head_on_device else cpu_work
         target[name] = target.get(name, 0) + amount

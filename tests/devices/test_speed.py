@@ -46,6 +46,19 @@ def test_a_token_costs_the_layers_and_the_tied_output_head(smollm2_gguf: Path) -
         for t in info.tensors
         if t.name.startswith("blk.0.") and len(t.shape) >= 2
     )
+    # a batch runs the last layer after its attention for the tokens with logits only
+    after = ("attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    assert sum(cost.last_skipped.values()) == sum(
+        t.n_elements for t in info.tensors if t.name.startswith(tuple(f"blk.29.{a}" for a in after))
+    )
+    figures = make_calibration(
+        Q4_1=TypeRate(5e9, 40e9), Q8_0=TypeRate(10e9, 60e9), F32=TypeRate(20e9, 80e9)
+    )
+    whole = dataclasses.replace(cost, last_skipped={})
+    saved = 2 * 511 * cost.last_skipped["Q4_1"] / 40e9  # every token but the last's
+    assert 512 / predict(cost, figures, context=512).prefill == pytest.approx(  # type: ignore[operator]
+        512 / predict(whole, figures, context=512).prefill - saved  # type: ignore[operator]
+    )
 
 
 def test_experts_cost_only_what_a_token_is_routed_to() -> None:
