@@ -2,22 +2,28 @@
 timed on synthetic models, one JSON report printed for :mod:`.speedprobe` to turn into rates
 (:meth:`~localllm.daemon.speed.model.Calibration.from_probe`).
 
-The measurement is a list of parts, each adding its timings to the report:
+On the CPU, :func:`cpu_figures` loads every model once and reads each figure once a round,
+the models interleaved, until the best two rounds of every figure agree (a busy moment spoils
+one round of each, not all of one):
 
-* :func:`fixed_costs` — two tiny models of 2 and 26 layers, in turns (a step's and a layer's
-  cost besides the weights), and the runner's own engine generating on the smaller one (its
-  work per step outside llama.cpp);
-* :func:`weight_types` — a model per weight type, its decode step and its batch (and, for one
-  type, a batch late in a context: the attention's pace);
-* :func:`output_head` — a one-layer model with a large vocabulary decoded with logits and
+* two tiny models of 2 and 26 layers (a step's and a layer's cost besides the weights), and
+  the runner's own engine generating on the smaller one (its work per step outside llama.cpp);
+* per weight type, a decode step on a model that reads several times the last-level cache
+  (:func:`last_level_cache`, read from the OS) and a batch on a model of a layer or two;
+* a model of wide attention: its batch and decode step early and late in a context (the
+  attention's pace);
+* a one-layer model whose large head (itself beyond the cache) is decoded with logits and
   without, and the runner's samplers on its logits;
-* the memory bandwidth numpy reads, and what other programs used meanwhile.
+* the memory's bandwidth, read by as many numpy readers as decode threads; then the sanity
+  bounds (no decode step reading faster than that, no batch above the cores' arithmetic,
+  :func:`peak_operations`), and what other programs used meanwhile.
 
 * :func:`gpu_device` — when llama.cpp lists a GPU, the tiny models and a few weight types'
   models again with every layer on the first one (``report["devices"][name]``, read into
   :class:`~localllm.daemon.speed.model.DeviceRates`); a software device (llvmpipe) is flagged.
 
-The CPU parts keep every operation on the CPU (no layers offloaded, and no large batch sent to
+The GPU part times each model once (:func:`fixed_costs`, :func:`weight_types`). The CPU
+parts keep every operation on the CPU (no layers offloaded, and no large batch sent to
 a GPU for its multiplications, which llama.cpp does by default when one exists).
 
 The weights are real ggml blocks: a few rows quantized by ggml itself

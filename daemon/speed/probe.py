@@ -204,7 +204,9 @@ def calibrate(
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
-    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run.
+    while probing (about 10 s on a quiet machine, up to a minute on a busy one); raises
+    :class:`ProbeFailed` when the probe cannot run, :class:`ProbeUnsettled` (with the
+    figures) when they did not agree or broke a sanity bound: they are not cached.
 
     ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
     child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures

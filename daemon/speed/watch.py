@@ -1,7 +1,7 @@
 """The speed probe at the daemon's first quiet moment, so that predictions need no ``doctor``.
 
 Predicted speeds (``show``, ``ps``, the TUI, ``show hf.co/...``) need this machine's figures
-(:mod:`localllm.daemon.speed.probe`: a few seconds of llama.cpp in a child process, cached per
+(:mod:`localllm.daemon.speed.probe`: 10-40 seconds of llama.cpp in a child process, cached per
 build,
 CPU and thread count). Until they exist, :class:`SpeedWatch` waits for a quiet moment and
 measures them:
@@ -175,7 +175,7 @@ class SpeedWatch:
             return f"the speed probe failed ({self._error}): `localllm doctor` tries again"
         if state is ProbeState.MEASURING:
             ago = time.monotonic() - self._started
-            return f"measuring this machine's speed now (started {ago:.0f} s ago, a few seconds)"
+            return f"measuring this machine's speed now (started {ago:.0f} s ago, 10-40 s)"
         waiting = "this machine's speed is measured at the daemon's first quiet moment"
         if self._not_kept:
             waiting = (
