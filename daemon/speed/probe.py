@@ -200,13 +200,16 @@ def calibrate(
     timeout: float = _TIMEOUT_S,
     cancelled: Callable[[], bool] | None = None,
     max_others: float | None = None,
+    keep_unsettled: bool = False,
 ) -> Calibration:
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
     while probing (about 10 s on a quiet machine, up to a minute on a busy one); raises
     :class:`ProbeFailed` when the probe cannot run, :class:`ProbeUnsettled` (with the
-    figures) when they did not agree or broke a sanity bound: they are not cached.
+    figures) when they did not agree or broke a sanity bound: they are not cached, unless
+    ``keep_unsettled`` (a machine declared never quiet: its figures are kept as they are,
+    with what did not agree in them).
 
     ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
     child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures
@@ -234,7 +237,8 @@ def calibrate(
             )
         if not measured.kept:
             log.info("speed probe: %s", measured.why_not_kept())
-            raise ProbeUnsettled(measured)
+            if not keep_unsettled:
+                raise ProbeUnsettled(measured)
         calibration = measured if cached is None else cached.merged(measured)
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())

@@ -21,7 +21,8 @@ measures them:
 * figures that did not agree from round to round, or broke a sanity bound (a decode rate above
   the memory's, :class:`~localllm.daemon.speed.probe.ProbeUnsettled`), are not kept: the
   reason says "measured, not kept" and why, and the probe runs again at a later quiet moment
-  (after a pause that doubles each time, up to :data:`UNSETTLED_PAUSE_S`);
+  (after a pause that doubles each time, up to :data:`UNSETTLED_PAUSE_S`); on a machine
+  declared never quiet (``LOCALLLM_SPEED_PROBE_QUIET=1``) they are kept as measured;
 * a probe that fails (llama.cpp crashed, say) is not retried: ``localllm doctor`` says why.
 
 ``show`` (``POST /api/plan``) waits for the figures up to :data:`SHOW_WAIT_S` while they are
@@ -179,8 +180,8 @@ class SpeedWatch:
         waiting = "this machine's speed is measured at the daemon's first quiet moment"
         if self._not_kept:
             waiting = (
-                f"this machine's speed was {self._not_kept}; it is measured again at a "
-                "quieter moment"
+                f"this machine's speed was {self._not_kept}; it is measured again at the "
+                "next quiet moment"
             )
         if self._working():
             return f"{waiting}: models are working now"
@@ -267,6 +268,8 @@ class SpeedWatch:
                 threads=self._threads,
                 cancelled=cancelled,
                 max_others=self._quiet_cores,
+                # a machine declared never quiet keeps what it can measure (and says so)
+                keep_unsettled=math.isinf(self._quiet_cores),
             )
         except ProbeInterrupted as exc:
             log.info("speed probe stopped: %s; tried again at a quieter moment", exc)

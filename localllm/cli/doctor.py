@@ -40,7 +40,7 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
         "--cached-speed",
         action="store_true",
         help="show the speed figures measured before (by the daemon or an earlier doctor) "
-        "instead of measuring them again, which takes a few seconds",
+        "instead of measuring them again, which takes 10 s or more",
     )
 
 
@@ -242,8 +242,10 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
         f"{figures.sample_token * 1e9:.1f} us per 1,000 tokens of vocabulary "
         f"(greedy {figures.greedy_token * 1e9:.1f})"
     ]
-    if not figures.kept:
+    if speed.get("source") == "measured, not kept":
         lines.append(f"  measured, not kept: {figures.why_not_kept()} (measured again later)")
+    elif not figures.kept:  # kept by a daemon told the machine is never quiet
+        lines.append(f"  kept unsettled (LOCALLLM_SPEED_PROBE_QUIET=1): {figures.why_not_kept()}")
     if figures.others > 0.2:
         lines.append(f"  (other programs used {figures.others:.1f} cores while it measured)")
     for name, rate in figures.types.items():
