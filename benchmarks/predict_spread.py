@@ -69,6 +69,17 @@ def main() -> int:
             + " ".join(f"{v:9.4g}" for v in values)
             + (f"   ±{share:.1%}" if share is not None else "")
         )
+    for number, run in enumerate(runs):
+        tries = run.get("probe_tries", [])
+        print(
+            f"run {number + 1}: {len(tries)} probe(s): "
+            + "; ".join(
+                f"{'kept' if t['kept'] else 'not kept'} in {t['seconds']} s after "
+                f"{t['waited_for_quiet_s']} s waiting for quiet, others {t['others']:.2f} cores, "
+                f"load average {t['load_average_before']}"
+                for t in tries
+            )
+        )
     print(
         "probe seconds: "
         + ", ".join(str(r["probe_seconds"]) for r in runs)
