@@ -375,9 +375,23 @@ class Calibration:
             refused=list(report.get("refused", [])),
         )
 
-    def merged(self, newer: Calibration) -> Calibration:
+    def merged(self, newer: Calibration, only_types: bool = False) -> Calibration:
         """These figures with ``newer``'s added (a probe of more types); the newer fixed costs
-        win, having been measured closer to now."""
+        win, having been measured closer to now. With ``only_types``, only ``newer``'s type
+        rates are taken (and what did not agree or was refused among them): these figures'
+        fixed costs stay."""
+        if only_types:
+            own = tuple(f"{name}." for name in newer.types)  # its figures: "Q4_K.decode"
+            named = tuple(f"{name} " for name in newer.types)  # its refusals: "Q4_K decode..."
+            return Calibration(
+                **{
+                    **asdict(self),
+                    "types": {**self.types, **newer.types},
+                    "devices": self.devices,
+                    "unsettled": {k: v for k, v in newer.unsettled.items() if k.startswith(own)},
+                    "refused": [r for r in newer.refused if r.startswith(named)],
+                },
+            )
         return Calibration(
             **{
                 **asdict(newer),

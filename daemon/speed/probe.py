@@ -235,11 +235,15 @@ def calibrate(
             raise ProbeInterrupted(
                 f"other programs used {measured.others:.1f} cores while the speed probe ran"
             )
+        if cached is not None:
+            # Types added to kept figures: only their own rates are taken (the kept fixed
+            # costs stay), so only their own figures must have agreed.
+            measured = cached.merged(measured, only_types=True)
         if not measured.kept:
             log.info("speed probe: %s", measured.why_not_kept())
             if not keep_unsettled:
                 raise ProbeUnsettled(measured)
-        calibration = measured if cached is None else cached.merged(measured)
+        calibration = measured
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())
         return calibration
