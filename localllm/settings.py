@@ -283,7 +283,7 @@ class Settings:
     speed_probe: bool = _setting(
         "LOCALLLM_SPEED_PROBE",
         True,
-        "Measure this machine's speed (the speed probe: a few seconds in a child process) at "
+        "Measure this machine's speed (the speed probe: about 10 s in a child process) at "
         "the daemon's first quiet moment when it is not measured yet, so that show and the "
         "TUI predict speeds (on, or off: only localllm doctor measures it).",
     )

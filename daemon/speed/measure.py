@@ -2,22 +2,28 @@
 timed on synthetic models, one JSON report printed for :mod:`.speedprobe` to turn into rates
 (:meth:`~localllm.daemon.speed.model.Calibration.from_probe`).
 
-The measurement is a list of parts, each adding its timings to the report:
+On the CPU, :func:`cpu_figures` loads every model once and reads each figure once a round,
+the models interleaved, until the best two rounds of every figure agree (a busy moment spoils
+one round of each, not all of one):
 
-* :func:`fixed_costs` — two tiny models of 2 and 26 layers, in turns (a step's and a layer's
-  cost besides the weights), and the runner's own engine generating on the smaller one (its
-  work per step outside llama.cpp);
-* :func:`weight_types` — a model per weight type, its decode step and its batch (and, for one
-  type, a batch late in a context: the attention's pace);
-* :func:`output_head` — a one-layer model with a large vocabulary decoded with logits and
+* two tiny models of 2 and 26 layers (a step's and a layer's cost besides the weights), and
+  the runner's own engine generating on the smaller one (its work per step outside llama.cpp);
+* per weight type, a decode step on a model that reads several times the last-level cache
+  (:func:`last_level_cache`, read from the OS) and a batch on a model of a layer or two;
+* a model of wide attention: its batch and decode step early and late in a context (the
+  attention's pace);
+* a one-layer model whose large head (itself beyond the cache) is decoded with logits and
   without, and the runner's samplers on its logits;
-* the memory bandwidth numpy reads, and what other programs used meanwhile.
+* the memory's bandwidth, read by as many numpy readers as decode threads; then the sanity
+  bounds (no decode step reading faster than that, no batch above the cores' arithmetic,
+  :func:`peak_operations`), and what other programs used meanwhile.
 
 * :func:`gpu_device` — when llama.cpp lists a GPU, the tiny models and a few weight types'
   models again with every layer on the first one (``report["devices"][name]``, read into
   :class:`~localllm.daemon.speed.model.DeviceRates`); a software device (llvmpipe) is flagged.
 
-The CPU parts keep every operation on the CPU (no layers offloaded, and no large batch sent to
+The GPU part times each model once (:func:`fixed_costs`, :func:`weight_types`). The CPU
+parts keep every operation on the CPU (no layers offloaded, and no large batch sent to
 a GPU for its multiplications, which llama.cpp does by default when one exists).
 
 The weights are real ggml blocks: a few rows quantized by ggml itself
@@ -30,15 +36,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .probe import BASE_TYPES
 
-__all__ = ["fixed_costs", "gpu_device", "main", "output_head", "weight_types"]
+__all__ = [
+    "agreeing",
+    "cpu_figures",
+    "fixed_costs",
+    "gpu_device",
+    "last_level_cache",
+    "main",
+    "peak_operations",
+    "weight_types",
+    "working_set",
+]
 
 # The per-type models: 1024 wide, FFN 2816 (multiples of the 256-weight K-quant blocks), as
 # many layers as make ~48 MB (beyond a 32 MB last-level cache) up to 6.
@@ -54,11 +71,11 @@ _TINY_TURNS = 3
 # The attention's pace: a batch at this position against one at the start, on this type.
 _LATE = 449
 _ATTENTION_TYPE = "Q8_0"
+_ATTENTION_FFN, _ATTENTION_LAYERS = 256, 4
 # The output head and the sampler: a one-layer model with a large vocabulary and narrow rows
 # (Q8_0, 512 wide, 131,072 tokens: 71 MB, beyond the last-level cache, like a real head),
 # decoded with logits and without; then the runner's samplers on its logits.
 _HEAD_EMBD, _HEAD_VOCAB, _HEAD_TYPE = 512, 131072, "Q8_0"
-_HEAD_STEPS = 8
 # The runner's own work per step: the engine on the 2-layer tiny model for this many tokens.
 _ENGINE_TOKENS = 48
 # A GPU's part: the weight types timed on it (others are priced at the nearest in bits), and
@@ -270,58 +287,6 @@ class _Runner:
             llama.llama_free(ctx)
             llama.llama_model_free(model)
 
-    def time_head(self, path: Path, vocab: int) -> dict[str, float]:
-        """The head model's best decode step with logits and without (``logits_s``,
-        ``plain_s``), and the runner's samplers on its logits: greedy (``greedy_s``, the
-        largest logit) and Ollama's default options (``default_s``: penalties, top-k, top-p,
-        temperature, a draw)."""
-        from ..devices.synthetic import fill_batch
-        from ..engine.sampling import Sampler
-        from ..runner.protocol import SamplingOptions
-
-        llama = self.llama
-        model = self._load(path)
-        ctx_params = self._context_params()
-        ctx_params.n_ctx = 4 * _HEAD_STEPS + 8
-        ctx_params.n_batch = ctx_params.n_ubatch = 8
-        ctx_params.n_threads = ctx_params.n_threads_batch = self.threads
-        ctx = llama.llama_init_from_model(model, ctx_params)
-        batch = llama.llama_batch_init(8, 0, 1)
-        samplers = {
-            "greedy_s": Sampler(
-                llama.llama_model_get_vocab(model), vocab, SamplingOptions(temperature=0), None, 64
-            ),
-            "default_s": Sampler(
-                llama.llama_model_get_vocab(model), vocab, SamplingOptions(seed=1), None, 64
-            ),
-        }
-        try:
-            best = dict.fromkeys(("logits_s", "plain_s", *samplers), float("inf"))
-            position = 0
-            for step in range(_HEAD_STEPS + 1):
-                for key in ("logits_s", "plain_s"):
-                    fill_batch(batch, position, 1)
-                    batch.logits[0] = key == "logits_s"
-                    began = time.perf_counter()
-                    if llama.llama_decode(ctx, batch) != 0:
-                        raise RuntimeError("llama_decode failed in the speed probe")
-                    spent = time.perf_counter() - began
-                    position += 1
-                    if step:  # the first step sets up the graph
-                        best[key] = min(best[key], spent)
-                    if key == "logits_s":
-                        for name, sampler in samplers.items():
-                            began = time.perf_counter()
-                            sampler.sample(ctx, 0)
-                            best[name] = min(best[name], time.perf_counter() - began)
-            return best
-        finally:
-            for sampler in samplers.values():
-                sampler.close()
-            llama.llama_batch_free(batch)
-            llama.llama_free(ctx)
-            llama.llama_model_free(model)
-
 
 def _runner_step(path: Path, threads: int, repack: bool) -> float:
     """Seconds the runner's engine spends per step outside ``llama_decode`` (planning and
@@ -369,24 +334,6 @@ def _runner_step(path: Path, threads: int, repack: bool) -> float:
     finally:
         engine.stop()
     return best
-
-
-def _bandwidth(threads: int) -> float:
-    """Bytes per second numpy reads from a buffer 8x a 32 MB last-level cache with ``threads``
-    threads (numpy's reductions let go of the GIL), best of 3."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-
-    data = np.ones(32 << 20, dtype=np.float64)  # 256 MiB
-    parts = np.array_split(data, threads)
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(3):
-            began = time.perf_counter()
-            list(pool.map(np.sum, parts))
-            best = min(best, time.perf_counter() - began)
-    return data.nbytes / best
 
 
 def _others_since(first: Any) -> float:
@@ -474,22 +421,6 @@ def weight_types(
     return report
 
 
-def output_head(runner: _Runner, workdir: Path) -> dict[str, Any]:
-    """The head model's steps with logits and without, and the samplers on its logits
-    (``head``): what grows with a model's vocabulary."""
-    path = workdir / "head.gguf"
-    _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, _HEAD_VOCAB, _HEAD_TYPE)
-    head = {
-        **runner.time_head(path, _HEAD_VOCAB),
-        "vocab": _HEAD_VOCAB,
-        "embd": _HEAD_EMBD,
-        "type": _HEAD_TYPE,
-        "bytes": _Weights(_HEAD_TYPE).layer_bytes_of(_HEAD_VOCAB, _HEAD_EMBD),
-    }
-    path.unlink()
-    return {"head": head}
-
-
 def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
     """The first GPU llama.cpp lists, with every layer on it: the tiny models' steps and a few
     weight types' (``devices``: its name, description and whether it is a software device);
@@ -512,17 +443,436 @@ def gpu_device(threads: int, workdir: Path) -> dict[str, Any]:
     return {"devices": {device.name: part}}
 
 
+# -- the CPU part: every figure read in interleaved rounds until they agree -----------------
+
+# The decode models read at least this many times the last-level cache per step (a model that
+# fits in it, or half fits, measures the cache: 23-127 GB/s for one type on a machine whose
+# memory gives 30); when the cache size cannot be read, _UNREAD_WORKING_SET.
+_CACHE_FACTOR = 4
+_MIN_WORKING_SET, _UNREAD_WORKING_SET = 64 << 20, 256 << 20
+_MAX_DECODE_LAYERS = 64
+# Rounds: every figure once a round, the models interleaved, so that a busy moment spoils one
+# round of each rather than all of one; at least _MIN_ROUNDS, until the best two rounds of
+# every figure agree within _AGREE (or _AGREE_S, for timings too short for a share to mean
+# anything), at most _MAX_ROUNDS or _ROUNDS_BUDGET_S seconds.
+_MIN_ROUNDS, _MAX_ROUNDS, _ROUNDS_BUDGET_S = 3, 8, 25.0
+_AGREE, _AGREE_S = 0.10, 20e-6
+_ROUND_STEPS = 6
+"""Decode steps a round times per model (its best counts)."""
+_BANDWIDTH_PASSES = 8
+# A batch is bound by arithmetic, not memory: its model is small (a round's batches are most
+# of the probe's time), a layer or two of about this many bytes.
+_BATCH_BYTES, _BATCH_LAYERS = 16 << 20, 2
+# The sanity bounds, raw against raw: a decode step cannot read its weights faster than the
+# memory gives (numpy's readers, as many as the decode threads), with this much room for the
+# two readers' differences; a batch cannot multiply faster than the cores' arithmetic.
+_BOUND_ROOM = 1.15
+
+
+def last_level_cache(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """Bytes of the largest data cache level of the first CPU, as the kernel lists it
+    (``index*/level``, ``type``, ``size`` such as ``32768K``); None when it cannot be read."""
+    found: tuple[int, int] | None = None
+    for index in sorted(root.glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMGB")
+        if not digits.isdigit():
+            continue
+        size = int(digits) * scale
+        if found is None or (level, size) > found:
+            found = (level, size)
+    return found[1] if found is not None else None
+
+
+def working_set(cache: int | None) -> int:
+    """Bytes a decode model reads per step: several times the last-level cache."""
+    if cache is None:
+        return _UNREAD_WORKING_SET
+    return max(_CACHE_FACTOR * cache, _MIN_WORKING_SET)
+
+
+def peak_operations(threads: int, cpuinfo: Path = Path("/proc/cpuinfo")) -> float | None:
+    """An upper bound on the operations per second ``threads`` cores can do (None: unknown):
+    the clock (the highest ``cpu MHz`` listed, half as much again for a boost the kernel does
+    not show) times the widest vector's int8 multiply-adds, two fused units, two operations
+    each (ggml's quantized kernels multiply int8; floats do fewer)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    clocks = [float(line.split(":")[1]) for line in text.splitlines() if line.startswith("cpu MHz")]
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
+    if not clocks:
+        return None
+    lanes = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+    return threads * max(clocks) * 1e6 * 1.5 * lanes * 2 * 2
+
+
+def agreeing(rounds: Sequence[float]) -> bool:
+    """Whether the best two of a figure's rounds (seconds) agree: within :data:`_AGREE` of
+    each other, or :data:`_AGREE_S` apart."""
+    if len(rounds) < 2:
+        return False
+    first, second = sorted(rounds)[:2]
+    return second <= first * (1 + _AGREE) or second - first <= _AGREE_S
+
+
+class _Context:
+    """A loaded model's llama.cpp context, timed again and again: each timing first keeps the
+    KV cache to the position it starts at (dropping what is beyond, filling what is short)."""
+
+    def __init__(self, runner: _Runner, model: Any, n_ctx: int) -> None:
+        llama = runner.llama
+        params = runner._context_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = _BATCH
+        params.n_threads = params.n_threads_batch = runner.threads
+        self.llama = llama
+        self.ctx = llama.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create the probe's context")
+        self.memory = llama.llama_get_memory(self.ctx)
+        self.batch = llama.llama_batch_init(_BATCH, 0, 1)
+        self.filled = 0
+
+    def _decode(self, start: int, count: int, logits: bool = True, every: bool = False) -> float:
+        from ..devices.synthetic import fill_batch
+
+        fill_batch(self.batch, start, count)
+        self.batch.logits[count - 1] = logits
+        for index in range(count - 1 if every else 0):
+            self.batch.logits[index] = True
+        began = time.perf_counter()
+        if self.llama.llama_decode(self.ctx, self.batch) != 0:
+            raise RuntimeError("llama_decode failed in the speed probe")
+        spent = time.perf_counter() - began
+        self.filled = start + count
+        return spent
+
+    def at(self, position: int) -> None:
+        """The KV cache holds exactly the positions before ``position``."""
+        if self.filled > position:
+            self.llama.llama_memory_seq_rm(self.memory, 0, position, -1)
+            self.filled = position
+        while self.filled < position:
+            self._decode(self.filled, min(_BATCH, position - self.filled))
+
+    def steps(self, count: int = _ROUND_STEPS, position: int = 0, logits: bool = True) -> float:
+        """The median of ``count`` decode steps from ``position`` on (after one untimed step:
+        the graph of a step is built and the weights touched): a generation runs at its
+        steps' typical time, not at its fastest (the starter: 6.5 ms best, 7.0 ms median)."""
+        self.at(position)
+        self._decode(self.filled, 1, logits)
+        return statistics.median(self._decode(self.filled, 1, logits) for _ in range(count))
+
+    def prefill(self, position: int = 0) -> float:
+        """One batch of :data:`_BATCH` tokens from ``position`` on, with logits for every
+        token: llama.cpp runs the last layer after its attention only for the tokens whose
+        logits are asked for, which would leave out most of a small model's work."""
+        self.at(position)
+        return self._decode(position, _BATCH, every=True)
+
+    def close(self) -> None:
+        """Free the context (the model is its owner's)."""
+        self.llama.llama_batch_free(self.batch)
+        self.llama.llama_free(self.ctx)
+
+
+class _Rounds:
+    """The CPU figures: models loaded once, each figure read once a round (see
+    :func:`cpu_figures`)."""
+
+    def __init__(self, runner: _Runner) -> None:
+        self.runner = runner
+        self.models: list[Any] = []
+        self.contexts: list[_Context] = []
+        self.figures: dict[str, list[float]] = {}
+        self.readers: list[tuple[str, Callable[[], float]]] = []
+
+    def load(self, path: Path, n_ctx: int, contexts: int = 1) -> list[_Context]:
+        """``path`` loaded (then deleted: its weights are in memory) with ``contexts``
+        contexts."""
+        model = self.runner._load(path)
+        path.unlink()
+        self.models.append(model)
+        made = [_Context(self.runner, model, n_ctx) for _ in range(contexts)]
+        self.contexts.extend(made)
+        return made
+
+    def read(self, name: str, reader: Callable[[], float]) -> None:
+        """Time ``reader`` (seconds) once a round as the figure ``name``."""
+        self.readers.append((name, reader))
+        self.figures[name] = []
+
+    def run(self) -> int:
+        """Rounds until every figure agrees (or the limits); the number of rounds."""
+        began = time.monotonic()
+        done = 0
+        while done < _MAX_ROUNDS:
+            for name, reader in self.readers:
+                self.figures[name].append(reader())
+            done += 1
+            settled = all(agreeing(values) for values in self.figures.values())
+            if done >= _MIN_ROUNDS and (settled or time.monotonic() - began > _ROUNDS_BUDGET_S):
+                break
+        return done
+
+    def best(self, name: str) -> float:
+        """A figure's fastest round."""
+        return min(self.figures[name])
+
+    def unsettled(self) -> dict[str, float]:
+        """The figures whose best two rounds disagree: how far apart (a share)."""
+        spread = {}
+        for name, values in self.figures.items():
+            if not agreeing(values):
+                first, second = sorted(values)[:2]
+                spread[name] = round(second / first - 1, 3)
+        return spread
+
+    def close(self) -> None:
+        """Free every context and model."""
+        for context in self.contexts:
+            context.close()
+        for model in self.models:
+            self.runner.llama.llama_model_free(model)
+
+
+def _memory_reader(threads: int, size: int) -> tuple[Callable[[], float], Callable[[], None]]:
+    """A reader of ``size`` bytes of memory by ``threads`` threads at once (numpy's ``max``:
+    ~70 GB/s a core from L2, so it waits for memory, not for its own arithmetic), the best of
+    :data:`_BANDWIDTH_PASSES` passes in seconds; and what stops its threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    data = np.ones(size // 8, dtype=np.float64)
+    parts = np.array_split(data, threads)
+    pool = ThreadPoolExecutor(threads)
+
+    def read() -> float:
+        best = float("inf")
+        for _ in range(_BANDWIDTH_PASSES):
+            began = time.perf_counter()
+            list(pool.map(np.max, parts))
+            best = min(best, time.perf_counter() - began)
+        return best
+
+    return read, pool.shutdown
+
+
+def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+    """Every CPU figure, read in interleaved rounds until they agree (see the constants
+    above): the tiny models' steps and batches, each type's decode step (on a model several
+    times the last-level cache) and batch, the attention's pace in a batch and in a decode
+    step late in a context, the head model's steps and samplers, and the memory's bandwidth.
+    The report says how many rounds it took, which figures did not agree, and what the sanity
+    bounds refused."""
+    began = time.monotonic()
+    cache = last_level_cache()
+    reads = working_set(cache)
+    rounds = _Rounds(runner)
+    report: dict[str, Any] = {"cache_bytes": cache, "working_set": reads}
+    stop_reader = None
+    try:
+        tiny_paths = []
+        for layers in _TINY_LAYERS:
+            tiny_paths.append(workdir / f"tiny-{layers}.gguf")
+            _write_model(tiny_paths[-1], "Q8_0", _TINY_EMBD, _TINY_FFN, _TINY_HEADS, layers)
+        # the runner's own work per step, on the smaller tiny model (before it is loaded)
+        report["runner_step_s"] = _runner_step(tiny_paths[0], runner.threads, runner.repack)
+        for layers, path in zip(_TINY_LAYERS, tiny_paths, strict=True):
+            (tiny,) = rounds.load(path, _BATCH + _ROUND_STEPS + 2)
+            rounds.read(f"tiny{layers}.decode", tiny.steps)
+            rounds.read(f"tiny{layers}.batch", tiny.prefill)
+        shapes: dict[str, dict[str, int]] = {}
+        for type_name in types:
+            weights = _Weights(type_name)
+            layer_bytes = weights.layer_bytes(_EMBD, _FFN)
+            layers = max(1, min(_MAX_DECODE_LAYERS, -(-reads // layer_bytes)))
+            batch_layers = max(1, min(_BATCH_LAYERS, round(_BATCH_BYTES / layer_bytes)))
+            shapes[type_name] = {
+                "layers": layers,
+                "batch_layers": batch_layers,
+                "layer_bytes": layer_bytes,
+            }
+            path = workdir / f"{type_name}-decode.gguf"
+            _write_model(path, type_name, _EMBD, _FFN, _HEADS, layers)
+            (decode,) = rounds.load(path, 2 * _ROUND_STEPS + 2)
+            rounds.read(f"{type_name}.decode", decode.steps)
+            path = workdir / f"{type_name}-batch.gguf"
+            _write_model(path, type_name, _EMBD, _FFN, _HEADS, batch_layers)
+            (batch,) = rounds.load(path, _BATCH + 2)
+            rounds.read(f"{type_name}.batch", batch.prefill)
+        # The attention's pace: a model of wide attention and a narrow FFN (its weights are
+        # not what is timed), its batch and its steps early and late in a context (a context
+        # of its own keeps the late positions from round to round).
+        path = workdir / "attention.gguf"
+        _write_model(path, _ATTENTION_TYPE, _EMBD, _ATTENTION_FFN, _HEADS, _ATTENTION_LAYERS)
+        early, late = rounds.load(path, _LATE + _BATCH + 2 * _ROUND_STEPS + 2, contexts=2)
+        rounds.read("attention.batch", early.prefill)
+        rounds.read("attention.decode", early.steps)
+        rounds.read("attention.late_batch", lambda: late.prefill(_LATE))
+        rounds.read("attention.late_decode", lambda: late.steps(position=_LATE + _BATCH))
+        vocab = _head_vocab(reads)
+        path = workdir / "head.gguf"
+        _write_model(path, "Q8_0", _HEAD_EMBD, 2 * _HEAD_EMBD, 4, 1, vocab, _HEAD_TYPE)
+        (head,) = rounds.load(path, 4 * _ROUND_STEPS + 8)
+        rounds.read("head.logits", lambda: head.steps(logits=True))
+        rounds.read("head.plain", lambda: head.steps(logits=False))
+        sampling = _Sampling(runner, rounds.models[-1], head, vocab)
+        rounds.read("head.greedy", sampling.greedy)
+        rounds.read("head.default", sampling.default)
+        memory, stop_reader = _memory_reader(runner.threads, reads)
+        rounds.read("memory", memory)
+
+        report["setup_s"] = round(time.monotonic() - began, 2)
+        report["rounds"] = rounds.run()
+        report["rounds_s"] = round(time.monotonic() - began - report["setup_s"], 2)
+        sampling.close()
+        best = rounds.best
+        report["tiny"] = {
+            "layers": list(_TINY_LAYERS),
+            "layer_bytes": _Weights("Q8_0").layer_bytes(_TINY_EMBD, _TINY_FFN),
+            "layer_params": 4 * _TINY_EMBD**2 + 3 * _TINY_EMBD * _TINY_FFN,
+            "layer_rows": 5 * _TINY_EMBD + 2 * _TINY_FFN,
+            "decode_s": [best(f"tiny{n}.decode") for n in _TINY_LAYERS],
+            "batch_s": [best(f"tiny{n}.batch") for n in _TINY_LAYERS],
+        }
+        report["types"] = {
+            name: {
+                **shape,
+                "layer_params": 4 * _EMBD**2 + 3 * _EMBD * _FFN,
+                "layer_rows": 5 * _EMBD + 2 * _FFN,
+                "decode_s": best(f"{name}.decode"),
+                "batch_s": best(f"{name}.batch"),
+                "output_bytes": _VOCAB * (_EMBD - _TINY_EMBD) * 4,
+                # every token's logits in a batch: the head's work beyond the tiny models'
+                "output_params": _VOCAB * (_EMBD - _TINY_EMBD),
+            }
+            for name, shape in shapes.items()
+        }
+        report["attention"] = {
+            "layers": _ATTENTION_LAYERS,
+            "width": _EMBD,
+            "positions": _LATE - 1,
+            "decode_positions": _LATE + _BATCH,
+            "batch_s": best("attention.batch"),
+            "late_batch_s": best("attention.late_batch"),
+            "decode_s": best("attention.decode"),
+            "late_decode_s": best("attention.late_decode"),
+        }
+        report["head"] = {
+            "logits_s": best("head.logits"),
+            "plain_s": best("head.plain"),
+            "greedy_s": best("head.greedy"),
+            "default_s": best("head.default"),
+            "vocab": vocab,
+            "embd": _HEAD_EMBD,
+            "type": _HEAD_TYPE,
+            "bytes": _Weights(_HEAD_TYPE).layer_bytes_of(vocab, _HEAD_EMBD),
+        }
+        report["bandwidth"] = reads / best("memory")
+        report["unsettled"] = rounds.unsettled()
+        report["spreads"] = {
+            name: round(sorted(values)[1] / sorted(values)[0] - 1, 3)
+            for name, values in rounds.figures.items()
+            if len(values) > 1
+        }
+        report["peak_operations"] = peak_operations(runner.threads)
+        report["refused"] = _bounds(report)
+        return report
+    finally:
+        rounds.close()
+        if stop_reader is not None:
+            stop_reader()
+
+
+def _head_vocab(reads: int) -> int:
+    """Rows of the head model: its Q8_0 head reads at least ``reads`` bytes (a power of two,
+    at least :data:`_HEAD_VOCAB`)."""
+    row = _Weights(_HEAD_TYPE).layer_bytes_of(1, _HEAD_EMBD)
+    vocab = _HEAD_VOCAB
+    while vocab * row < reads:
+        vocab *= 2
+    return vocab
+
+
+def _bounds(report: Mapping[str, Any]) -> list[str]:
+    """The figures the sanity bounds refuse, raw against raw: a decode step that read its
+    weights faster than the memory gives, a batch that multiplied faster than the cores can."""
+    refused = []
+    memory = float(report["bandwidth"]) * _BOUND_ROOM
+    peak = report.get("peak_operations")
+    batch = _BATCH
+    for name, entry in report["types"].items():
+        read = entry["layers"] * entry["layer_bytes"] / entry["decode_s"]
+        if read > memory:
+            refused.append(
+                f"{name} decode read {read / 1e9:.1f} GB/s, above the memory's "
+                f"{report['bandwidth'] / 1e9:.1f} GB/s"
+            )
+        work = 2 * batch * entry["batch_layers"] * entry["layer_params"] / entry["batch_s"]
+        if peak and work > peak:
+            refused.append(
+                f"{name} prefill did {work / 1e9:.0f} GFLOP/s, above the cores' "
+                f"{peak / 1e9:.0f} GFLOP/s"
+            )
+    return refused
+
+
+class _Sampling:
+    """The runner's samplers on the head model's logits: greedy (the largest logit) and
+    Ollama's default options (penalties, top-k, top-p, temperature, a draw)."""
+
+    def __init__(self, runner: _Runner, model: Any, head: _Context, vocab: int) -> None:
+        from ..engine.sampling import Sampler
+        from ..runner.protocol import SamplingOptions
+
+        llama = runner.llama
+        self.head = head
+        chain = llama.llama_model_get_vocab(model)
+        self._greedy = Sampler(chain, vocab, SamplingOptions(temperature=0), None, 64)
+        self._default = Sampler(chain, vocab, SamplingOptions(seed=1), None, 64)
+
+    def _time(self, sampler: Any) -> float:
+        self.head.steps(count=1, logits=True)  # fresh logits
+        best = float("inf")
+        for _ in range(_ROUND_STEPS):
+            began = time.perf_counter()
+            sampler.sample(self.head.ctx, 0)
+            best = min(best, time.perf_counter() - began)
+        return best
+
+    def greedy(self) -> float:
+        """Seconds of the greedy sampler, best of a round."""
+        return self._time(self._greedy)
+
+    def default(self) -> float:
+        """Seconds of the default sampler, best of a round."""
+        return self._time(self._default)
+
+    def close(self) -> None:
+        """Free the samplers."""
+        self._greedy.close()
+        self._default.close()
+
+
 def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
     from ..devices.procfs import allowed_cpus, read_cpu
 
     began = read_cpu(allowed_cpus())
     runner = _Runner(threads, repack)
     report: dict[str, Any] = {"threads": threads, "repack": repack, "batch": _BATCH}
-    report.update(fixed_costs(runner, workdir))
-    report.update(weight_types(runner, workdir, types))
-    report.update(output_head(runner, workdir))
+    report.update(cpu_figures(runner, workdir, types))
     report.update(gpu_device(threads, workdir))
-    report["bandwidth"] = _bandwidth(threads)
     # What else ran meanwhile: figures measured beside a busy program are not this machine's.
     report["others"] = round(_others_since(began), 3)
     return report

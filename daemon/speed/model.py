@@ -238,6 +238,36 @@ class Calibration:
     """When (seconds since the epoch)."""
     devices: dict[str, DeviceRates] = field(default_factory=dict)
     """The GPUs llama.cpp offloads to, each with its own figures (empty: none measured)."""
+    decode_attention: float = 0.0
+    """Floating-point operations per second of a decode step's attention over the context
+    (0: not measured; the KV cache's bytes are priced at its type's decode rate)."""
+    cache_bytes: int | None = None
+    """The last-level cache the probe read from the OS (None: not readable); its decode
+    models read several times that per step."""
+    rounds: int = 0
+    """Rounds the probe took for its figures to agree (0: a probe before rounds)."""
+    unsettled: dict[str, float] = field(default_factory=dict)
+    """Figures whose best two rounds still disagreed, and by how much (a share)."""
+    refused: list[str] = field(default_factory=list)
+    """What the sanity bounds refused (a rate above the memory's or the cores')."""
+
+    @property
+    def kept(self) -> bool:
+        """Whether these figures may price models: every figure agreed and none was out of
+        bounds."""
+        return not self.unsettled and not self.refused
+
+    def why_not_kept(self) -> str:
+        """Why the figures were not kept, for people ("" when they were)."""
+        parts = list(self.refused)
+        if self.unsettled:
+            worst = sorted(self.unsettled.items(), key=lambda item: -item[1])[:3]
+            named = ", ".join(f"{name} {share:.0%}" for name, share in worst)
+            parts.append(
+                f"{len(self.unsettled)} figures did not agree within 10 % in "
+                f"{self.rounds} rounds ({named})"
+            )
+        return "; ".join(parts)
 
     @classmethod
     def from_probe(cls, report: Mapping[str, Any], key: str, seconds: float) -> Calibration:
@@ -263,6 +293,9 @@ class Calibration:
         for _ in range(40 if "Q8_0" in raw else 1):
             for name, entry in raw.items():
                 layers = int(entry["layers"])
+                # (the batch may run on a smaller model than the decode step: the batch is
+                # bound by arithmetic, the step by memory, which its model must exceed)
+                batch_layers = int(entry.get("batch_layers", layers))
                 step = float(entry["decode_s"])
                 rows = layers * int(entry.get("layer_rows", 0))
                 spent = (
@@ -273,8 +306,16 @@ class Calibration:
                     - entry.get("output_bytes", 0) / bandwidth
                 )
                 weights = layers * int(entry["layer_bytes"])
-                work = 2 * batch * layers * int(entry["layer_params"])
-                batch_spent = float(entry["batch_s"]) - batch_fixed - layers * per_batch_layer
+                # (its batch asks for every token's logits: its head's work is in the batch)
+                work = (
+                    2
+                    * batch
+                    * (
+                        batch_layers * int(entry["layer_params"])
+                        + int(entry.get("output_params", 0))
+                    )
+                )
+                batch_spent = float(entry["batch_s"]) - batch_fixed - batch_layers * per_batch_layer
                 rates[name] = TypeRate(
                     decode=weights / max(spent, _FLOOR * step),
                     prefill=work / max(batch_spent, _FLOOR * float(entry["batch_s"])),
@@ -297,6 +338,13 @@ class Calibration:
             extra = float(late["late_batch_s"]) - float(late["batch_s"])
             work = 4 * late["width"] * batch * late["positions"] * late["layers"]
             attention = work / extra if extra > 0 else 0.0
+        decode_attention = 0.0
+        if late is not None and "late_decode_s" in late:
+            # one token against the positions before it: a product for the scores and one
+            # for the values, each of the query width, per position and layer
+            extra = float(late["late_decode_s"]) - float(late["decode_s"])
+            work = 4 * late["width"] * (late["decode_positions"] - 1) * late["layers"]
+            decode_attention = work / extra if extra > 0 else 0.0
         vocab = int(head["vocab"]) if head else 0
         return cls(
             key=key,
@@ -320,11 +368,30 @@ class Calibration:
                 name: DeviceRates.from_probe(name, part, batch)
                 for name, part in report.get("devices", {}).items()
             },
+            decode_attention=decode_attention,
+            cache_bytes=report.get("cache_bytes"),
+            rounds=int(report.get("rounds", 0)),
+            unsettled=dict(report.get("unsettled", {})),
+            refused=list(report.get("refused", [])),
         )
 
-    def merged(self, newer: Calibration) -> Calibration:
+    def merged(self, newer: Calibration, only_types: bool = False) -> Calibration:
         """These figures with ``newer``'s added (a probe of more types); the newer fixed costs
-        win, having been measured closer to now."""
+        win, having been measured closer to now. With ``only_types``, only ``newer``'s type
+        rates are taken (and what did not agree or was refused among them): these figures'
+        fixed costs stay."""
+        if only_types:
+            own = tuple(f"{name}." for name in newer.types)  # its figures: "Q4_K.decode"
+            named = tuple(f"{name} " for name in newer.types)  # its refusals: "Q4_K decode..."
+            return Calibration(
+                **{
+                    **asdict(self),
+                    "types": {**self.types, **newer.types},
+                    "devices": self.devices,
+                    "unsettled": {k: v for k, v in newer.unsettled.items() if k.startswith(own)},
+                    "refused": [r for r in newer.refused if r.startswith(named)],
+                },
+            )
         return Calibration(
             **{
                 **asdict(newer),
@@ -404,6 +471,10 @@ class ModelCost:
     only)."""
     vocab: int = 0
     """Rows of the output head: the logits a decode step makes and the sampler looks at."""
+    last_skipped: dict[str, int] = field(default_factory=dict)
+    """The last layer's weights after its attention (its output projection and FFN, routed
+    experts only), by type: llama.cpp multiplies them in a batch only for the tokens whose
+    logits are asked for (a prompt's last), not for every token."""
 
     @property
     def types(self) -> set[str]:
@@ -445,6 +516,7 @@ class ModelCost:
             attention_width=self.attention_width,
             layer_rows=self.layer_rows,
             vocab=self.vocab,
+            last_skipped=self.last_skipped,
         )
 
     def retyped(self, mapping: Mapping[str, str]) -> ModelCost:
@@ -468,6 +540,7 @@ class ModelCost:
             attention_width=self.attention_width,
             layer_rows=self.layer_rows,
             vocab=self.vocab,
+            last_skipped=rename(self.last_skipped),
         )
 
 
@@ -491,6 +564,7 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
     vocab = 0
     output_bytes: dict[str, int] = {}
     output_params: dict[str, int] = {}
+    last_skipped: dict[str, int] = {}
     embedding: tuple[str, int, int] | None = None
     embedding_rows = 0
     has_output = False
@@ -505,6 +579,10 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
                 _add(layer_bytes[int(index)], tensor.type, round(tensor.n_bytes * share))
                 if len(tensor.shape) >= 2:
                     _add(layer_params[int(index)], tensor.type, round(tensor.n_elements * share))
+                    if int(index) == n_layer - 1 and not name.split(".")[2].startswith(
+                        ("attn_q", "attn_k", "attn_v")
+                    ):
+                        _add(last_skipped, tensor.type, round(tensor.n_elements * share))
                     rows = tensor.n_elements // max(tensor.shape[0], 1)
                     layer_rows[int(index)] += round(rows * share)
             elif name.startswith(("output.", "output_norm.")):
@@ -536,6 +614,7 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
         attention_width=heads * head_size,
         layer_rows=tuple(layer_rows),
         vocab=vocab,
+        last_skipped=last_skipped,
     )
 
 
@@ -663,11 +742,15 @@ def predict(
     )
     cpu_kv = sum(cost.kv_per_cell[:split]) * context
     device_kv = sum(cost.kv_per_cell[split:]) * context
-    step_full = (
-        step
-        + cpu_kv / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
-        + _on_device({kv_type: device_kv}, device, prefill=False)
-    )
+    if calibration.decode_attention:
+        # The attention over the context at the pace the probe measured late in a context
+        # (the kernel's work per position and query head, far slower than reading the KV
+        # cache's bytes: 2 ms a step on the starter at 500 positions against 0.4 ms)
+        cpu_attention = 4 * cost.attention_width * context * split
+        cpu_context = cpu_attention / calibration.decode_attention
+    else:
+        cpu_context = cpu_kv / (kv_rate.decode if kv_rate is not None else calibration.bandwidth)
+    step_full = step + cpu_context + _on_device({kv_type: device_kv}, device, prefill=False)
 
     prompt = max(prompt, 1)
     head_work = {name: 2 * amount for name, amount in cost.output_params.items()}
@@ -676,6 +759,10 @@ def predict(
     for work in (cpu_work, device_work):
         for name in work:
             work[name] *= 2 * prompt
+    # The last layer after its attention runs for the prompt's last token only (its logits).
+    last = device_work if offloaded else cpu_work
+    for name, amount in cost.last_skipped.items():
+        last[name] = max(last.get(name, 0) - 2 * (prompt - 1) * amount, 0)
     for name, amount in head_work.items():  # the last token's logits only
         target = device_work if head_on_device else cpu_work
         target[name] = target.get(name, 0) + amount

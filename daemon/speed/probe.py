@@ -57,13 +57,14 @@ __all__ = [
     "PROBE_VERSION",
     "ProbeFailed",
     "ProbeInterrupted",
+    "ProbeUnsettled",
     "cached_calibration",
     "calibrate",
 ]
 
 log = logging.getLogger("localllm.speedprobe")
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 """Bumped when the probe's models or workload change, so older figures are measured again."""
 BASE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K", "Q4_K", "Q4_0", "Q4_1")
 """Weight types the first probe measures: what most GGUF files on the Hub are made of (the
@@ -82,6 +83,16 @@ class ProbeFailed(RuntimeError):
 class ProbeInterrupted(ProbeFailed):
     """The probe was stopped before it finished (work came in), or measured while other
     programs were busy: nothing was kept, and it can be run again at a quieter moment."""
+
+
+class ProbeUnsettled(ProbeInterrupted):
+    """The probe finished, but its figures did not agree from round to round or broke a
+    sanity bound (:attr:`~localllm.daemon.speed.model.Calibration.kept`): they were not kept
+    (``figures`` holds them, to show), and the probe is run again at a quieter moment."""
+
+    def __init__(self, figures: Calibration) -> None:
+        super().__init__(f"measured, not kept: {figures.why_not_kept()}")
+        self.figures = figures
 
 
 # -- the parent -----------------------------------------------------------------------------
@@ -189,11 +200,16 @@ def calibrate(
     timeout: float = _TIMEOUT_S,
     cancelled: Callable[[], bool] | None = None,
     max_others: float | None = None,
+    keep_unsettled: bool = False,
 ) -> Calibration:
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
     :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
     is missing, or all (and those probed before) measured again with ``fresh``. Blocks
-    while probing (a few seconds); raises :class:`ProbeFailed` when the probe cannot run.
+    while probing (about 10 s on a quiet machine, up to a minute on a busy one); raises
+    :class:`ProbeFailed` when the probe cannot run, :class:`ProbeUnsettled` (with the
+    figures) when they did not agree or broke a sanity bound: they are not cached, unless
+    ``keep_unsettled`` (a machine declared never quiet: its figures are kept as they are,
+    with what did not agree in them).
 
     ``cancelled`` is asked every tenth of a second while the child runs: when it says so the
     child is killed and :class:`ProbeInterrupted` raised. With ``max_others``, figures
@@ -219,7 +235,15 @@ def calibrate(
             raise ProbeInterrupted(
                 f"other programs used {measured.others:.1f} cores while the speed probe ran"
             )
-        calibration = measured if cached is None else cached.merged(measured)
+        if cached is not None:
+            # Types added to kept figures: only their own rates are taken (the kept fixed
+            # costs stay), so only their own figures must have agreed.
+            measured = cached.merged(measured, only_types=True)
+        if not measured.kept:
+            log.info("speed probe: %s", measured.why_not_kept())
+            if not keep_unsettled:
+                raise ProbeUnsettled(measured)
+        calibration = measured
         _write_cache(settings, calibration)
         log.info("speed probe: %s", calibration.describe())
         return calibration

@@ -1,7 +1,7 @@
 """The speed probe at the daemon's first quiet moment, so that predictions need no ``doctor``.
 
 Predicted speeds (``show``, ``ps``, the TUI, ``show hf.co/...``) need this machine's figures
-(:mod:`localllm.daemon.speed.probe`: a few seconds of llama.cpp in a child process, cached per
+(:mod:`localllm.daemon.speed.probe`: 10-40 seconds of llama.cpp in a child process, cached per
 build,
 CPU and thread count). Until they exist, :class:`SpeedWatch` waits for a quiet moment and
 measures them:
@@ -18,6 +18,11 @@ measures them:
   (the child stops within a tenth of a second) and it is tried again at the next quiet
   moment; figures measured while other programs took more than :data:`QUIET_SHARE` of the
   cores are thrown away likewise (:func:`~localllm.daemon.speed.probe.calibrate`'s ``max_others``);
+* figures that did not agree from round to round, or broke a sanity bound (a decode rate above
+  the memory's, :class:`~localllm.daemon.speed.probe.ProbeUnsettled`), are not kept: the
+  reason says "measured, not kept" and why, and the probe runs again at a later quiet moment
+  (after a pause that doubles each time, up to :data:`UNSETTLED_PAUSE_S`); on a machine
+  declared never quiet (``LOCALLLM_SPEED_PROBE_QUIET=1``) they are kept as measured;
 * a probe that fails (llama.cpp crashed, say) is not retried: ``localllm doctor`` says why.
 
 ``show`` (``POST /api/plan``) waits for the figures up to :data:`SHOW_WAIT_S` while they are
@@ -40,7 +45,14 @@ from localllm.settings import Settings
 from ..devices.procfs import CpuReading, allowed_cpus, read_cpu_tree
 from .model import Calibration
 
-__all__ = ["QUIET_SHARE", "QUIET_SPAN", "SHOW_WAIT_S", "ProbeState", "SpeedWatch"]
+__all__ = [
+    "QUIET_SHARE",
+    "QUIET_SPAN",
+    "SHOW_WAIT_S",
+    "UNSETTLED_PAUSE_S",
+    "ProbeState",
+    "SpeedWatch",
+]
 
 log = logging.getLogger("localllm.speedwatch")
 
@@ -53,6 +65,8 @@ QUIET_SPAN = 2.0
 _READ_S = 0.5
 """How often the readings are taken while waiting for quiet."""
 SHOW_WAIT_S = 20.0
+UNSETTLED_PAUSE_S = 600.0
+"""The longest pause between probes whose figures did not agree."""
 """How long ``show`` waits for figures being measured (the client's own timeout is 30 s)."""
 
 
@@ -89,6 +103,7 @@ class SpeedWatch:
         cpus: int | None = None,
         quiet_span: float = QUIET_SPAN,
         interval: float = _READ_S,
+        first_pause: float = 30.0,
     ) -> None:
         cpu_set = allowed_cpus()
         self._settings = settings
@@ -109,6 +124,12 @@ class SpeedWatch:
         self._started = 0.0
         self._attempts = 0
         self._stopping = False
+        self._not_kept = ""
+        """Why the last probe's figures were not kept ("" when none was refused)."""
+        self._unsettled = 0
+        self._not_before = 0.0
+        """No probe before this moment (monotonic): a pause after unsettled figures."""
+        self._first_pause = first_pause
         self._settled = threading.Event()
         """Set once figures exist, or will not come (failed, off)."""
 
@@ -134,8 +155,10 @@ class SpeedWatch:
                 self._others is not None and self._others > self._quiet_cores
             )
             left = deadline - time.monotonic()
-            # (the daemon's own work is not a reason to give up: it is ours, and ends)
-            if (self._state is ProbeState.WAITING and busy) or left <= 0:
+            # (the daemon's own work is not a reason to give up: it is ours, and ends; a
+            # pause after figures that were not kept is: nothing comes before it ends)
+            pausing = time.monotonic() < self._not_before
+            if (self._state is ProbeState.WAITING and (busy or pausing)) or left <= 0:
                 return None  # the answer says what it waits for instead
             self._settled.wait(min(left, self._interval))
 
@@ -153,8 +176,13 @@ class SpeedWatch:
             return f"the speed probe failed ({self._error}): `localllm doctor` tries again"
         if state is ProbeState.MEASURING:
             ago = time.monotonic() - self._started
-            return f"measuring this machine's speed now (started {ago:.0f} s ago, a few seconds)"
+            return f"measuring this machine's speed now (started {ago:.0f} s ago, 10-40 s)"
         waiting = "this machine's speed is measured at the daemon's first quiet moment"
+        if self._not_kept:
+            waiting = (
+                f"this machine's speed was {self._not_kept}; it is measured again at the "
+                "next quiet moment"
+            )
         if self._working():
             return f"{waiting}: models are working now"
         if self._others is not None and self._others > self._quiet_cores:
@@ -212,6 +240,7 @@ class SpeedWatch:
                 and self._others is not None
                 and self._others + self._own <= self._quiet_cores
             )
+            quiet = quiet and now >= self._not_before
             quiet_since = (quiet_since or now) if quiet else None
             if quiet_since is not None and now - quiet_since >= self._quiet_span:
                 if await self._measure():
@@ -221,7 +250,7 @@ class SpeedWatch:
 
     async def _measure(self) -> bool:
         """One attempt; True when it settled (figures, or a failure not worth retrying)."""
-        from .probe import ProbeFailed, ProbeInterrupted, calibrate
+        from .probe import ProbeFailed, ProbeInterrupted, ProbeUnsettled, calibrate
 
         self._state = ProbeState.MEASURING
         self._started = time.monotonic()
@@ -239,10 +268,20 @@ class SpeedWatch:
                 threads=self._threads,
                 cancelled=cancelled,
                 max_others=self._quiet_cores,
+                # a machine declared never quiet keeps what it can measure (and says so)
+                keep_unsettled=math.isinf(self._quiet_cores),
             )
         except ProbeInterrupted as exc:
             log.info("speed probe stopped: %s; tried again at a quieter moment", exc)
             self._state = ProbeState.WAITING
+            if isinstance(exc, ProbeUnsettled):
+                # Measured, but the figures did not agree: a machine that stays so unsteady
+                # is not probed at every quiet moment (a probe costs seconds of CPU), but
+                # after a pause that doubles each time, up to UNSETTLED_PAUSE_S.
+                self._not_kept = str(exc)
+                self._unsettled += 1
+                pause = min(UNSETTLED_PAUSE_S, self._first_pause * 2 ** (self._unsettled - 1))
+                self._not_before = time.monotonic() + pause
             return False
         except (ProbeFailed, OSError) as exc:
             log.warning("the speed probe failed: %s", exc)

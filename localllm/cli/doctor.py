@@ -40,7 +40,7 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
         "--cached-speed",
         action="store_true",
         help="show the speed figures measured before (by the daemon or an earlier doctor) "
-        "instead of measuring them again, which takes a few seconds",
+        "instead of measuring them again, which takes 10 s or more",
     )
 
 
@@ -167,6 +167,9 @@ def _speed(settings: Any, fresh: bool) -> dict[str, Any]:
         return cached.to_dict() | {"source": "cached"}
     try:
         return speedprobe.calibrate(settings, fresh=True).to_dict() | {"source": "measured"}
+    except speedprobe.ProbeUnsettled as exc:
+        # shown, and said to be unkept: nothing prices a model with them
+        return exc.figures.to_dict() | {"source": "measured, not kept"}
     except speedprobe.ProbeFailed as exc:
         return {"error": str(exc)}
 
@@ -225,14 +228,24 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
 
     figures = Calibration.from_dict(speed)
     when = "cached, " if speed.get("source") == "cached" else ""
+    cache = (
+        f"{figures.cache_bytes / 2**20:.0f} MiB last-level cache"
+        if figures.cache_bytes
+        else "last-level cache not readable"
+    )
     lines = [
-        f"speed ({figures.threads} threads, {when}measured in {figures.seconds:.1f} s): memory "
+        f"speed ({figures.threads} threads, {when}measured in {figures.seconds:.1f} s, "
+        f"{figures.rounds} rounds; {cache}): memory "
         f"{figures.bandwidth / 1e9:.1f} GB/s; a decode step {figures.decode_fixed * 1e3:.2f} ms "
         f"+ {figures.decode_layer * 1e6:.0f} us a layer + {figures.row * 1e9:.1f} ns a matrix "
         f"row; the runner {figures.runner_step * 1e6:.0f} us a step; sampling "
         f"{figures.sample_token * 1e9:.1f} us per 1,000 tokens of vocabulary "
         f"(greedy {figures.greedy_token * 1e9:.1f})"
     ]
+    if speed.get("source") == "measured, not kept":
+        lines.append(f"  measured, not kept: {figures.why_not_kept()} (measured again later)")
+    elif not figures.kept:  # kept by a daemon told the machine is never quiet
+        lines.append(f"  kept unsettled (LOCALLLM_SPEED_PROBE_QUIET=1): {figures.why_not_kept()}")
     if figures.others > 0.2:
         lines.append(f"  (other programs used {figures.others:.1f} cores while it measured)")
     for name, rate in figures.types.items():

@@ -36,7 +36,12 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         before = cli.json("doctor")  # the one call that measures the speed afresh
         assert before["test_hooks"] == {"variables": fault, "module": None}
         speed = before["speed"]
-        assert speed["source"] == "measured" and speed["bandwidth"] > 0, speed
+        # Figures that did not agree from round to round (a busy machine: the suite's other
+        # workers) are shown all the same, said to be unkept, and not cached.
+        kept = speed["source"] == "measured"
+        assert speed["source"] in ("measured", "measured, not kept"), speed
+        assert speed["bandwidth"] > 0 and speed["cache_bytes"] != 0, speed
+        assert kept == (not speed["unsettled"] and not speed["refused"]), speed
         llama = before["llama_cpp"]
         assert "error" not in llama, llama
         assert llama["llama_cpp_python"] and "CPU" in llama["system_info"]
@@ -62,14 +67,16 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         cli.ok("list")  # starts the daemon
         after = cli.json("doctor", "--cached-speed")
         # The figures the first call measured, read back from the cache, not measured again.
-        assert after["speed"] == speed | {"source": "cached"}
+        if kept:
+            assert after["speed"] == speed | {"source": "cached"}
         assert after["cpu_repack"]["source"] == "cache"
         assert after["cpu_repack"]["repack"] == repack["repack"]
         for name in ("socket", "tcp"):
             assert after["endpoints"][name]["localllm"], after["endpoints"]
             assert after["endpoints"][name]["version"] == after["localllm"]
         text = cli.ok("doctor", "--cached-speed")
-        assert f"speed ({speed['threads']} threads, cached, measured in " in text
+        if kept:
+            assert f"speed ({speed['threads']} threads, cached, measured in " in text
         assert "weight repacking: " + ("on" if repack["repack"] else "off") in text
         assert "system info: " in text and "localllm" in text and "answers" in text
         assert "CPU governor: on: a runner uses up to" in text

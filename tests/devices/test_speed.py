@@ -14,6 +14,7 @@ from speed_support import make_calibration
 from localllm.daemon.memory.layout import layout_from_gguf
 from localllm.daemon.speed import probe as speedprobe
 from localllm.daemon.speed.book import MIN_DECODED, SpeedBook
+from localllm.daemon.speed.measure import agreeing, last_level_cache, working_set
 from localllm.daemon.speed.model import (
     PREFILL_TOKENS,
     Calibration,
@@ -44,6 +45,19 @@ def test_a_token_costs_the_layers_and_the_tied_output_head(smollm2_gguf: Path) -
         t.n_elements // t.shape[0]
         for t in info.tensors
         if t.name.startswith("blk.0.") and len(t.shape) >= 2
+    )
+    # a batch runs the last layer after its attention for the tokens with logits only
+    after = ("attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    assert sum(cost.last_skipped.values()) == sum(
+        t.n_elements for t in info.tensors if t.name.startswith(tuple(f"blk.29.{a}" for a in after))
+    )
+    figures = make_calibration(
+        Q4_1=TypeRate(5e9, 40e9), Q8_0=TypeRate(10e9, 60e9), F32=TypeRate(20e9, 80e9)
+    )
+    whole = dataclasses.replace(cost, last_skipped={})
+    saved = 2 * 511 * cost.last_skipped["Q4_1"] / 40e9  # every token but the last's
+    assert 512 / predict(cost, figures, context=512).prefill == pytest.approx(  # type: ignore[operator]
+        512 / predict(whole, figures, context=512).prefill - saved  # type: ignore[operator]
     )
 
 
@@ -100,6 +114,13 @@ def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) 
     assert predict(cost, figures, context=2048, prompt=2048).prefill < guess.prefill  # type: ignore[operator]
     kv = sum(cost.kv_per_cell) * 2048 / figures.bandwidth  # no F16 figure: memory's pace
     assert guess.decode_full == pytest.approx(1 / (step + kv))
+    # measured, the attention's own pace over the context prices it instead of the bytes
+    figures.decode_attention = 5e9
+    attending = predict(cost, figures, context=2048)
+    work = 4 * cost.attention_width * 2048 * cost.n_layer
+    assert attending.decode_full == pytest.approx(1 / (step + work / 5e9))
+    assert attending.decode == guess.decode
+    figures.decode_attention = 0.0
     assert guess.prefill and guess.prefill > guess.decode  # a batch reuses its weights
     assert guess.context == 2048
     slower = predict(cost, figures, context=2048, correction=(1e-3, 1e-4))
@@ -251,9 +272,9 @@ def test_rates_come_back_from_the_probes_timings() -> None:
             "layer_params": params,
             "output_bytes": output,
             "decode_s": fixed + layers * layer + layers * layer_bytes / rate.decode + output / 20e9,
-            "batch_s": batch_fixed
-            + layers * batch_layer
-            + 2 * batch * layers * params / rate.prefill,
+            # the batch on a smaller model than the step's (arithmetic, not memory, bounds it)
+            "batch_layers": 2,
+            "batch_s": batch_fixed + 2 * batch_layer + 2 * batch * 2 * params / rate.prefill,
         }
     (step_a, batch_a), (step_b, batch_b) = tiny(2), tiny(26)
     # the head model: 131,072 rows of 512 in Q8_0, 6 ns a row besides its bytes
@@ -281,12 +302,25 @@ def test_rates_come_back_from_the_probes_timings() -> None:
             "bytes": head_bytes,
         },
         "runner_step_s": 0.25e-3,
+        # a decode step late in a context: its attention's pace, 8 GFLOP/s
+        "attention": {
+            "layers": 4,
+            "width": 1024,
+            "positions": 448,
+            "decode_positions": 577,
+            "batch_s": 0.1,
+            "late_batch_s": 0.1 + 4 * 1024 * batch * 448 * 4 / 50e9,
+            "decode_s": 2e-3,
+            "late_decode_s": 2e-3 + 4 * 1024 * 576 * 4 / 8e9,
+        },
     }
     for entry in types.values():  # every row of the type models' layers costs too
         entry["layer_rows"] = 10752
         entry["decode_s"] += entry["layers"] * 10752 * row  # type: ignore[operator]
     figures = Calibration.from_probe(report, "key", 1.0)
     assert figures.row == pytest.approx(row, rel=0.02)
+    assert figures.decode_attention == pytest.approx(8e9)
+    assert figures.attention == pytest.approx(50e9)
     assert figures.runner_step == 0.25e-3
     assert figures.sample_token == pytest.approx(3e-9) and figures.greedy_token == pytest.approx(
         1e-9
@@ -403,3 +437,45 @@ def test_the_speed_book_learns_from_requests_that_ran_alone(
     assert book.correction(figures, main_type="F16") == (pytest.approx(step_gap), 0.0)
     # left out, the only model measured teaches nothing about itself
     assert book.correction(figures, exclude="a") == (0.0, 0.0)
+
+
+def test_the_last_level_cache_is_read_from_the_os(tmp_path: Path) -> None:
+    """The largest data cache level the kernel lists for the first CPU (instruction caches
+    left out), its size in the kernel's notation; None where none is listed."""
+    caches = [("1", "Data", "48K"), ("1", "Instruction", "32K"), ("2", "Unified", "1024K")]
+    caches.append(("3", "Unified", "32768K"))
+    for number, (level, kind, size) in enumerate(caches):
+        folder = tmp_path / f"index{number}"
+        folder.mkdir()
+        (folder / "level").write_text(level + "\n")
+        (folder / "type").write_text(kind + "\n")
+        (folder / "size").write_text(size + "\n")
+    assert last_level_cache(tmp_path) == 32 << 20
+    assert working_set(32 << 20) == 128 << 20  # the decode models read 4x as much a step
+    (tmp_path / "index3" / "size").write_text("64M\n")
+    assert last_level_cache(tmp_path) == 64 << 20
+    assert last_level_cache(tmp_path / "none") is None
+    assert working_set(None) == 256 << 20  # not readable: a size beyond most caches
+    assert working_set(1 << 20) == 64 << 20
+
+
+def test_a_figure_agrees_when_its_best_two_rounds_do() -> None:
+    assert agreeing([1.0, 1.08, 3.0])  # a busy round is only ever slower: left out
+    assert not agreeing([1.0, 1.2, 1.25])
+    assert agreeing([100e-6, 115e-6])  # 15 us apart: too short for a share to mean much
+    assert not agreeing([1.0])
+
+
+def test_figures_that_disagree_or_break_a_bound_are_not_kept() -> None:
+    figures = make_calibration(Q4_K=TypeRate(15e9, 80e9))
+    assert figures.kept and figures.why_not_kept() == ""
+    figures.rounds, figures.unsettled = 8, {"Q4_K.decode": 0.25, "memory": 0.12}
+    assert not figures.kept
+    assert figures.why_not_kept() == (
+        "2 figures did not agree within 10 % in 8 rounds (Q4_K.decode 25%, memory 12%)"
+    )
+    figures.unsettled = {}
+    figures.refused = ["Q4_K decode read 61.0 GB/s, above the memory's 35.0 GB/s"]
+    assert not figures.kept and "above the memory's" in figures.why_not_kept()
+    back = Calibration.from_dict(json.loads(json.dumps(figures.to_dict())))
+    assert back.refused == figures.refused and not back.kept

@@ -50,7 +50,7 @@ class Machine:
 
 
 def _watch(
-    tmp_path: Path, machine: Machine, working: list[bool], calibrate: Any
+    tmp_path: Path, machine: Machine, working: list[bool], calibrate: Any, first_pause: float = 30
 ) -> tuple[SpeedWatch, list[Calibration]]:
     settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path)})
     measured: list[Calibration] = []
@@ -64,6 +64,7 @@ def _watch(
         cpus=2,
         quiet_span=0.2,
         interval=0.05,
+        first_pause=first_pause,
     )
     return watch, measured
 
@@ -120,6 +121,48 @@ async def test_the_probe_waits_for_quiet_and_gives_way_to_work(tmp_path: Path) -
         await asyncio.wait_for(task, 10)
         assert watch.state is ProbeState.MEASURED and watch.why() == ""
     finally:
+        task.cancel()
+
+
+@pytest.mark.anyio
+async def test_figures_that_did_not_agree_are_not_kept_and_measured_again(tmp_path: Path) -> None:
+    """A probe whose figures disagreed from round to round is not kept: the reason says so
+    (show does not wait for it), and the probe runs again after a pause."""
+    machine, calls = Machine(), []
+    pause = threading.Event()
+
+    def calibrate(settings: Settings, **kwargs: Any) -> Calibration:
+        calls.append("start")
+        if len(calls) == 1:
+            unsteady = make_calibration(Q4_0=TypeRate(1e9, 1e9))
+            unsteady.unsettled, unsteady.rounds = {"Q4_0.decode": 0.3}, 8
+            raise speedprobe.ProbeUnsettled(unsteady)
+        pause.wait(10)  # the test has looked at the pause
+        figures = make_calibration(Q4_0=TypeRate(1e9, 1e9))
+        measured.append(figures)
+        return figures
+
+    watch, measured = _watch(tmp_path, machine, [False], calibrate, first_pause=0.5)
+    task = asyncio.create_task(watch.run())
+    try:
+        deadline = time.monotonic() + 10
+        while "measured, not kept" not in watch.why():
+            assert time.monotonic() < deadline, watch.why()
+            await asyncio.sleep(0.02)
+        why = watch.why()
+        assert "did not agree within 10 % in 8 rounds (Q4_0.decode 30%)" in why, why
+        assert "measured again" in why and watch.state is ProbeState.WAITING
+        if len(calls) == 1:  # still pausing: show says why instead of waiting
+            assert watch.wait(5) is None or len(calls) == 2
+        pause.set()
+        figures = await asyncio.to_thread(watch.wait, 10)
+        while figures is None:
+            assert time.monotonic() < deadline, watch.why()
+            figures = await asyncio.to_thread(watch.wait, 1)
+        assert figures is measured[-1] and len(calls) == 2
+        await asyncio.wait_for(task, 10)
+    finally:
+        pause.set()
         task.cancel()
 
 
