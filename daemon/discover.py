@@ -49,6 +49,7 @@ from localllm.sources.hub import (
 from .memory.layout import ModelLayout, estimate, layout_from_gguf
 from .memory.plan import HOST, Device, DoesNotFit, MemoryPlan, PlanRequest, plan, refusal
 from .speed.model import Calibration, ModelCost, Prediction, model_cost, predict
+from .speed.probe import ProbeInterrupted
 
 if TYPE_CHECKING:
     from .scheduler import LoadedModel, Scheduler
@@ -358,25 +359,29 @@ class Discovery:
 
     def _calibration(
         self, shapes: _Shapes | None, quants: Sequence[QuantFiles], probe: bool
-    ) -> tuple[Calibration | None, str | None]:
+    ) -> tuple[Calibration | None, str | None, str | None]:
+        """The figures to predict with, why there are none, and why some types have none
+        (their probe's figures were not kept: the kept figures still predict the rest)."""
         if self.calibration is None or shapes is None:
-            return None, None
+            return None, None, None
         types = set(shapes.cost.types)
         types |= {t for q in quants if (t := main_type(q.label)) is not None}
         if not probe:
             figures = self.cached()
-            return (
-                (figures, None)
-                if figures is not None and types <= set(figures.types)
-                else (
-                    None,
-                    None,
-                )
-            )
+            if figures is not None and types <= set(figures.types):
+                return figures, None, None
+            return None, None, None
         try:
-            return self.calibration(sorted(types)), None
+            return self.calibration(sorted(types)), None, None
+        except ProbeInterrupted as exc:
+            # A probe of the types not measured yet did not keep its figures (a busy machine):
+            # what was measured before still predicts every quantization made of those types.
+            kept = self.cached()
+            if kept is None:
+                return None, f"no speed figures: {exc}", None
+            return kept, None, str(exc)
         except (LocalLLMError, RuntimeError, OSError) as exc:
-            return None, f"no speed figures: {exc}"
+            return None, f"no speed figures: {exc}", None
 
     def report(
         self,
@@ -395,13 +400,17 @@ class Discovery:
         quants = [listing.find(tag)] if tag else listing.quants
         first = quants[0] if tag else default_quant(listing)
         shapes, header_error = self._shapes(listing, first)
-        calibration, speed_error = self._calibration(shapes, quants, probe)
+        calibration, speed_error, unkept = self._calibration(shapes, quants, probe)
         # Quantizations of one main type share one correction (each reads the speed book).
         correction = functools.cache(self.correction)
         reports = [
             self._quant_report(listing, quant, shapes, devices, calibration, correction)
             for quant in quants
         ]
+        for report in reports:
+            predicted = report.prediction
+            if unkept and predicted is not None and predicted.decode is None:
+                report.prediction = dataclasses.replace(predicted, why=f"{predicted.why}: {unkept}")
         return RepoReport(
             listing=listing,
             quants=reports,

@@ -17,6 +17,7 @@ how to log in), 429 with ``Retry-After`` (rate limited), 502 (unreachable, down,
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -195,12 +196,18 @@ def local_speed(
         answer["why"] = f"its GGUF could not be read: {exc}"
         return answer
     missing = sorted(t for t in cost.types if t not in calibration.types)
+    unmeasured = ""
     if missing and probe:
-        from ..speed.probe import calibrate
+        from ..speed.probe import ProbeFailed, calibrate
 
-        calibration = calibrate(
-            state.settings, threads=probe_threads(state.settings), types=missing
-        )
+        try:
+            calibration = calibrate(
+                state.settings, threads=probe_threads(state.settings), types=missing
+            )
+        except ProbeFailed as exc:
+            # The missing types' probe did not run or did not keep its figures (a busy
+            # machine): the prediction says which types have none, and why.
+            unmeasured = str(exc)
     context = plan.n_ctx_per_slot if plan is not None else state.settings.context_length or 4096
     prediction = predict(
         cost,
@@ -210,5 +217,7 @@ def local_speed(
         kv_cache_type=kv_type,
         correction=book.correction(calibration, exclude=digest, main_type=cost.main_type),
     )
+    if unmeasured and prediction.decode is None:
+        prediction = dataclasses.replace(prediction, why=f"{prediction.why}: {unmeasured}")
     answer["predicted"] = prediction.to_dict()
     return answer

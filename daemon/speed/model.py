@@ -390,6 +390,7 @@ class Calibration:
                     "devices": self.devices,
                     "unsettled": {k: v for k, v in newer.unsettled.items() if k.startswith(own)},
                     "refused": [r for r in newer.refused if r.startswith(named)],
+                    "rounds": newer.rounds,  # what the unsettled figures were measured in
                 },
             )
         return Calibration(

@@ -248,3 +248,34 @@ def test_a_repository_report_plans_each_quantization_and_predicts_its_speed(
     data = result.to_dict()
     assert data["quants"][0]["predicted"]["decode"] > 0
     assert data["devices"][0]["name"] == "CPU"
+
+
+def test_types_whose_probe_was_not_kept_leave_the_others_predicted(
+    home: Path, hub: FakeHub
+) -> None:
+    # What a busy machine gives: the probe of the types not measured yet ran, but its figures
+    # did not agree from round to round, so they were not kept. The figures kept before
+    # (here F32's alone) still predict what is made of them.
+    from localllm.daemon.speed.probe import ProbeUnsettled
+
+    settings = Settings.from_env({"LOCALLLM_HOME": str(home), "HF_ENDPOINT": hub.url})
+    kept = make_calibration(F32=TypeRate(decode=10e9, prefill=100e9))
+    unsettled = make_calibration(F16=TypeRate(decode=10e9, prefill=100e9))
+    unsettled.unsettled, unsettled.rounds = {"F16.decode": 0.13}, 8
+
+    def calibration(types: list[str]) -> Calibration:
+        raise ProbeUnsettled(unsettled)
+
+    discovery = Discovery(settings, lambda: [HOST], calibration=calibration, cached=lambda: kept)
+    (f32,) = discovery.report("tester/tiny-GGUF", "F32", devices=[HOST]).quants
+    assert f32.prediction is not None and f32.prediction.decode and f32.prediction.prefill
+    result = discovery.report("tester/tiny-GGUF", "Q4_K_M", devices=[HOST])
+    assert result.speed_error is None
+    (f16,) = result.quants  # its tensors are F16 (the header says so)
+    assert f16.prediction is not None and f16.prediction.decode is None
+    assert f16.prediction.why.startswith("no figures for F16: measured, not kept: ")
+    assert "did not agree within 10 % in 8 rounds (F16.decode 13%)" in f16.prediction.why
+    without = Discovery(settings, lambda: [HOST], calibration=calibration, cached=lambda: None)
+    nothing = without.report("tester/tiny-GGUF", "F32", devices=[HOST])
+    assert nothing.speed_error is not None and "measured, not kept" in nothing.speed_error
+    assert nothing.quants[0].prediction is None
