@@ -11,22 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 from convert_compare import REL_TOLERANCE, compare
-from hf_checkpoint import bf16_bits, write_checkpoint
+from hf_checkpoint import FAMILIES, bf16_bits, write_checkpoint
 
 from localllm.convert import SUPPORTED_ARCHITECTURES, convert_folder, inspect_folder
-
-FAMILIES = [
-    "llama",
-    "llama31",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma2",
-    "gemma3",
-    "phi3",
-    "mixtral",
-    "qwen3moe",
-]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
