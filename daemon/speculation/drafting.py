@@ -215,18 +215,25 @@ class Speculation:
             if isinstance(drafter, DraftModelDrafter):
                 drafter.drafted = drafted
 
-    def _scratch(self) -> int | None:
-        """A sequence to measure decodes on: the unified cache's scratch sequence, else a
-        free slot (emptied: its cells go to the prefix cache); None when every slot is busy."""
-        if self.model.scratch_seq is not None:
-            return self.model.scratch_seq
+    def _scratch(self) -> tuple[int, int] | None:
+        """Where to measure decodes: a sequence and the first free position in it. The
+        unified cache's scratch sequence, else a free slot, after the prefix it caches (the
+        measurement's cells are dropped from there: the prefix stays for the next request of
+        that conversation, as with one slot and no RAM tier it had nowhere else to go); a
+        slot whose context has no room left behind its prefix is emptied first (its cells go
+        to the prefix cache). None when every slot is busy."""
+        model = self.model
+        if model.scratch_seq is not None:
+            return model.scratch_seq, 0
         free = [slot for slot in self.slots if not slot.busy]
         if not free:
             return None
         slot = min(free, key=lambda s: (len(s.cache) > 0, s.last_used))
-        if slot.cache:
+        start = model.seq_pos_max(slot.seq_id) + 1
+        if start > 0 and start + max(_COST_POINTS) > model.n_ctx_per_slot:
             self.tiers.evict(slot)
-        return slot.seq_id
+            start = 0
+        return slot.seq_id, max(start, 0)
 
     def batch_cost(self) -> BatchCost:
         """Decode cost of n tokens relative to one: learnt from the engine's decodes, seeded
@@ -253,16 +260,17 @@ class Speculation:
         points = [n for n in _COST_POINTS if n <= batch.capacity]
         seconds: dict[int, float] = {}
         for n in [1, *points, *points]:  # the first decode warms up
-            scratch = self._scratch()
-            if scratch is None:
+            place = self._scratch()
+            if place is None:
                 break
+            scratch, start = place
             batch.clear()
-            for position in range(n):
+            for position in range(start, start + n):
                 batch.add(max(model.bos_id, 0), position, scratch, True)
             started = time.perf_counter()
             status = model.decode()
             elapsed = time.perf_counter() - started
-            model.seq_remove(scratch, 0)
+            model.seq_remove(scratch, start)
             if status != 0:
                 break
             seconds[n] = min(seconds.get(n, elapsed), elapsed)

@@ -265,3 +265,35 @@ def test_ngram_drafter_drafts_the_same_when_tokens_came_before_the_first_draft()
     for token in (9, 5, 6):
         early.append(token)
     assert late.propose(3) == early.propose(3) == [7, 8, 9]
+
+
+def test_the_cost_measurement_keeps_the_prefix_a_lone_slot_caches(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # One slot, a KV stream of its own, no RAM tier: the measurement runs once the first
+    # request is over, on that slot, and must leave its prefix for the next request of the
+    # conversation (it used to empty the slot: the next request prefilled all again).
+    path = write_tiny_gguf(tmp_path_factory.mktemp("lone") / "endless.gguf", never_ends=True)
+    llama = LlamaModel(
+        RunnerConfig(model_path=str(path), n_slots=1, n_ctx_per_slot=512, n_threads=1)
+    )
+    try:
+        assert llama.scratch_seq is None  # no sequence of its own to measure on
+        engine = Engine(llama, num_draft=6)
+        (slot,) = engine.slots
+        prefix = [(7 * i) % 50 + 3 for i in range(40)]
+        llama.batch.clear()
+        for position, token in enumerate(prefix):
+            llama.batch.add(token, position, slot.seq_id, position == len(prefix) - 1)
+        assert llama.decode() == 0
+        llama.batch.clear()
+        slot.cache = list(prefix)
+        pieces = 0
+        while engine.speculation.measure_piece():
+            pieces += 1
+            assert pieces <= 9
+        assert pieces == 9 and engine.speculation.costs.ready
+        assert slot.cache == prefix
+        assert llama.seq_pos_max(slot.seq_id) == len(prefix) - 1  # the prefix, nothing after
+    finally:
+        llama.close()
