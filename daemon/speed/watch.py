@@ -65,9 +65,9 @@ QUIET_SPAN = 2.0
 _READ_S = 0.5
 """How often the readings are taken while waiting for quiet."""
 SHOW_WAIT_S = 20.0
+"""How long ``show`` waits for figures being measured (the client's own timeout is 30 s)."""
 UNSETTLED_PAUSE_S = 600.0
 """The longest pause between probes whose figures did not agree."""
-"""How long ``show`` waits for figures being measured (the client's own timeout is 30 s)."""
 
 
 class ProbeState(enum.Enum):
