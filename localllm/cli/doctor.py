@@ -166,7 +166,10 @@ def _speed(settings: Any, fresh: bool) -> dict[str, Any]:
             return {"error": "none measured yet (`localllm doctor` measures them)"}
         return cached.to_dict() | {"source": "cached"}
     try:
-        return speedprobe.calibrate(settings, fresh=True).to_dict() | {"source": "measured"}
+        # A machine declared never quiet keeps what it measures, as the daemon's watch does.
+        keep = settings.speed_probe_quiet >= 1.0
+        figures = speedprobe.calibrate(settings, fresh=True, keep_unsettled=keep)
+        return figures.to_dict() | {"source": "measured"}
     except speedprobe.ProbeUnsettled as exc:
         # shown, and said to be unkept: nothing prices a model with them
         return exc.figures.to_dict() | {"source": "measured, not kept"}
@@ -244,7 +247,7 @@ def _speed_lines(speed: dict[str, Any]) -> list[str]:
     ]
     if speed.get("source") == "measured, not kept":
         lines.append(f"  measured, not kept: {figures.why_not_kept()} (measured again later)")
-    elif not figures.kept:  # kept by a daemon told the machine is never quiet
+    elif not figures.kept:  # kept where the machine is declared never quiet
         lines.append(f"  kept unsettled (LOCALLLM_SPEED_PROBE_QUIET=1): {figures.why_not_kept()}")
     if figures.others > 0.2:
         lines.append(f"  (other programs used {figures.others:.1f} cores while it measured)")
