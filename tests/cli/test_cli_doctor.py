@@ -15,6 +15,7 @@ import pytest
 from test_cli_support import cli_home
 
 from localllm.daemon.devices import cpu
+from localllm.daemon.speed.probe import BASE_TYPES
 
 pytestmark = pytest.mark.slow
 
@@ -42,6 +43,11 @@ def test_doctor_reports_the_machine_the_decision_and_the_endpoints(tmp_path: Pat
         assert speed["source"] in ("measured", "measured, not kept"), speed
         assert speed["bandwidth"] > 0 and speed["cache_bytes"] != 0, speed
         assert kept == (not speed["unsettled"] and not speed["refused"]), speed
+        # The probe's child ran llama.cpp on a synthetic model of each base type: each one a
+        # positive rate (test_speed.py's own probe test was folded in here: one probe, not two).
+        assert set(speed["types"]) == set(BASE_TYPES), speed["types"]
+        for name, rate in speed["types"].items():
+            assert rate["decode"] > 0 and rate["prefill"] > 0, (name, rate)
         llama = before["llama_cpp"]
         assert "error" not in llama, llama
         assert llama["llama_cpp_python"] and "CPU" in llama["system_info"]

@@ -336,16 +336,6 @@ def test_rates_come_back_from_the_probes_timings() -> None:
     assert set(merged.types) == {"Q4_K", "Q8_0", "IQ2_XXS"}
 
 
-def test_the_probe_measures_this_machine(tmp_path: Path) -> None:
-    """The child runs llama.cpp on a synthetic model of each type asked for and reports timings
-    the parent turns into positive rates (one type here, to keep the suite short)."""
-    report = speedprobe._run_child(1, True, ["Q4_0"], timeout=120)
-    figures = Calibration.from_probe(report, "key", 0.0)
-    assert set(figures.types) == {"Q4_0"}
-    assert figures.types["Q4_0"].decode > 0 and figures.types["Q4_0"].prefill > 0
-    assert figures.bandwidth > 0 and figures.threads == 1
-
-
 def test_cached_figures_are_found_again_and_completed_per_type(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -274,7 +274,11 @@ async def test_the_models_pane_says_what_the_probe_waits_for_then_predicts(
     from localllm.tui.screens.models import ModelsScreen
 
     cache = tmp_path / "cache"
-    with pytest.MonkeyPatch.context() as patch, busy_processes(len(allowed_cpus())):
+    # Enough spinners to be over the quiet share (LOCALLLM_SPEED_PROBE_QUIET's 0.2 of the
+    # cores), no more: one on a 2-core machine, where a spinner per core took both cores
+    # from the rest of the suite for the whole test.
+    spinners = int(Settings().speed_probe_quiet * len(allowed_cpus())) + 1
+    with pytest.MonkeyPatch.context() as patch, busy_processes(spinners):
         patch.setenv("XDG_CACHE_HOME", str(cache))
         with running_daemon(tmp_path / "home", num_threads=1, speed_probe="on") as daemon:
             app = make_app(daemon, tmp_path / "tui")

@@ -27,11 +27,15 @@ def make_calibration(key: str = "test", threads: int = 2, **rates: TypeRate) -> 
 
 
 def seed_calibration(cache: Path, threads: int) -> Calibration:
-    """Fixed figures (every base type at 10 GB/s and 50 GFLOP/s) where a daemon with
-    ``threads`` threads and ``XDG_CACHE_HOME=cache`` looks for this machine's: no probe runs."""
-    from localllm.daemon.speed.probe import BASE_TYPES, probe_key
+    """Fixed figures (every ggml type at 10 GB/s and 50 GFLOP/s) where a daemon with
+    ``threads`` threads and ``XDG_CACHE_HOME=cache`` looks for this machine's: no probe runs,
+    not even for a type beyond the base ones (a small model's Q4_K_M falls back to Q5_0 for
+    rows that are not a multiple of 256: probed on demand, that cost a test 10-15 s)."""
+    from gguf import GGMLQuantizationType
 
-    rates = {t: TypeRate(decode=10e9, prefill=50e9) for t in BASE_TYPES}
+    from localllm.daemon.speed.probe import probe_key
+
+    rates = {t.name: TypeRate(decode=10e9, prefill=50e9) for t in GGMLQuantizationType}
     figures = make_calibration(probe_key(threads), threads, **rates)
     folder = cache / "localllm" / "speed-probe"
     folder.mkdir(parents=True, exist_ok=True)
