@@ -13,12 +13,14 @@ import datetime
 import json
 import re
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from localllm.store.models import LocalModel
+if TYPE_CHECKING:
+    # (a runner renders templates and has no use for the store's model records)
+    from localllm.store.models import LocalModel
 
 __all__ = [
     "TemplateRenderError",
