@@ -76,6 +76,16 @@ def add_bench_arguments(sub: argparse.ArgumentParser) -> None:
         "p50/p95 and throughput per turn; alone it skips the other sweeps unless --levels or "
         "--prompt-lengths ask for them",
     )
+    for flag, default, what in (
+        ("--system-tokens", 256, "the conversation's shared system prompt"),
+        ("--turn-tokens", 48, "each question of the conversation"),
+    ):
+        sub.add_argument(
+            flag,
+            type=int,
+            metavar="N",
+            help=f"tokens of {what} (default {default}; with --conversation)",
+        )
     _count(sub, "--rounds", 1, "runs of each level")
     sub.add_argument(
         "--compare",
@@ -108,11 +118,26 @@ def _workload(args: argparse.Namespace) -> Workload:
     from ..bench.conversation import parse_conversation
 
     conversation = None
+    lengths_given = {
+        flag: value
+        for flag, value in (
+            ("--system-tokens", args.system_tokens),
+            ("--turn-tokens", args.turn_tokens),
+        )
+        if value is not None
+    }
     if args.conversation:
         try:
             conversation = parse_conversation(args.conversation)
+            if args.system_tokens is not None:
+                conversation.system_tokens = args.system_tokens
+            if args.turn_tokens is not None:
+                conversation.turn_tokens = args.turn_tokens
+            conversation.check()
         except BenchError as exc:
             raise UsageError(f"--conversation: {exc}") from None
+    elif lengths_given:
+        raise UsageError(f"{', '.join(lengths_given)}: only with --conversation")
     # A conversation asked for alone is all that runs; the default sweeps take long.
     levels = list(DEFAULT_LEVELS) if conversation is None else []
     lengths = list(DEFAULT_PROMPT_LENGTHS) if conversation is None else []

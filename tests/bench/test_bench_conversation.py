@@ -22,6 +22,7 @@ from localllm.bench.load import PromptMaker
 
 MODEL = "starter:conv"
 USERS, TURNS, SLOTS = 3, 2, 2
+SYSTEM_TOKENS = 48  # (the default 256 only made the runner work longer)
 
 pytestmark = pytest.mark.slow
 
@@ -43,6 +44,7 @@ def test_a_conversation_trace_against_a_second_target(daemon: Daemon, tmp_path: 
         [
             sys.executable, "-m", "localllm", "bench", MODEL,
             "--conversation", f"{USERS}x{TURNS}", "--answer-tokens", "4",
+            "--system-tokens", str(SYSTEM_TOKENS), "--turn-tokens", "16",
             "--against", daemon.url, "--against-model", MODEL, "--json", str(out),
         ],
         env={**daemon.env, "COLUMNS": "140"},
@@ -57,6 +59,8 @@ def test_a_conversation_trace_against_a_second_target(daemon: Daemon, tmp_path: 
     document = json.loads(out.read_text())
     jsonschema.validate(document, JSON_SCHEMA)
     assert document["workload"]["conversation"]["users"] == USERS
+    assert document["workload"]["conversation"]["system_tokens"] == SYSTEM_TOKENS
+    assert document["workload"]["conversation"]["turn_tokens"] == 16
     samples = document["samples"]
     labels = [t["label"] for t in document["targets"]]
     assert len(labels) == 2
@@ -120,3 +124,18 @@ def test_a_conversation_shape_is_parsed_or_refused() -> None:
     for bad in ("x3", "0x3", "4x0", "many"):
         with pytest.raises(BenchError):
             parse_conversation(bad)
+
+
+def test_the_conversations_lengths_are_options_of_a_conversation_only() -> None:
+    from localllm.cli.bench import _workload
+    from localllm.cli.common import UsageError
+    from localllm.cli.parser import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["bench", MODEL, "--conversation", "4x2", "--system-tokens", "9"])
+    shape = _workload(args).conversation
+    assert shape is not None and (shape.system_tokens, shape.turn_tokens) == (9, 48)
+    with pytest.raises(UsageError, match="--turn-tokens: only with --conversation"):
+        _workload(parser.parse_args(["bench", MODEL, "--turn-tokens", "9"]))
+    with pytest.raises(UsageError, match="1 token or more"):
+        _workload(parser.parse_args(["bench", MODEL, "--conversation", "4", "--turn-tokens", "0"]))
