@@ -56,6 +56,7 @@ __all__ = [
     "NoFitReport",
     "PlanRequest",
     "Trial",
+    "ahead_that_fits",
     "budgets",
     "context_candidates",
     "margin",
@@ -332,6 +333,26 @@ def context_candidates(n_ctx_train: int) -> list[int]:
 
 
 # -- the search -------------------------------------------------------------------------------
+
+
+def ahead_that_fits(plan: MemoryPlan, wanted: int) -> int:
+    """How many of ``wanted`` prefill-ahead sequences (``RunnerConfig.n_ahead``: a KV stream
+    as large as a slot's each) fit beside ``plan`` within :data:`AUTO_HEADROOM` of every
+    budget, its prefix cache counted. They take only what the plan leaves: never a shorter
+    context or a GPU layer. In an overcommitted unified cache they share the pool's cells,
+    so all fit."""
+    if wanted <= 0 or plan.kv_cells != plan.n_ctx_per_slot * plan.n_slots:
+        return max(wanted, 0)
+    hosts = {d.name for d in plan.devices if d.is_host}
+    fit = wanted
+    for use in plan.uses:
+        if not use.kv:
+            continue
+        per_stream = use.kv / plan.n_slots
+        used = use.total + (plan.prefix_cache if use.device in hosts else 0)
+        room = plan.budgets.get(use.device, 0) * AUTO_HEADROOM - used
+        fit = min(fit, max(0, math.floor(room / per_stream)))
+    return fit
 
 
 def _fits(uses: Sequence[DeviceUse], budget: dict[str, int], share: float = 1.0) -> bool:
