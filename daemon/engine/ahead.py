@@ -4,12 +4,15 @@ With more requests than slots, the requests that wait get their first token only
 running request ends and their own prefill has run: a burst of users behind a full set of
 slots waits for the first wave's prefill *and* its whole answer. Here a waiting request's
 prompt is prefilled in a sequence of its own beside the slots (``n_ahead`` extra KV
-sequences), in the same steps' batches as the running requests' decoding; its first token
+sequences), in the same steps' batches as the running requests' decoding (in steps where no
+slot prefills: the requests holding slots get their first tokens first); its first token
 is sampled with its own sampler chain and streamed at once. Then it is *parked*: its KV
 cells are copied to host RAM (``llama_state_seq_get_data``) and the sequence serves the
-next waiting prompt. When a slot frees, a parked request (its prompt is wholly cached, so
-the admission order puts it first, within its bound) gets its cells back into that slot
-and goes on decoding from its first token. Decoding never runs on more sequences than the
+next waiting prompt (from the cells it holds, a cached prefix such as a shared system
+prompt; in a unified pool they are dropped instead, the slots may need the room). When a
+slot frees, a parked request (its prompt is wholly cached, so the admission order puts it
+first, within its bound) gets its cells back into that slot and goes on decoding from its
+first token. Decoding never runs on more sequences than the
 slots the user asked for: an ahead sequence only prefills.
 
 What the request sees is what happened: its queue wait ends when its prefill begins, its
@@ -143,6 +146,11 @@ class Ahead:
         state = self.model.seq_state(slot.seq_id)
         move_request(slot, holder)
         holder.state = SlotState.DECODING
+        if self.model.unified_kv:
+            # In one pool its cells would hold cells the slots may need (and no idle slot's
+            # eviction frees them): the copy in RAM is all that is kept.
+            self.model.seq_remove(slot.seq_id, 0)
+            slot.cache = []
         self.parked[job.id] = Parked(holder, state, time.perf_counter())
         self.prefilled += 1
 

@@ -537,7 +537,11 @@ class Engine:
         prefills reached are decoded first, each on its own)."""
         self._share_prefixes()
         self._prefill_images()
-        sequences = [*self.slots, *(slot for slot in self.ahead.slots if slot.prefilling)]
+        sequences = list(self.slots)
+        if not any(slot.prefilling for slot in self.slots):
+            # The slots' own prompts first: a request holding a slot never waits for the
+            # prefill of one that waits for a slot (that would only trade first tokens).
+            sequences += [slot for slot in self.ahead.slots if slot.prefilling]
         group, adapters = self._groups.pick(sequences)
         self.adapters.apply(self.model.ctx, adapters)
         prefill_budget = self.model.batch.capacity

@@ -34,7 +34,7 @@ class Run:
     admission round sees them all); every event in the order the engine sent them."""
 
     def __init__(self, model: LlamaModel) -> None:
-        for seq in range(model.n_slots + model.config.n_ahead):
+        for seq in range(model.n_slots + model.config.n_ahead + (model.scratch_seq is not None)):
             model.seq_remove(seq, 0)  # nothing cached from an earlier run
         self.engine = Engine(model)
         self.events: list[Event] = []
@@ -105,6 +105,9 @@ def test_a_waiting_request_streams_its_first_token_before_a_slot_frees(
     # Two slots: user0 and user1 take them; the others wait for a slot, yet each streams its
     # first token before the first request done frees one.
     first_done = min(together.first(DoneEvent, name) for name in ("user0", "user1"))
+    # The requests holding the slots get their first tokens first.
+    first_ahead = min(together.first(TokenEvent, f"user{i}") for i in (2, 3, 4))
+    assert max(together.first(TokenEvent, name) for name in ("user0", "user1")) < first_ahead
     for name in ("user2", "user3", "user4"):
         assert together.first(TokenEvent, name) < first_done, name
         assert results[name].timings.parked_ms > 0  # reported: it waited after its first token
@@ -197,3 +200,31 @@ def test_prefill_ahead_sequences_take_only_the_memory_the_plan_leaves() -> None:
     assert ahead_that_fits(_plan(4000, 400), 0) == 0
     # An overcommitted unified pool: the sequences share its cells, nothing more is needed.
     assert ahead_that_fits(_plan(2000, 400, kv_cells=1024), 4) == 4
+
+
+def test_in_a_unified_cache_a_parked_prompt_leaves_no_cells_behind(tmp_path: Path) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    config = RunnerConfig(
+        model_path=str(path), n_slots=1, n_ctx_per_slot=256, kv_cells=200, n_threads=2, n_ahead=1
+    )
+    model = LlamaModel(config)
+    try:
+        assert model.unified_kv
+        prompts = {
+            f"q{i}": model.tokenize(f"question number {i} about the tiny model", True)
+            for i in range(3)
+        }
+        options = greedy(8, repeat_penalty=1.0)
+        alone = {}
+        for name, prompt in prompts.items():
+            run = Run(model)
+            run.run({name: prompt}, options)
+            alone[name] = run.results[name].text
+        together = Run(model)
+        together.run(prompts, options)
+        assert {name: r.text for name, r in together.results.items()} == alone
+        assert together.engine.ahead.prefilled == 2
+        ahead = together.engine.ahead.slots[0]
+        assert ahead.cache == [] and model.seq_pos_max(ahead.seq_id) == -1
+    finally:
+        model.close()
