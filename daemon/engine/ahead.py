@@ -110,6 +110,18 @@ class Ahead:
         self.prefilled = 0
         """Requests that got their first token ahead of a slot (for stats and tests)."""
 
+    def this_step(self) -> list[Slot]:
+        """The ahead sequences whose prompts go into this step: the older half of them at
+        most (those begun first). All at once, every waiting reader would get a first token
+        only when the last prompt is done; one a step, the last would wait a decode step per
+        prompt. In halves, half of them get theirs after half the prefill, and the last one
+        a single decode step later than all at once."""
+        prefilling = sorted(
+            (slot for slot in self.slots if slot.state is SlotState.PREFILLING),
+            key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
+        )
+        return prefilling[: max(1, -(-len(self.slots) // 2))]
+
     def owns(self, slot: Slot) -> bool:
         """Whether ``slot`` is an ahead sequence."""
         return any(slot is mine for mine in self.slots)

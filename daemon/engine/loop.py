@@ -541,7 +541,7 @@ class Engine:
         if not any(slot.prefilling for slot in self.slots):
             # The slots' own prompts first: a request holding a slot never waits for the
             # prefill of one that waits for a slot (that would only trade first tokens).
-            sequences += [slot for slot in self.ahead.slots if slot.prefilling]
+            sequences += self.ahead.this_step()
         group, adapters = self._groups.pick(sequences)
         self.adapters.apply(self.model.ctx, adapters)
         prefill_budget = self.model.batch.capacity
