@@ -271,7 +271,10 @@ class Engine:
             slots=slots,
             waiting=len(self.waiting),
             kv_cells_used=max(0, used),
-            kv_cells_total=self.model.n_ctx,
+            # The slots' cells: the prefill-ahead sequences' streams are no room for them.
+            kv_cells_total=self.model.n_ctx
+            if self.model.unified_kv
+            else self.model.n_ctx_per_slot * self.model.n_slots,
             decode_tokens_per_s=decoded / _RATE_WINDOW_S,
             prefill_tokens_per_s=prefilled / _RATE_WINDOW_S,
             requests_total=self.requests_total,

@@ -152,19 +152,16 @@ def _planned(config: RunnerConfig, plan: MemoryPlan) -> RunnerConfig:
     Split across RPC workers with no ``num_gpu`` given, the layers stay the split's to place
     (:mod:`.placement`: by each device's free memory, the local CPU's share included); the
     plan checked that the model fits those devices."""
-    from ..memory.plan import ahead_that_fits
-
     layers_open = config.rpc_workers and config.n_gpu_layers < 0
-    n_ahead = ahead_that_fits(plan, config.n_ahead)
-    if n_ahead < config.n_ahead:
+    if plan.n_ahead < config.n_ahead:
         logging.getLogger("localllm.runner").info(
             "%d of %d prefill-ahead sequences fit in the memory the plan leaves",
-            n_ahead,
+            plan.n_ahead,
             config.n_ahead,
         )
     return dataclasses.replace(
         config,
-        n_ahead=n_ahead,
+        n_ahead=plan.n_ahead,
         n_ctx_per_slot=plan.n_ctx_per_slot,
         n_gpu_layers=config.n_gpu_layers if layers_open else plan.n_gpu_layers,
         kv_cache_ram=plan.prefix_cache,
@@ -232,10 +229,8 @@ async def _serve(args: argparse.Namespace) -> int:
         # Plans are kept beside the saved prefixes (a real load's only: /api/plan asks anew).
         folder = None if args.plan_only or not config.kv_cache_dir else Path(config.kv_cache_dir)
         try:
-            # Planned without the prefill-ahead sequences: they get what the plan leaves.
-            bare = dataclasses.replace(config, n_ahead=0)
             plan, kept = await in_own_thread(
-                lambda: plan_kept(bare, folder / "plans" if folder else None), "localllm-plan"
+                lambda: plan_kept(config, folder / "plans" if folder else None), "localllm-plan"
             )
         except DoesNotFit as exc:
             runner_log.error("the model does not fit: %s", exc)

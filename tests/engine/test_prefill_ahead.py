@@ -16,7 +16,13 @@ from localllm.daemon.engine.admission import Cached, Waiting, choose_next
 from localllm.daemon.engine.jobs import GenerationJob
 from localllm.daemon.engine.loop import Engine
 from localllm.daemon.engine.model import LlamaModel
-from localllm.daemon.memory.plan import Device, DeviceUse, MemoryPlan, ahead_that_fits
+from localllm.daemon.memory.plan import (
+    Device,
+    DeviceUse,
+    MemoryPlan,
+    ahead_that_fits,
+    with_ahead,
+)
 from localllm.daemon.runner.protocol import (
     DoneEvent,
     Event,
@@ -200,6 +206,10 @@ def test_prefill_ahead_sequences_take_only_the_memory_the_plan_leaves() -> None:
     assert ahead_that_fits(_plan(4000, 400), 0) == 0
     # An overcommitted unified pool: the sequences share its cells, nothing more is needed.
     assert ahead_that_fits(_plan(2000, 400, kv_cells=1024), 4) == 4
+    # Without llama.cpp's measure, the plan counts them as a slot's KV each.
+    grown = with_ahead(_plan(4000, 400), 2)
+    assert grown.n_ahead == 2 and grown.uses[0].kv == 600
+    assert with_ahead(_plan(2000, 400, kv_cells=1024), 4).uses[0].kv == 400
 
 
 def test_in_a_unified_cache_a_parked_prompt_leaves_no_cells_behind(tmp_path: Path) -> None:
