@@ -17,11 +17,17 @@ each repetition (TTFT p50, p95: lower is better; throughput: higher is better) w
 mean and range; the curves per turn drawn in the terminal as ``localllm bench`` draws them;
 last one JSON line with the means.
 
+``--base PYTHON`` adds a second daemon started by another interpreter, one whose localllm is
+the code to compare with (a checkout of main with its own environment): the servers then take
+turns in a rotating order, so one replay measures the change and the peer under the same load
+(whole runs one after the other meet different loads on a shared machine); base's ratios to
+the peer and daemon / base are printed too.
+
 Usage::
 
     python benchmarks/conversation.py --peer llama-server PATH [--users 16] [--turns 3]
         [--slots 8] [--threads N] [--ctx 2048] [--tokens 32] [--repeat 2]
-        [--system-tokens 256] [--turn-tokens 48] | --skip-peer
+        [--system-tokens 256] [--turn-tokens 48] [--base PYTHON] | --skip-peer
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ import time
 from typing import Any
 
 import httpx
-from _daemon import stop
-from serve import Server, start_daemon_server, start_peer_server
+from _daemon import daemon_env, start_daemon, stop
+from serve import DAEMON_MODEL, Server, start_daemon_server, start_peer_server
 
 from localllm.bench import BenchResult, Point, Sample, Workload, summarize
 from localllm.bench.conversation import Conversation, Histories, run_turn
@@ -71,7 +77,11 @@ async def replay(
                 s.name: Histories(shape, prompts, f"r{repetition} {s.name}") for s in servers
             }
             for turn in range(shape.turns):
-                order = servers if (repetition + turn) % 2 == 0 else servers[::-1]
+                # Each server in each place of the order as often (two: alternating).
+                first = (repetition * shape.turns + turn) % len(servers)
+                order = servers[first:] + servers[:first]
+                if len(servers) == 2:
+                    order = servers if (repetition + turn) % 2 == 0 else servers[::-1]
                 for server in order:
                     history = histories[server.name]
                     texts = history.prompts_for(turn)
@@ -131,6 +141,9 @@ def main() -> int:
         help="llama-server PATH, or llama-cpp-python (default)",
     )
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument(
+        "--base", help="a Python whose localllm is the code to compare with (a second daemon)"
+    )
     args = parser.parse_args()
     args.endpoint = "completions"  # what serve.py's servers are driven with
     shape = Conversation(args.users, args.turns, args.system_tokens, args.turn_tokens)
@@ -146,8 +159,20 @@ def main() -> int:
             peer = start_peer_server(args, model)
             if peer is not None:
                 servers.append(peer)
+            if args.base:
+                env, url = daemon_env(
+                    os.path.join(home, "base"),
+                    num_parallel=args.slots,
+                    num_threads=args.threads,
+                    context_length=args.ctx,
+                )
+                process = start_daemon(env, args.base)
+                # Named "daemon" while it gets ready: the daemon's setup (the benchmark model).
+                servers.append(Server("daemon", process, url, DAEMON_MODEL, args.endpoint))
             for server in servers:
                 server.ready(args.slots)
+            if args.base:
+                servers[-1].name = "base"
             runs = asyncio.run(replay(servers, shape, args))
         finally:
             for server in servers:
@@ -179,12 +204,17 @@ def main() -> int:
         "turns": shape.turns,
         "slots": args.slots,
         "threads": args.threads,
-        "peer": servers[1].name if len(servers) > 1 else None,
+        "peer": servers[1].name if len(servers) > 1 and servers[1].name != "base" else None,
         "failed": sum(not s.ok for samples, _ in runs.values() for s in samples),
     }
-    if len(servers) > 1:
-        daemon, other = servers[0].name, servers[1].name
-        print(f"\ndaemon / {other} per turn, per interleaved repetition: mean (range)")
+    names = [server.name for server in servers]
+    pairs_printed = [(names[0], other) for other in names[1:]]
+    if "base" in names and len(names) == 3:
+        pairs_printed.append(("base", names[1]))
+    for daemon, other in pairs_printed:
+        print(f"\n{daemon} / {other} per turn, per interleaved repetition: mean (range)")
+        first = (daemon, other) == (names[0], names[1]) and other != "base"
+        prefix = "" if first else f"{daemon}_{other}_"
         for turn in turns:
             pairs = [
                 (_point(runs, daemon, r, turn), _point(runs, other, r, turn))
@@ -198,7 +228,7 @@ def main() -> int:
             ):
                 ratios = [getattr(d, field) / getattr(p, field) for d, p in pairs]
                 figures[name] = ratios
-                summary[f"turn{turn}_{name}"] = round(statistics.mean(ratios), 3)
+                summary[f"{prefix}turn{turn}_{name}"] = round(statistics.mean(ratios), 3)
             print(
                 f"turn {turn}: TTFT p50 {_spread(figures['ttft_p50'])}, "
                 f"p95 {_spread(figures['ttft_p95'])}, "

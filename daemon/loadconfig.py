@@ -167,10 +167,12 @@ def runner_config(settings: Settings, model: LocalModel, options: dict[str, Any]
         if "rpc_workers" in options
         else settings.rpc_workers
     )
+    n_slots = int(options.get("num_parallel", settings.num_parallel))
     return RunnerConfig(
         model_path=str(first),
         extra_model_paths=[str(part) for part in rest],
-        n_slots=int(options.get("num_parallel", settings.num_parallel)),
+        n_slots=n_slots,
+        n_ahead=n_slots if settings.prefill_ahead < 0 else settings.prefill_ahead,
         n_ctx_per_slot=n_ctx,
         n_batch=int(options.get("num_batch", 512)),
         n_threads=int(options.get("num_thread", settings.num_threads)),

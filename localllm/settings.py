@@ -235,6 +235,13 @@ class Settings:
     num_parallel: int = _setting(
         "LOCALLLM_NUM_PARALLEL", 4, "Parallel request slots per loaded model (n_seq_max)."
     )
+    prefill_ahead: int = _setting(
+        "LOCALLLM_PREFILL_AHEAD",
+        -1,
+        "KV sequences beyond the slots in which requests waiting for a slot are prefilled and "
+        "get their first token while every slot is busy (each costs a slot's KV memory; they "
+        "never decode): -1 as many as the slots, 0 none.",
+    )
     max_loaded_models: int = _setting(
         "LOCALLLM_MAX_LOADED_MODELS",
         3,
@@ -506,6 +513,7 @@ class Settings:
             values["host_from_env"] = True
         for name, attr, minimum in (
             ("LOCALLLM_NUM_PARALLEL", "num_parallel", 1),
+            ("LOCALLLM_PREFILL_AHEAD", "prefill_ahead", -1),
             ("LOCALLLM_MAX_LOADED_MODELS", "max_loaded_models", 1),
             ("LOCALLLM_MAX_QUEUE", "max_queue", 0),
             ("LOCALLLM_CONTEXT_LENGTH", "context_length", 0),

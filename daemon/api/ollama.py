@@ -170,6 +170,8 @@ def timing_fields(done: Done) -> dict[str, Any]:
         # localllm extras: TTFT and the two phases apart; clients ignore unknown keys.
         "ttft_duration": int(t.ttft_ms * 1e6),
         "queue_duration": int(t.queued_ms * 1e6),
+        # first token prefilled while every slot was busy: the wait for a slot after it
+        **({"park_duration": int(t.parked_ms * 1e6)} if t.parked_ms else {}),
         "prompt_cached_count": t.cached_tokens,
         "prompt_evaluated_count": evaluated,
         "prompt_eval_rate": round(t.prompt_tokens_per_s, 2),

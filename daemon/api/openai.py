@@ -84,6 +84,7 @@ def _usage(dones: Sequence[Done], n: int) -> dict[str, Any]:
             "prompt_ms": round(t.prompt_ms, 3),
             "prompt_tokens_per_s": round(t.prompt_tokens_per_s, 2),
             "decode_ms": round(t.decode_ms, 3),
+            **({"parked_ms": round(t.parked_ms, 3)} if t.parked_ms else {}),
             "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
             "load_ms": round(load_s * 1000, 3),
             # where the time to the first token went, phase by phase

@@ -21,7 +21,7 @@ request's counts for the engine. Nothing here touches llama.cpp.
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Container, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,6 +62,9 @@ class Waiting:
     allowance: int = 1
     """How many times it may be passed over: the requests waiting ahead of it when it arrived,
     plus one."""
+    ready: bool = False
+    """Its prompt is evaluated already (prefilled ahead of a slot, its first token out): it
+    saves its whole prefill."""
 
     @property
     def due(self) -> bool:
@@ -101,9 +104,10 @@ def choose_next(
 ) -> int:
     """Index into ``waiting`` (oldest first) of the request to admit next.
 
-    The oldest due request (see :attr:`Waiting.due`) if any; else the one that saves the most
-    prefill (:func:`tokens_saved`), the oldest among equals. Raises ``ValueError`` when nothing
-    waits.
+    The oldest due request (see :attr:`Waiting.due`) if any; else the oldest
+    :attr:`Waiting.ready` one (nothing left to prefill, its first token out: its reader waits
+    mid-answer); else the one that saves the most prefill (:func:`tokens_saved`), the oldest
+    among equals. Raises ``ValueError`` when nothing waits.
     """
     if not waiting:
         raise ValueError("no request is waiting")
@@ -112,10 +116,14 @@ def choose_next(
     for index, request in enumerate(waiting):
         if request.due:
             return index
-    best, _ = max(
-        enumerate(waiting),
-        key=lambda item: (tokens_saved(item[1].prompt, item[1].adapters, free, saved), -item[0]),
-    )
+
+    def rank(item: tuple[int, Waiting]) -> tuple[bool, int, int]:
+        index, request = item
+        if request.ready:
+            return True, 0, -index
+        return False, tokens_saved(request.prompt, request.adapters, free, saved), -index
+
+    best, _ = max(enumerate(waiting), key=rank)
     return best
 
 
@@ -151,13 +159,18 @@ class AdmissionOrder:
         waiting: MutableSequence[GenerationJob],
         free: Sequence[Slot],
         cache: PrefixCache | None = None,
+        ready: Container[str] = (),
     ) -> GenerationJob:
         """Remove from ``waiting`` (arrival order) and return the request the next of the
-        ``free`` slots goes to (see :func:`choose_next`)."""
+        ``free`` slots goes to (see :func:`choose_next`); ``ready``: the ids of requests
+        whose prompt is evaluated already."""
         counts = self._counts
         for place, job in enumerate(waiting):
             counts.setdefault(job.id, [0, place + 1])
-        views = [Waiting(job.prompt, job.adapters.key, *counts[job.id]) for job in waiting]
+        views = [
+            Waiting(job.prompt, job.adapters.key, *counts[job.id], ready=job.id in ready)
+            for job in waiting
+        ]
         cached = [Cached(slot.cache, slot.adapters) for slot in free]
         index = choose_next(views, cached, ram_prefix(cache))
         job = waiting[index]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import queue
 import threading
 import time
@@ -45,11 +44,9 @@ from ..devices.faults import DeviceFault, decode_failure, injected_fault
 from ..devices.governor import Governor, Kind, ThreadChange
 from ..kv.prefixcache import PrefixCache
 from ..kv.tiers import MIN_SAVED_TOKENS, PrefixTiers
-from ..lora.adapters import Adapters, StepGroups, applying
+from ..lora.adapters import Adapters, StepGroups
 from ..runner.protocol import (
     DoneEvent,
-    EmbeddingEvent,
-    EmbeddingResult,
     ErrorEvent,
     Event,
     GenerationResult,
@@ -63,16 +60,18 @@ from ..speculation.draft_model import DraftModel, DraftModelDrafter
 from ..speculation.drafting import Speculation
 from ..speculation.policy import DraftPolicy
 from .admission import AdmissionOrder
+from .ahead import Ahead
 from .batching import BatchPlan, fill_batch, plan_batch
+from .embedding import embed_step
 from .jobs import EmbeddingJob, Emit, GenerationJob
 from .model import LlamaModel
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
+from .shift import context_shift
 from .slots import (
     MIN_SHARED_WAIT,
     Slot,
     SlotState,
     choose_slot,
-    common_prefix_length,
     prefix_source,
     should_wait_for,
 )
@@ -176,6 +175,9 @@ class Engine:
         """Moves idle slots' cells to the prefix cache and back."""
         self.speculation = Speculation(model, self.slots, self.tiers, num_draft, draft)
         """Which slots draft, how much, and with what (see :mod:`.drafting`)."""
+        self.ahead = Ahead(model, model.config.n_ahead)
+        """Sequences that give waiting requests their first token while the slots are busy
+        (see :mod:`.ahead`)."""
         self.adapters = Adapters(model)
         """The LoRA adapters loaded on the model; a step runs one adapter set's slots."""
         self._groups = StepGroups()
@@ -269,7 +271,10 @@ class Engine:
             slots=slots,
             waiting=len(self.waiting),
             kv_cells_used=max(0, used),
-            kv_cells_total=self.model.n_ctx,
+            # The slots' cells: the prefill-ahead sequences' streams are no room for them.
+            kv_cells_total=self.model.n_ctx
+            if self.model.unified_kv
+            else self.model.n_ctx_per_slot * self.model.n_slots,
             decode_tokens_per_s=decoded / _RATE_WINDOW_S,
             prefill_tokens_per_s=prefilled / _RATE_WINDOW_S,
             requests_total=self.requests_total,
@@ -315,9 +320,12 @@ class Engine:
                     waited, clock.waiting_since = clock.waiting_since, 0.0
                     clock.idle += time.perf_counter() - waited
                 self._admit()
+                self._start_ahead()
                 self.tiers.evict_idle()
                 if self.embeddings:
-                    self._embed_step()
+                    embed_step(
+                        self.embeddings, self.model, self.adapters, self.governor, self._use_threads
+                    )
                 if any(slot.busy for slot in self.slots):
                     stepped = time.perf_counter()
                     self._step()
@@ -364,7 +372,13 @@ class Engine:
                 return
         for job in list(self.waiting):
             if job.id == job_id:
+                if (ahead := self.ahead.holding(job_id)) is not None:
+                    self._finish(ahead, "cancel")  # leaves the waiting queue too
+                    return
                 self.waiting.remove(job)
+                if (parked := self.ahead.abandon(job_id)) is not None:
+                    self._finish(parked, "cancel")  # with the text it has generated
+                    return
                 now = time.perf_counter()
                 timings = Timings(
                     queued_ms=(now - job.arrived) * 1000, total_ms=(now - job.arrived) * 1000
@@ -379,12 +393,18 @@ class Engine:
 
     def _admit(self) -> None:
         """Give waiting requests free slots, the most cached request first (see
-        :mod:`.admission`), each the slot with the longest cached prefix."""
+        :mod:`.admission`; a parked request's prompt is wholly cached), each the slot with the
+        longest cached prefix."""
         while self.waiting:
             free = [slot for slot in self.slots if not slot.busy]
             if not free:
                 return
-            job = self.order.take(self.waiting, free, self.tiers.cache)
+            job = self.order.take(self.waiting, free, self.tiers.cache, self.ahead.parked)
+            if (ahead := self.ahead.holding(job.id)) is not None:
+                # Its prefill ahead is not over: it goes on in the slot (from the ahead
+                # sequence's cells, shared as any other sequence's).
+                ahead.sampler.close()  # type: ignore[union-attr]
+                ahead.job, ahead.sampler, ahead.state = None, None, SlotState.IDLE
             # When the requests waiting now take every free slot, no gap in the busy ids can
             # last, so where each goes is decided by its cached prefix alone.
             fills = len(self.waiting) + 1 >= len(free)
@@ -397,58 +417,98 @@ class Engine:
                 reuse = 0  # every position's logits are needed: the prompt is evaluated whole
             if len(slot.cache) - reuse >= MIN_SAVED_TOKENS:
                 self.tiers.save(slot)  # the cells about to be overwritten stay reachable
+            if job.id in self.ahead.parked:
+                self._resume(job, slot)
+                continue
             if job.score is None:
                 reuse = self.tiers.restore(slot, job.prompt, reuse, job.adapters.key)
-            try:
-                sampler = Sampler(
-                    self.model.vocab,
-                    self.model.n_vocab,
-                    job.options,
-                    job.grammar,
-                    self.model.n_ctx_per_slot,
-                )
-            except GrammarError as exc:
-                job.emit(ErrorEvent(id=job.id, message=str(exc), code="bad_request"))
-                continue
-            last_n = job.options.repeat_last_n
-            text = [t for t in job.prompt if not is_image_token(t)] if job.images else job.prompt
-            sampler.learn_prompt(text if last_n < 0 else text[-last_n:] if last_n else [])
-            reuse = job.image_start(reuse)
-            self.model.seq_remove(slot.seq_id, reuse)
-            slot.cache = slot.cache[:reuse]
-            slot.shared = min(slot.shared, reuse)
-            slot.adapters = job.adapters.key
-            self.adapters.started(job.adapters)
-            slot.job = job
-            slot.state = SlotState.PREFILLING
-            slot.sampler = sampler
-            slot.text = TextStream(job.options.stop)
-            slot.pending = None
-            slot.output = []
-            slot.logprobs = []
-            max_draft = (
-                job.options.num_draft if job.options.num_draft >= 0 else self.speculation.num_draft
+            self._occupy(slot, job, reuse)
+
+    def _occupy(self, slot: Slot, job: GenerationJob, reuse: int) -> bool:
+        """Start ``job`` in ``slot`` (a slot or an ahead sequence), whose first ``reuse``
+        cells hold the prompt's first tokens. False when its grammar is refused (the request
+        has ended with the error)."""
+        try:
+            sampler = Sampler(
+                self.model.vocab,
+                self.model.n_vocab,
+                job.options,
+                job.grammar,
+                self.model.n_ctx_per_slot,
             )
-            if max_draft > 0:
-                slot.drafter = self.speculation.drafter(text, images=bool(job.images))
-                slot.policy = DraftPolicy(max_draft=max_draft)
+        except GrammarError as exc:
+            job.emit(ErrorEvent(id=job.id, message=str(exc), code="bad_request"))
+            return False
+        last_n = job.options.repeat_last_n
+        text = [t for t in job.prompt if not is_image_token(t)] if job.images else job.prompt
+        sampler.learn_prompt(text if last_n < 0 else text[-last_n:] if last_n else [])
+        reuse = job.image_start(reuse)
+        self.model.seq_remove(slot.seq_id, reuse)
+        slot.cache = slot.cache[:reuse]
+        slot.shared = min(slot.shared, reuse)
+        slot.adapters = job.adapters.key
+        self.adapters.started(job.adapters)
+        slot.job = job
+        slot.state = SlotState.PREFILLING
+        slot.sampler = sampler
+        slot.text = TextStream(job.options.stop)
+        slot.pending = None
+        slot.output = []
+        slot.logprobs = []
+        max_draft = (
+            job.options.num_draft if job.options.num_draft >= 0 else self.speculation.num_draft
+        )
+        if max_draft > 0:
+            slot.drafter = self.speculation.drafter(text, images=bool(job.images))
+            slot.policy = DraftPolicy(max_draft=max_draft)
+        else:
+            slot.drafter = slot.policy = None
+        slot.drafted = slot.accepted = 0
+        slot.reused = reuse
+        slot.generated = 0
+        slot.admitted = time.perf_counter()
+        slot.first_token_at = 0.0
+        slot.first_marks = (0.0, 0.0)
+        slot.parked_ms = 0.0
+        threads = self.model.threads_now
+        slot.threads_min = slot.threads_max = threads
+        slot.threads_why = self.governor.explain("decode", threads)
+        return True
+
+    def _start_ahead(self) -> None:
+        """While every slot is busy, prefill waiting prompts in the free ahead sequences
+        (oldest first; see :mod:`.ahead`), each from its longest cached prefix."""
+        free = self.ahead.free()
+        if not free or not self.waiting or not all(slot.busy for slot in self.slots):
+            return
+        drafts_with_model = self.speculation.draft is not None
+        for job in self.ahead.candidates(self.waiting, drafts_with_model)[: len(free)]:
+            slot, reuse = choose_slot(free, job.prompt)
+            reuse = self.tiers.restore(slot, job.prompt, reuse)
+            if self._occupy(slot, job, reuse):
+                free.remove(slot)
             else:
-                slot.drafter = slot.policy = None
-            slot.drafted = slot.accepted = 0
-            slot.reused = reuse
-            slot.generated = 0
-            slot.admitted = time.perf_counter()
-            slot.first_token_at = 0.0
-            slot.first_marks = (0.0, 0.0)
-            threads = self.model.threads_now
-            slot.threads_min = slot.threads_max = threads
-            slot.threads_why = self.governor.explain("decode", threads)
+                self.waiting.remove(job)  # it ended with its grammar's error
+
+    def _resume(self, job: GenerationJob, slot: Slot) -> None:
+        """A parked request got ``slot``: its cells go back in, and it decodes on."""
+        refused = self.ahead.resume(job, slot)
+        if refused is None:
+            return
+        for other in self.slots:  # perhaps no room (a unified cache): make some, try again
+            if other is not slot and not other.busy and other.cache:
+                self.tiers.evict(other)
+        if self.model.restore_seq_state(slot.seq_id, refused):
+            slot.cache = list(job.prompt)
+        else:
+            self._fail(slot, "llama.cpp refused the cells of the prompt prefilled ahead")
 
     def _share_prefixes(self) -> None:
         """Copy prompt prefixes other sequences hold into prefilling slots; a slot whose
         prefix an older request is still prefilling waits this step (state WAITING)."""
+        sequences = [*self.slots, *self.ahead.slots]
         prefilling = sorted(
-            (slot for slot in self.slots if slot.prefilling),
+            (slot for slot in sequences if slot.prefilling),
             key=lambda slot: slot.job.arrived,  # type: ignore[union-attr]
         )
         unified = self.model.unified_kv
@@ -462,7 +522,7 @@ class Engine:
             if not unified and should_wait_for(slot, prefilling):
                 slot.state = SlotState.WAITING
                 continue
-            source = prefix_source(slot, self.slots, job.prompt)
+            source = prefix_source(slot, sequences, job.prompt)
             end = job.image_start(source.end) if source is not None else 0
             if source is not None and end >= len(slot.cache) + self._least_shared:
                 start = len(slot.cache)
@@ -480,7 +540,12 @@ class Engine:
         prefills reached are decoded first, each on its own)."""
         self._share_prefixes()
         self._prefill_images()
-        group, adapters = self._groups.pick(self.slots)
+        sequences = list(self.slots)
+        if not any(slot.prefilling for slot in self.slots):
+            # The slots' own prompts first: a request holding a slot never waits for the
+            # prefill of one that waits for a slot (that would only trade first tokens).
+            sequences += self.ahead.this_step()
+        group, adapters = self._groups.pick(sequences)
         self.adapters.apply(self.model.ctx, adapters)
         prefill_budget = self.model.batch.capacity
         if any(slot.prefilling for slot in self.slots) and (held := self.governor.batch_tokens()):
@@ -493,7 +558,7 @@ class Engine:
             )
             if plan.empty:
                 return
-            fill_batch(plan, self.slots, self.model.batch, apart=adapted)
+            fill_batch(plan, sequences, self.model.batch, apart=adapted)
             kind: Kind = "batch" if any(count for _, count in plan.prefill) else "decode"
             threads = self._use_threads(kind)
             started = time.perf_counter()
@@ -507,8 +572,8 @@ class Engine:
             if status == 0:
                 tokens = self.model.batch.size
                 self.governor.observe(kind, threads, tokens, elapsed)
-                sequences = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
-                if self.model.unified_kv or sequences == 1:  # the batches drafts go into
+                in_batch = len(plan.decoding) + sum(1 for _, count in plan.prefill if count)
+                if self.model.unified_kv or in_batch == 1:  # the batches drafts go into
                     self.speculation.costs.observe(tokens, elapsed)
                 break
             prefill_in_batch = any(count for _, count in plan.prefill)
@@ -528,9 +593,12 @@ class Engine:
             return
         self._held = {}
         try:
-            self._apply(plan)
+            self._apply(plan, sequences)
         finally:
             self._release()
+        for slot in self.ahead.slots:
+            if slot.job is not None and slot.decoding:  # its first token is out
+                self.ahead.park(slot)
 
     def _emit(self, emit: Emit, event: Event) -> None:
         """Send ``event`` now, or, during a step, once the step's sampling is over.
@@ -567,7 +635,7 @@ class Engine:
                 for event in events:
                     emit(event)
 
-    def _apply(self, plan: BatchPlan) -> None:
+    def _apply(self, plan: BatchPlan, sequences: list[Slot]) -> None:
         """Record the evaluated tokens in each slot's cache, then sample."""
         now = time.perf_counter()
         for slot in plan.decoding:
@@ -583,7 +651,7 @@ class Engine:
             # Pruned here too: nobody may be reading stats, and the window is all we need.
             while self._rates[0][0] < now - _RATE_WINDOW_S:
                 self._rates.popleft()
-        for slot in self.slots:
+        for slot in sequences:
             job = slot.job
             if job is not None and job.score is not None and slot.chunk:
                 job.score.collect(lambda index, token, job=job: self._logprob(index, token, job))
@@ -729,47 +797,11 @@ class Engine:
             self._finish(slot, "stop")
             return True
         if slot.generated >= limit or (
-            at_context_end and not (options.shift and self._shift(slot))
+            at_context_end and not (options.shift and context_shift(self.model, slot, self.slots))
         ):
             self._finish(slot, "length")
             return True
         return False
-
-    def _shift(self, slot: Slot) -> bool:
-        """Context shift: drop the older half of the slot's tokens after the kept prefix and
-        move the rest down. False when it cannot be done (the caller ends the request).
-
-        In a unified cache, cells a sequence shares with another (``llama_memory_seq_cp`` tags
-        a cell with several sequences; its position is one for all) must not move, so the kept
-        prefix grows to cover every prefix shared with another slot. Streams share no cells.
-        """
-        job = slot.job
-        assert job is not None
-        if not self.model.can_shift:
-            log.info("request %s reached the context end; this model cannot shift", job.id)
-            return False
-        if job.images:
-            # A shift could cut an image in half: a request with images ends at the context.
-            log.info("request %s with images reached the context end; no shift", job.id)
-            return False
-        n_past = len(slot.cache)
-        keep = min(job.keep, n_past)
-        if self.model.unified_kv:
-            keep = max(
-                [keep]
-                + [common_prefix_length(o.cache, slot.cache) for o in self.slots if o is not slot]
-            )
-        discard = (n_past - keep) // 2
-        if discard < 1:
-            return False
-        self.model.seq_remove(slot.seq_id, keep, keep + discard)
-        self.model.seq_shift(slot.seq_id, keep + discard, n_past, -discard)
-        del slot.cache[keep : keep + discard]
-        slot.shared = min(slot.shared, keep)
-        log.info(
-            "request %s: context shift dropped %d tokens after the first %d", job.id, discard, keep
-        )
-        return True
 
     def _logprob(
         self, batch_index: int, token: int, job: GenerationJob, piece: bytes | None = None
@@ -800,6 +832,7 @@ class Engine:
         evaluated = len(job.prompt) - slot.reused
         prompt_s = max(first - slot.admitted, 1e-9)
         decode_s = now - first
+        decoding_s = decode_s - slot.parked_ms / 1000
         return Timings(
             queued_ms=(slot.admitted - job.arrived) * 1000,
             ttft_ms=(first - job.arrived) * 1000 if slot.first_token_at else 0.0,
@@ -809,10 +842,11 @@ class Engine:
             prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
             completion_tokens=slot.generated,
             decode_ms=decode_s * 1000,
+            parked_ms=slot.parked_ms,
             sample_ms=slot.first_marks[0] * 1000,
             detokenize_ms=slot.first_marks[1] * 1000,
-            decode_tokens_per_s=(slot.generated - 1) / decode_s
-            if slot.generated > 1 and decode_s > 0
+            decode_tokens_per_s=(slot.generated - 1) / decoding_s
+            if slot.generated > 1 and decoding_s > 0
             else 0.0,
             total_ms=(now - job.arrived) * 1000,
             draft_tokens=slot.drafted,
@@ -833,7 +867,7 @@ class Engine:
             if self.speculation.draft is not None:
                 self.speculation.draft.model.set_threads(threads)
             why = self.governor.explain(kind, threads)
-            for slot in self.slots:
+            for slot in (*self.slots, *self.ahead.slots):
                 if slot.job is None:
                     continue
                 if threads < slot.threads_min:
@@ -858,6 +892,8 @@ class Engine:
         slot.job, slot.sampler, slot.text, slot.pending = None, None, None, None
         slot.state = SlotState.IDLE
         slot.last_used = now
+        if self.ahead.owns(slot) and job in self.waiting:
+            self.waiting.remove(job)  # it ended in its prefill ahead (e.g. at its first token)
         self.requests_total += 1
         logprobs = self._take_logprobs(slot) if tail else None
         slot.logprobs = []  # tokens of a stop string that was cut leave no text, nor logprobs
@@ -883,54 +919,8 @@ class Engine:
                 self.model.seq_remove(slot.seq_id, 0)
                 slot.cache, slot.shared = [], 0
                 self._fail(slot, message)
-        for slot in self.slots:
+        for slot in (*self.slots, *self.ahead.slots):
             slot.batch_index, slot.chunk = -1, 0
-
-    def _embed_step(self) -> None:
-        """Embed the next batch of inputs of the oldest embedding job.
-
-        A batch holds about as many tokens as a generation step's batch (at least one input,
-        which must be embedded whole), so a large embedding request delays the streams
-        generating meanwhile by one batch per step instead of stalling them until it is done.
-        """
-        job = self.embeddings[0]
-        start = len(job.vectors)
-        end, tokens = start, 0
-        budget = min(self.model.n_batch, self.model.n_ctx_per_slot)
-        while (
-            end < len(job.inputs)
-            and end - start < self.model.embed_batch_sequences
-            and (end == start or tokens + len(job.inputs[end]) <= budget)
-        ):
-            tokens += len(job.inputs[end])
-            end += 1
-        try:
-            threads = self._use_threads("batch")
-            started = time.perf_counter()
-            vectors = self.model.embed_many(
-                job.inputs[start:end], rank=job.rank, prepare=applying(self.adapters, job.adapters)
-            )
-            self.governor.observe("batch", threads, tokens, time.perf_counter() - started)
-        except Exception as exc:
-            log.exception("embedding failed")
-            self.embeddings.popleft()
-            job.emit(ErrorEvent(id=job.id, message=f"embedding failed: {exc}", code="internal"))
-            return
-        for vector in vectors:
-            if job.normalize:
-                norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-                vector = [v / norm for v in vector]
-            job.vectors.append(vector)
-        if len(job.vectors) < len(job.inputs):
-            return
-        self.embeddings.popleft()
-        result = EmbeddingResult(
-            id=job.id,
-            embeddings=job.vectors,
-            prompt_tokens=sum(len(t) for t in job.inputs),
-            total_ms=(time.perf_counter() - job.arrived) * 1000,
-        )
-        job.emit(EmbeddingEvent(id=job.id, result=result))
 
     def _shutdown(self) -> None:
         """End every request the engine holds or has been handed, then free the model."""
@@ -953,6 +943,10 @@ class Engine:
         if self.crashed:
             error = self.fault or "internal error in the engine (see the runner log)"
         for job in list(self.waiting):
+            held = self.ahead.holding(job.id) or self.ahead.abandon(job.id)
+            if held is not None:
+                self._finish(held, reason, error)  # with what it has generated
+                continue
             job.emit(_done(job.id, "", reason, Timings(prompt_tokens=len(job.prompt)), error))
         self.waiting.clear()
         for slot in self.slots:

@@ -134,7 +134,7 @@ def batch_size(config: RunnerConfig) -> int:
     batch, and llama.cpp wants a batch at least as large as the sequences (the slots and the
     scratch one), so a smaller ``n_batch`` is raised, as llama.cpp's own tools clamp
     out-of-range settings (health reports the value used)."""
-    n_batch = max(config.n_batch, config.n_slots + 1)
+    n_batch = max(config.n_batch, config.n_slots + config.n_ahead + 1)
     if n_batch != config.n_batch:
         log.warning(
             "num_batch %d is below the %d parallel slots plus one; using %d",
@@ -148,11 +148,13 @@ def batch_size(config: RunnerConfig) -> int:
 def kv_layout(config: RunnerConfig) -> tuple[bool, int, int]:
     """How ``config``'s KV cache is laid out: (unified, cells, sequences). Unified (one pool
     for all sequences, plus a scratch sequence) only when a pool smaller than slots x context
-    was asked for (``kv_cells``); else one stream of ``n_ctx_per_slot`` cells per slot."""
+    was asked for (``kv_cells``); else one stream of ``n_ctx_per_slot`` cells per slot.
+    The ``n_ahead`` sequences (see :mod:`.ahead`) come after them, a stream each likewise."""
     full = config.n_ctx_per_slot * config.n_slots
     if 0 < config.kv_cells < full:
-        return True, config.kv_cells, config.n_slots + 1
-    return False, full, config.n_slots
+        return True, config.kv_cells, config.n_slots + 1 + config.n_ahead
+    sequences = config.n_slots + config.n_ahead
+    return False, config.n_ctx_per_slot * sequences, sequences
 
 
 def context_params(

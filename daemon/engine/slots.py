@@ -138,6 +138,9 @@ class Slot:
         """When its first token was sampled (0 until then)."""
         self.first_marks = (0.0, 0.0)
         """The first token's sampling and detokenizing, in seconds (for its timings)."""
+        self.parked_ms = 0.0
+        """Time between its first token, prefilled ahead of a slot, and its slot (see
+        :mod:`.ahead`)."""
         self.threads_min = 0
         """Fewest CPU threads a step ran with while this request was in the slot."""
         self.threads_max = 0

@@ -43,7 +43,17 @@ from ..engine.model import (
 )
 from ..runner.protocol import RunnerConfig
 from .layout import ModelLayout, estimate, layout_from_gguf, place
-from .plan import HOST, Device, DeviceUse, MemoryPlan, PlanRequest, Trial, plan
+from .plan import (
+    HOST,
+    Device,
+    DeviceUse,
+    MemoryPlan,
+    PlanRequest,
+    Trial,
+    ahead_that_fits,
+    plan,
+    with_ahead,
+)
 from .system import host_memory
 
 __all__ = ["LlamaMeasure", "MeasureError", "llama_devices", "plan_load", "plan_request"]
@@ -256,8 +266,11 @@ def plan_load(config: RunnerConfig) -> MemoryPlan:
             reserved=config.memory_reserved,
             gpu_cap=config.gpu_memory,
         )
+        result = with_ahead(result, ahead_that_fits(result, config.n_ahead))
     else:
-        measure = LlamaMeasure(config, devices, layout)
+        # Planned without the prefill-ahead sequences: they get only what the plan leaves
+        # (never a shorter context or a GPU layer), then the chosen load is measured with them.
+        measure = LlamaMeasure(replace(config, n_ahead=0), devices, layout)
         try:
             result = plan(
                 plan_request(config, layout),
@@ -267,6 +280,12 @@ def plan_load(config: RunnerConfig) -> MemoryPlan:
                 gpu_cap=config.gpu_memory,
                 measured=True,
             )
+            if n_ahead := ahead_that_fits(result, config.n_ahead):
+                measure.config = replace(measure.config, n_ahead=n_ahead)
+                trial = Trial(
+                    result.n_ctx_per_slot, result.n_slots, result.n_gpu_layers, config.kv_cells
+                )
+                result = with_ahead(result, n_ahead, measure(trial))
         finally:
             measure.close()
     log.info(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from localllm._format import processor
@@ -56,11 +56,13 @@ __all__ = [
     "NoFitReport",
     "PlanRequest",
     "Trial",
+    "ahead_that_fits",
     "budgets",
     "context_candidates",
     "margin",
     "plan",
     "refusal",
+    "with_ahead",
 ]
 
 MIB = 1 << 20
@@ -196,6 +198,9 @@ class MemoryPlan:
     """True when llama.cpp measured the buffers (``no_alloc``), not only the GGUF estimate."""
     warnings: list[str] = field(default_factory=list)
     """What people should know (a context above the trained length...)."""
+    n_ahead: int = 0
+    """Prefill-ahead sequences (``RunnerConfig.n_ahead``) in the memory the rest of the plan
+    leaves (:func:`ahead_that_fits`); ``uses`` count them."""
 
     @property
     def size(self) -> int:
@@ -239,6 +244,7 @@ class MemoryPlan:
             context_chosen=bool(data.get("context_chosen", False)),
             measured=bool(data.get("measured", False)),
             warnings=[str(w) for w in data.get("warnings", [])],
+            n_ahead=int(data.get("n_ahead", 0)),
         )
 
 
@@ -332,6 +338,38 @@ def context_candidates(n_ctx_train: int) -> list[int]:
 
 
 # -- the search -------------------------------------------------------------------------------
+
+
+def ahead_that_fits(plan: MemoryPlan, wanted: int) -> int:
+    """How many of ``wanted`` prefill-ahead sequences (``RunnerConfig.n_ahead``: a KV stream
+    as large as a slot's each) fit beside ``plan`` within :data:`AUTO_HEADROOM` of every
+    budget, its prefix cache counted. They take only what the plan leaves: never a shorter
+    context or a GPU layer. In an overcommitted unified cache they share the pool's cells,
+    so all fit."""
+    if wanted <= 0 or plan.kv_cells != plan.n_ctx_per_slot * plan.n_slots:
+        return max(wanted, 0)
+    hosts = {d.name for d in plan.devices if d.is_host}
+    fit = wanted
+    for use in plan.uses:
+        if not use.kv:
+            continue
+        per_stream = use.kv / plan.n_slots
+        used = use.total + (plan.prefix_cache if use.device in hosts else 0)
+        room = plan.budgets.get(use.device, 0) * AUTO_HEADROOM - used
+        fit = min(fit, max(0, math.floor(room / per_stream)))
+    return fit
+
+
+def with_ahead(plan: MemoryPlan, n_ahead: int, uses: list[DeviceUse] | None = None) -> MemoryPlan:
+    """``plan`` with ``n_ahead`` prefill-ahead sequences: ``uses`` as measured with them, or
+    (None) the KV grown by as many streams, each a slot's (the GGUF estimate's way)."""
+    if n_ahead <= 0:
+        return plan
+    if uses is None:
+        streams = plan.kv_cells == plan.n_ctx_per_slot * plan.n_slots
+        grow = n_ahead / plan.n_slots if streams else 0.0  # a unified pool's cells are shared
+        uses = [replace(u, kv=u.kv + round(u.kv * grow)) for u in plan.uses]
+    return replace(plan, uses=uses, n_ahead=n_ahead)
 
 
 def _fits(uses: Sequence[DeviceUse], budget: dict[str, int], share: float = 1.0) -> bool:

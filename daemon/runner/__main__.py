@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ctx-per-slot", type=int, default=4096, help="context tokens per slot")
     parser.add_argument("--batch", type=int, default=512, help="tokens per llama_decode")
     parser.add_argument("--kv-cells", type=int, default=0, help="KV cache cells (0 = slots x ctx)")
+    parser.add_argument(
+        "--ahead", type=int, default=0, help="sequences prefilling waiting prompts (no decoding)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0 = physical cores)")
     parser.add_argument(
         "--fixed-threads",
@@ -143,14 +146,22 @@ def _reserved(values: list[str]) -> dict[str, int]:
 
 
 def _planned(config: RunnerConfig, plan: MemoryPlan) -> RunnerConfig:
-    """``config`` with what the plan chose: context, GPU layers, the prefix cache's RAM.
+    """``config`` with what the plan chose: context, GPU layers, the prefix cache's RAM, and
+    the prefill-ahead sequences that fit in what is left (planned without them).
 
     Split across RPC workers with no ``num_gpu`` given, the layers stay the split's to place
     (:mod:`.placement`: by each device's free memory, the local CPU's share included); the
     plan checked that the model fits those devices."""
     layers_open = config.rpc_workers and config.n_gpu_layers < 0
+    if plan.n_ahead < config.n_ahead:
+        logging.getLogger("localllm.runner").info(
+            "%d of %d prefill-ahead sequences fit in the memory the plan leaves",
+            plan.n_ahead,
+            config.n_ahead,
+        )
     return dataclasses.replace(
         config,
+        n_ahead=plan.n_ahead,
         n_ctx_per_slot=plan.n_ctx_per_slot,
         n_gpu_layers=config.n_gpu_layers if layers_open else plan.n_gpu_layers,
         kv_cache_ram=plan.prefix_cache,
@@ -181,6 +192,7 @@ async def _serve(args: argparse.Namespace) -> int:
         n_ctx_per_slot=args.ctx_per_slot,
         n_batch=args.batch,
         kv_cells=args.kv_cells,
+        n_ahead=args.ahead,
         n_threads=args.threads,
         fixed_threads=args.fixed_threads,
         n_gpu_layers=args.gpu_layers,

@@ -613,6 +613,8 @@ class RunnerProcess:
         ]  # fmt: skip
         for part in c.extra_model_paths:
             args += ["--model-part", part]
+        if c.n_ahead:
+            args += ["--ahead", str(c.n_ahead)]
         if c.fixed_threads:
             args.append("--fixed-threads")
         if not c.use_mmap:

@@ -314,13 +314,16 @@ class Timings:
     completion_tokens: int = 0
     """Tokens generated."""
     decode_ms: float = 0.0
-    """From the first generated token to the last."""
+    """From the first generated token to the last (``parked_ms`` included)."""
+    parked_ms: float = 0.0
+    """Waiting for a slot after the first token: a prompt prefilled while every slot was
+    busy gets its first token at once, then decodes once a slot frees (0: it did not)."""
     sample_ms: float = 0.0
     """Sampling the first token, from the end of the step that gave its logits."""
     detokenize_ms: float = 0.0
     """Turning the first token into text."""
     decode_tokens_per_s: float = 0.0
-    """Generated tokens per second after the first."""
+    """Generated tokens per second after the first (``parked_ms`` excluded)."""
     total_ms: float = 0.0
     """From arrival to completion."""
     draft_tokens: int = 0
@@ -535,6 +538,9 @@ class RunnerConfig:
     kv_cells: int = 0
     """KV cache size in cells; 0 = n_slots x n_ctx_per_slot. Smaller overcommits the unified
     cache: slots may still grow to n_ctx_per_slot while few of them are long at once."""
+    n_ahead: int = 0
+    """KV sequences beyond the slots where waiting prompts are prefilled for their first
+    token while every slot is busy (each as large as a slot's; they never decode)."""
     n_threads: int = 0
     """0 = physical cores."""
     fixed_threads: bool = False
