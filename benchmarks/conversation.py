@@ -140,6 +140,13 @@ def main() -> int:
         metavar="KIND [PATH]",
         help="llama-server PATH, or llama-cpp-python (default)",
     )
+    parser.add_argument(
+        "--prefill-ahead",
+        type=int,
+        default=-1,
+        help="the daemon's LOCALLLM_PREFILL_AHEAD (default -1: as many as the slots; 0: off, "
+        "the daemon's own default)",
+    )
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument(
         "--base", help="a Python whose localllm is the code to compare with (a second daemon)"
@@ -155,7 +162,7 @@ def main() -> int:
     servers: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="localllm-conversation-") as home:
         try:
-            servers.append(start_daemon_server(args, home))
+            servers.append(start_daemon_server(args, home, prefill_ahead=args.prefill_ahead))
             peer = start_peer_server(args, model)
             if peer is not None:
                 servers.append(peer)

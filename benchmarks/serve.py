@@ -262,10 +262,14 @@ def _engine_shares(engine: dict[str, float]) -> str:
     return f"{shares}, {1000 * rest:.2f} ms per step outside decode"
 
 
-def start_daemon_server(args: argparse.Namespace, home: str) -> Server:
-    """The localllm daemon on a temporary home."""
+def start_daemon_server(args: argparse.Namespace, home: str, **settings: Any) -> Server:
+    """The localllm daemon on a temporary home (``settings``: more of its settings)."""
     env, url = daemon_env(
-        home, num_parallel=args.slots, num_threads=args.threads, context_length=args.ctx
+        home,
+        num_parallel=args.slots,
+        num_threads=args.threads,
+        context_length=args.ctx,
+        **settings,
     )
     return Server("daemon", start_daemon(env), url, DAEMON_MODEL, args.endpoint)
 

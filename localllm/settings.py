@@ -237,10 +237,11 @@ class Settings:
     )
     prefill_ahead: int = _setting(
         "LOCALLLM_PREFILL_AHEAD",
-        -1,
+        0,
         "KV sequences beyond the slots in which requests waiting for a slot are prefilled and "
         "get their first token while every slot is busy (each costs a slot's KV memory; they "
-        "never decode): -1 as many as the slots, 0 none.",
+        "never decode): -1 as many as the slots, 0 none (the default: their KV memory would "
+        "be taken from every loaded model whether or not its slots are ever all busy).",
     )
     max_loaded_models: int = _setting(
         "LOCALLLM_MAX_LOADED_MODELS",
