@@ -129,10 +129,13 @@ def _expert_rates(report: Mapping[str, Any]) -> dict[str, ExpertRate]:
         # lost in noise is a share of its batch, as for the types' rates)
         per_short = max(many_s[0] - few_s[0], _FLOOR * many_s[0]) / uses / weights
         per_long = max(many_s[1] - few_s[1], _FLOOR * many_s[1]) / uses / weights
+        # The pace per token from the two batches' difference; a busy moment in one of them
+        # can make that difference anything, so it stays between the longer batch's own
+        # pace (nothing paid once: no setup) and twice that (what an expert costs once a
+        # batch at most what its `long` tokens cost).
         per_token = (per_long - per_short) / (long - short)
-        if per_token <= 0:  # a busy moment in the longer batches: the longer one alone
-            per_token = per_long / long
-        setup = max(per_short - short * per_token, 0.0)
+        per_token = min(max(per_token, per_long / long / 2), per_long / long)
+        setup = max(per_long - long * per_token, 0.0)
         rates[kind] = ExpertRate(prefill=2 / per_token, setup=setup)
     return rates
 
