@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from speed_support import make_calibration
+from speed_support import make_calibration, seed_calibration
 
 from localllm.daemon.devices.synthetic import write_llama
 from localllm.daemon.memory.layout import layout_from_gguf
@@ -480,6 +480,24 @@ def test_cached_figures_are_found_again_and_completed_per_type(
     assert asked[-1] == ["IQ2_XXS"] and "IQ2_XXS" in more.types and "Q4_K" in more.types
     speedprobe.calibrate(settings, threads=1, fresh=True)
     assert len(asked[-1]) == len(speedprobe.BASE_TYPES) + 1
+
+
+def test_a_mixture_of_experts_model_adds_its_experts_figures_to_the_kept_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe child times llama.cpp's expert kernel alone (real models, real llama.cpp)
+    and the figures kept before stay as they were."""
+    settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path), "LOCALLLM_CPU_REPACK": "on"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kept = seed_calibration(tmp_path / "cache", 1)
+    # (a shared machine may keep its figures from agreeing: they are what is checked here)
+    figures = speedprobe.calibrate(settings, threads=1, experts=["Q8_0"], keep_unsettled=True)
+    assert set(figures.experts) == {"Q8_0"}
+    assert figures.experts["Q8_0"].prefill > 0 and figures.experts["Q8_0"].setup >= 0
+    assert figures.types == kept.types and figures.decode_fixed == kept.decode_fixed
+    assert speedprobe.cached_calibration(settings, 1) == figures
+    # measured once: a second pricing asks for nothing more
+    assert speedprobe.calibrate(settings, threads=1, experts=["Q8_0"]) == figures
 
 
 def test_the_speed_book_learns_from_requests_that_ran_alone(
