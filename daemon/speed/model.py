@@ -450,10 +450,10 @@ class Calibration:
             },
         )
 
-    def with_experts(self, report: Mapping[str, Any]) -> Calibration:
+    def with_experts(self, report: Mapping[str, Any], seconds: float = 0.0) -> Calibration:
         """These figures with the routed experts of an experts-only probe added
-        (:func:`~localllm.daemon.speed.measure.expert_figures`): every other figure stays, and
-        what did not agree is theirs."""
+        (:func:`~localllm.daemon.speed.measure.expert_figures`, ``seconds`` long): every other
+        figure stays, and what did not agree is theirs."""
         return Calibration(
             **{
                 **asdict(self),
@@ -463,6 +463,7 @@ class Calibration:
                 "unsettled": dict(report.get("unsettled", {})),
                 "refused": [],
                 "rounds": int(report.get("rounds", 0)),
+                "seconds": seconds,
             },
         )
 

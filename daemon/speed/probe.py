@@ -245,7 +245,7 @@ def calibrate(
             )
         if not missing and cached is not None:
             # The experts alone were measured: added to the kept figures.
-            measured = cached.with_experts(report)
+            measured = cached.with_experts(report, time.monotonic() - started)
         else:
             measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
         if missing and cached is not None:
