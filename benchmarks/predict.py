@@ -184,7 +184,7 @@ _COSTS = (
 def _best_of(probes: list[Any]) -> Any:
     """One calibration from several probes: each rate the highest measured, each cost the
     lowest (a busy moment only ever makes a figure worse)."""
-    from localllm.daemon.speed.model import Calibration, TypeRate
+    from localllm.daemon.speed.model import Calibration, ExpertRate, TypeRate
 
     data = probes[0].to_dict()
     for name in data:
@@ -193,6 +193,13 @@ def _best_of(probes: list[Any]) -> Any:
             data[name] = {
                 t: TypeRate(
                     max(v[t]["decode"] for v in values), max(v[t]["prefill"] for v in values)
+                )
+                for t in values[0]
+            }
+        elif name == "experts":
+            data[name] = {
+                t: ExpertRate(
+                    max(v[t]["prefill"] for v in values), min(v[t]["setup"] for v in values)
                 )
                 for t in values[0]
             }
@@ -295,6 +302,8 @@ def main() -> int:
             # K-quants fall back to Q5_0 and Q8_0 in places), as `show` would on demand.
             costs = {name: _cost(settings, name) for name in args.models}
             types = sorted({t for cost in costs.values() for t in cost.types})
+            # and the routed experts' types of a mixture-of-experts model (their own kernel)
+            experts = sorted({t for cost in costs.values() for t in cost.expert_types})
             # As the daemon does: figures that were not kept are measured again at the next
             # quiet moment (up to --probe-tries); the last ones are used if none is kept.
             results["probe_tries"] = []
@@ -303,7 +312,7 @@ def main() -> int:
                 started = time.monotonic()
                 load = os.getloadavg()[0]
                 try:
-                    calibration = calibrate(settings, fresh=True, types=types)
+                    calibration = calibrate(settings, fresh=True, types=types, experts=experts)
                     results["probe_kept"] = True
                 except ProbeUnsettled as exc:
                     calibration = exc.figures
@@ -341,7 +350,7 @@ def main() -> int:
                 if 0 < round_number < args.probes:
                     # On a shared machine: the probe again between rounds, its best kept,
                     # as each model's best round is.
-                    probes.append(calibrate(settings, fresh=True, types=types))
+                    probes.append(calibrate(settings, fresh=True, types=types, experts=experts))
                     calibration = _best_of(probes)
                 order = names if round_number % 2 == 0 else list(reversed(names))
                 for name in order:

@@ -48,6 +48,10 @@ def figures_of(calibration: Any) -> dict[str, tuple[float, str]]:
     for name, rate in sorted(calibration.types.items()):
         out[f"{name} decode"] = (rate.decode / 1e9, "GB/s")
         out[f"{name} prefill"] = (rate.prefill / 1e9, "GFLOP/s")
+    for name, expert in sorted(getattr(calibration, "experts", {}).items()):
+        # a mixture-of-experts model's routed experts (measured when one is priced)
+        out[f"{name} experts"] = (expert.prefill / 1e9, "GFLOP/s")
+        out[f"{name} expert setup"] = (expert.setup * 1e12, "ps/weight")
     for name, (unit, scale) in _COSTS.items():
         out[name] = (getattr(calibration, name) * scale, unit)
     return out

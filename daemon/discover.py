@@ -309,8 +309,10 @@ class Discovery:
     """Slots, context, KV type, Hub endpoint and timeout."""
     devices: Devices
     """Where a model could go, as free as they are now."""
-    calibration: Callable[[Sequence[str]], Calibration] | None = None
-    """The speed probe's figures with these weight types measured (None: no predictions)."""
+    calibration: Callable[..., Calibration] | None = None
+    """The speed probe's figures with these weight types measured (None: no predictions);
+    ``experts=`` names the types whose routed experts must be measured too (a
+    mixture-of-experts repository's)."""
     cached: Callable[[], Calibration | None] = lambda: None
     """The figures measured so far, without probing."""
     correction: Callable[[str | None], tuple[float, float]] = lambda main_type: (0.0, 0.0)
@@ -366,12 +368,20 @@ class Discovery:
             return None, None, None
         types = set(shapes.cost.types)
         types |= {t for q in quants if (t := main_type(q.label)) is not None}
+        # A mixture-of-experts model's experts, in whatever type each quantization has them
+        # (the header's own, or the quantization's main type: ``_shapes_for``).
+        experts: set[str] = set()
+        if shapes.cost.experts[0]:
+            experts = shapes.cost.expert_types
+            experts |= {t for q in quants if (t := main_type(q.label)) is not None}
         if not probe:
             figures = self.cached()
             if figures is not None and types <= set(figures.types):
                 return figures, None, None
             return None, None, None
         try:
+            if experts:
+                return self.calibration(sorted(types), experts=sorted(experts)), None, None
             return self.calibration(sorted(types)), None, None
         except ProbeInterrupted as exc:
             # A probe of the types not measured yet did not keep its figures (a busy machine):
@@ -531,8 +541,8 @@ def wire(settings: Settings, scheduler: Scheduler) -> tuple[Discovery, SpeedBook
     threads = probe_threads(settings)
     book = SpeedBook(settings.cache_dir / "speed-observed", lambda: probe_key(threads))
 
-    def calibration(types: Sequence[str]) -> Calibration:
-        return calibrate(settings, threads=threads, types=types)
+    def calibration(types: Sequence[str], experts: Sequence[str] = ()) -> Calibration:
+        return calibrate(settings, threads=threads, types=types, experts=experts)
 
     def correction(main_type: str | None) -> tuple[float, float]:
         figures = cached_calibration(settings)

@@ -196,13 +196,18 @@ def local_speed(
         answer["why"] = f"its GGUF could not be read: {exc}"
         return answer
     missing = sorted(t for t in cost.types if t not in calibration.types)
+    # A mixture-of-experts model's routed experts are priced at their own kernel's pace.
+    experts = sorted(t for t in cost.expert_types if t not in calibration.experts)
     unmeasured = ""
-    if missing and probe:
+    if (missing or experts) and probe:
         from ..speed.probe import ProbeFailed, calibrate
 
         try:
             calibration = calibrate(
-                state.settings, threads=probe_threads(state.settings), types=missing
+                state.settings,
+                threads=probe_threads(state.settings),
+                types=missing,
+                experts=experts,
             )
         except ProbeFailed as exc:
             # The missing types' probe did not run or did not keep its figures (a busy

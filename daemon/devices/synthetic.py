@@ -40,9 +40,17 @@ def write_llama(
     context: int = 4096,
     name: str | None = None,
     file_type: Any = None,
+    experts: int = 0,
+    experts_used: int = 0,
 ) -> None:
     """Write a ``layers``-layer llama of width ``embd`` (FFN ``ffn``, ``heads`` heads, no GQA)
-    with a ``vocab``-token vocabulary (at least 259: three controls and the 256 bytes)."""
+    with a ``vocab``-token vocabulary (at least 259: three controls and the 256 bytes).
+
+    With ``experts``, each layer's FFN is that many experts of width ``ffn`` (a Mixtral-style
+    llama), each token routed to ``experts_used`` of them (0: every one, so that each expert
+    multiplies exactly the tokens of a batch: the speed probe times llama.cpp's expert kernel
+    at a per-expert batch it chooses). ``matrix`` is asked for one expert's matrix, used by
+    all of them."""
     import gguf
     import numpy as np
 
@@ -58,6 +66,9 @@ def write_llama(
     writer.add_head_count_kv(heads)
     writer.add_rope_dimension_count(embd // heads)
     writer.add_layer_norm_rms_eps(1e-5)
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(experts_used or experts)
     if file_type is not None:
         writer.add_file_type(file_type)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
@@ -92,7 +103,20 @@ def write_llama(
         writer.add_tensor(f"{block}.attn_norm.weight", ones)
         writer.add_tensor(f"{block}.ffn_norm.weight", ones)
         for part in LAYER_MATRICES:
+            if experts and part.startswith("ffn_"):
+                data, kind = matrix(f"{block}.{part}.weight", layer, *_shape(part, embd, ffn))
+                stacked = np.stack([data] * experts)
+                tensor = f"{block}.{part}_exps.weight"
+                if kind is None:
+                    writer.add_tensor(tensor, stacked)
+                else:
+                    writer.add_tensor(tensor, stacked, raw_dtype=kind)
+                continue
             add(f"{block}.{part}.weight", layer, *_shape(part, embd, ffn))
+        if experts:
+            # The router's logits are all 0 (with every expert used, none is left out).
+            router = np.zeros((experts, embd), dtype=np.float32)
+            writer.add_tensor(f"{block}.ffn_gate_inp.weight", router)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

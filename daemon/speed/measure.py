@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import experts as expert_models
 from .probe import BASE_TYPES
 
 __all__ = [
@@ -170,6 +171,7 @@ def _write_model(
     layers: int,
     vocab: int = _VOCAB,
     head_type: str | None = None,
+    experts: int = 0,
 ) -> None:
     """A probe model whose layers are all ``type_name``; its output head is F32 (its bytes
     counted apart), or ``head_type``. The control tokens' head rows are zero, so that sampling
@@ -195,7 +197,16 @@ def _write_model(
             return head_matrix
         return weights.matrix(rows, cols), weights.kind if quantized else None
 
-    write_llama(path, embd=embd, ffn=ffn, heads=heads, layers=layers, vocab=vocab, matrix=matrix)
+    write_llama(
+        path,
+        embd=embd,
+        ffn=ffn,
+        heads=heads,
+        layers=layers,
+        vocab=vocab,
+        matrix=matrix,
+        experts=experts,
+    )
 
 
 class _Runner:
@@ -575,12 +586,12 @@ class _Context:
         self._decode(self.filled, 1, logits)
         return statistics.median(self._decode(self.filled, 1, logits) for _ in range(count))
 
-    def prefill(self, position: int = 0) -> float:
-        """One batch of :data:`_BATCH` tokens from ``position`` on, with logits for every
+    def prefill(self, position: int = 0, tokens: int = _BATCH) -> float:
+        """One batch of ``tokens`` tokens from ``position`` on, with logits for every
         token: llama.cpp runs the last layer after its attention only for the tokens whose
         logits are asked for, which would leave out most of a small model's work."""
         self.at(position)
-        return self._decode(position, _BATCH, every=True)
+        return self._decode(position, tokens, every=True)
 
     def close(self) -> None:
         """Free the context (the model is its owner's)."""
@@ -671,13 +682,15 @@ def _memory_reader(threads: int, size: int) -> tuple[Callable[[], float], Callab
     return read, pool.shutdown
 
 
-def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+def cpu_figures(
+    runner: _Runner, workdir: Path, types: Sequence[str], experts: Sequence[str] = ()
+) -> dict[str, Any]:
     """Every CPU figure, read in interleaved rounds until they agree (see the constants
     above): the tiny models' steps and batches, each type's decode step (on a model several
     times the last-level cache) and batch, the attention's pace in a batch and in a decode
-    step late in a context, the head model's steps and samplers, and the memory's bandwidth.
-    The report says how many rounds it took, which figures did not agree, and what the sanity
-    bounds refused."""
+    step late in a context, the head model's steps and samplers, the memory's bandwidth, and
+    the routed experts of ``experts``' types (:mod:`.experts`). The report says how many
+    rounds it took, which figures did not agree, and what the sanity bounds refused."""
     began = time.monotonic()
     cache = last_level_cache()
     reads = working_set(cache)
@@ -735,6 +748,7 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
         rounds.read("head.default", sampling.default)
         memory, stop_reader = _memory_reader(runner.threads, reads)
         rounds.read("memory", memory)
+        expert_models.read_experts(rounds, workdir, experts, _write_experts)
 
         report["setup_s"] = round(time.monotonic() - began, 2)
         report["rounds"] = rounds.run()
@@ -783,12 +797,8 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
             "bytes": _Weights(_HEAD_TYPE).layer_bytes_of(vocab, _HEAD_EMBD),
         }
         report["bandwidth"] = reads / best("memory")
-        report["unsettled"] = rounds.unsettled()
-        report["spreads"] = {
-            name: round(sorted(values)[1] / sorted(values)[0] - 1, 3)
-            for name, values in rounds.figures.items()
-            if len(values) > 1
-        }
+        report.update(_settled(rounds))
+        report["experts"] = expert_models.expert_report(best, experts)
         report["peak_operations"] = peak_operations(runner.threads)
         report["refused"] = _bounds(report)
         return report
@@ -796,6 +806,39 @@ def cpu_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[st
         rounds.close()
         if stop_reader is not None:
             stop_reader()
+
+
+def _settled(rounds: _Rounds) -> dict[str, Any]:
+    """What did not agree, and every figure's spread (its best two rounds)."""
+    return {
+        "unsettled": rounds.unsettled(),
+        "spreads": {
+            name: round(sorted(values)[1] / sorted(values)[0] - 1, 3)
+            for name, values in rounds.figures.items()
+            if len(values) > 1
+        },
+    }
+
+
+def _write_experts(path: Path, type_name: str, experts: int) -> None:
+    embd, ffn = expert_models.EMBD, expert_models.FFN
+    _write_model(
+        path, type_name, embd, ffn, expert_models.HEADS, expert_models.LAYERS, experts=experts
+    )
+
+
+def expert_figures(runner: _Runner, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+    """The routed experts of ``types`` alone, in rounds until they agree (a mixture-of-experts
+    model priced after the first probe: the figures kept stay, these are added to them)."""
+    rounds = _Rounds(runner)
+    try:
+        expert_models.read_experts(rounds, workdir, types, _write_experts)
+        report: dict[str, Any] = {"rounds": rounds.run()}
+        report.update(_settled(rounds))
+        report["experts"] = expert_models.expert_report(rounds.best, types)
+        return report
+    finally:
+        rounds.close()
 
 
 def _head_vocab(reads: int) -> int:
@@ -868,35 +911,43 @@ class _Sampling:
         self._default.close()
 
 
-def _probe(threads: int, repack: bool, workdir: Path, types: Sequence[str]) -> dict[str, Any]:
+def _probe(
+    threads: int, repack: bool, workdir: Path, types: Sequence[str], experts: Sequence[str]
+) -> dict[str, Any]:
     from ..devices.procfs import allowed_cpus, read_cpu
 
     began = read_cpu(allowed_cpus())
     runner = _Runner(threads, repack)
     report: dict[str, Any] = {"threads": threads, "repack": repack, "batch": _BATCH}
-    report.update(cpu_figures(runner, workdir, types))
-    report.update(gpu_device(threads, workdir))
+    if types:
+        report.update(cpu_figures(runner, workdir, types, experts))
+        report.update(gpu_device(threads, workdir))
+    else:  # experts added to kept figures: nothing else is measured again
+        report.update(expert_figures(runner, workdir, experts))
     # What else ran meanwhile: figures measured beside a busy program are not this machine's.
     report["others"] = round(_others_since(began), 3)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--no-repack]``."""
+    """The child: ``--threads N --workdir DIR --types Q4_K,F16 [--experts Q4_K]
+    [--no-repack]`` (``--types ''`` with ``--experts``: the experts alone)."""
     parser = argparse.ArgumentParser(prog="python -m localllm.daemon.speed.measure")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--types", default=",".join(BASE_TYPES))
+    parser.add_argument("--experts", default="", help="types of routed experts to time")
     parser.add_argument("--no-repack", action="store_true")
     args = parser.parse_args(argv)
     types = [t for t in args.types.split(",") if t]
+    experts = [t for t in args.experts.split(",") if t]
     import gguf
 
-    unknown = [t for t in types if t not in gguf.GGMLQuantizationType.__members__]
+    unknown = [t for t in {*types, *experts} if t not in gguf.GGMLQuantizationType.__members__]
     if unknown:
         print(f"unknown ggml types: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types)
+    report = _probe(max(1, args.threads), not args.no_repack, args.workdir, types, experts)
     print(json.dumps(report))
     return 0
 

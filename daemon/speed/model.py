@@ -57,6 +57,7 @@ __all__ = [
     "PREFILL_TOKENS",
     "Calibration",
     "DeviceRates",
+    "ExpertRate",
     "ModelCost",
     "Prediction",
     "TypeRate",
@@ -85,6 +86,21 @@ class TypeRate:
     """Floating-point operations per second of a batch (two per weight per token)."""
 
 
+@dataclass(frozen=True)
+class ExpertRate:
+    """How fast llama.cpp's expert kernel (``mul_mat_id``) goes through routed experts of one
+    type in a batch: not the dense kernel's pace (with weight repacking it multiplies each
+    token by itself, a matrix-vector product, where the dense kernel multiplies tiles of
+    tokens), and what an expert costs is set by the tokens routed to it, not by the batch.
+    An expert used by ``n`` tokens of a batch costs, per weight, ``setup + 2 n / prefill``
+    seconds."""
+
+    prefill: float
+    """Floating-point operations per second of an expert's tokens (two per weight each)."""
+    setup: float
+    """Seconds per weight of an expert each batch that uses it, besides its tokens."""
+
+
 def _step_costs(tiny: Mapping[str, Any]) -> tuple[float, float, float, float]:
     """A decode step's and a batch's fixed seconds and seconds per layer (its weights
     included), from the probe's two tiny models of different layer counts."""
@@ -96,6 +112,32 @@ def _step_costs(tiny: Mapping[str, Any]) -> tuple[float, float, float, float]:
     fixed = max(step_a - layers_a * per_layer, 0.0)
     batch_fixed = max(batch_a - layers_a * per_batch_layer, 0.0)
     return fixed, per_layer, batch_fixed, per_batch_layer
+
+
+def _expert_rates(report: Mapping[str, Any]) -> dict[str, ExpertRate]:
+    """Each type's :class:`ExpertRate` from the probe's two expert models (``report["experts"]``):
+    the same layers with few and with many experts, every token routed to each, timed at two
+    batch sizes. What the extra experts add is their kernel's time for that many tokens per
+    expert; two batch sizes part what grows with the tokens from what an expert costs once."""
+    rates = {}
+    for kind, entry in report.items():
+        few, many = entry["experts"]
+        uses = (many - few) * int(entry["layers"])
+        weights = int(entry["expert_params"])
+        (short, long), (few_s, many_s) = entry["tokens"], entry["batch_s"]
+        # seconds per weight of one expert used by `short` and by `long` tokens (a difference
+        # lost in noise is a share of its batch, as for the types' rates)
+        per_short = max(many_s[0] - few_s[0], _FLOOR * many_s[0]) / uses / weights
+        per_long = max(many_s[1] - few_s[1], _FLOOR * many_s[1]) / uses / weights
+        # The pace per token from the two batches' difference; a busy moment in one of them
+        # can make that difference anything, so it stays between the longer batch's own
+        # pace (nothing paid once: no setup) and twice that (what an expert costs once a
+        # batch at most what its `long` tokens cost).
+        per_token = (per_long - per_short) / (long - short)
+        per_token = min(max(per_token, per_long / long / 2), per_long / long)
+        setup = max(per_long - long * per_token, 0.0)
+        rates[kind] = ExpertRate(prefill=2 / per_token, setup=setup)
+    return rates
 
 
 @dataclass(frozen=True)
@@ -250,6 +292,9 @@ class Calibration:
     """Figures whose best two rounds still disagreed, and by how much (a share)."""
     refused: list[str] = field(default_factory=list)
     """What the sanity bounds refused (a rate above the memory's or the cores')."""
+    experts: dict[str, ExpertRate] = field(default_factory=dict)
+    """Rates of routed experts per weight type, measured when a mixture-of-experts model is
+    first priced (empty: none yet; the dense batch's rate stands in)."""
 
     @property
     def kept(self) -> bool:
@@ -373,6 +418,7 @@ class Calibration:
             rounds=int(report.get("rounds", 0)),
             unsettled=dict(report.get("unsettled", {})),
             refused=list(report.get("refused", [])),
+            experts=_expert_rates(report.get("experts", {})),
         )
 
     def merged(self, newer: Calibration, only_types: bool = False) -> Calibration:
@@ -382,11 +428,13 @@ class Calibration:
         fixed costs stay."""
         if only_types:
             own = tuple(f"{name}." for name in newer.types)  # its figures: "Q4_K.decode"
+            own += tuple(f"experts.{name}." for name in newer.experts)
             named = tuple(f"{name} " for name in newer.types)  # its refusals: "Q4_K decode..."
             return Calibration(
                 **{
                     **asdict(self),
                     "types": {**self.types, **newer.types},
+                    "experts": {**self.experts, **newer.experts},
                     "devices": self.devices,
                     "unsettled": {k: v for k, v in newer.unsettled.items() if k.startswith(own)},
                     "refused": [r for r in newer.refused if r.startswith(named)],
@@ -397,7 +445,25 @@ class Calibration:
             **{
                 **asdict(newer),
                 "types": {**self.types, **newer.types},
+                "experts": {**self.experts, **newer.experts},
                 "devices": newer.devices or self.devices,
+            },
+        )
+
+    def with_experts(self, report: Mapping[str, Any], seconds: float = 0.0) -> Calibration:
+        """These figures with the routed experts of an experts-only probe added
+        (:func:`~localllm.daemon.speed.measure.expert_figures`, ``seconds`` long): every other
+        figure stays, and what did not agree is theirs."""
+        return Calibration(
+            **{
+                **asdict(self),
+                "types": self.types,
+                "devices": self.devices,
+                "experts": {**self.experts, **_expert_rates(report["experts"])},
+                "unsettled": dict(report.get("unsettled", {})),
+                "refused": [],
+                "rounds": int(report.get("rounds", 0)),
+                "seconds": seconds,
             },
         )
 
@@ -411,7 +477,7 @@ class Calibration:
         fields = {
             k: data[k]
             for k in cls.__dataclass_fields__
-            if k in data and k not in ("types", "devices")
+            if k in data and k not in ("types", "devices", "experts")
         }
         types = {
             str(name): TypeRate(float(rate["decode"]), float(rate["prefill"]))
@@ -421,7 +487,12 @@ class Calibration:
             str(name): DeviceRates.from_dict(part)
             for name, part in (data.get("devices") or {}).items()
         }
-        return cls(**fields, types=types, devices=devices)
+        # (figures cached before experts were measured have none: they load all the same)
+        experts = {
+            str(name): ExpertRate(float(rate["prefill"]), float(rate["setup"]))
+            for name, rate in (data.get("experts") or {}).items()
+        }
+        return cls(**fields, types=types, devices=devices, experts=experts)
 
     def describe(self) -> str:
         """One line: memory bandwidth, a few types' rates, the fixed costs."""
@@ -435,6 +506,11 @@ class Calibration:
         parts.append(
             f"per step {self.decode_fixed * 1e3:.2f} ms + {self.decode_layer * 1e6:.0f} us a layer"
         )
+        for name, expert in self.experts.items():
+            parts.append(
+                f"{name} experts {expert.prefill / 1e9:.0f} GFLOP/s + "
+                f"{expert.setup * 1e12:.1f} ps a weight a batch"
+            )
         for device in self.devices.values():
             rates = ", ".join(
                 f"{kind} decode {rate.decode / 1e9:.1f} GB/s, prefill {rate.prefill / 1e9:.0f} "
@@ -476,6 +552,10 @@ class ModelCost:
     """The last layer's weights after its attention (its output projection and FFN, routed
     experts only), by type: llama.cpp multiplies them in a batch only for the tokens whose
     logits are asked for (a prompt's last), not for every token."""
+    expert_params: tuple[dict[str, int], ...] = ()
+    """Per layer: the weights of all its routed experts, by type (empty: no experts)."""
+    experts: tuple[int, int] = (0, 0)
+    """Routed experts per layer and how many each token uses (``(0, 0)``: none)."""
 
     @property
     def types(self) -> set[str]:
@@ -484,6 +564,12 @@ class ModelCost:
         for layer in self.layer_bytes:
             found |= set(layer)
         return found
+
+    @property
+    def expert_types(self) -> set[str]:
+        """The weight types of its routed experts (what :attr:`Calibration.experts` must hold
+        to price its batches)."""
+        return {kind for layer in self.expert_params for kind in layer}
 
     @property
     def main_type(self) -> str | None:
@@ -518,6 +604,8 @@ class ModelCost:
             layer_rows=self.layer_rows,
             vocab=self.vocab,
             last_skipped=self.last_skipped,
+            expert_params=self.expert_params,
+            experts=self.experts,
         )
 
     def retyped(self, mapping: Mapping[str, str]) -> ModelCost:
@@ -542,6 +630,8 @@ class ModelCost:
             layer_rows=self.layer_rows,
             vocab=self.vocab,
             last_skipped=rename(self.last_skipped),
+            expert_params=tuple(rename(layer) for layer in self.expert_params),
+            experts=self.experts,
         )
 
 
@@ -562,6 +652,7 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
     layer_bytes: list[dict[str, int]] = [{} for _ in range(n_layer)]
     layer_params: list[dict[str, int]] = [{} for _ in range(n_layer)]
     layer_rows = [0] * n_layer
+    expert_params: list[dict[str, int]] = [{} for _ in range(n_layer)]
     vocab = 0
     output_bytes: dict[str, int] = {}
     output_params: dict[str, int] = {}
@@ -577,6 +668,8 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
                 if not index.isdigit() or int(index) >= n_layer:
                     continue
                 share = routed if "_exps." in name else 1.0
+                if "_exps." in name and len(tensor.shape) >= 2:
+                    _add(expert_params[int(index)], tensor.type, tensor.n_elements)
                 _add(layer_bytes[int(index)], tensor.type, round(tensor.n_bytes * share))
                 if len(tensor.shape) >= 2:
                     _add(layer_params[int(index)], tensor.type, round(tensor.n_elements * share))
@@ -616,6 +709,8 @@ def model_cost(parts: Sequence[GGUFInfo], kv_per_cell: Sequence[int]) -> ModelCo
         layer_rows=tuple(layer_rows),
         vocab=vocab,
         last_skipped=last_skipped,
+        expert_params=tuple(expert_params) if any(expert_params) else (),
+        experts=(experts, used) if any(expert_params) else (0, 0),
     )
 
 
@@ -678,6 +773,41 @@ def _on_device(amounts: Mapping[str, float], device: DeviceRates | None, prefill
         for name, amount in amounts.items()
         if amount
     )
+
+
+def _expert_seconds(
+    cost: ModelCost,
+    calibration: Calibration,
+    work: dict[str, float],
+    layers: int,
+    prompt: int,
+    n_batch: int,
+) -> float:
+    """Seconds the routed experts of the first ``layers`` layers take in a prompt's batches,
+    at the probe's expert rates: in a batch of ``c`` tokens each expert multiplies about
+    ``c × used / count`` of them (the tokens routed to it), not ``c``. Their dense pricing is
+    taken out of ``work``; types the probe has no expert figures for keep it."""
+    count, used = cost.experts
+    if not count or not calibration.experts:
+        return 0.0
+    share = used / count
+    batch = max(n_batch, 1)
+    chunks = [batch] * (prompt // batch) + ([prompt % batch] if prompt % batch else [])
+    total = 0.0
+    for index, layer in enumerate(cost.expert_params[:layers]):
+        # The last layer's FFN runs for the prompt's last token only (its logits).
+        sizes = [1] if index == cost.n_layer - 1 else chunks
+        tokens = sum(sizes)
+        # Batches that use an expert (none of a batch's tokens routed to it: not used).
+        batches = sum(1 - (1 - share) ** size for size in sizes)
+        for kind, weights in layer.items():
+            rate = calibration.experts.get(kind)
+            if rate is None:
+                continue
+            routed = weights * share
+            work[kind] = max(work.get(kind, 0) - 2 * tokens * routed, 0)
+            total += weights * batches * rate.setup + 2 * tokens * routed / rate.prefill
+    return total
 
 
 def predict(
@@ -767,8 +897,11 @@ def predict(
     for name, amount in head_work.items():  # the last token's logits only
         target = device_work if head_on_device else cpu_work
         target[name] = target.get(name, 0) + amount
-    compute = (_seconds(cpu_work, calibration, prefill=True) or 0.0) + _on_device(
-        device_work, device, prefill=True
+    experts = _expert_seconds(cost, calibration, cpu_work, split, prompt, n_batch)
+    compute = (
+        experts
+        + (_seconds(cpu_work, calibration, prefill=True) or 0.0)
+        + _on_device(device_work, device, prefill=True)
     )
     chunks = math.ceil(prompt / max(n_batch, 1))
     stand_in = calibration.types.get("F16") or next(iter(calibration.types.values()))

@@ -157,10 +157,12 @@ def _run_child(
     types: Sequence[str],
     timeout: float,
     cancelled: Callable[[], bool] | None = None,
+    experts: Sequence[str] = (),
 ) -> dict[str, Any]:
     command = [sys.executable, "-P", "-m", "localllm.daemon.speed.measure"]
     with tempfile.TemporaryDirectory(prefix="localllm-speed-") as workdir:
         args = ["--threads", str(threads), "--workdir", workdir, "--types", ",".join(types)]
+        args += ["--experts", ",".join(experts)]
         if not repack:
             args.append("--no-repack")
         child = subprocess.Popen(
@@ -196,6 +198,7 @@ def calibrate(
     *,
     threads: int | None = None,
     types: Iterable[str] = (),
+    experts: Iterable[str] = (),
     fresh: bool = False,
     timeout: float = _TIMEOUT_S,
     cancelled: Callable[[], bool] | None = None,
@@ -203,8 +206,10 @@ def calibrate(
     keep_unsettled: bool = False,
 ) -> Calibration:
     """This machine's figures for ``threads`` threads (default: the runner's), with at least
-    :data:`BASE_TYPES` and ``types`` measured: the cached ones, completed by a probe of what
-    is missing, or all (and those probed before) measured again with ``fresh``. Blocks
+    :data:`BASE_TYPES` and ``types`` measured, and the routed experts of ``experts``' types
+    (a mixture-of-experts model's, :mod:`.experts`): the cached ones, completed by a probe of
+    what is missing (the experts alone, when only they are: a second or two), or all (and
+    those probed before) measured again with ``fresh``. Blocks
     while probing (about 10 s on a quiet machine, up to a minute on a busy one); raises
     :class:`ProbeFailed` when the probe cannot run, :class:`ProbeUnsettled` (with the
     figures) when they did not agree or broke a sanity bound: they are not cached, unless
@@ -220,22 +225,30 @@ def calibrate(
         known = cached_calibration(settings, count)
         # Measured again afresh, the types probed on demand before are measured too.
         earlier = known.types if known is not None else {}
+        earlier_experts = known.experts if known is not None else {}
         cached = None if fresh else known
         wanted = [t for t in dict.fromkeys([*BASE_TYPES, *earlier, *types]) if t]
         missing = [t for t in wanted if cached is None or t not in cached.types]
-        if cached is not None and not missing:
+        routed = [t for t in dict.fromkeys([*earlier_experts, *experts]) if t]
+        missing_experts = [t for t in routed if cached is None or t not in cached.experts]
+        if cached is not None and not missing and not missing_experts:
             return cached
         paths = decide(settings, count)
         if paths.error:
             raise ProbeFailed(paths.error)
         started = time.monotonic()
-        report = _run_child(count, paths.repack, missing, timeout, cancelled)
-        measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
-        if max_others is not None and measured.others > max_others:
+        report = _run_child(count, paths.repack, missing, timeout, cancelled, missing_experts)
+        others = float(report.get("others", 0.0))
+        if max_others is not None and others > max_others:
             raise ProbeInterrupted(
-                f"other programs used {measured.others:.1f} cores while the speed probe ran"
+                f"other programs used {others:.1f} cores while the speed probe ran"
             )
-        if cached is not None:
+        if not missing and cached is not None:
+            # The experts alone were measured: added to the kept figures.
+            measured = cached.with_experts(report, time.monotonic() - started)
+        else:
+            measured = Calibration.from_probe(report, probe_key(count), time.monotonic() - started)
+        if missing and cached is not None:
             # Types added to kept figures: only their own rates are taken (the kept fixed
             # costs stay), so only their own figures must have agreed.
             measured = cached.merged(measured, only_types=True)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from speed_support import make_calibration
+from speed_support import make_calibration, seed_calibration
 
+from localllm.daemon.devices.synthetic import write_llama
 from localllm.daemon.memory.layout import layout_from_gguf
 from localllm.daemon.speed import probe as speedprobe
 from localllm.daemon.speed.book import MIN_DECODED, SpeedBook
@@ -19,6 +21,7 @@ from localllm.daemon.speed.model import (
     PREFILL_TOKENS,
     Calibration,
     DeviceRates,
+    ExpertRate,
     TypeRate,
     model_cost,
     predict,
@@ -86,6 +89,110 @@ def test_experts_cost_only_what_a_token_is_routed_to() -> None:
     cost = model_cost([info], (0,))
     assert cost.layer_bytes == ({"Q8_0": 1000 + 2000},)
     assert cost.output_bytes == {"Q8_0": 500}
+
+
+def _moe_cost(tmp_path: Path, experts: int, used: int) -> Any:
+    """The ModelCost of a real 3-layer llama GGUF of ``experts`` routed experts (``used`` a
+    token), F32 weights."""
+    import numpy as np
+
+    def matrix(name: str, layer: int, rows: int, cols: int) -> tuple[Any, Any]:
+        return np.full((rows, cols), 0.01, dtype=np.float32), None
+
+    path = tmp_path / f"moe-{experts}-{used}.gguf"
+    write_llama(
+        path,
+        embd=64,
+        ffn=128,
+        heads=4,
+        layers=3,
+        vocab=300,
+        matrix=matrix,
+        experts=experts,
+        experts_used=used,
+    )
+    info = inspect_gguf(path)
+    return model_cost([info], layout_from_gguf([info]).kv_per_cell)
+
+
+def test_routed_experts_are_priced_at_their_kernels_pace_for_the_tokens_each_gets(
+    tmp_path: Path,
+) -> None:
+    cost = _moe_cost(tmp_path, 8, 2)
+    assert cost.experts == (8, 2) and cost.expert_types == {"F32"}
+    every = 3 * 8 * 64 * 128  # gate, up and down of all 8 experts, each layer
+    assert cost.expert_params == ({"F32": every},) * 3
+    figures = make_calibration(F32=TypeRate(20e9, 80e9))
+    dense = predict(cost, figures, context=512)  # no expert figures: the dense rate stands in
+
+    def seconds(guess: Any) -> float:
+        return PREFILL_TOKENS / guess.prefill  # type: ignore[no-any-return]
+
+    # Measured at half the dense pace, the routed experts' share of the work (2 of 8 experts
+    # a token) costs twice as much: every token of the first two layers and the last
+    # layer's one token with logits.
+    figures.experts = {"F32": ExpertRate(prefill=40e9, setup=0.0)}
+    routed = every * 2 / 8
+    work = 2 * routed * (2 * PREFILL_TOKENS + 1)
+    assert seconds(predict(cost, figures, context=512)) == pytest.approx(
+        seconds(dense) + work / 40e9 - work / 80e9
+    )
+    assert predict(cost, figures, context=512).decode == dense.decode  # decode: bytes read
+
+    # What an expert costs once per batch that uses it is paid per batch: a 512-token prompt
+    # in batches of 64 pays it 8 times where one batch of 512 pays it once (8 experts, 2 a
+    # token: every expert is used by some token of each batch); for the last layer's one
+    # token, 2 of the 8 experts.
+    setup = 1e-12
+    figures.experts = {"F32": ExpertRate(prefill=80e9, setup=setup)}
+    used = 1 - (1 - 2 / 8) ** 1
+
+    def setups(batches: float) -> float:
+        return every * setup * (2 * batches + used)
+
+    assert seconds(predict(cost, figures, context=512)) == pytest.approx(
+        seconds(dense) + setups(1 - (1 - 2 / 8) ** 512)
+    )
+    small = dataclasses.replace(figures, experts={"F32": ExpertRate(prefill=80e9, setup=0.0)})
+    assert seconds(predict(cost, figures, context=512, n_batch=64)) == pytest.approx(
+        seconds(predict(cost, small, context=512, n_batch=64)) + setups(8 * (1 - (1 - 2 / 8) ** 64))
+    )
+    # More experts, as many used: each gets fewer of a batch's tokens, the same work in all,
+    # so what each costs once weighs more per token.
+    many = _moe_cost(tmp_path, 32, 2)
+    assert seconds(predict(many, figures, context=512)) > seconds(
+        predict(many, small, context=512)
+    ) + (seconds(predict(cost, figures, context=512)) - seconds(predict(cost, small, context=512)))
+
+
+def test_expert_rates_come_back_from_the_probes_timings() -> None:
+    """The probe's two expert models at two batch sizes give back the pace per token and the
+    cost per batch they were made from."""
+    per_token, setup, weights, layers = 2 / 30e9, 3e-12, 3 * 1024 * 768, 2
+
+    def batch(experts: int, tokens: int) -> float:
+        return 0.004 + tokens * 1e-5 + experts * layers * weights * (setup + tokens * per_token)
+
+    report = {
+        "Q4_K": {
+            "experts": [2, 6],
+            "layers": layers,
+            "expert_params": weights,
+            "tokens": [16, 128],
+            "batch_s": [[batch(n, 16), batch(n, 128)] for n in (2, 6)],
+        }
+    }
+    base = make_calibration(Q4_K=TypeRate(10e9, 80e9))
+    figures = base.with_experts({"experts": report, "rounds": 3, "unsettled": {}})
+    assert figures.experts["Q4_K"].prefill == pytest.approx(30e9)
+    assert figures.experts["Q4_K"].setup == pytest.approx(setup)
+    assert figures.types == base.types and figures.kept
+    # cached figures from before experts were measured load, with none
+    older = base.to_dict()
+    del older["experts"]
+    assert Calibration.from_dict(older).experts == {}
+    again = Calibration.from_dict(json.loads(json.dumps(figures.to_dict())))
+    assert again == figures
 
 
 def test_a_prediction_adds_up_the_bytes_and_the_fixed_costs(smollm2_gguf: Path) -> None:
@@ -346,7 +453,12 @@ def test_cached_figures_are_found_again_and_completed_per_type(
     base = make_calibration(**{t: TypeRate(1e9, 1e9) for t in speedprobe.BASE_TYPES})
 
     def child(
-        threads: int, repack: bool, types: list[str], timeout: float, cancelled: object = None
+        threads: int,
+        repack: bool,
+        types: list[str],
+        timeout: float,
+        cancelled: object = None,
+        experts: object = (),
     ) -> dict[str, object]:
         asked.append(list(types))
         return {"types": types}
@@ -368,6 +480,24 @@ def test_cached_figures_are_found_again_and_completed_per_type(
     assert asked[-1] == ["IQ2_XXS"] and "IQ2_XXS" in more.types and "Q4_K" in more.types
     speedprobe.calibrate(settings, threads=1, fresh=True)
     assert len(asked[-1]) == len(speedprobe.BASE_TYPES) + 1
+
+
+def test_a_mixture_of_experts_model_adds_its_experts_figures_to_the_kept_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe child times llama.cpp's expert kernel alone (real models, real llama.cpp)
+    and the figures kept before stay as they were."""
+    settings = Settings.from_env({"LOCALLLM_HOME": str(tmp_path), "LOCALLLM_CPU_REPACK": "on"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    kept = seed_calibration(tmp_path / "cache", 1)
+    # (a shared machine may keep its figures from agreeing: they are what is checked here)
+    figures = speedprobe.calibrate(settings, threads=1, experts=["Q8_0"], keep_unsettled=True)
+    assert set(figures.experts) == {"Q8_0"}
+    assert figures.experts["Q8_0"].prefill > 0 and figures.experts["Q8_0"].setup >= 0
+    assert figures.types == kept.types and figures.decode_fixed == kept.decode_fixed
+    assert speedprobe.cached_calibration(settings, 1) == figures
+    # measured once: a second pricing asks for nothing more
+    assert speedprobe.calibrate(settings, threads=1, experts=["Q8_0"]) == figures
 
 
 def test_the_speed_book_learns_from_requests_that_ran_alone(
