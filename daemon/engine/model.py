@@ -131,15 +131,17 @@ def load_model(
 
 def batch_size(config: RunnerConfig) -> int:
     """Tokens per decode for ``config``: every generating slot puts one token in each step's
-    batch, and llama.cpp wants a batch at least as large as the sequences (the slots and the
-    scratch one), so a smaller ``n_batch`` is raised, as llama.cpp's own tools clamp
-    out-of-range settings (health reports the value used)."""
+    batch, and llama.cpp wants a batch at least as large as the sequences (the slots, the
+    prefill-ahead ones and the scratch one), so a smaller ``n_batch`` is raised, as
+    llama.cpp's own tools clamp out-of-range settings (health reports the value used)."""
     n_batch = max(config.n_batch, config.n_slots + config.n_ahead + 1)
     if n_batch != config.n_batch:
+        ahead = f" and {config.n_ahead} prefill-ahead sequences" if config.n_ahead else ""
         log.warning(
-            "num_batch %d is below the %d parallel slots plus one; using %d",
+            "num_batch %d is below the %d parallel slots%s plus one; using %d",
             config.n_batch,
             config.n_slots,
+            ahead,
             n_batch,
         )
     return n_batch
