@@ -43,8 +43,8 @@ import time
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, start_daemon, stop
-from serve import DAEMON_MODEL, Server, start_daemon_server, start_peer_server
+from _daemon import stop
+from serve import Server, start_daemon_server, start_peer_server
 
 from localllm.bench import BenchResult, Point, Sample, Workload, summarize
 from localllm.bench.conversation import Conversation, Histories, run_turn
@@ -167,15 +167,8 @@ def main() -> int:
             if peer is not None:
                 servers.append(peer)
             if args.base:
-                env, url = daemon_env(
-                    os.path.join(home, "base"),
-                    num_parallel=args.slots,
-                    num_threads=args.threads,
-                    context_length=args.ctx,
-                )
-                process = start_daemon(env, args.base)
                 # Named "daemon" while it gets ready: the daemon's setup (the benchmark model).
-                servers.append(Server("daemon", process, url, DAEMON_MODEL, args.endpoint))
+                servers.append(start_daemon_server(args, os.path.join(home, "base"), args.base))
             for server in servers:
                 server.ready(args.slots)
             if args.base:

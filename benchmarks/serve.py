@@ -262,8 +262,11 @@ def _engine_shares(engine: dict[str, float]) -> str:
     return f"{shares}, {1000 * rest:.2f} ms per step outside decode"
 
 
-def start_daemon_server(args: argparse.Namespace, home: str, **settings: Any) -> Server:
-    """The localllm daemon on a temporary home (``settings``: more of its settings)."""
+def start_daemon_server(
+    args: argparse.Namespace, home: str, python: str | None = None, **settings: Any
+) -> Server:
+    """The localllm daemon on a temporary home (``settings``: more of its settings; ``python``:
+    another interpreter, one whose localllm is another checkout)."""
     env, url = daemon_env(
         home,
         num_parallel=args.slots,
@@ -271,7 +274,7 @@ def start_daemon_server(args: argparse.Namespace, home: str, **settings: Any) ->
         context_length=args.ctx,
         **settings,
     )
-    return Server("daemon", start_daemon(env), url, DAEMON_MODEL, args.endpoint)
+    return Server("daemon", start_daemon(env, python), url, DAEMON_MODEL, args.endpoint)
 
 
 def start_peer_server(args: argparse.Namespace, model: Path) -> Server | None:
