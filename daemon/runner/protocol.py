@@ -892,6 +892,15 @@ def encode(message: Request | Event) -> bytes:
             return _TOKEN_LINE % (orjson.dumps(message.id), orjson.dumps(message.text))  # type: ignore[union-attr]
         except orjson.JSONEncodeError:
             pass  # a lone surrogate: the general path escapes it
+    if message.__class__ is PromptReadyEvent:
+        # The acceptance, written while the engine thread waits for the GIL to admit the
+        # request: orjson writes a dataclass itself (the same line; 28 against 73 us after an
+        # idle gap). Its numbers are counts and measured times, never NaN or infinite (which
+        # orjson would write as null).
+        try:
+            return _READY_LINE + orjson.dumps(message)[1:] + b"\n"
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate in the prompt's tail: the general path escapes it
     tag = "op" if hasattr(message, "op") else "event"
     body = {tag: getattr(message, tag), **_shallow(message)}
     # A lone surrogate in client text must not make the line unencodable: JSON escapes it.
@@ -899,6 +908,7 @@ def encode(message: Request | Event) -> bytes:
 
 
 _TOKEN_LINE = b'{"event":"token","id":%b,"text":%b,"logprobs":null}\n'
+_READY_LINE = b'{"event":"prompt_ready",'
 
 
 def _loads(line: bytes | str) -> Any:

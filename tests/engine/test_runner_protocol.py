@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -30,6 +31,17 @@ MESSAGES = [
     protocol.TokenizeOp(id="t1", text="<|im_start|>", add_special=True, parse_special=True),
     protocol.DetokenizeOp(id="d1", tokens=[1, 2, 3]),
     protocol.PromptReadyEvent(id="g1", prompt_tokens=12),
+    protocol.PromptReadyEvent(
+        id="g1",
+        prompt_tokens=12,
+        prompt_tail='<|im_start|>assistant\n"é" \ud800',  # a lone surrogate: escaped
+        dropped_messages=2,
+        dropped_tokens=30,
+        template_ms=0.125,
+        tokenize_ms=1e-05,
+        read_at=123_456_789_012,
+        ready_at=123_456_789_999,
+    ),
     protocol.TokenEvent(id="g1", text="héllo"),
     protocol.DoneEvent(
         id="g1",
@@ -70,6 +82,16 @@ def test_every_message_round_trips_with_its_id_at_the_top(message: object) -> No
     data = json.loads(line)
     assert "id" in data and data["id"] == message.id  # type: ignore[attr-defined]
     assert protocol.decode(line) == message
+
+
+def test_the_acceptance_is_the_line_of_its_fields() -> None:
+    # written by orjson (the line every generation's acceptance is), read as any other
+    ready = protocol.PromptReadyEvent(
+        id="g1", prompt_tokens=3, prompt_tail="tail\n", template_ms=0.5, ready_at=7
+    )
+    line = protocol.encode(ready)
+    assert json.loads(line) == {"event": "prompt_ready", **dataclasses.asdict(ready)}
+    assert line.startswith(b'{"event":"prompt_ready","id":"g1",')
 
 
 def test_nested_dataclasses_are_rebuilt() -> None:
