@@ -281,6 +281,7 @@ class Generation:
                             items.put_nowait(item)
                     else:
                         result = item
+                        clock.runner_wait_ms = result.timings.queued_ms
                         _add_daemon_wait(result, self.waited, self.lease.load_seconds)
                         self.lease.record(item)
             if result is None:  # the runner closed the stream without a result
