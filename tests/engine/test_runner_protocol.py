@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -92,6 +93,61 @@ def test_the_acceptance_is_the_line_of_its_fields() -> None:
     line = protocol.encode(ready)
     assert json.loads(line) == {"event": "prompt_ready", **dataclasses.asdict(ready)}
     assert line.startswith(b'{"event":"prompt_ready","id":"g1",')
+
+
+def _generation(**fields: object) -> protocol.GenerateOp:
+    request = protocol.GenerationRequest(id="g1", messages=[{"role": "user", "content": "hi"}])
+    options = {k: v for k, v in fields.items() if k in _OPTIONS}
+    request.options = protocol.SamplingOptions(**options)  # type: ignore[arg-type]
+    for name, value in fields.items():
+        if name not in _OPTIONS:
+            setattr(request, name, value)
+    return protocol.GenerateOp(id="g1", request=request)
+
+
+_OPTIONS = {f.name for f in dataclasses.fields(protocol.SamplingOptions)}
+INF, NAN = float("inf"), float("nan")
+
+
+def test_a_plain_generation_is_the_line_of_its_fields() -> None:
+    op = _generation(temperature=0.0, stop=["<|im_end|>"], adapters=[protocol.AdapterUse("d")])
+    line = protocol.encode(op)
+    assert line.startswith(b'{"op":"generate","id":"g1","request":{"id":"g1",')
+    assert json.loads(line) == {"op": "generate", **dataclasses.asdict(op)}
+    assert protocol.decode(line) == op
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"temperature": INF},
+        {"mirostat_tau": NAN},
+        {"logit_bias": {"5": -INF}},
+        {"adapters": [protocol.AdapterUse("d", INF)]},
+        {"json_schema": {"type": "number", "maximum": INF}},
+        {"tools": [{"type": "function", "function": {"name": "f", "x": NAN}}]},
+        {"template_kwargs": {"budget": INF}},
+        {"messages": [{"role": "assistant", "tool_calls": [{"arguments": {"x": -INF}}]}]},
+    ],
+    ids=lambda fields: next(iter(fields)),
+)
+def test_numbers_that_are_not_finite_cross_the_wire_as_they_are(fields: dict[str, object]) -> None:
+    line = protocol.encode(_generation(**fields))
+    # the line keeps it (the standard library writes and reads NaN and Infinity; orjson would
+    # have written null), and the runner reads the request back with it
+    assert _not_finite(json.loads(line)) == 1
+    assert _not_finite(dataclasses.asdict(protocol.decode(line))) == 1
+
+
+def _not_finite(value: object) -> int:
+    """How many floats in ``value`` (nested dicts and lists) are NaN or infinite."""
+    if isinstance(value, float):
+        return 0 if math.isfinite(value) else 1
+    if isinstance(value, dict):
+        return sum(_not_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_not_finite(v) for v in value)
+    return 0
 
 
 def test_nested_dataclasses_are_rebuilt() -> None:
