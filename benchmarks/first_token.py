@@ -11,7 +11,9 @@ server then the other, the order alternating, ``--pairs`` times after a warm-up.
   and the final chunk's split of the engine's share (``usage.timings.first_token_ms``);
 * llama-server's own ``timings`` of the same requests (``prompt_ms``, ``prompt_n``,
   ``cache_n``): its prefill, comparable with the daemon's ``prefill``;
-* each server's decode step after the first token (median ms per step, its own timings).
+* each server's decode step after the first token (median ms per step, its own timings);
+* the client's TTFT less each server's prefill (what the server adds around the engine's step,
+  which a loaded machine moves far less than the step itself), and its per-pair difference.
 
 ``--base PYTHON`` adds a second daemon started by another interpreter, one whose
 ``localllm`` is the code before a change (a venv with another checkout installed): each
@@ -205,12 +207,36 @@ def main() -> int:
     for one, other in (("daemon", "llama-server"), ("base", "llama-server"), ("daemon", "base")):
         if one in rows and other in rows:
             _ratios(one, other, rows[one], rows[other])
+    # The prefill step moves by milliseconds with the machine's load; what each server adds
+    # around it (HTTP, parsing, the hand-over, the way back) is what a change to the daemon's
+    # own path moves.
+    beside = {name: [_beside_prefill(a) for a in answers] for name, answers in rows.items()}
+    print(
+        "client TTFT less the prefill (median ms): "
+        + ", ".join(f"{name} {statistics.median(values):.2f}" for name, values in beside.items())
+    )
+    for one, other in (("daemon", "llama-server"), ("daemon", "base")):
+        if one in beside and other in beside:
+            gaps = [a - b for a, b in zip(beside[one], beside[other], strict=True)]
+            print(
+                f"  {one} - {other} per pair: median {statistics.median(gaps):+.2f} ms, "
+                f"mean {statistics.mean(gaps):+.2f}"
+            )
     if "base" in rows:
         # greedy: a change that only moves time leaves every answer as it was
         pairs = zip(rows["daemon"], rows["base"], strict=True)
         same = sum(a["text"] == b["text"] for a, b in pairs)
         print(f"daemon's answers equal to base's: {same} of {len(rows['base'])}")
     return 0
+
+
+def _beside_prefill(answer: dict[str, Any]) -> float:
+    """The client's TTFT less the server's own prefill of the prompt (the daemon's ``prefill``
+    phase, llama-server's ``prompt_ms``)."""
+    last = answer["last"]
+    phases = last.get("usage", {}).get("timings", {}).get("first_token_ms")
+    prefill = phases["prefill"] if phases else last.get("timings", {}).get("prompt_ms", 0.0)
+    return float(answer["ttft"] - prefill)
 
 
 def _ratios(one: str, other: str, mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,6 +40,7 @@ from .api import (
     responses,
 )
 from .api.errorshapes import openai_error
+from .api.hotroutes import HotRoutes
 from .errors import ClientGone, HTTPProblem, problem_from, validation_problem
 from .firsttoken import ARRIVAL
 from .runner.client import RunnerError
@@ -191,9 +193,49 @@ def _model_routes(app: FastAPI) -> None:
         return JSONResponse(await openai.get_model(model_id, state))
 
 
+def _post_route(router: Any, path: str) -> APIRoute:
+    """The POST route of ``router`` at ``path`` (the router's own path, before a prefix)."""
+    for route in router.routes:
+        if isinstance(route, APIRoute) and route.path == path and "POST" in route.methods:
+            return route
+    raise LookupError(f"no POST {path}")
+
+
+def _hot_routes() -> dict[str, APIRoute]:
+    """The generation routes whose valid requests skip FastAPI's per-request machinery
+    (:mod:`.api.hotroutes`), by the path a client asks for; each path is served by this
+    route alone (no other router matches it)."""
+    chat = _post_route(openai.router, "/chat/completions")
+    completions = _post_route(openai.router, "/completions")
+    return {
+        "/v1/chat/completions": chat,
+        "/chat/completions": chat,
+        "/v1/completions": completions,
+        "/completions": completions,
+        "/api/chat": _post_route(ollama.router, "/api/chat"),
+        "/api/generate": _post_route(ollama.router, "/api/generate"),
+    }
+
+
+class _App(FastAPI):
+    """FastAPI with :class:`~.api.hotroutes.HotRoutes` in front of its router, inside the
+    middlewares and the exception handlers (where FastAPI puts the router)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """FastAPI's stack, built around the hot routes instead of the bare router."""
+        router = self.router
+        # FastAPI builds its stack around ``self.router``; the stand-in is there only while
+        # it builds (everything else, the routes and the OpenAPI schema, reads the router).
+        self.router = HotRoutes(router, _hot_routes())  # type: ignore[assignment]
+        try:
+            return super().build_middleware_stack()
+        finally:
+            self.router = router
+
+
 def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
     """The daemon's ASGI app for ``settings`` (runners start on first use, not here)."""
-    app = FastAPI(
+    app = _App(
         title="localllm",
         version=__version__,
         description="Ollama- and OpenAI-compatible API of the localllm daemon.",

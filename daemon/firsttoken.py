@@ -79,6 +79,7 @@ class FirstToken:
         "received",
         "runner_read",
         "runner_ready",
+        "runner_wait_ms",
         "sent",
         "template_ms",
         "tokenize_ms",
@@ -108,6 +109,9 @@ class FirstToken:
         """When the runner read the prompt (its stamp, on the same clock; 0: not known)."""
         self.runner_ready = 0
         """When the runner accepted it (its stamp; 0: not known)."""
+        self.runner_wait_ms = -1.0
+        """The engine's wait for a slot as the runner measured it (its final timings'
+        ``queued_ms`` before the daemon adds its own wait to it; negative: not known)."""
         self.first_chunk = 0
         """When the first generated text arrived from the runner."""
         self.out_at = 0
@@ -145,8 +149,11 @@ class FirstToken:
         out["tokenize"] = self.tokenize_ms
         engine = self._ms(accepted, self.first_chunk)
         if timings is not None and timings.ttft_ms:
+            # The final timings' queued_ms counts the daemon's wait too (the API's queued
+            # time); the engine's share is the runner's own, kept before it was added.
+            wait = self.runner_wait_ms if self.runner_wait_ms >= 0 else timings.queued_ms
             split = {
-                "wait": timings.queued_ms,
+                "wait": wait,
                 "prefill": timings.prompt_ms,
                 "sample": timings.sample_ms,
                 "detokenize": timings.detokenize_ms,

@@ -88,22 +88,45 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable``, cancelling it if the client disconnects first (→ ClientGone)."""
-    work = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    """Await ``awaitable``, cancelling it if the client disconnects first (→ ClientGone).
+
+    It runs in the calling task, which a watcher of the connection cancels when the client
+    goes: a task of its own for it started a loop turn later and waited in ``asyncio.wait``
+    (75 against 2 us to its first line after an idle gap), on every generation's way to the
+    runner."""
+    task = asyncio.current_task()
+    assert task is not None, "until_disconnect runs in a task"
+    watcher: asyncio.Task[None] | None = None
+    gone = over = False
+
+    def disconnected(done: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not over and not done.cancelled() and done.exception() is None:
+            gone = True
+            task.cancel()
+
+    def watch() -> None:
+        # Started once the work waits (a disconnect before then is still read), so the
+        # work's first steps (a generation's hand-over to the runner) go first.
+        nonlocal watcher
+        if not over:
+            watcher = asyncio.ensure_future(_wait_disconnect(request))
+            watcher.add_done_callback(disconnected)
+
+    asyncio.get_running_loop().call_soon(watch)
     try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await awaitable
+    except asyncio.CancelledError:
+        # Cancelled by the watcher (and by no one else): the client is gone.
+        if gone and task.uncancel() == 0:
+            raise ClientGone() from None
+        raise
     finally:
-        if not work.done():
-            work.cancel()
+        over = True
+        if watcher is not None:
+            watcher.cancel()
             with contextlib.suppress(BaseException):
-                await work
-        watcher.cancel()
-        with contextlib.suppress(BaseException):
-            await watcher
-    if work.cancelled():
-        raise ClientGone()
-    return work.result()
+                await watcher
 
 
 @dataclass
@@ -258,6 +281,7 @@ class Generation:
                             items.put_nowait(item)
                     else:
                         result = item
+                        clock.runner_wait_ms = result.timings.queued_ms
                         _add_daemon_wait(result, self.waited, self.lease.load_seconds)
                         self.lease.record(item)
             if result is None:  # the runner closed the stream without a result

@@ -33,6 +33,7 @@ from localllm.starter import ensure_starter
 from localllm.store.check import check_store
 
 from .app import ACCESS_LOG, create_app
+from .httphead import protocol_class
 from .preload import preload
 from .security import check_bind_allowed
 from .state import DaemonState
@@ -179,8 +180,9 @@ class _Server(uvicorn.Server):
 def _config(app: object, settings: Settings) -> uvicorn.Config:
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
-        # httptools (a dependency) where it imports, else h11: the same server either way.
-        http="auto",
+        # httptools (a dependency) where it imports, else h11: the same server either way;
+        # a response's head leaves with its first body bytes (see .httphead).
+        http=protocol_class(),
         lifespan="off",
         log_config=None,
         access_log=False,  # written by the app once each answer is over (app._CountRequests)

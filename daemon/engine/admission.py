@@ -165,6 +165,11 @@ class AdmissionOrder:
         ``free`` slots goes to (see :func:`choose_next`); ``ready``: the ids of requests
         whose prompt is evaluated already."""
         counts = self._counts
+        if len(waiting) == 1:
+            # The usual case, on the first token's way: nothing to order (choose_next answers
+            # 0), so no views of the slots are built (30 us after an idle gap).
+            counts.clear()  # what is left of requests cancelled while waiting
+            return waiting.pop()
         for place, job in enumerate(waiting):
             counts.setdefault(job.id, [0, place + 1])
         views = [

@@ -408,9 +408,10 @@ class Engine:
             # When the requests waiting now take every free slot, no gap in the busy ids can
             # last, so where each goes is decided by its cached prefix alone.
             fills = len(self.waiting) + 1 >= len(free)
+            # (none busy: the runs of busy ids are the same for every slot, none to count)
             busy = (
                 None if self.model.unified_kv or fills else [s.seq_id for s in self.slots if s.busy]
-            )
+            ) or None
             wanted = [waiting.prompt for waiting in self.waiting]
             slot, reuse = choose_slot(free, job.prompt, busy, wanted, job.adapters.key)
             if job.score is not None:

@@ -31,6 +31,7 @@ from ..devices.faults import EXIT_DEVICE_FAULT, gpu_cause
 from ..devices.gpuinfo import HIDDEN_GPUS
 from ..devices.workers import probe_all
 from . import protocol
+from .lines import LineProtocol, LineSplitter, open_lines
 
 if TYPE_CHECKING:
     from .spare import SparePool
@@ -261,6 +262,8 @@ class RunnerClient:
         self._write_lock = asyncio.Lock()
         self._closed_reason: str | None = None
         self._closing = False
+        self._lines = LineSplitter(self._route, _LINE_LIMIT)
+        self._protocol: LineProtocol | None = None
         self._reader_task = asyncio.create_task(self._read_loop())
 
     @classmethod
@@ -269,8 +272,11 @@ class RunnerClient:
     ) -> RunnerClient:
         """Connect to a runner's socket; ``explain_loss`` (see :attr:`explain_loss`) turns a
         lost connection into how the runner ended."""
-        reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=_LINE_LIMIT)
-        return cls(reader, writer, explain_loss)
+        reader, writer, protocol = await open_lines(socket_path, _LINE_LIMIT)
+        client = cls(reader, writer, explain_loss)
+        # Lines are routed as their bytes arrive (see .lines), not a loop turn later.
+        protocol.sink, client._protocol = client._lines.feed, protocol
+        return client
 
     @property
     def alive(self) -> bool:
@@ -283,29 +289,15 @@ class RunnerClient:
     async def _read_loop(self) -> None:
         reason = "the runner closed its connection"
         try:
-            # Whatever has arrived is read at once and split into lines here: the runner
-            # writes a step's events (one per stream) together, and a readline() per event
-            # would cost a coroutine round trip each.
-            partial: list[bytes] = []
-            partial_size = 0
+            # Whatever has arrived is read at once and split into lines: the runner writes a
+            # step's events (one per stream) together, and a readline() per event would cost
+            # a coroutine round trip each. Connected by connect(), the bytes go to the
+            # splitter as they arrive and the reader sees only the end (or an error).
             while data := await self._reader.read(_READ_SIZE):
-                end = data.rfind(b"\n")
-                if end < 0:
-                    partial.append(data)
-                    partial_size += len(data)
-                    if partial_size > _LINE_LIMIT:
-                        raise ValueError(f"a message longer than {_LINE_LIMIT} bytes")
-                    continue
-                if partial:
-                    data = b"".join([*partial, data])
-                    end += partial_size
-                    partial, partial_size = [], 0
-                if end + 1 < len(data):
-                    partial, partial_size = [data[end + 1 :]], len(data) - end - 1
-                for line in data[:end].split(b"\n"):
-                    self._route(line)
-            if partial:
-                self._route(b"".join(partial))
+                self._lines.feed(data)
+            if self._protocol is not None and self._protocol.error is not None:
+                raise self._protocol.error
+            self._lines.end()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             reason = f"lost the connection to the runner ({exc})"
         except asyncio.CancelledError:

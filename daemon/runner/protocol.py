@@ -14,6 +14,7 @@ rest of the message is malformed.
 from __future__ import annotations
 
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -892,6 +893,23 @@ def encode(message: Request | Event) -> bytes:
             return _TOKEN_LINE % (orjson.dumps(message.id), orjson.dumps(message.text))  # type: ignore[union-attr]
         except orjson.JSONEncodeError:
             pass  # a lone surrogate: the general path escapes it
+    if message.__class__ is GenerateOp and _plain(message.request):  # type: ignore[union-attr]
+        # Every generation's way to the runner: orjson writes the dataclasses itself (38
+        # against 105 us after an idle gap), for a request with no number it would write
+        # otherwise (see _plain).
+        try:
+            return _GENERATE_LINE + orjson.dumps(message)[1:] + b"\n"
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate, an integer over 64 bits: the general path
+    if message.__class__ is PromptReadyEvent:
+        # The acceptance, written while the engine thread waits for the GIL to admit the
+        # request: orjson writes a dataclass itself (the same line; 28 against 73 us after an
+        # idle gap). Its numbers are counts and measured times, never NaN or infinite (which
+        # orjson would write as null).
+        try:
+            return _READY_LINE + orjson.dumps(message)[1:] + b"\n"
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate in the prompt's tail: the general path escapes it
     tag = "op" if hasattr(message, "op") else "event"
     body = {tag: getattr(message, tag), **_shallow(message)}
     # A lone surrogate in client text must not make the line unencodable: JSON escapes it.
@@ -899,6 +917,31 @@ def encode(message: Request | Event) -> bytes:
 
 
 _TOKEN_LINE = b'{"event":"token","id":%b,"text":%b,"logprobs":null}\n'
+_GENERATE_LINE = b'{"op":"generate",'
+# The sampling options held as floats: orjson writes a NaN or an infinity as null, where the
+# general path writes them for the runner to read back.
+_FLOAT_OPTIONS = tuple(f.name for f in fields(SamplingOptions) if f.type in ("float", float))
+
+
+def _plain(request: GenerationRequest) -> bool:
+    """Whether ``request`` holds only finite numbers where it holds floats, and none of the
+    free-form JSON (tools, template variables, a schema, a message's structured parts) a
+    client may have put a NaN or an infinity in."""
+    options = request.options
+    if request.tools or request.template_kwargs or options.json_schema is not None:
+        return False
+    for message in request.messages or ():
+        for value in message.values():
+            if value is not None and value.__class__ is not str:
+                return False
+    return (
+        all(math.isfinite(getattr(options, name)) for name in _FLOAT_OPTIONS)
+        and all(math.isfinite(bias) for bias in options.logit_bias.values())
+        and all(math.isfinite(adapter.scale) for adapter in request.adapters)
+    )
+
+
+_READY_LINE = b'{"event":"prompt_ready",'
 
 
 def _loads(line: bytes | str) -> Any:

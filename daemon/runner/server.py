@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -495,6 +496,16 @@ def _light(request: GenerationRequest) -> bool:
     return size <= _LIGHT_CHARS
 
 
+def _run_to_end(coroutine: Coroutine[Any, Any, None]) -> None:
+    """Run ``coroutine``, one that never waits, to its end here."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return
+    coroutine.close()
+    raise RuntimeError("a request dispatched without waiting waited")
+
+
 class RunnerServer:
     """Serves one engine on a Unix socket."""
 
@@ -606,9 +617,16 @@ class RunnerServer:
                     continue
                 if isinstance(message, GenerateOp | EmbedOp):
                     connection.active.add(message.id)
-                task = asyncio.create_task(self._dispatch(connection, message, read_at))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                quick = isinstance(message, GenerateOp) and self._quick(message.request)
+                dispatch = self._dispatch(connection, message, read_at, quick)
+                if quick:
+                    # Prepared here and now: a task started a loop turn later (50-70 us after
+                    # an idle gap) for a prompt that never waits.
+                    _run_to_end(dispatch)
+                else:
+                    task = asyncio.create_task(dispatch)
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
@@ -619,13 +637,16 @@ class RunnerServer:
                 self._cancel(connection, job_id)
             self._connections.discard(connection)
 
-    async def _dispatch(self, connection: Connection, message: Request, read_at: int = 0) -> None:
+    async def _dispatch(
+        self, connection: Connection, message: Request, read_at: int = 0, quick: bool = False
+    ) -> None:
         """Run one request; whatever happens, a request that fails gets its error event.
-        ``read_at``: when its line was read (``perf_counter_ns``)."""
+        ``read_at``: when its line was read (``perf_counter_ns``); ``quick``: a generation
+        whose prompt is prepared without waiting (see :meth:`_quick`)."""
         try:
             match message:
                 case GenerateOp():
-                    await self._generate(connection, message, read_at)
+                    await self._generate(connection, message, read_at, quick)
                 case EmbedOp():
                     await self._embed(connection, message)
                 case CancelOp():
@@ -720,7 +741,19 @@ class RunnerServer:
         else:
             self.engine.cancel(request_id)
 
-    async def _generate(self, connection: Connection, op: GenerateOp, read_at: int = 0) -> None:
+    def _quick(self, request: GenerationRequest) -> bool:
+        """Whether ``request``'s prompt is prepared on the loop, without waiting: a short text
+        prompt whose template rendered quickly before (well under a millisecond: a thread
+        would cost more, its start and two hand-overs)."""
+        return _light(request) and self._renders.quick(
+            request.template or self.default_template or ""
+        )
+
+    async def _generate(
+        self, connection: Connection, op: GenerateOp, read_at: int = 0, quick: bool = False
+    ) -> None:
+        """Prepare a generation's prompt and hand it to the engine; with ``quick`` (see
+        :meth:`_quick`) on the loop, never waiting."""
         request = op.request
         request.id = op.id
         adapters = self._adapter_set(request.adapters)
@@ -734,7 +767,7 @@ class RunnerServer:
 
         template = request.template or self.default_template or ""
         try:
-            if _light(request) and self._renders.quick(template):
+            if quick:
                 # A short text prompt whose template rendered quickly before takes well under a
                 # millisecond here: a thread would cost more (its start, two hand-overs).
                 prompt, grammar = work()

@@ -179,6 +179,12 @@ def test_breakdown_from_stamps() -> None:
     full = clock.durations(timings)
     assert [full[p] for p in ENGINE_PHASES] == [1.0, 15.0, 1.5, 0.5, 2.0]
     assert full["ttft"] == pytest.approx(35.0)
+    # the final timings' queued_ms counts the daemon's wait too: the engine waited what the
+    # runner measured, and the rest of the engine's share is the way back
+    clock.runner_wait_ms = 0.25
+    split = clock.durations(timings)
+    assert [split[p] for p in ENGINE_PHASES] == [0.25, 15.0, 1.5, 0.5, 2.75]
+    assert split["ttft"] == pytest.approx(35.0)
     assert server_timing({"parse": 0.4, "ttft": 1.25}) == "parse;dur=0.400, ttft;dur=1.250"
 
 
