@@ -232,7 +232,17 @@ def test_invalid_field_is_named(http: httpx.Client) -> None:
 
 # -- schemathesis ------------------------------------------------------------------------------
 
-_schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi()).exclude(
+
+@pytest.fixture(scope="module")
+def openapi_schema() -> Any:
+    """The daemon's OpenAPI document as schemathesis reads it. A fixture, not a module global:
+    schemathesis then builds its cases (the coverage phase's boundary values, ~2.5 s of CPU)
+    in the worker that runs the test, not in every worker's collection."""
+    return schemathesis.openapi.from_dict(create_app(Settings()).openapi())
+
+
+# A lazy schema applies its own filters (the fixture's schema is filtered again with these).
+_schema = schemathesis.pytest.from_fixture("openapi_schema").exclude(
     # endless streams and the network (pulls, the Hub's search and files) are not for a
     # fuzzer here: test_fault_fuzz.py fuzzes them against loopback fakes
     path_regex=r"^/api/(stats|pull|search|hub/show)$"
