@@ -3,11 +3,13 @@
 Some failures cannot be caused on purpose here (a GPU that loses its device, a daemon killed
 between two steps of a store write), so the tests stand them in through two seams: a store
 write's checkpoints (:meth:`localllm.store.store.Store.checkpoint`) and the engine's decode
-(:mod:`localllm.daemon.devices.faults`). What fills a seam is not part of localllm: it is the
-module :data:`MODULE` in the test tree (``tests/support/hooks/``), which a test fixture puts on the
-``PYTHONPATH`` of the daemon it starts (its runners inherit it). No installed package has that
-name, so outside the test fixtures every hook here is None and the ``LOCALLLM_TEST_*``
-variables of a user's environment do nothing (``localllm doctor`` names them, and says so).
+(:mod:`localllm.daemon.devices.faults`). A third seam shortens the speed probe's rounds for
+tests of what it reports (:mod:`localllm.daemon.speed.measure`). What fills a seam is not part
+of localllm: it is the module :data:`MODULE` in the test tree (``tests/support/hooks/``), which
+a test fixture puts on the ``PYTHONPATH`` of the daemon it starts (its runners inherit it). No
+installed package has that name, so outside the test fixtures every hook here is None and the
+``LOCALLLM_TEST_*`` variables of a user's environment do nothing (``localllm doctor`` names
+them, and says so).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Protocol
 
-__all__ = ["MODULE", "DecodeFault", "decode_fault", "location", "store_pause"]
+__all__ = ["MODULE", "DecodeFault", "decode_fault", "location", "probe_budget", "store_pause"]
 
 MODULE = "localllm_test_hooks"
 """The hooks module's name; only the test fixtures' ``PYTHONPATH`` has it."""
@@ -58,3 +60,10 @@ def decode_fault() -> DecodeFault | None:
     """The GPU fault a test asked this runner to stand in for, else None."""
     hooks = _hooks()
     return None if hooks is None else hooks.decode_fault()
+
+
+def probe_budget() -> float | None:
+    """How long the speed probe's rounds may go on (seconds, past their minimum) when a test
+    asked for less than the probe's own budget, else None."""
+    hooks = _hooks()
+    return None if hooks is None else hooks.probe_budget()

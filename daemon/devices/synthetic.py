@@ -55,7 +55,9 @@ def write_llama(
     import numpy as np
 
     rng = np.random.default_rng(0)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    from localllm.convert.writer import GGUFWriter  # gguf's, its vocabulary packed in bulk
+
+    writer = GGUFWriter(str(path), "llama")
     if name:
         writer.add_name(name)
     writer.add_context_length(context)

@@ -13,6 +13,7 @@ import pytest
 from hf_checkpoint import CHATML, write_checkpoint, write_shards
 
 from localllm.convert import convert_folder
+from localllm.gguf_info import inspect_gguf
 from localllm.starter import starter_gguf_path
 
 
@@ -89,8 +90,8 @@ def test_real_vocabulary_is_identified_by_llama_cpp_hash(tmp_path: Path) -> None
     write_shards(folder, weights)
 
     result = convert_folder(folder, tmp_path / "smollm.gguf")
-    r = gguf.GGUFReader(str(result.path))
-    assert _field(r, "tokenizer.ggml.pre") == "smollm"
+    # The header reader: gguf's GGUFReader takes ~2 s to build views of a 49k vocabulary.
+    assert inspect_gguf(result.path).metadata["tokenizer.ggml.pre"] == "smollm"
     assert not [n for n in result.notes if "pre-tokenizer" in n]
 
     text = "Converting 12345 models in 2026: def f(x): return x**2  # Ünïcödé 🦙\n\n  done"

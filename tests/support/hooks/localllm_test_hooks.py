@@ -9,7 +9,11 @@ which no installed package has. Here, and only here, two variables are read:
   name) in the data root and waits until the test removes it, or SIGKILLs the daemon there;
 * ``LOCALLLM_TEST_FAULT=<kind>@<n>`` makes every GPU runner's n-th decode stand in for a GPU
   fault (``device-lost``: the backend aborts as on a lost Vulkan device; ``decode-failed``,
-  ``out-of-memory``: ``llama_decode``'s status -3 or -2), which no software device can produce.
+  ``out-of-memory``: ``llama_decode``'s status -3 or -2), which no software device can produce;
+* ``LOCALLLM_TEST_PROBE_BUDGET=<seconds>`` ends the speed probe's rounds after that long (past
+  its minimum of rounds) instead of its own budget: a test of what the probe reports, not of
+  how its figures settle, on a machine the suite's other workers keep busy, where the rounds
+  would otherwise go on to the budget a user's probe has.
 
 A value that is not one of these ends the daemon's start (or the runner's load) with a
 :class:`~localllm._exceptions.SettingsError` naming the variable.
@@ -33,6 +37,7 @@ __all__ = [
     "decode_fault",
     "parse_fault",
     "parse_pause",
+    "probe_budget",
     "store_pause",
 ]
 
@@ -141,3 +146,17 @@ def decode_fault() -> FaultHook | None:
         return FaultHook(spec)
     except ValueError as exc:
         raise SettingsError(f"LOCALLLM_TEST_FAULT must be <kind>@<n> (n from 1): {exc}") from None
+
+
+def probe_budget() -> float | None:
+    """The speed probe's budget for its rounds that ``LOCALLLM_TEST_PROBE_BUDGET`` asks for
+    (seconds); else None."""
+    if (raw := _variable("LOCALLLM_TEST_PROBE_BUDGET")) is None:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise SettingsError(f"LOCALLLM_TEST_PROBE_BUDGET must be seconds (0 or more), got {raw!r}")
+    return seconds
