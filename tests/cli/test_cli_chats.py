@@ -59,9 +59,15 @@ def test_list_export_and_search(cli: CliHome, tmp_path: Path) -> None:
     assert "pirate" in cli.ok("chats", "prompts")
 
 
-def test_run_with_a_saved_system_prompt(cli: CliHome) -> None:
+def test_run_with_a_saved_system_prompt(cli: CliHome, tmp_path: Path) -> None:
+    # The starter with a short answer: only the prompt's tokens are counted here, and a pirate
+    # left to talk took up to 1,000 tokens (10 s of CPU on the suite's shared cores).
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(f"FROM {MODEL}\nPARAMETER num_predict 4\n")
+    cli.ok("create", "brief-pirate", "-f", str(modelfile))
+
     def prompt_tokens(*flags: str) -> int:
-        result = cli.run("run", MODEL, "--verbose", *flags, "Hi")
+        result = cli.run("run", "brief-pirate", "--verbose", *flags, "Hi")
         assert result.returncode == 0, result.stderr
         evaluated = re.search(r"prompt eval count: +(\d+)", result.stderr)
         cached = re.search(r"prompt cached count: +(\d+)", result.stderr)
@@ -73,7 +79,7 @@ def test_run_with_a_saved_system_prompt(cli: CliHome) -> None:
     assert (
         prompt_tokens("--system-prompt", "long") > prompt_tokens("--system-prompt", "pirate") + 20
     )
-    error = cli.fails("run", MODEL, "--system-prompt", "sailor", "Hi")
+    error = cli.fails("run", "brief-pirate", "--system-prompt", "sailor", "Hi")
     assert "no saved system prompt called 'sailor'" in error and "pirate" in error
 
 
