@@ -31,7 +31,6 @@ from ..engine.vision import ImageEmbeddings, VisionError, VisionProjector, is_im
 from ..lora.adapterset import AdapterLoadError, AdapterSet
 from ..prompt.template import TemplateRenderError, compile_template, render_chat
 from .connection import Connection
-from .lines import LineProtocol, LineSplitter
 from .protocol import (
     IMAGE_MARKER,
     AdapterFile,
@@ -454,11 +453,6 @@ _LIGHT_CHARS = 8192
 # A template that rendered in under this (ms) every time so far renders on the loop.
 _QUICK_MS = 2.0
 
-# The longest line a client may send (an image's bytes in base64 ride on a generation's
-# line), and how much of the socket one read takes.
-_LINE_LIMIT = 64 << 20
-_READ_SIZE = 1 << 16
-
 
 class TemplateRenders:
     """How long each chat template takes to render, to prepare a light prompt on the loop
@@ -550,12 +544,8 @@ class RunnerServer:
             self.socket_path.unlink()
         old_umask = os.umask(0o077)
         try:
-            loop = asyncio.get_running_loop()
-            self._server = await loop.create_unix_server(
-                lambda: LineProtocol(
-                    asyncio.StreamReader(limit=_LINE_LIMIT, loop=loop), self._connected, loop=loop
-                ),
-                path=str(self.socket_path),
+            self._server = await asyncio.start_unix_server(
+                self._handle, path=str(self.socket_path), limit=64 << 20
             )
         finally:
             os.umask(old_umask)
@@ -609,71 +599,43 @@ class RunnerServer:
             "rank": model.rank_pooling,
         }
 
-    def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A client connected (called as the connection is made, before any of its bytes):
-        its lines are handled as their bytes arrive, in the event loop's callback, not a
-        loop turn later in a reading task (see .lines); the task only waits for the end."""
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = Connection(writer, asyncio.get_running_loop())
         self._connections.add(connection)
-        protocol = writer.transport.get_protocol()
-        assert isinstance(protocol, LineProtocol)
-        lines = LineSplitter(lambda line: self._on_line(connection, line), _LINE_LIMIT)
-        protocol.sink = lines.feed
-        # The task holds the reader too (the protocol only keeps a weak reference to it).
-        task = asyncio.create_task(self._handle(reader, connection, protocol, lines))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _handle(
-        self,
-        reader: asyncio.StreamReader,
-        connection: Connection,
-        protocol: LineProtocol,
-        lines: LineSplitter,
-    ) -> None:
-        """Wait for the connection's end (its bytes go to ``lines``), then forget it."""
         try:
-            while await reader.read(_READ_SIZE):
-                pass  # the sink takes the bytes: the reader sees only the end
-            if protocol.error is not None:
-                raise protocol.error  # a line over the limit, or a bug in _on_line
-            lines.end()  # a last line without its newline is still a request
+            while line := await reader.readline():
+                read_at = time.perf_counter_ns()
+                try:
+                    message = decode(line)
+                except ProtocolError as exc:
+                    connection.send(ErrorEvent(id=exc.id, message=str(exc), code="bad_request"))
+                    continue
+                if not isinstance(message, Request):
+                    connection.send(
+                        ErrorEvent(id=message.id, message="not a request", code="bad_request")
+                    )
+                    continue
+                if isinstance(message, GenerateOp | EmbedOp):
+                    connection.active.add(message.id)
+                quick = isinstance(message, GenerateOp) and self._quick(message.request)
+                dispatch = self._dispatch(connection, message, read_at, quick)
+                if quick:
+                    # Prepared here and now: a task started a loop turn later (50-70 us after
+                    # an idle gap) for a prompt that never waits.
+                    _run_to_end(dispatch)
+                else:
+                    task = asyncio.create_task(dispatch)
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
-        except Exception:
-            log.exception("a connection to the runner failed")
         finally:
             connection.close()
             # Whatever this client started is nobody's business any more.
             for job_id in list(connection.active):
                 self._cancel(connection, job_id)
             self._connections.discard(connection)
-
-    def _on_line(self, connection: Connection, line: bytes) -> None:
-        """Start the request on one line (a quick prompt is prepared here and now)."""
-        if connection.closed:
-            return
-        read_at = time.perf_counter_ns()
-        try:
-            message = decode(line)
-        except ProtocolError as exc:
-            connection.send(ErrorEvent(id=exc.id, message=str(exc), code="bad_request"))
-            return
-        if not isinstance(message, Request):
-            connection.send(ErrorEvent(id=message.id, message="not a request", code="bad_request"))
-            return
-        if isinstance(message, GenerateOp | EmbedOp):
-            connection.active.add(message.id)
-        quick = isinstance(message, GenerateOp) and self._quick(message.request)
-        dispatch = self._dispatch(connection, message, read_at, quick)
-        if quick:
-            # Prepared here and now: a task started a loop turn later (50-70 us after an
-            # idle gap) for a prompt that never waits.
-            _run_to_end(dispatch)
-        else:
-            task = asyncio.create_task(dispatch)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     async def _dispatch(
         self, connection: Connection, message: Request, read_at: int = 0, quick: bool = False
