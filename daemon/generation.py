@@ -34,10 +34,8 @@ from .runner.protocol import (
     EmbeddingResult,
     GenerationRequest,
     RunnerConfig,
-    TokenEvent,
 )
 from .runner.protocol import GenerationResult as Result
-from .runner.tap import TokenTap
 from .scheduler import Lease
 from .state import DaemonState
 
@@ -239,9 +237,6 @@ class Generation:
         """
         self._started_events = True
         items: asyncio.Queue[TokenChunk | Outcome | BaseException] = asyncio.Queue()
-        # Token events come to ``items`` as the runner's lines are routed, not through the
-        # pump, whose task would wake a loop turn later only to move them (see runner.tap).
-        self.stream.tap(self._tokens_to(items))
         self._pump_task = pump = asyncio.create_task(self._pump(items))
         _background.add(pump)
         pump.add_done_callback(_background.discard)
@@ -265,23 +260,6 @@ class Generation:
         if pump is not None and not pump.done() and not self._pump_stopped:
             self._pump_stopped = True
             pump.cancel()
-
-    def _tokens_to(self, items: asyncio.Queue[TokenChunk | Outcome | BaseException]) -> TokenTap:
-        """The stream's tap: what the pump does with a token, done as the runner's line is
-        routed. A client this far behind is left to the pump (the event refused), which ends
-        the request."""
-        clock = self.job.clock
-
-        def take(event: TokenEvent) -> bool:
-            if not clock.first_chunk:
-                clock.first_chunk = FirstToken.now()
-            if event.text or event.logprobs:
-                if items.qsize() >= _MAX_UNREAD_CHUNKS:
-                    return False
-                items.put_nowait(TokenChunk(text=event.text, logprobs=event.logprobs))
-            return True
-
-        return take
 
     async def _pump(self, items: asyncio.Queue[TokenChunk | Outcome | BaseException]) -> None:
         result: Result | None = None
@@ -316,7 +294,6 @@ class Generation:
             log.info("%s: request failed: %s", self.model_name, exc)
             items.put_nowait(exc)
         finally:
-            self.stream.tap(None)
             await self.stream.aclose()
 
     def _outcome(self, result: Result) -> Outcome:

@@ -32,7 +32,6 @@ from ..devices.gpuinfo import HIDDEN_GPUS
 from ..devices.workers import probe_all
 from . import protocol
 from .lines import LineProtocol, LineSplitter, open_lines
-from .tap import EventQueue, TokenTap
 
 if TYPE_CHECKING:
     from .spare import SparePool
@@ -147,7 +146,7 @@ class GenerationStream:
         self,
         client: RunnerClient,
         request_id: str,
-        queue: EventQueue[_Item],
+        queue: asyncio.Queue[_Item],
         on_cancelled: Callable[[protocol.GenerationResult], None] | None,
     ) -> None:
         self.request_id = request_id
@@ -174,11 +173,6 @@ class GenerationStream:
         self._early: protocol.DoneEvent | None = None
         self._over = False
         self._closing: asyncio.Future[None] | None = None
-
-    def tap(self, sink: TokenTap | None) -> None:
-        """Hand token events to ``sink`` as they are routed, not through iteration (see
-        :mod:`.tap`); None stops it. Iteration still yields what ``sink`` refused."""
-        self._queue.tap = sink
 
     async def _accepted(self) -> None:
         """Wait for the runner to accept or refuse the prompt (refusal raises)."""
@@ -263,7 +257,7 @@ class RunnerClient:
         self.explain_loss = explain_loss
         """Asked, once the connection drops, how the runner ended (its exit status and log's
         cause line, or the RPC worker that took it down): (message, exit status)."""
-        self._queues: dict[str, EventQueue[_Item]] = {}
+        self._queues: dict[str, asyncio.Queue[_Item]] = {}
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._closed_reason: str | None = None
@@ -356,8 +350,8 @@ class RunnerClient:
             except (ConnectionError, RuntimeError) as exc:
                 raise RunnerDiedError(f"lost the connection to the runner ({exc})") from exc
 
-    async def _call(self, message: protocol.Request) -> EventQueue[_Item]:
-        queue: EventQueue[_Item] = EventQueue()
+    async def _call(self, message: protocol.Request) -> asyncio.Queue[_Item]:
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
         if message.id in self._queues:
             raise RunnerError(f"request id {message.id!r} is already in flight", "bad_request")
         self._queues[message.id] = queue

@@ -22,8 +22,7 @@ from localllm.daemon.engine.jobs import GenerationJob
 from localllm.daemon.engine.loop import Engine
 from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.runner import EmbeddingRequest, GenerationRequest, RunnerConfig, TokenChunk
-from localllm.daemon.runner.protocol import DoneEvent, ErrorEvent, Event, TokenEvent
-from localllm.daemon.runner.tap import EventQueue
+from localllm.daemon.runner.protocol import DoneEvent, Event, TokenEvent
 
 
 @pytest.fixture(scope="module")
@@ -152,50 +151,3 @@ def test_long_lines_and_token_lines_arrive_whole_over_the_socket(runner: RunnerH
     assert count == 100
     for chunks, text in zip(chunk_lists, texts, strict=True):
         assert chunks and "".join(chunks) == text
-
-
-def test_a_tapped_queue_hands_token_events_on_at_once_and_in_order() -> None:
-    async def check() -> None:
-        queue: EventQueue[Event] = EventQueue()
-        tapped: list[str] = []
-        accept = True
-
-        def take(event: TokenEvent) -> bool:
-            if accept:
-                tapped.append(event.text)
-            return accept
-
-        queue.tap = take
-        queue.put_nowait(TokenEvent(id="g", text="a"))
-        assert tapped == ["a"] and queue.empty()  # taken in the put itself, no loop turn
-        accept = False
-        queue.put_nowait(TokenEvent(id="g", text="b"))  # refused: queued
-        accept = True
-        queue.put_nowait(TokenEvent(id="g", text="c"))  # "b" waits: "c" goes behind it
-        assert tapped == ["a"]
-        assert [queue.get_nowait().text, queue.get_nowait().text] == ["b", "c"]  # type: ignore[attr-defined]
-        error = ErrorEvent(id="g", message="failed", code="internal")
-        queue.put_nowait(error)  # anything but a token is queued
-        assert queue.get_nowait() is error
-
-    asyncio.run(check())
-
-
-def test_a_tapped_streams_tokens_skip_its_iteration(runner: RunnerHarness) -> None:
-    async def run() -> tuple[list[str], list[str], str]:
-        # Long enough that tokens still come once the tap is set (the acceptance and a short
-        # answer's every line can arrive in one read, before open_generation returns).
-        request = GenerationRequest(id="", prompt="tap x y", options=greedy(200))
-        stream = await runner.client.open_generation(request)
-        tapped: list[str] = []
-        stream.tap(lambda event: tapped.append(event.text) is None)
-        iterated: list[str] = []
-        async for item in stream:
-            if isinstance(item, TokenChunk):
-                iterated.append(item.text)  # those queued before the tap was set
-            else:
-                return iterated, tapped, item.text
-        raise AssertionError("no result")
-
-    iterated, tapped, text = runner.run(run())
-    assert tapped and "".join(iterated) + "".join(tapped) == text
