@@ -73,6 +73,39 @@ def _is_json_type(value: bytes) -> bool:
     return kind == b"application/json" or kind.endswith(b"+json")
 
 
+class _JsonBodies:
+    """Every request body is read as JSON, whatever its ``Content-Type`` says.
+
+    Ollama and llama-server do the same, and clients rely on it: ``curl -d`` labels its body
+    a form, litellm sends no type. Rewriting the header once here means every route (and its
+    "not valid JSON" 400) treats them alike. Blob uploads (``/api/blobs/``) are raw bytes and
+    keep their header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("path", "").startswith("/api/blobs/"):
+            headers = scope["headers"]
+            current = [v for k, v in headers if k.lower() == b"content-type"]
+            if not current or not _is_json_type(current[0]):
+                kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
+                scope = {**scope, "headers": [*kept, _JSON_TYPE]}
+        await self.app(scope, receive, send)
+
+
+class _Arrival:
+    """Stamps each request's arrival in its scope (:data:`~.firsttoken.ARRIVAL`), where the
+    time to its first token starts. The outermost layer, so every middleware counts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[ARRIVAL] = time.perf_counter_ns()
+        await self.app(scope, receive, send)
+
+
 ACCESS_LOG = logging.Logger("uvicorn.access")
 """The logger of each answer's access line: uvicorn's line under uvicorn's logger name, but
 the app's own logger (outside the logging registry), which :func:`~.server.setup_logging`
@@ -80,48 +113,23 @@ sends to ``daemon.log``. uvicorn's own (``logging.getLogger("uvicorn.access")``)
 handler in the daemon (``access_log=False``), so uvicorn writes none."""
 
 
-class _Front:
-    """The daemon's own layer in front of CORS and the app, in this order: the arrival
-    stamp, the guard, the request count with its access line, the JSON bodies. They were four
-    middlewares: four coroutines entered on every request's way to its first token.
+class _CountRequests:
+    """Counts answered HTTP requests by route and status for /metrics, and writes each one's
+    access line (uvicorn's, word for word) once its answer is over.
 
-    - The arrival (:data:`~.firsttoken.ARRIVAL`) is stamped in the scope first: the time to
-      the first token starts there, so every check counts.
-    - The guard (:class:`~.security.GuardMiddleware`: Host, Origin, API key, body size)
-      answers a refused request itself, uncounted.
-    - Answered requests are counted by route and status for /metrics, and each one's access
-      line (uvicorn's, word for word) is written once its answer is over. uvicorn writes that
-      line as the headers go out, which for a stream is the moment of its first token: the
-      record formatted then, and the log's writer thread woken to contend for the GIL and the
-      cores while the first token's bytes are written. Written at the end, the line is the
-      same and the first token does not wait for it.
-    - Every request body is read as JSON, whatever its ``Content-Type`` says. Ollama and
-      llama-server do the same, and clients rely on it: ``curl -d`` labels its body a form,
-      litellm sends no type. Rewriting the header once here means every route (and its "not
-      valid JSON" 400) treats them alike. Blob uploads (``/api/blobs/``) are raw bytes and
-      keep their header. (CORS, behind this layer, reads no ``Content-Type``.)
-    """
+    uvicorn writes that line as the headers go out, which for a stream is the moment of its
+    first token: the record formatted then, and the log's writer thread woken to contend for
+    the GIL and the cores while the first token's bytes are written. Written at the end, the
+    line is the same and the first token does not wait for it."""
 
-    def __init__(self, app: ASGIApp, state: DaemonState, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, state: DaemonState) -> None:
         self.app = app
         self.state = state
-        self.guard = GuardMiddleware(app, settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[ARRIVAL] = time.perf_counter_ns()
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refused = self.guard.refusal(scope)
-        if refused is not None:
-            await self.guard.deny(scope, send, refused)
-            return
-        if not scope.get("path", "").startswith("/api/blobs/"):
-            headers = scope["headers"]
-            current = [v for k, v in headers if k.lower() == b"content-type"]
-            if not current or not _is_json_type(current[0]):
-                kept = [(k, v) for k, v in headers if k.lower() != b"content-type"]
-                scope = {**scope, "headers": [*kept, _JSON_TYPE]}
         status = 500  # what the server answers when the app fails before its own answer
 
         async def counting_send(message: Message) -> None:
@@ -297,6 +305,7 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return _render(request, problem_from(exc))
 
+    app.add_middleware(_JsonBodies)
     app.add_middleware(
         CORSMiddleware,
         allow_origin_regex=origin_regex(settings.origins),
@@ -304,5 +313,7 @@ def create_app(settings: Settings, state: DaemonState | None = None) -> FastAPI:
         allow_headers=["*"],
         expose_headers=["*"],
     )
-    app.add_middleware(_Front, state=app.state.daemon, settings=settings)
+    app.add_middleware(_CountRequests, state=app.state.daemon)
+    app.add_middleware(GuardMiddleware, settings=settings)
+    app.add_middleware(_Arrival)
     return app

@@ -185,7 +185,7 @@ def _config(app: object, settings: Settings) -> uvicorn.Config:
         http=protocol_class(),
         lifespan="off",
         log_config=None,
-        access_log=False,  # written by the app once each answer is over (app._Front)
+        access_log=False,  # written by the app once each answer is over (app._CountRequests)
         timeout_graceful_shutdown=_GRACEFUL_SECONDS,
         timeout_keep_alive=30,
         server_header=False,
