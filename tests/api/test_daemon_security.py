@@ -20,6 +20,7 @@ from test_daemon_support import Daemon, free_port, run_daemon_expecting_failure,
 from localllm._exceptions import APIError
 from localllm.client import Client
 from localllm.daemon.app import create_app
+from localllm.daemon.security import GuardMiddleware
 from localllm.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -269,3 +270,24 @@ def test_client_reports_unavailable_daemon(tmp_path: Path) -> None:
         Client(settings_).list_models()
     assert "localllm serve" in str(info.value)
     assert not Client(settings_).is_running()
+
+
+def test_the_guard_reads_the_last_of_a_repeated_header_whatever_its_case() -> None:
+    guard = GuardMiddleware(None, Settings(api_key="k"))  # type: ignore[arg-type]
+
+    def refused(*headers: tuple[bytes, bytes]) -> int | None:
+        scope = {"method": "POST", "path": "/api/chat", "server": ("127.0.0.1", 11435)}
+        refusal = guard.refusal({**scope, "headers": list(headers)})
+        return None if refusal is None else refusal[0]
+
+    good, evil = (b"host", b"127.0.0.1:11435"), (b"Host", b"evil.example")
+    key = (b"Authorization", b"Bearer k")
+    assert refused(good, key) is None
+    assert refused(good, evil, key) == 403  # the last Host counts, as before
+    assert refused(evil, good, key) is None
+    for _ in range(2):  # a Host's answer is kept: asked again, the same
+        assert refused((b"HOST", b"evil.example"), key) == 403
+        assert refused((b"host", b"localhost"), key) is None
+    assert refused(good, (b"authorization", b"Bearer no")) == 401
+    assert refused(good, key, (b"Origin", b"https://evil.example")) == 403
+    assert refused(good, key, (b"content-length", b"999999999999")) == 413

@@ -10,6 +10,7 @@ lines longer than one read (an embedding batch) arriving whole next to token lin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,15 @@ from localllm.daemon.engine.jobs import GenerationJob
 from localllm.daemon.engine.loop import Engine
 from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.runner import EmbeddingRequest, GenerationRequest, RunnerConfig, TokenChunk
-from localllm.daemon.runner.protocol import DoneEvent, Event, TokenEvent
+from localllm.daemon.runner.protocol import (
+    DoneEvent,
+    Event,
+    GenerateOp,
+    HealthOp,
+    TokenEvent,
+    decode,
+    encode,
+)
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +160,43 @@ def test_long_lines_and_token_lines_arrive_whole_over_the_socket(runner: RunnerH
     assert count == 100
     for chunks, text in zip(chunk_lists, texts, strict=True):
         assert chunks and "".join(chunks) == text
+
+
+def test_the_runner_reads_requests_however_their_bytes_arrive(runner: RunnerHarness) -> None:
+    """The runner reads its requests however their bytes arrive: cut across writes, several
+    in one write, each answered; a line over the limit ends that connection only."""
+
+    async def talk() -> tuple[dict[str, str], bytes]:
+        path = str(runner.process.socket_path)
+        reader, writer = await asyncio.open_unix_connection(path, limit=64 << 20)
+        request = GenerationRequest(id="g", prompt="a b", options=greedy(3))
+        messages = [HealthOp(id="h1"), GenerateOp(id="g", request=request), HealthOp(id="h2")]
+        stream = b"".join(encode(message) for message in messages)
+        for cut in (len(stream) // 3, len(stream) // 2 + 7):  # three writes, lines cut anywhere
+            writer.write(stream[:cut])
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            stream = stream[cut:]
+        writer.write(stream)
+        last: dict[str, str] = {}  # each request's last event
+        while last.get("g") != "done" or len(last) < 3:
+            event = decode(await reader.readline())
+            last[event.id] = event.event
+        writer.close()
+        # A line longer than the runner reads (64 MiB) ends this connection.
+        reader2, writer2 = await asyncio.open_unix_connection(path)
+        end = b"?"
+        with contextlib.suppress(ConnectionError):
+            writer2.write(b"x" * (65 << 20))
+            await writer2.drain()
+        with contextlib.suppress(ConnectionError):
+            end = await reader2.read()
+        writer2.close()
+        return last, end
+
+    last, end = runner.run(talk())
+    assert last == {"h1": "health", "g": "done", "h2": "health"}
+    assert end in (b"", b"?")  # closed (reset or at its end), nothing answered
+    request = GenerationRequest(id="", prompt="a b", options=greedy(3))
+    text, result = runner.generate(request)  # the daemon's own connection goes on
+    assert result.done_reason == "length" and text
