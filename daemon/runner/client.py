@@ -275,7 +275,8 @@ class RunnerClient:
         reader, writer, protocol = await open_lines(socket_path, _LINE_LIMIT)
         client = cls(reader, writer, explain_loss)
         # Lines are routed as their bytes arrive (see .lines), not a loop turn later.
-        protocol.sink, client._protocol = client._lines.feed, protocol
+        client._protocol = protocol
+        protocol.attach(client._lines.feed)
         return client
 
     @property

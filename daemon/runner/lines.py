@@ -57,15 +57,17 @@ class LineSplitter:
 
 
 class LineProtocol(asyncio.StreamReaderProtocol):
-    """A stream's protocol whose received bytes go to :attr:`sink` (once set) as they
-    arrive, rather than into the stream reader; the end of the connection and its errors
-    reach the reader as before. A sink that raises ends the connection: the error is kept
-    in :attr:`error` and the reader sees the end."""
+    """A stream's protocol whose received bytes go to a sink (:meth:`attach`) as they arrive,
+    rather than into the stream reader; the end of the connection and its errors reach the
+    reader as before. Bytes that arrive before the sink is attached are kept and handed to it
+    first, so the order of the lines never depends on when it was attached. A sink that
+    raises ends the connection: the error is kept in :attr:`error` and the reader sees the
+    end."""
 
-    sink: Callable[[bytes], None] | None = None
-    """Where the bytes go (None: into the reader)."""
     error: Exception | None = None
     """What the sink raised, if it did (the connection was aborted)."""
+    _sink: Callable[[bytes], None] | None = None
+    _early: list[bytes] | None = None
     _connection: asyncio.BaseTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -73,12 +75,21 @@ class LineProtocol(asyncio.StreamReaderProtocol):
         self._connection = transport
         super().connection_made(transport)
 
+    def attach(self, sink: Callable[[bytes], None]) -> None:
+        """Hand every received byte to ``sink`` from now on, what arrived before first."""
+        self._sink = sink
+        early, self._early = self._early or [], None
+        for data in early:
+            self.data_received(data)
+
     def data_received(self, data: bytes) -> None:
-        """Hand ``data`` to the sink (or, before one is set, to the reader)."""
-        sink = self.sink
-        if sink is None or self.error is not None:
-            if self.error is None:
-                super().data_received(data)
+        """Hand ``data`` to the sink (or keep it until one is attached)."""
+        if self.error is not None:
+            return
+        sink = self._sink
+        if sink is None:
+            self._early = self._early or []
+            self._early.append(data)
             return
         try:
             sink(data)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localllm.daemon.runner.client import RunnerClient, RunnerDiedError
-from localllm.daemon.runner.lines import LineSplitter
+from localllm.daemon.runner.lines import LineProtocol, LineSplitter
 from localllm.daemon.runner.protocol import GenerationRequest
 
 
@@ -61,3 +61,19 @@ def test_an_over_long_line_ends_the_connection_and_fails_the_pending_request(
 
     message = asyncio.run(main())
     assert "lost the connection to the runner (a message longer than" in message
+
+
+def test_bytes_that_arrive_before_the_sink_go_to_it_first_in_order() -> None:
+    # A runner that writes as soon as the connection is made reaches the protocol before
+    # the client attaches its splitter: those lines still come first, in their order.
+    async def main() -> list[bytes]:
+        lines: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        protocol = LineProtocol(asyncio.StreamReader(loop=loop), loop=loop)
+        protocol.data_received(b'{"a":1}\n{"b"')
+        protocol.data_received(b":2}\n")
+        protocol.attach(LineSplitter(lines.append, limit=1 << 10).feed)
+        protocol.data_received(b'{"c":3}\n')
+        return lines
+
+    assert asyncio.run(main()) == [b'{"a":1}', b'{"b":2}', b'{"c":3}']
