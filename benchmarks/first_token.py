@@ -15,6 +15,11 @@ server then the other, the order alternating, ``--pairs`` times after a warm-up.
 * the client's TTFT less each server's prefill (what the server adds around the engine's step,
   which a loaded machine moves far less than the step itself), and its per-pair difference.
 
+``--vary`` makes every round's question its own (the keeper's name numbered by the round;
+each server gets the same one in a round): then no prompt is the one before, and what a
+server keeps of earlier prompts (its KV cache, localllm's tokenized pieces) covers only the
+part they share, as in a conversation's next message. Without it the same question repeats.
+
 ``--base PYTHON`` adds a second daemon started by another interpreter, one whose
 ``localllm`` is the code before a change (a venv with another checkout installed): each
 round then asks every server once, the order rotating, and the per-round ratios daemon /
@@ -24,7 +29,7 @@ daemons are compared too (a change that only moves time leaves them equal).
 Usage::
 
     python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--base PYTHON]
-        [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048]
+        [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048] [--vary]
 """
 
 from __future__ import annotations
@@ -47,19 +52,23 @@ from localllm.starter import starter_gguf_path
 QUESTION = "Tell me a long story about a lighthouse keeper named Keeper0."
 
 
-def _ask(client: httpx.Client, url: str, model: str, tokens: int) -> dict[str, Any]:
+def _ask(
+    client: httpx.Client, url: str, model: str, tokens: int, question: str = QUESTION
+) -> dict[str, Any]:
     """One streamed chat: the client's TTFT (ms), the Server-Timing header, the last chunk
     (asked again once if a kept-alive connection was closed under it)."""
     try:
-        return _ask_once(client, url, model, tokens)
+        return _ask_once(client, url, model, tokens, question)
     except httpx.RemoteProtocolError:
-        return _ask_once(client, url, model, tokens)
+        return _ask_once(client, url, model, tokens, question)
 
 
-def _ask_once(client: httpx.Client, url: str, model: str, tokens: int) -> dict[str, Any]:
+def _ask_once(
+    client: httpx.Client, url: str, model: str, tokens: int, question: str
+) -> dict[str, Any]:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": QUESTION}],
+        "messages": [{"role": "user", "content": question}],
         "max_tokens": tokens,
         "temperature": 0,
         "stream": True,
@@ -115,6 +124,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
+    parser.add_argument("--vary", action="store_true", help="a question of its own per round")
     args = parser.parse_args()
     model = starter_gguf_path()
     if model is None:
@@ -160,9 +170,12 @@ def main() -> int:
                     # always goes first, nor always right after the same one
                     turn, cycle = index % len(names), index // len(names)
                     order = names[turn:] + names[:turn]
+                    question = QUESTION.replace("0.", f"{index}.") if args.vary else QUESTION
                     for name in order if cycle % 2 == 0 else order[::-1]:
                         _, server_url, name_of_model = servers[name]
-                        answer = _ask(clients[name], server_url, name_of_model, args.tokens)
+                        answer = _ask(
+                            clients[name], server_url, name_of_model, args.tokens, question
+                        )
                         if index >= 3:
                             rows[name].append(answer)
             finally:

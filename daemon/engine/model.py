@@ -21,6 +21,7 @@ from ..devices.allocations import allocated
 from ..devices.backends import has_local_gpu
 from ..devices.cpu import decide, default_threads
 from ..runner.protocol import RunnerConfig
+from . import tokencache
 from .params import ModelLoadError, set_fields
 
 if TYPE_CHECKING:
@@ -331,6 +332,12 @@ class LlamaModel:
         # Pieces are read on the engine thread and, for templates, on worker threads: one
         # scratch buffer per thread.
         self._scratch = threading.local()
+        self._pieces: tokencache.PieceCache | None = None
+        """Pieces of prompts tokenized before (see :mod:`.tokencache`), once prepared."""
+        self._pieces_lock = threading.Lock()
+        self._pieces_started = False
+        self._pieces_stop = threading.Event()
+        self._pieces_thread: threading.Thread | None = None
         self._embedding_ctx: llama_cpp.llama_context_p | None = None
         self._embedding_batch: Batch | None = None
         self._rank_ctx: llama_cpp.llama_context_p | None = None
@@ -366,7 +373,41 @@ class LlamaModel:
     # -- tokens --------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
-        """Tokenize ``text``; ``add_special`` adds BOS when the model wants one."""
+        """Tokenize ``text``; ``add_special`` adds BOS when the model wants one. With special
+        tokens parsed, pieces of texts seen before come from :mod:`.tokencache` (the same
+        tokens) once it is ready."""
+        if parse_special:
+            pieces = self._pieces
+            if pieces is not None:
+                return pieces.tokenize(text, add_special)
+            self._prepare_pieces()
+        return self.tokenize_whole(text, add_special, parse_special)
+
+    def _prepare_pieces(self) -> None:
+        """Start making the piece cache (once, on a thread of its own: it reads every token's
+        attributes, which the first request need not wait for)."""
+        with self._pieces_lock:
+            if self._pieces_started:
+                return
+            self._pieces_started = True
+        templates = "\n".join(filter(None, [self.config.chat_template, self.chat_template()]))
+
+        def whole(text: str, add_special: bool) -> list[int]:
+            return self.tokenize_whole(text, add_special, parse_special=True)
+
+        def run() -> None:
+            try:
+                self._pieces = tokencache.prepare(
+                    self.vocab, templates, whole, stop=self._pieces_stop
+                )
+            except Exception:  # a cache that could not be made: tokenize whole texts
+                log.exception("could not prepare the prompt pieces cache")
+
+        self._pieces_thread = threading.Thread(target=run, name="token-pieces", daemon=True)
+        self._pieces_thread.start()
+
+    def tokenize_whole(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """llama.cpp's tokens of the whole ``text`` (no cache)."""
         data = text.encode("utf-8")
         capacity = len(data) + 8
         tokens = (llama_cpp.llama_token * capacity)()
@@ -618,6 +659,9 @@ class LlamaModel:
 
     def close(self) -> None:
         """Free batch, contexts and model, in that order (samplers are freed by their owners)."""
+        self._pieces_stop.set()  # the piece cache's preparation reads the vocabulary
+        if self._pieces_thread is not None:
+            self._pieces_thread.join()
         for batch in (self.batch, self._embedding_batch):
             if batch is not None:
                 batch.close()
