@@ -3,7 +3,7 @@ shapes
 and weight types, none of which any of its figures was fitted to, as ratios.
 
     python benchmarks/predict.py [--rounds 3] [--tokens 96] [--models NAME ...] [--home DIR]
-                                 [--threads N] [--keep-sources]
+                                 [--threads N] [--keep-sources] [--warmup 1]
 
 What it does, in one run:
 
@@ -27,7 +27,12 @@ What it does, in one run:
    by round: a prompt of about 500 tokens never seen before (prefill tokens/s, the daemon's
    ``prompt_eval_rate``) then ``--tokens`` generated tokens (decode tokens/s, ``eval_rate``);
    the best round of each counts, as a shared machine only ever makes a round slower (the
-   probe keeps the best step likewise);
+   probe keeps the best step likewise). Models are interleaved and one is loaded at a time,
+   so each round loads its model again; ``--warmup`` (default 1) requests of the model, not
+   measured, go before each measured one (as ``llama-bench`` warms up before it times): the
+   first prompt after a load runs slower than the next ones (Gemma 3 270M: 0.70-0.76 of them
+   in the runner), which is the load's cost, not the model's speed. ``--warmup 0`` measures
+   that first request;
 4. the predictions, from the model's GGUF header, the context it was measured at and the
    probe's figures: ``probe`` alone (what ``show`` says before the model ever served a
    request), and ``+served``: corrected by what the *other* models measured (the speed
@@ -252,6 +257,12 @@ def main() -> int:
     )
     parser.add_argument("--make-only", action="store_true", help="make the models, measure nothing")
     parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="unmeasured requests before each measured one (0: the first after a load)",
+    )
+    parser.add_argument(
         "--probe-tries", type=int, default=5, help="probes until one is kept (as the daemon)"
     )
     args = parser.parse_args()
@@ -355,6 +366,9 @@ def main() -> int:
                 order = names if round_number % 2 == 0 else list(reversed(names))
                 for name in order:
                     seed = 1000 * round_number + names.index(name) + 1
+                    for extra in range(args.warmup):
+                        # unmeasured: the model was just (re)loaded for this round
+                        _measure(http, name, seed + 500_000 + extra, words[name], 4)
                     got = _measure(http, name, seed, words[name], args.tokens)
                     mine = best[name]
                     for key in ("prefill", "decode"):
