@@ -3,7 +3,7 @@ shapes
 and weight types, none of which any of its figures was fitted to, as ratios.
 
     python benchmarks/predict.py [--rounds 3] [--tokens 96] [--models NAME ...] [--home DIR]
-                                 [--threads N] [--keep-sources] [--warmup 1]
+                                 [--threads N] [--keep-sources] [--warmup 0]
 
 What it does, in one run:
 
@@ -28,11 +28,9 @@ What it does, in one run:
    ``prompt_eval_rate``) then ``--tokens`` generated tokens (decode tokens/s, ``eval_rate``);
    the best round of each counts, as a shared machine only ever makes a round slower (the
    probe keeps the best step likewise). Models are interleaved and one is loaded at a time,
-   so each round loads its model again; ``--warmup`` (default 1) requests of the model, not
-   measured, go before each measured one (as ``llama-bench`` warms up before it times): the
-   first prompt after a load runs slower than the next ones (Gemma 3 270M: 0.70-0.76 of them
-   in the runner), which is the load's cost, not the model's speed. ``--warmup 0`` measures
-   that first request;
+   so each round loads its model again and measures its first request after the load;
+   ``--warmup N`` sends N requests of the model, not measured, before each measured one (as
+   ``llama-bench`` warms up before it times);
 4. the predictions, from the model's GGUF header, the context it was measured at and the
    probe's figures: ``probe`` alone (what ``show`` says before the model ever served a
    request), and ``+served``: corrected by what the *other* models measured (the speed
@@ -259,7 +257,7 @@ def main() -> int:
     parser.add_argument(
         "--warmup",
         type=int,
-        default=1,
+        default=0,
         help="unmeasured requests before each measured one (0: the first after a load)",
     )
     parser.add_argument(
