@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+if __name__ == "__main__":  # run as a script: the tests' support modules, as conftest adds them
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+
 from hf_checkpoint import FAMILIES, Checkpoint, write_checkpoint
 from hf_reference import forward
 
