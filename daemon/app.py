@@ -96,13 +96,15 @@ class _JsonBodies:
 
 class _Arrival:
     """Stamps each request's arrival in its scope (:data:`~.firsttoken.ARRIVAL`), where the
-    time to its first token starts. The outermost layer, so every middleware counts."""
+    time to its first token starts, unless the HTTP protocol did as it parsed the request's
+    first bytes (:mod:`.httphead`). The outermost of the app's layers, so each of them counts."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[ARRIVAL] = time.perf_counter_ns()
+        if ARRIVAL not in scope:
+            scope[ARRIVAL] = time.perf_counter_ns()
         await self.app(scope, receive, send)
 
 

@@ -31,8 +31,9 @@ from .runner.protocol import Timings
 __all__ = ["ARRIVAL", "ENGINE_PHASES", "PHASES", "FirstToken", "server_timing"]
 
 ARRIVAL = "localllm.received_ns"
-"""The ASGI scope key of a request's arrival (``perf_counter_ns``), stamped by the app's
-outermost middleware."""
+"""The ASGI scope key of a request's arrival (``perf_counter_ns``), stamped as uvicorn's
+httptools protocol begins parsing the request (:mod:`.httphead`; else by the app's outermost
+middleware)."""
 
 ENGINE_PHASES = ("wait", "prefill", "sample", "detokenize", "relay")
 """The engine's share split up: waiting in the runner for a slot, the prefill steps up to

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
+import time
 from typing import Any
 
 from fastapi.dependencies.models import Dependant
@@ -183,3 +184,30 @@ def test_a_head_whose_body_is_not_ready_leaves_alone(settings: Settings) -> None
 
     head, body = _serve(later, settings, client)
     assert head.startswith(b"HTTP/1.1 200") and b"late" in body
+
+
+def test_a_requests_arrival_is_stamped_as_its_first_bytes_are_parsed(settings: Settings) -> None:
+    # The first token's clock (Server-Timing's parse) starts before uvicorn builds the request
+    # and the app's layers run, not where the app is first called.
+    from localllm.daemon.firsttoken import ARRIVAL
+
+    seen: list[tuple[int | None, int]] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append((scope.get(ARRIVAL), time.perf_counter_ns()))
+        await _hello(scope, receive, send)
+
+    async def client(host: str, port: int, server: _Server) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        for _ in range(2):  # a kept-alive connection's second request is stamped anew
+            sent = time.perf_counter_ns()
+            writer.write(b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            async with asyncio.timeout(10):
+                await reader.readuntil(b"\r\n0\r\n\r\n")
+            seen.append((sent, 0))
+        writer.close()
+
+    _serve(app, settings, client)
+    (first, called_first), (sent_first, _), (second, called_second), (sent_second, _) = seen
+    assert first is not None and second is not None
+    assert sent_first < first < called_first < sent_second < second < called_second
