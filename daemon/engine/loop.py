@@ -307,9 +307,14 @@ class Engine:
                     and not self.embeddings
                     and not any(slot.busy for slot in self.slots)
                 )
-                if idle and self.speculation.measure_piece():
+                if (
+                    idle
+                    and self._inbox.empty()  # a request already sent goes first
+                    and (self.speculation.measure_piece() or self.model.prepare_pieces_step())
+                ):
                     # What drafting costs, measured a decode at a time while nothing waits:
-                    # a model's first request waits for one decode, not for all of them.
+                    # a model's first request waits for one decode, not for all of them; the
+                    # prompt pieces cache likewise, a millisecond's step at a time.
                     if not self._drain_inbox(block=False):
                         break
                     continue

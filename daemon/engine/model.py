@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
@@ -334,10 +334,8 @@ class LlamaModel:
         self._scratch = threading.local()
         self._pieces: tokencache.PieceCache | None = None
         """Pieces of prompts tokenized before (see :mod:`.tokencache`), once prepared."""
-        self._pieces_lock = threading.Lock()
-        self._pieces_started = False
-        self._pieces_stop = threading.Event()
-        self._pieces_thread: threading.Thread | None = None
+        self._pieces_steps: Generator[None, None, tokencache.PieceCache | None] | None = None
+        self._pieces_done = False
         self._embedding_ctx: llama_cpp.llama_context_p | None = None
         self._embedding_batch: Batch | None = None
         self._rank_ctx: llama_cpp.llama_context_p | None = None
@@ -375,36 +373,35 @@ class LlamaModel:
     def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
         """Tokenize ``text``; ``add_special`` adds BOS when the model wants one. With special
         tokens parsed, pieces of texts seen before come from :mod:`.tokencache` (the same
-        tokens) once it is ready."""
+        tokens) once it is made (:meth:`prepare_pieces_step`)."""
         if parse_special:
             pieces = self._pieces
             if pieces is not None:
                 return pieces.tokenize(text, add_special)
-            self._prepare_pieces()
         return self.tokenize_whole(text, add_special, parse_special)
 
-    def _prepare_pieces(self) -> None:
-        """Start making the piece cache (once, on a thread of its own: it reads every token's
-        attributes, which the first request need not wait for)."""
-        with self._pieces_lock:
-            if self._pieces_started:
-                return
-            self._pieces_started = True
-        templates = "\n".join(filter(None, [self.config.chat_template, self.chat_template()]))
+    def prepare_pieces_step(self) -> bool:
+        """One step (~1 ms) of making the prompt pieces cache; False once it is made (or
+        cannot be). The engine thread calls it while no request waits: made beside a
+        request, it took a core from that request's prefill (see :func:`.tokencache.prepare`)."""
+        if self._pieces_done:
+            return False
+        if self._pieces_steps is None:
+            templates = "\n".join(filter(None, [self.config.chat_template, self.chat_template()]))
 
-        def whole(text: str, add_special: bool) -> list[int]:
-            return self.tokenize_whole(text, add_special, parse_special=True)
+            def whole(text: str, add_special: bool) -> list[int]:
+                return self.tokenize_whole(text, add_special, parse_special=True)
 
-        def run() -> None:
-            try:
-                self._pieces = tokencache.prepare(
-                    self.vocab, templates, whole, stop=self._pieces_stop
-                )
-            except Exception:  # a cache that could not be made: tokenize whole texts
-                log.exception("could not prepare the prompt pieces cache")
-
-        self._pieces_thread = threading.Thread(target=run, name="token-pieces", daemon=True)
-        self._pieces_thread.start()
+            self._pieces_steps = tokencache.prepare(self.vocab, templates, whole)
+        try:
+            next(self._pieces_steps)
+            return True
+        except StopIteration as made:
+            self._pieces = made.value
+        except Exception:  # a cache that could not be made: tokenize whole texts
+            log.exception("could not prepare the prompt pieces cache")
+        self._pieces_steps, self._pieces_done = None, True
+        return False
 
     def tokenize_whole(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
         """llama.cpp's tokens of the whole ``text`` (no cache)."""
@@ -659,9 +656,6 @@ class LlamaModel:
 
     def close(self) -> None:
         """Free batch, contexts and model, in that order (samplers are freed by their owners)."""
-        self._pieces_stop.set()  # the piece cache's preparation reads the vocabulary
-        if self._pieces_thread is not None:
-            self._pieces_thread.join()
         for batch in (self.batch, self._embedding_batch):
             if batch is not None:
                 batch.close()

@@ -6,23 +6,28 @@ chat's next turn tokenizes only what is new."""
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp
 import pytest
 from hf_checkpoint import write_checkpoint
-from runner_harness import loaded_model
+from runner_harness import greedy, loaded_model
 
 from localllm.convert import convert_folder
+from localllm.daemon.engine.jobs import GenerationJob
+from localllm.daemon.engine.loop import Engine
+from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.engine.tokencache import (
     LSTRIP,
     PieceCache,
-    prepare,
+    prepared,
     self_check_texts,
     split_markers,
 )
 from localllm.daemon.prompt.template import render_chat
+from localllm.daemon.runner.protocol import DoneEvent, ErrorEvent, Event, RunnerConfig
 
 
 def test_markers_are_the_template_specials_llama_cpp_always_cuts_at() -> None:
@@ -114,7 +119,7 @@ def test_pieces_tokenize_as_the_whole_text_does(
     for vocab, model in _vocab(path):
         template = _template(model)
         whole = _whole(vocab)
-        cache = prepare(vocab, template, whole)
+        cache = prepared(vocab, template, whole)
         assert cache is not None
         markers = [
             m for m in ("<|im_start|>", "<|im_end|>", "<|user|>", "<|end|>") if m in template
@@ -133,7 +138,7 @@ def test_pieces_tokenize_as_the_whole_text_does(
 def test_the_next_turn_tokenizes_only_its_new_pieces(smollm2_gguf: Path) -> None:
     for vocab, model in _vocab(smollm2_gguf):
         template = _template(model)
-        cache = prepare(vocab, template, _whole(vocab))
+        cache = prepared(vocab, template, _whole(vocab))
         assert cache is not None
         chat = [
             {"role": "system", "content": "You answer in one line."},
@@ -180,14 +185,69 @@ def test_a_bounded_cache_forgets_the_least_recently_used() -> None:
 def test_the_runner_model_uses_the_cache_once_ready(tiny_gguf: Path) -> None:
     with loaded_model(tiny_gguf, n_slots=1, n_ctx_per_slot=256, n_threads=1) as model:
         text = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n"
-        first = model.tokenize(text, add_special=True)  # starts the preparation
-        thread = model._pieces_thread
-        assert thread is not None
-        thread.join(timeout=60)
-        assert model._pieces is not None
+        first = model.tokenize(text, add_special=True)  # whole: the cache is not made yet
+        assert model._pieces is None
+        steps = 0
+        while model.prepare_pieces_step():
+            steps += 1
+        assert steps >= 1 and model._pieces is not None
+        assert not model.prepare_pieces_step()  # made once
         assert model.tokenize(text, add_special=True) == first
         assert model.tokenize(text, add_special=True) == model.tokenize_whole(text, True)
         assert model._pieces.hits > 0
         # without special tokens parsed, the text is tokenized whole, as before
         spelled = model.tokenize(text, add_special=False, parse_special=False)
         assert len(spelled) > len(first)
+
+
+def test_the_engine_makes_the_cache_only_while_no_request_is_served(
+    smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made beside a model's first request, the cache's ~1 µs a token of Python took a core
+    from that request's prefill; the engine takes its steps while idle, between requests."""
+    model = LlamaModel(
+        RunnerConfig(model_path=str(smollm2_gguf), n_slots=1, n_ctx_per_slot=512, n_threads=1)
+    )
+    engine = Engine(model)
+    events: list[str] = []
+    made = threading.Event()
+    real_step, real_decode = model.prepare_pieces_step, model.decode
+
+    def step() -> bool:
+        more = real_step()
+        events.append("step" if more else "made")
+        if not more:
+            made.set()
+        return more
+
+    def decode() -> int:
+        events.append("decode")
+        return real_decode()
+
+    monkeypatch.setattr(model, "prepare_pieces_step", step)
+    monkeypatch.setattr(model, "decode", decode)
+    finished = threading.Semaphore(0)
+    done: list[Event] = []
+
+    def emit(event: Event) -> None:
+        if isinstance(event, DoneEvent | ErrorEvent):
+            done.append(event)
+            finished.release()
+
+    prompt = model.tokenize("<|im_start|>user\nTell me about rivers.<|im_end|>\n", True)
+    engine.submit(GenerationJob("first", prompt, greedy(num_predict=8), None, emit))
+    engine.start()  # the request is waiting before the engine's first idle moment
+    text = "<|im_start|>user\nTell me about rivers.<|im_end|>\n"
+    try:
+        assert finished.acquire(timeout=120)
+        assert made.wait(timeout=120)
+        assert model._pieces is not None
+        assert model.tokenize(text, True) == model.tokenize_whole(text, True)
+    finally:
+        engine.stop()  # closes the model
+    assert isinstance(done[0], DoneEvent)
+    served = [i for i, event in enumerate(events) if event == "decode"]
+    # the vocabulary's 49k tokens take several steps, none while the request was served
+    assert events.count("step") >= 8
+    assert "step" not in events[served[0] : served[-1]]
+    assert events.index("step") > served[-1]
