@@ -48,7 +48,11 @@ with ``--cold N`` (llama-server only) N more interleaved pairs measure a cold fi
 the daemon's after its model was unloaded (``keep_alive: 0``; the daemon stays up, the
 runner starts again: process, imports, load, prefill) against llama-server's from the
 start of its process (``start-to-first-token``: process, load, prefill), one streamed chat
-request of 1 token each. The daemon's answer says where its time went (load duration).
+request of 1 token each. The daemon's answer says where its time went (load duration). Its
+cold request waits for the daemon's spare runner (imports done ahead; ``/api/stats``), as a
+person coming back to a model after a while finds it: the daemon starts the spare once it has
+been quiet for a second, not beside the requests of a model just loaded, so a request sent
+right after the unload would measure a fresh runner process instead.
 
 Usage::
 
@@ -534,6 +538,8 @@ def cold_pairs(
         results: dict[str, float] = {}
         for side in ("daemon", "peer") if index % 2 == 0 else ("peer", "daemon"):
             if side == "daemon":
+                ps = httpx.get(f"{daemon.url}/api/ps", timeout=30).json()["models"]
+                runners = [m.get("runner_pid") for m in ps]
                 httpx.post(
                     f"{daemon.url}/api/generate",
                     json={"model": daemon.model, "keep_alive": 0},
@@ -544,6 +550,7 @@ def cold_pairs(
                     if time.monotonic() > deadline:
                         raise RuntimeError("the daemon did not unload its model")
                     time.sleep(0.05)
+                _wait_for_spare(daemon.url, runners)  # as a person coming back finds it (see above)
                 before = _load_seconds(daemon.url)
                 started = time.perf_counter()
                 results["daemon"] = first_token_ms(daemon.url, daemon.model, started, started + 120)
@@ -564,6 +571,19 @@ def cold_pairs(
             flush=True,
         )
     return pairs
+
+
+def _wait_for_spare(url: str, runners: list[int], timeout: float = 60.0) -> None:
+    """Until the daemon has a spare runner ready, not one of ``runners`` (the pids of the
+    runners it had: a spare handed to a load became one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
+        if state and state.get("ready") and state.get("pid") not in runners:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("the daemon's spare runner did not get ready")
+        time.sleep(0.05)
 
 
 def _load_seconds(url: str) -> float:

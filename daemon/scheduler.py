@@ -421,6 +421,7 @@ class Scheduler:
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._loads: dict[str, RunnerConfig] = {}  # the config each load in _loading is for
         self._changed = asyncio.Condition()
+        self._arrivals = 0  # requests (and loads) asked for so far: see quiet()
         self._background: set[asyncio.Task[None]] = set()
         self._on_load = on_load
         self._lost_workers: dict[str, list[str]] = {}
@@ -458,10 +459,19 @@ class Scheduler:
             or any(m.busy() for m in self._models.values())
         )
 
-    async def quiet(self) -> None:
-        """Return once nothing loads and no request is served or waits."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self.working)
+    async def quiet(self, settle: float = 0.0) -> None:
+        """Return once nothing loads and no request is served or waits, and none arrived for
+        ``settle`` seconds: a client that sends its next request right after the last (a
+        ``/tokenize`` then the generation) finds the daemon quiet only for a moment."""
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: not self.working)
+            if settle <= 0:
+                return
+            arrivals = self._arrivals
+            await asyncio.sleep(settle)
+            if not self.working and self._arrivals == arrivals:
+                return
 
     def loaded(self) -> list[LoadedModel]:
         """Models loaded now (dead runners left out), most recently used first."""
@@ -492,6 +502,7 @@ class Scheduler:
         """
         if self.closed:
             raise RuntimeError("the daemon is shutting down")
+        self._arrivals += 1
         key = model.name.full
         existing = self._models.get(key)
         if existing is not None and not existing.alive():

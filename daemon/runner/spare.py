@@ -34,13 +34,13 @@ every runner. It is in a session of its own like every runner
 (so a kill of its group stays within it), is stopped with the daemon, and exits by itself when
 its socket reaches end of file (the daemon died without stopping it). After every load (one
 that used the spare or not) a spare is started once the daemon is quiet (no load, no
-request), so that its imports do not take a core from the first request of the model that just
-loaded (the runner's CPU governor would see them as another program's load and use fewer
-threads). So the first spare follows the daemon's first load: a daemon that never loads a
-model (one started to list, pull or create) starts none, and the load that comes right after
-the daemon starts (``localllm run`` starting it) does not import beside a spare doing the same.
-What the spare saves is the next load: after an unload, a switch to another model, a model
-reloaded with other options.
+request, and none arrived for a second: ``_SETTLE_S``), so that its imports do not take a
+core from the first requests of the model that just loaded (the runner's CPU governor would
+see them as another program's load and use fewer threads). So the first spare follows the
+daemon's first load: a daemon that never loads a model (one started to list, pull or create)
+starts none, and the load that comes right after the daemon starts (``localllm run`` starting
+it) does not import beside a spare doing the same. What the spare saves is the next load:
+after an unload, a switch to another model, a model reloaded with other options.
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ _PRELOAD_NICE = 10
 _GO_S = 10.0
 # How long a refill waits for the daemon to be quiet before starting the spare anyway.
 _QUIET_WAIT_S = 30.0
+# How long the daemon must have been quiet (no request arrived) before a spare starts: a
+# spare started in the moment between a load's first request and the next one (a
+# ``/tokenize``, then the generation) imported beside that generation's prefill and cost it
+# 15 % (a Gemma-3-270M-shaped model's first 514-token prompt at 823-872 tokens/s against
+# ~1,000 for the next ones, and against 1,016-1,072 with no spare).
+_SETTLE_S = 1.0
 # How long a stopped spare gets to exit before it is killed.
 _STOP_S = 5.0
 
@@ -188,15 +194,16 @@ class _Spare:
 class SparePool:
     """The daemon's one spare runner: started ahead, handed to a load, replaced when quiet.
 
-    ``quiet`` returns once the daemon neither loads nor serves (the scheduler's); a pool that
-    is not ``enabled`` never starts a process.
+    ``quiet(settle)`` returns once the daemon neither loads nor serves and no request arrived
+    for ``settle`` seconds (the scheduler's); a pool that is not ``enabled`` never starts a
+    process.
     """
 
     def __init__(
         self,
         log_dir: Path,
         enabled: bool = True,
-        quiet: Callable[[], Awaitable[None]] | None = None,
+        quiet: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.log_dir = log_dir
         """Where the spare's own log (``runner-spare.log``) goes until it takes a job."""
@@ -245,7 +252,7 @@ class SparePool:
     async def _start_when_quiet(self) -> None:
         if self._quiet is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._quiet(), _QUIET_WAIT_S)
+                await asyncio.wait_for(self._quiet(_SETTLE_S), _QUIET_WAIT_S)
         if self._closed:
             return
         self._discard()

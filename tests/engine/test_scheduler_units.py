@@ -609,3 +609,31 @@ def test_models_working_at_once_share_the_cores_and_one_left_alone_gets_them_bac
         assert len(a.shares) == 4 and len(b.shares) == 3
 
     run(scenario, num_parallel=2)
+
+
+def test_quiet_returns_only_once_no_request_arrived_for_the_settle_time() -> None:
+    """What the spare runner waits for before it imports beside the runners: a client that
+    sends its next request right after the last finds the daemon quiet only for a moment."""
+
+    async def scenario(scheduler: Scheduler, factory: Factory) -> None:
+        loop = asyncio.get_running_loop()
+        settle = 0.3
+        quiet = asyncio.ensure_future(scheduler.quiet(settle=settle))
+        returned_at: list[float] = []
+        quiet.add_done_callback(lambda _: returned_at.append(loop.time()))
+        arrivals: list[float] = []
+        began = loop.time()
+        while loop.time() - began < 2 * settle:  # a client asking again and again
+            arrivals.append(loop.time())
+            lease = await scheduler.acquire(model("a"), config())
+            lease.release()
+            await asyncio.sleep(settle / 10)  # the client's own pause between requests
+        await quiet
+        returned = returned_at[0]
+        # no earlier than `settle` after any request that came before it (on a machine that
+        # stalled the client for longer than that, it may return between two requests)
+        before = [at for at in arrivals if at <= returned]
+        assert before and all(returned - at >= settle for at in before)
+        assert len(arrivals) >= 5
+
+    run(scenario)
