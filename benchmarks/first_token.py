@@ -24,7 +24,8 @@ part they share, as in a conversation's next message. Without it the same questi
 ``localllm`` is the code before a change (a venv with another checkout installed): each
 round then asks every server once, the order rotating, and the per-round ratios daemon /
 base say what the change did, measured under the same load; the greedy answers of the two
-daemons are compared too (a change that only moves time leaves them equal).
+daemons are compared too (a change that only moves time leaves them equal). The last line is
+one JSON object: each server's client TTFT and TTFT less its prefill per round, to pool runs.
 
 Usage::
 
@@ -240,6 +241,19 @@ def main() -> int:
         pairs = zip(rows["daemon"], rows["base"], strict=True)
         same = sum(a["text"] == b["text"] for a, b in pairs)
         print(f"daemon's answers equal to base's: {same} of {len(rows['base'])}")
+    # one JSON line, so that runs can be pooled: each server's client TTFT and TTFT less its
+    # prefill, per round (round i of every server is one interleaved pair)
+    print(
+        json.dumps(
+            {
+                name: {
+                    "ttft_ms": [round(a["ttft"], 3) for a in answers],
+                    "beside_prefill_ms": [round(v, 3) for v in beside[name]],
+                }
+                for name, answers in rows.items()
+            }
+        )
+    )
     return 0
 
 
