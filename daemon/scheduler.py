@@ -52,10 +52,10 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from localllm._exceptions import SettingsError
 from localllm.settings import Settings, parse_duration
@@ -71,70 +71,20 @@ from .lora.sharing import RunnerShare, runner_for, runner_queue, working_runners
 from .memory.plan import HOST, MemoryPlan, NoFitReport, refusal
 from .runner.client import (
     DoesNotFitError,
-    GenerationStream,
     ProcessRunner,
     RunnerStartError,
     plan_only,
 )
+from .runner.handle import Runner, RunnerFactory
 from .runner.protocol import (
-    EmbeddingRequest,
-    EmbeddingResult,
-    GenerationRequest,
     GenerationResult,
     RunnerConfig,
     Stats,
-    ThreadStats,
 )
 from .runner.spare import SparePool
 
 __all__ = ["Lease", "LoadedModel", "RequestRecord", "Runner", "RunnerFactory", "Scheduler"]
 
-
-class Runner(Protocol):
-    """A loaded model, as the scheduler and the request path use it."""
-
-    health: dict[str, Any]
-    """What the runner said about itself once loaded (context, slots, GPU layers...)."""
-
-    @property
-    def pid(self) -> int | None:
-        """The process serving the model, if it is one."""
-
-    def alive(self) -> bool:
-        """False once the runner died or its connection is gone."""
-
-    async def open_generation(
-        self,
-        request: GenerationRequest,
-        on_cancelled: Callable[[GenerationResult], None] | None = None,
-    ) -> GenerationStream:
-        """Start a generation once its prompt is accepted (request errors raise here)."""
-
-    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
-        """Embed texts."""
-
-    async def stats(self) -> Stats:
-        """The engine's gauges."""
-
-    async def set_threads(
-        self, threads: int, reason: str, cpus: list[int] | None = None
-    ) -> ThreadStats:
-        """The runner's share of the cores (its CPU governor uses at most ``threads``)."""
-
-    async def tokenize(
-        self, text: str, *, add_special: bool = False, parse_special: bool = False
-    ) -> list[int]:
-        """Token ids of ``text``."""
-
-    async def detokenize(self, tokens: list[int]) -> str:
-        """The text of token ids."""
-
-    async def close(self) -> None:
-        """Stop the runner (idempotent)."""
-
-
-RunnerFactory = Callable[[LocalModel, RunnerConfig], Awaitable[Runner]]
-"""Starts a runner for a model loaded with a config; raises ``RunnerStartError``."""
 
 CpuDecider = Callable[[Settings, int], cpu.CpuPaths]
 """Decides llama.cpp's CPU paths for a thread count (blocking: it may run the probe)."""
