@@ -90,6 +90,15 @@ def wait_http(
     raise RuntimeError(f"the server at {url} did not answer in time")
 
 
+def spare_ready(url: str, runners: list[int]) -> bool:
+    """Whether the daemon at ``url`` has its spare runner ready (``/api/stats``), one not among
+    ``runners`` (the pids of runners it had: a spare handed to a load became one)."""
+    import httpx
+
+    state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
+    return bool(state and state["ready"] and state["pid"] not in runners)
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
     """SIGTERM, then SIGKILL if it has not exited within ``timeout`` seconds."""
     if process.poll() is None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
+from _daemon import daemon_env, free_port, spare_ready, start_daemon, stop, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 from serve import first_token_ms
 
@@ -80,8 +80,7 @@ def _daemon_cold(url: str, spare: bool, question: str) -> dict[str, float]:
     _until("the old runner's exit", lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
 
     def ready() -> bool:
-        state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
-        return bool(state and state["ready"] and state["pid"] not in pids)
+        return spare_ready(url, pids)
 
     waited = _until("the spare runner", ready) if spare else 0.0
     before = _load_seconds(url)

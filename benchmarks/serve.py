@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
+from _daemon import daemon_env, free_port, spare_ready, start_daemon, stop, wait_http
 from prometheus_client.parser import text_string_to_metric_families
 
 from localllm.bench import OpenAIDriver, Sample, percentile, run_level
@@ -577,10 +577,7 @@ def _wait_for_spare(url: str, runners: list[int], timeout: float = 60.0) -> None
     """Until the daemon has a spare runner ready, not one of ``runners`` (the pids of the
     runners it had: a spare handed to a load became one)."""
     deadline = time.monotonic() + timeout
-    while True:
-        state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
-        if state and state.get("ready") and state.get("pid") not in runners:
-            return
+    while not spare_ready(url, runners):
         if time.monotonic() > deadline:
             raise RuntimeError("the daemon's spare runner did not get ready")
         time.sleep(0.05)

@@ -203,7 +203,7 @@ def test_the_runner_model_uses_the_cache_once_ready(tiny_gguf: Path) -> None:
 def test_the_engine_makes_the_cache_only_while_no_request_is_served(
     smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Made beside a model's first request, the cache's ~1 µs a token of Python took a core
+    """Made beside a model's first request, the cache's ~0.3 µs a token of Python took a core
     from that request's prefill; the engine takes its steps while idle, between requests."""
     model = LlamaModel(
         RunnerConfig(model_path=str(smollm2_gguf), n_slots=1, n_ctx_per_slot=512, n_threads=1)
@@ -234,10 +234,10 @@ def test_the_engine_makes_the_cache_only_while_no_request_is_served(
             done.append(event)
             finished.release()
 
-    prompt = model.tokenize("<|im_start|>user\nTell me about rivers.<|im_end|>\n", True)
+    text = "<|im_start|>user\nTell me about rivers.<|im_end|>\n"
+    prompt = model.tokenize(text, True)
     engine.submit(GenerationJob("first", prompt, greedy(num_predict=8), None, emit))
     engine.start()  # the request is waiting before the engine's first idle moment
-    text = "<|im_start|>user\nTell me about rivers.<|im_end|>\n"
     try:
         assert finished.acquire(timeout=120)
         assert made.wait(timeout=120)
