@@ -20,6 +20,10 @@ each server gets the same one in a round): then no prompt is the one before, and
 server keeps of earlier prompts (its KV cache, localllm's tokenized pieces) covers only the
 part they share, as in a conversation's next message. Without it the same question repeats.
 
+``--fresh`` sends every request on a new connection (as ``curl`` and ``benchmarks/serve.py``
+do: its load generator opens a client per level), so the TCP handshake and the server's
+setup of a connection count in the TTFT; without it each server keeps one connection alive.
+
 ``--base PYTHON`` adds a second daemon started by another interpreter, one whose
 ``localllm`` is the code before a change (a venv with another checkout installed): each
 round then asks every server once, the order rotating, and the per-round ratios daemon /
@@ -30,7 +34,7 @@ one JSON object: each server's client TTFT and TTFT less its prefill per round, 
 Usage::
 
     python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--base PYTHON]
-        [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048] [--vary]
+        [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048] [--vary] [--fresh]
 """
 
 from __future__ import annotations
@@ -126,6 +130,7 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
     parser.add_argument("--vary", action="store_true", help="a question of its own per round")
+    parser.add_argument("--fresh", action="store_true", help="a new connection per request")
     args = parser.parse_args()
     model = starter_gguf_path()
     if model is None:
@@ -174,9 +179,15 @@ def main() -> int:
                     question = QUESTION.replace("0.", f"{index}.") if args.vary else QUESTION
                     for name in order if cycle % 2 == 0 else order[::-1]:
                         _, server_url, name_of_model = servers[name]
-                        answer = _ask(
-                            clients[name], server_url, name_of_model, args.tokens, question
-                        )
+                        if args.fresh:
+                            with httpx.Client(timeout=300) as fresh:
+                                answer = _ask(
+                                    fresh, server_url, name_of_model, args.tokens, question
+                                )
+                        else:
+                            answer = _ask(
+                                clients[name], server_url, name_of_model, args.tokens, question
+                            )
                         if index >= 3:
                             rows[name].append(answer)
             finally:
