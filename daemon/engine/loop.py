@@ -64,6 +64,7 @@ from .ahead import Ahead
 from .batching import BatchPlan, fill_batch, plan_batch
 from .embedding import embed_step
 from .jobs import EmbeddingJob, Emit, GenerationJob
+from .keptlogits import KeptLogits
 from .model import LlamaModel
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
 from .shift import context_shift
@@ -145,6 +146,9 @@ class Engine:
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
+        self._kept = {slot.seq_id: KeptLogits() for slot in self.slots}
+        """Each slot's logits of its last prompt (see :mod:`.keptlogits`)."""
+        self._keeping: list[KeptLogits] = []
         self.waiting: collections.deque[GenerationJob] = collections.deque()
         self.order = AdmissionOrder()
         """Which waiting request goes next: most cached first, no one past 2x FCFS's wait."""
@@ -421,14 +425,33 @@ class Engine:
             slot, reuse = choose_slot(free, job.prompt, busy, wanted, job.adapters.key)
             if job.score is not None:
                 reuse = 0  # every position's logits are needed: the prompt is evaluated whole
+            row = self._kept_row(slot, job)
+            if row is not None:
+                reuse = len(job.prompt)  # no step: the first token comes from the kept row
             if len(slot.cache) - reuse >= MIN_SAVED_TOKENS:
                 self.tiers.save(slot)  # the cells about to be overwritten stay reachable
             if job.id in self.ahead.parked:
                 self._resume(job, slot)
                 continue
-            if job.score is None:
+            if job.score is None and row is None:
                 reuse = self.tiers.restore(slot, job.prompt, reuse, job.adapters.key)
-            self._occupy(slot, job, reuse)
+            if self._occupy(slot, job, reuse) and row is not None:
+                self._sample(slot, time.perf_counter(), row)
+
+    def _kept_row(self, slot: Slot, job: GenerationJob) -> Any:
+        """The logits ``slot`` kept of exactly ``job``'s prompt, when they may stand for its
+        first step (see :mod:`.keptlogits`); else None."""
+        kept = self._kept.get(slot.seq_id)
+        if (
+            kept is None
+            or job.score is not None
+            or job.images
+            or job.options.prefill_only
+            or job.id in self.ahead.parked
+            or slot.adapters != job.adapters.key
+        ):
+            return None
+        return kept.row_for(job.prompt, slot.cache, job.adapters.key)
 
     def _occupy(self, slot: Slot, job: GenerationJob, reuse: int) -> bool:
         """Start ``job`` in ``slot`` (a slot or an ahead sequence), whose first ``reuse``
@@ -602,6 +625,8 @@ class Engine:
             self._apply(plan, sequences)
         finally:
             self._release()
+        while self._keeping:  # the first tokens are out: now their rows are copied
+            self._keeping.pop().take(self.model.ctx, self.model.n_vocab)
         for slot in self.ahead.slots:
             if slot.job is not None and slot.decoding:  # its first token is out
                 self.ahead.park(slot)
@@ -729,29 +754,39 @@ class Engine:
         self._finish(busiest, "length")
         return True
 
-    def _sample(self, slot: Slot, now: float) -> None:
-        """Sample the slot's next token, and go on through its draft while the samples agree
-        with it; rejected draft cells leave the KV cache."""
+    def _sample(self, slot: Slot, now: float, row: Any = None) -> None:
+        """Sample the slot's next token (from ``row``, kept logits, when given), and go on
+        through its draft while the samples agree with it; rejected draft cells leave the KV
+        cache."""
         sampler = slot.sampler
-        assert sampler is not None
+        job = slot.job
+        assert sampler is not None and job is not None
+        if (
+            row is None
+            and slot.first_token_at == 0.0
+            and not job.images
+            and (kept := self._kept.get(slot.seq_id)) is not None
+        ):
+            kept.note(slot.batch_index, job.prompt, slot.adapters)
+            self._keeping.append(kept)
         draft = slot.draft
         # Counted first: a token below may end the request, and its timings must never show
         # more drafts accepted than verified.
         slot.drafted += len(draft)
         produced: list[int] = []
-        budget = slot.job.budget if slot.job is not None else None
+        budget = job.budget
         for i, index in enumerate([slot.batch_index, *slot.draft_indices]):
             forced = budget.next_forced() if budget is not None else None
             if forced is not None and not sampler.force(forced):
-                budget.abandon()  # type: ignore[union-attr]
+                budget.abandon()
                 forced = None
-            token = forced if forced is not None else sampler.sample(self.model.ctx, index)
+            token = forced if forced is not None else sampler.sample(self.model.ctx, index, row)
             produced.append(token)
             matched = i < len(draft) and token == draft[i]
             if matched:
                 slot.cache.append(token)  # its cell, computed as a draft, is valid
                 slot.accepted += 1
-            if self._take(slot, token, index, now):
+            if self._take(slot, token, index, now, row):
                 break
             if not matched:
                 slot.pending = token
@@ -768,7 +803,7 @@ class Engine:
             slot.policy.learn(slot.proposal, produced)
         slot.proposal, slot.draft, slot.draft_indices = [], [], []
 
-    def _take(self, slot: Slot, token: int, index: int, now: float) -> bool:
+    def _take(self, slot: Slot, token: int, index: int, now: float, row: Any = None) -> bool:
         """Account for one generated token; True when it ended the request."""
         job, text = slot.job, slot.text
         assert job is not None and text is not None
@@ -788,12 +823,12 @@ class Engine:
         if job.budget is not None:
             job.budget.take(piece_bytes)
         if job.options.logprobs:
-            slot.logprobs.append(self._logprob(index, token, job, piece_bytes))
+            slot.logprobs.append(self._logprob(index, token, job, piece_bytes, row))
         piece = text.push(piece_bytes)
         if first:  # the first token's own timings: the time to first token, split
             slot.first_marks = (slot.first_marks[0], time.perf_counter() - sampled)
         if piece:
-            self._emit(job.emit, TokenEvent(job.id, piece, self._take_logprobs(slot)))
+            self._emit(job.emit, TokenEvent(job.id, piece, slot.take_logprobs()))
         options = job.options
         # Without num_predict a generation makes at most one context's worth of tokens: with
         # context shift it could otherwise run forever on a model that never stops.
@@ -810,9 +845,15 @@ class Engine:
         return False
 
     def _logprob(
-        self, batch_index: int, token: int, job: GenerationJob, piece: bytes | None = None
+        self,
+        batch_index: int,
+        token: int,
+        job: GenerationJob,
+        piece: bytes | None = None,
+        row: Any = None,
     ) -> TokenLogprob:
-        logits = logits_at(self.model.ctx, batch_index, self.model.n_vocab)
+        model = self.model
+        logits = row if row is not None else logits_at(model.ctx, batch_index, model.n_vocab)
         chosen, top = token_logprobs(logits, token, job.options.top_logprobs)
 
         def entry(token_id: int, logprob: float, data: bytes | None = None) -> TokenLogprob:
@@ -823,46 +864,6 @@ class Engine:
         result = entry(token, chosen, piece if piece is not None else self.model.piece(token, True))
         result.top_logprobs = [entry(t, lp) for t, lp in top]
         return result
-
-    @staticmethod
-    def _take_logprobs(slot: Slot) -> list[TokenLogprob] | None:
-        if not slot.logprobs:
-            return None
-        taken, slot.logprobs = slot.logprobs, []
-        return taken
-
-    def _timings(self, slot: Slot, now: float) -> Timings:
-        job = slot.job
-        assert job is not None
-        first = slot.first_token_at or now
-        evaluated = len(job.prompt) - slot.reused
-        prompt_s = max(first - slot.admitted, 1e-9)
-        decode_s = now - first
-        decoding_s = decode_s - slot.parked_ms / 1000
-        return Timings(
-            queued_ms=(slot.admitted - job.arrived) * 1000,
-            ttft_ms=(first - job.arrived) * 1000 if slot.first_token_at else 0.0,
-            prompt_tokens=len(job.prompt),
-            cached_tokens=slot.reused,
-            prompt_ms=prompt_s * 1000,
-            prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
-            completion_tokens=slot.generated,
-            decode_ms=decode_s * 1000,
-            parked_ms=slot.parked_ms,
-            sample_ms=slot.first_marks[0] * 1000,
-            detokenize_ms=slot.first_marks[1] * 1000,
-            decode_tokens_per_s=(slot.generated - 1) / decoding_s
-            if slot.generated > 1 and decoding_s > 0
-            else 0.0,
-            total_ms=(now - job.arrived) * 1000,
-            draft_tokens=slot.drafted,
-            draft_accepted=slot.accepted,
-            drafter=self.speculation.drafter_name(slot) if slot.drafted else "",
-            threads_min=slot.threads_min,
-            threads_max=slot.threads_max,
-            threads_of=self.model.n_threads,
-            threads_why=slot.threads_why if slot.threads_min < self.model.n_threads else "",
-        )
 
     def _use_threads(self, kind: Kind) -> int:
         """Set the thread count the governor chooses for the next decode of ``kind``; the
@@ -889,7 +890,8 @@ class Engine:
         assert job is not None
         now = time.perf_counter()
         tail = text.finish() if text is not None and error is None else ""
-        timings = self._timings(slot, now)
+        drafter = self.speculation.drafter_name(slot) if slot.drafted else ""
+        timings = slot.timings(now, drafter, self.model.n_threads)
         full_text = text.text if text is not None else ""
         if slot.sampler is not None:
             slot.sampler.close()
@@ -901,7 +903,7 @@ class Engine:
         if self.ahead.owns(slot) and job in self.waiting:
             self.waiting.remove(job)  # it ended in its prefill ahead (e.g. at its first token)
         self.requests_total += 1
-        logprobs = self._take_logprobs(slot) if tail else None
+        logprobs = slot.take_logprobs() if tail else None
         slot.logprobs = []  # tokens of a stop string that was cut leave no text, nor logprobs
         if tail:
             self._emit(job.emit, TokenEvent(id=job.id, text=tail, logprobs=logprobs))

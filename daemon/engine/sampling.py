@@ -248,17 +248,19 @@ class Sampler:
             for token in tokens:
                 llama_cpp.llama_sampler_accept(self.chain, token)
 
-    def sample(self, ctx: Any, batch_index: int) -> int:
-        """Pick the next token from the logits at ``batch_index`` and accept it."""
+    def sample(self, ctx: Any, batch_index: int, row: np.ndarray | None = None) -> int:
+        """Pick the next token from the logits at ``batch_index`` (or from ``row``, logits
+        kept from an earlier step: see :mod:`.keptlogits`) and accept it."""
         if self.argmax_only:
             # The first largest logit, as llama.cpp's greedy sampler picks (it has no state
             # to accept the token into).
-            return int(logits_at(ctx, batch_index, self.n_vocab).argmax())
+            logits = row if row is not None else logits_at(ctx, batch_index, self.n_vocab)
+            return int(logits.argmax())
         penalties = self.penalties
         if penalties is None:
-            return self._sample(ctx, batch_index)
+            return self._sample(ctx, batch_index, row)
+        logits = row if row is not None else logits_at(ctx, batch_index, self.n_vocab)
         if self._greedy:
-            logits = logits_at(ctx, batch_index, self.n_vocab)
             token = int(logits.argmax())
             if token in penalties.counts or not penalties.lowers_only:
                 # The best token is one the penalties change (or they may raise others):
@@ -275,23 +277,23 @@ class Sampler:
         else:
             # The chain reads llama.cpp's logits: penalised there for this one sample, then
             # put back (logprobs are of the model's own logits).
-            logits = logits_at(ctx, batch_index, self.n_vocab)
             ids, values = penalties.penalised(logits)
             original = logits[ids]
             logits[ids] = values
             try:
-                token = self._sample(ctx, batch_index)
+                token = self._sample(ctx, batch_index, row)
             finally:
                 logits[ids] = original
         penalties.accept(token)
         return token
 
-    def _sample(self, ctx: Any, batch_index: int) -> int:
-        """The chain's (and grammar's) pick from the logits at ``batch_index``, accepted."""
-        if self.grammar is None:
+    def _sample(self, ctx: Any, batch_index: int, row: np.ndarray | None = None) -> int:
+        """The chain's (and grammar's) pick from the logits at ``batch_index`` (or ``row``),
+        accepted."""
+        if self.grammar is None and row is None:
             # Fast path: the whole chain runs in C and accepts the token itself.
             return int(llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index))
-        logits = logits_at(ctx, batch_index, self.n_vocab)
+        logits = row if row is not None else logits_at(ctx, batch_index, self.n_vocab)
         data, array = self._candidates()
         data["id"] = np.arange(self.n_vocab, dtype=np.intc)
         data["logit"] = logits

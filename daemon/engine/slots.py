@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..runner.protocol import Timings
+
 if TYPE_CHECKING:
     from ..runner.protocol import TokenLogprob
     from ..speculation.policy import Drafter, DraftPolicy
@@ -173,6 +175,50 @@ class Slot:
         """Prompt tokens still to evaluate."""
         return len(self.job.prompt) - len(self.cache) if self.job is not None else 0
 
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The log probabilities not emitted yet (None when there are none); they are
+        emitted now."""
+        if not self.logprobs:
+            return None
+        taken, self.logprobs = self.logprobs, []
+        return taken
+
+    def timings(self, now: float, drafter: str, threads_of: int) -> Timings:
+        """The current request's timings at ``now``; ``drafter`` names what drafted for it,
+        ``threads_of`` is the runner's own thread count."""
+        slot = self
+        job = slot.job
+        assert job is not None
+        first = slot.first_token_at or now
+        evaluated = len(job.prompt) - slot.reused
+        prompt_s = max(first - slot.admitted, 1e-9)
+        decode_s = now - first
+        decoding_s = decode_s - slot.parked_ms / 1000
+        return Timings(
+            queued_ms=(slot.admitted - job.arrived) * 1000,
+            ttft_ms=(first - job.arrived) * 1000 if slot.first_token_at else 0.0,
+            prompt_tokens=len(job.prompt),
+            cached_tokens=slot.reused,
+            prompt_ms=prompt_s * 1000,
+            prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
+            completion_tokens=slot.generated,
+            decode_ms=decode_s * 1000,
+            parked_ms=slot.parked_ms,
+            sample_ms=slot.first_marks[0] * 1000,
+            detokenize_ms=slot.first_marks[1] * 1000,
+            decode_tokens_per_s=(slot.generated - 1) / decoding_s
+            if slot.generated > 1 and decoding_s > 0
+            else 0.0,
+            total_ms=(now - job.arrived) * 1000,
+            draft_tokens=slot.drafted,
+            draft_accepted=slot.accepted,
+            drafter=drafter,
+            threads_min=slot.threads_min,
+            threads_max=slot.threads_max,
+            threads_of=threads_of,
+            threads_why=slot.threads_why if slot.threads_min < threads_of else "",
+        )
+
 
 def busy_runs(seq_ids: Iterable[int]) -> int:
     """How many runs of consecutive ids ``seq_ids`` form (``{0, 1, 3}``: 2)."""
@@ -191,7 +237,8 @@ def choose_slot(
 
     Longest common prefix first; among equals the least recently used slot, so that other
     slots' caches survive for the prompts that want them. At least one prompt token is always
-    evaluated again, for fresh logits.
+    evaluated again, for fresh logits (the engine skips that step only where the slot kept
+    the logits of exactly this prompt: :mod:`.keptlogits`).
 
     ``wanted`` are the prompts of other requests waiting for a slot: a free slot whose cache
     one of them shares more of than ``prompt`` does is left to it while any other slot is
