@@ -113,6 +113,23 @@ def read_cpu(cpus: frozenset[int], path: str = _STAT) -> CpuReading | None:
     return CpuReading(at=time.monotonic(), busy=busy, own=time.process_time())
 
 
+_LOADAVG = "/proc/loadavg"
+_loadavg_fd: int | None = None
+
+
+def runnable_now() -> int | None:
+    """Threads runnable on the whole machine at this moment, the caller included (the fourth
+    field of ``/proc/loadavg``, ``runnable/total``); None where it cannot be read."""
+    global _loadavg_fd
+    try:
+        if _loadavg_fd is None:
+            _loadavg_fd = os.open(_LOADAVG, os.O_RDONLY)
+        fields = os.pread(_loadavg_fd, 256, 0).split()
+        return int(fields[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _children(pid: int, proc: str) -> list[int]:
     """The live children of ``pid``: from each thread's ``children`` file (Linux 3.5+), else
     by scanning every process's parent."""

@@ -351,3 +351,27 @@ def test_steps_right_after_a_burst_get_the_threads_back_within_a_reading_or_two(
     # Before: half a second of readings had to agree. Now the first quiet tenth of a second
     # raises the count (a trial that holds).
     assert counts[-1] == 2 and counts.count(1) * IDLE[1] <= 0.25, counts.count(1)
+
+
+def test_a_batch_right_after_a_burst_that_ended_gets_every_thread_if_nothing_else_runs() -> None:
+    # The latest reading spans the others' burst (llama-server answering the request before
+    # ours), but at the moment the prompt's step starts no other thread is runnable.
+    for still_running, expected in ((0, 2), (1, 1)):
+        machine = Machine()
+        gov = governor(machine, runnable=lambda others=still_running: 1 + others)
+        run_for(gov, machine, 1.0, IDLE)
+        machine.others = 2.0
+        machine.advance(0.2, 0)  # the burst, inside the next reading's interval
+        machine.others = 0.0
+        assert step(gov, machine, IDLE, kind="batch", tokens=8) == expected
+        assert gov.cap("batch") == 1  # the readings themselves still say what they saw
+
+
+def test_no_runnable_count_leaves_the_readings_alone() -> None:
+    machine = Machine()
+    gov = governor(machine, runnable=lambda: None)
+    run_for(gov, machine, 1.0, IDLE)
+    machine.others = 2.0
+    machine.advance(0.2, 0)
+    machine.others = 0.0
+    assert step(gov, machine, IDLE, kind="batch", tokens=8) == 1
