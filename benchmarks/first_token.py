@@ -20,6 +20,11 @@ each server gets the same one in a round): then no prompt is the one before, and
 server keeps of earlier prompts (its KV cache, localllm's tokenized pieces) covers only the
 part they share, as in a conversation's next message. Without it the same question repeats.
 
+``--history TURNS`` puts TURNS earlier exchanges (a question and a paragraph of answer each,
+the same in every round) before the question: the next message of a long conversation, where
+each server receives, renders and tokenizes the whole history again and finds most of it in
+its cache.
+
 ``--fresh`` sends every request on a new connection (as ``curl`` and ``benchmarks/serve.py``
 do: its load generator opens a client per level), so the TCP handshake and the server's
 setup of a connection count in the TTFT; without it each server keeps one connection alive.
@@ -35,6 +40,7 @@ Usage::
 
     python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--base PYTHON]
         [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048] [--vary] [--fresh]
+        [--history TURNS] [--setting NAME=VALUE]...
 """
 
 from __future__ import annotations
@@ -57,23 +63,47 @@ from localllm.starter import starter_gguf_path
 QUESTION = "Tell me a long story about a lighthouse keeper named Keeper0."
 
 
+def _history(turns: int) -> list[dict[str, str]]:
+    """``turns`` earlier exchanges of a conversation, the same every time."""
+    messages = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"What happened on day {turn} at the light?"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": (
+                    f"On day {turn} the keeper climbed the stairs at dusk, trimmed the wick, "
+                    "polished the lens until it shone, and wrote in the log that the sea was "
+                    f"calm, the wind came from the west, and {turn % 7 + 2} ships passed."
+                ),
+            }
+        )
+    return messages
+
+
 def _ask(
-    client: httpx.Client, url: str, model: str, tokens: int, question: str = QUESTION
+    client: httpx.Client,
+    url: str,
+    model: str,
+    tokens: int,
+    question: str = QUESTION,
+    history: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """One streamed chat: the client's TTFT (ms), the Server-Timing header, the last chunk
     (asked again once if a kept-alive connection was closed under it)."""
+    messages = [*(history or []), {"role": "user", "content": question}]
     try:
-        return _ask_once(client, url, model, tokens, question)
+        return _ask_once(client, url, model, tokens, messages)
     except httpx.RemoteProtocolError:
-        return _ask_once(client, url, model, tokens, question)
+        return _ask_once(client, url, model, tokens, messages)
 
 
 def _ask_once(
-    client: httpx.Client, url: str, model: str, tokens: int, question: str
+    client: httpx.Client, url: str, model: str, tokens: int, messages: list[dict[str, str]]
 ) -> dict[str, Any]:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": question}],
+        "messages": messages,
         "max_tokens": tokens,
         "temperature": 0,
         "stream": True,
@@ -131,6 +161,16 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
     parser.add_argument("--vary", action="store_true", help="a question of its own per round")
     parser.add_argument("--fresh", action="store_true", help="a new connection per request")
+    parser.add_argument(
+        "--history", type=int, default=0, help="earlier exchanges before the question"
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a daemon setting (repeat it; e.g. --setting flash_attention=off)",
+    )
     args = parser.parse_args()
     model = starter_gguf_path()
     if model is None:
@@ -142,6 +182,9 @@ def main() -> int:
         "context_length": args.ctx,
         "speed_probe": "off",  # its quiet-moment probe must not run between rounds
     }
+    for item in args.setting:
+        name, _, value = item.partition("=")
+        settings[name.strip().lower()] = value.strip()
     with contextlib.ExitStack() as stack:
         home = stack.enter_context(tempfile.TemporaryDirectory(prefix="localllm-bench-"))
         env, url = daemon_env(home, **settings)
@@ -177,16 +220,27 @@ def main() -> int:
                     turn, cycle = index % len(names), index // len(names)
                     order = names[turn:] + names[:turn]
                     question = QUESTION.replace("0.", f"{index}.") if args.vary else QUESTION
+                    history = _history(args.history)
                     for name in order if cycle % 2 == 0 else order[::-1]:
                         _, server_url, name_of_model = servers[name]
                         if args.fresh:
                             with httpx.Client(timeout=300) as fresh:
                                 answer = _ask(
-                                    fresh, server_url, name_of_model, args.tokens, question
+                                    fresh,
+                                    server_url,
+                                    name_of_model,
+                                    args.tokens,
+                                    question,
+                                    history,
                                 )
                         else:
                             answer = _ask(
-                                clients[name], server_url, name_of_model, args.tokens, question
+                                clients[name],
+                                server_url,
+                                name_of_model,
+                                args.tokens,
+                                question,
+                                history,
                             )
                         if index >= 3:
                             rows[name].append(answer)
@@ -281,6 +335,7 @@ def _ratios(one: str, other: str, mine: list[dict[str, Any]], theirs: list[dict[
     pairs = [a["ttft"] / b["ttft"] for a, b in zip(mine, theirs, strict=True)]
     print(
         f"{one} / {other} client TTFT per pair: mean {statistics.mean(pairs):.3f}, "
+        f"geometric mean {statistics.geometric_mean(pairs):.3f}, "
         f"median {statistics.median(pairs):.3f}, range {min(pairs):.2f}-{max(pairs):.2f} "
         f"({len(pairs)} pairs)"
     )
