@@ -183,8 +183,11 @@ def main() -> int:
         "speed_probe": "off",  # its quiet-moment probe must not run between rounds
     }
     for item in args.setting:
-        name, _, value = item.partition("=")
+        name, equals, value = item.partition("=")
+        if not equals or not name.strip():
+            parser.error(f"--setting takes NAME=VALUE, got {item!r}")
         settings[name.strip().lower()] = value.strip()
+    history = _history(args.history)
     with contextlib.ExitStack() as stack:
         home = stack.enter_context(tempfile.TemporaryDirectory(prefix="localllm-bench-"))
         env, url = daemon_env(home, **settings)
@@ -220,7 +223,6 @@ def main() -> int:
                     turn, cycle = index % len(names), index // len(names)
                     order = names[turn:] + names[:turn]
                     question = QUESTION.replace("0.", f"{index}.") if args.vary else QUESTION
-                    history = _history(args.history)
                     for name in order if cycle % 2 == 0 else order[::-1]:
                         _, server_url, name_of_model = servers[name]
                         if args.fresh:
