@@ -43,11 +43,6 @@ class KeptLogits:
         keep that row once the step is over (:meth:`take`)."""
         self._pending = (batch_index, prompt, adapters)
 
-    @property
-    def pending(self) -> bool:
-        """Whether a row waits to be copied."""
-        return self._pending is not None
-
     def take(self, ctx: Any, n_vocab: int) -> None:
         """Copy the noted row out of llama.cpp's logits (before the next decode replaces
         them)."""

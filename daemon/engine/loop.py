@@ -852,8 +852,7 @@ class Engine:
         piece: bytes | None = None,
         row: Any = None,
     ) -> TokenLogprob:
-        model = self.model
-        logits = row if row is not None else logits_at(model.ctx, batch_index, model.n_vocab)
+        logits = logits_at(self.model.ctx, batch_index, self.model.n_vocab, row)
         chosen, top = token_logprobs(logits, token, job.options.top_logprobs)
 
         def entry(token_id: int, logprob: float, data: bytes | None = None) -> TokenLogprob:

@@ -77,8 +77,13 @@ def check_sampling(options: SamplingOptions, n_vocab: int) -> None:
         raise ValueError(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
 
 
-def logits_at(ctx: Any, batch_index: int, n_vocab: int) -> np.ndarray:
-    """The model's logits for one batch position (a view into llama.cpp's buffer)."""
+def logits_at(
+    ctx: Any, batch_index: int, n_vocab: int, row: np.ndarray | None = None
+) -> np.ndarray:
+    """The model's logits for one batch position (a view into llama.cpp's buffer), or
+    ``row`` when given (logits kept from an earlier step: see :mod:`.keptlogits`)."""
+    if row is not None:
+        return row
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(n_vocab,))
 
 
@@ -254,12 +259,12 @@ class Sampler:
         if self.argmax_only:
             # The first largest logit, as llama.cpp's greedy sampler picks (it has no state
             # to accept the token into).
-            logits = row if row is not None else logits_at(ctx, batch_index, self.n_vocab)
+            logits = logits_at(ctx, batch_index, self.n_vocab, row)
             return int(logits.argmax())
         penalties = self.penalties
         if penalties is None:
             return self._sample(ctx, batch_index, row)
-        logits = row if row is not None else logits_at(ctx, batch_index, self.n_vocab)
+        logits = logits_at(ctx, batch_index, self.n_vocab, row)
         if self._greedy:
             token = int(logits.argmax())
             if token in penalties.counts or not penalties.lowers_only:
@@ -293,7 +298,7 @@ class Sampler:
         if self.grammar is None and row is None:
             # Fast path: the whole chain runs in C and accepts the token itself.
             return int(llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index))
-        logits = row if row is not None else logits_at(ctx, batch_index, self.n_vocab)
+        logits = logits_at(ctx, batch_index, self.n_vocab, row)
         data, array = self._candidates()
         data["id"] = np.arange(self.n_vocab, dtype=np.intc)
         data["logit"] = logits

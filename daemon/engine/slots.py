@@ -186,37 +186,36 @@ class Slot:
     def timings(self, now: float, drafter: str, threads_of: int) -> Timings:
         """The current request's timings at ``now``; ``drafter`` names what drafted for it,
         ``threads_of`` is the runner's own thread count."""
-        slot = self
-        job = slot.job
+        job = self.job
         assert job is not None
-        first = slot.first_token_at or now
-        evaluated = len(job.prompt) - slot.reused
-        prompt_s = max(first - slot.admitted, 1e-9)
+        first = self.first_token_at or now
+        evaluated = len(job.prompt) - self.reused
+        prompt_s = max(first - self.admitted, 1e-9)
         decode_s = now - first
-        decoding_s = decode_s - slot.parked_ms / 1000
+        decoding_s = decode_s - self.parked_ms / 1000
         return Timings(
-            queued_ms=(slot.admitted - job.arrived) * 1000,
-            ttft_ms=(first - job.arrived) * 1000 if slot.first_token_at else 0.0,
+            queued_ms=(self.admitted - job.arrived) * 1000,
+            ttft_ms=(first - job.arrived) * 1000 if self.first_token_at else 0.0,
             prompt_tokens=len(job.prompt),
-            cached_tokens=slot.reused,
+            cached_tokens=self.reused,
             prompt_ms=prompt_s * 1000,
-            prompt_tokens_per_s=evaluated / prompt_s if slot.first_token_at else 0.0,
-            completion_tokens=slot.generated,
+            prompt_tokens_per_s=evaluated / prompt_s if self.first_token_at else 0.0,
+            completion_tokens=self.generated,
             decode_ms=decode_s * 1000,
-            parked_ms=slot.parked_ms,
-            sample_ms=slot.first_marks[0] * 1000,
-            detokenize_ms=slot.first_marks[1] * 1000,
-            decode_tokens_per_s=(slot.generated - 1) / decoding_s
-            if slot.generated > 1 and decoding_s > 0
+            parked_ms=self.parked_ms,
+            sample_ms=self.first_marks[0] * 1000,
+            detokenize_ms=self.first_marks[1] * 1000,
+            decode_tokens_per_s=(self.generated - 1) / decoding_s
+            if self.generated > 1 and decoding_s > 0
             else 0.0,
             total_ms=(now - job.arrived) * 1000,
-            draft_tokens=slot.drafted,
-            draft_accepted=slot.accepted,
+            draft_tokens=self.drafted,
+            draft_accepted=self.accepted,
             drafter=drafter,
-            threads_min=slot.threads_min,
-            threads_max=slot.threads_max,
+            threads_min=self.threads_min,
+            threads_max=self.threads_max,
             threads_of=threads_of,
-            threads_why=slot.threads_why if slot.threads_min < threads_of else "",
+            threads_why=self.threads_why if self.threads_min < threads_of else "",
         )
 
 
