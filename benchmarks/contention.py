@@ -27,7 +27,13 @@ Scenarios, each run ``--repeat`` times, the servers interleaved (the order alter
 5. **after activity**: decode and prefill of a request sent the moment another program's
    burst ends (``cores`` busy processes for ``--burst`` seconds, then killed): an editor or an
    agent that just used the CPU, a build or a test run that just ended, the commonest case
-   on a desktop (the idle rows wait 2 s of quiet instead).
+   on a desktop (the idle rows wait 2 s of quiet instead);
+6. **a load that comes and goes** (``rhythm``, only when asked): one process busy 0.3 s and
+   quiet 0.3 s over and over (another server answering in turns, a tool run in a loop), and
+   ``--rhythm-requests`` short prompts (``--rhythm-tokens``, no cache) sent at random moments
+   of it, the same moments for every server; the mean prompt rate. The governor's rule for a
+   request's first batch beside such a load (every thread, since what still runs is most
+   often the end of a burst) costs where the load has come back: this measures both.
 
 The ratios printed: ``on/off`` idle decode (the governor must not cost on an idle machine:
 target ≥ 0.97), busy/idle for each server (target ≥ 0.5 for ``on`` with one busy process on 2
@@ -35,13 +41,19 @@ cores: the one-thread speed is the limit), two models ``shared`` (target ≥ 0.9
 busy/idle, and after activity ``on/off`` decode and prefill (target ≥ 0.95: a burst that has
 ended must cost nothing). The last line is one JSON object with every figure.
 
+``--base PYTHON`` adds a third server, ``base``: a daemon with the governor on, started by
+another interpreter whose ``localllm`` is the code before a change (a venv with another
+checkout installed), in every scenario but the two-models one; ``on / base`` ratios say what
+the change did, measured in the same minutes.
+
 ``--model PATH`` measures another GGUF (e.g. a random-weight Llama-3.2-1B shape written by
 ``predict.py``) in the single-model scenarios; the two-models scenario stays on the starter.
 
 Usage::
 
     python benchmarks/contention.py [--repeat 3] [--tokens 96] [--threads N] [--model PATH]
-        [--llama-server PATH] [--only decode,prefill,two,clients,after | idle] [--burst 2]
+        [--llama-server PATH] [--base PYTHON] [--burst 2] [--rhythm-requests 8]
+        [--rhythm-tokens 64] [--only decode,prefill,two,clients,after,rhythm | idle]
 
 ``--only idle`` measures only the idle machine (decode and prefill, each after 2 s of quiet), the
 A/B that says whether the governor costs anything there; use more ``--repeat`` for it.
@@ -54,6 +66,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -72,6 +85,14 @@ from localllm.starter import starter_gguf_path
 STARTER = "smollm2:135m"
 QUANTIZED = "smollm2:135m-q8"
 BUSY = "while True: pass"
+RHYTHM = (
+    "import time\n"
+    "while True:\n"
+    "    end = time.monotonic() + 0.3\n"
+    "    while time.monotonic() < end: pass\n"
+    "    time.sleep(0.3)\n"
+)
+RHYTHM_PERIOD_S = 0.6
 IDLE_SETTLE_S = 2.0
 
 
@@ -110,6 +131,19 @@ def after_activity(cores: int, seconds: float) -> Iterator[None]:
     yield
 
 
+@contextlib.contextmanager
+def comes_and_goes() -> Iterator[None]:
+    """One process busy 0.3 s and quiet 0.3 s over and over while the block runs (given a few
+    periods first, so that the readings have seen it come and go)."""
+    spinner = subprocess.Popen([sys.executable, "-c", RHYTHM], start_new_session=True)
+    try:
+        time.sleep(4 * RHYTHM_PERIOD_S)
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def _prompt(words: int) -> str:
     # A number no earlier request started with: nothing of it is cached.
     lead = f"{time.time_ns()} "
@@ -129,7 +163,13 @@ class Daemon:
     """A localllm daemon on a temporary home."""
 
     def __init__(
-        self, name: str, home: str, threads: int, governor: bool, model: str | None = None
+        self,
+        name: str,
+        home: str,
+        threads: int,
+        governor: bool,
+        model: str | None = None,
+        python: str | None = None,
     ) -> None:
         self.name = name
         self.path = model
@@ -150,7 +190,7 @@ class Daemon:
         self.url = f"http://127.0.0.1:{port}"
         self.env = env
         self.words: dict[int, int] = {}
-        self.process = start_daemon(env)
+        self.process = start_daemon(env, python)
 
     def ready(self, models: list[str]) -> None:
         wait_http(self.url, self.process, 180, "/api/version")
@@ -323,6 +363,11 @@ def main() -> int:
     parser.add_argument("--only", default="decode,prefill,two,clients,after")
     parser.add_argument("--model", help="a GGUF for the single-model scenarios (the starter)")
     parser.add_argument("--burst", type=float, default=2.0, help="seconds of the burst before")
+    parser.add_argument(
+        "--base", help="a Python whose localllm is the code to compare with (a third server)"
+    )
+    parser.add_argument("--rhythm-requests", type=int, default=8)
+    parser.add_argument("--rhythm-tokens", type=int, default=64)
     args = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C, so that no busy process or server outlives the script.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -335,11 +380,17 @@ def main() -> int:
     prefill_levels = (0,) if "idle" in only else (0, 1)
     models = [STARTER, QUANTIZED] if "two" in only else [STARTER]
 
-    with tempfile.TemporaryDirectory() as on_home, tempfile.TemporaryDirectory() as off_home:
+    with contextlib.ExitStack() as homes:
+
+        def home() -> str:
+            return homes.enter_context(tempfile.TemporaryDirectory())
+
         servers: list[Any] = [
-            Daemon("on", on_home, threads, governor=True, model=args.model),
-            Daemon("off", off_home, threads, governor=False, model=args.model),
+            Daemon("on", home(), threads, governor=True, model=args.model),
+            Daemon("off", home(), threads, governor=False, model=args.model),
         ]
+        if args.base:
+            servers.append(Daemon("base", home(), threads, True, args.model, python=args.base))
         if args.llama_server:
             servers.append(LlamaServer(args.llama_server, threads, args.model))
         results: dict[str, Any] = {
@@ -352,6 +403,8 @@ def main() -> int:
             for server in servers:
                 server.ready(models)
                 server.prefill_rate(args.prompt_tokens)  # sizes its prompt (a tokenize call)
+                if "rhythm" in only:
+                    server.prefill_rate(args.rhythm_tokens)
             runs: dict[str, list[float]] = {}
 
             def record(key: str, value: float) -> None:
@@ -393,9 +446,23 @@ def main() -> int:
                             f"tok/s" + (f" (threads {seen})" if seen else ""),
                             flush=True,
                         )
+                for server in order if "rhythm" in only else ():
+                    moments = random.Random(repetition)
+                    with comes_and_goes():
+                        rates = []
+                        for _ in range(args.rhythm_requests):
+                            time.sleep(moments.uniform(0, RHYTHM_PERIOD_S))
+                            rates.append(server.prefill_rate(args.rhythm_tokens))
+                    rate = statistics.fmean(rates)
+                    record(f"{server.name}_prefill_rhythm", rate)
+                    print(
+                        f"[{repetition}] {server.name} prefill beside a load that comes and "
+                        f"goes: {rate:.1f} tok/s (each: {', '.join(f'{r:.0f}' for r in rates)})",
+                        flush=True,
+                    )
                 daemons = [s for s in order if isinstance(s, Daemon)]
                 if "two" in only:
-                    for server in daemons:
+                    for server in (s for s in daemons if s.name != "base"):
                         alone = [server.decode_rate(m, args.tokens) for m in models]
                         both = server.together(models, args.tokens)
                         shared = sum(b / a for b, a in zip(both, alone, strict=True))
@@ -463,6 +530,21 @@ def main() -> int:
                 pairs = _ratio(runs[f"on_{kind}_after"], runs[f"llama-server_{kind}_after"])
                 results[f"{kind}_after_on_vs_llama_server"] = pairs[0]
                 _show(f"{kind} after activity, governor on / llama-server", pairs)
+    if "rhythm" in only:
+        for other in ("off", "base"):
+            if other in names:
+                pairs = _ratio(runs["on_prefill_rhythm"], runs[f"{other}_prefill_rhythm"])
+                results[f"prefill_rhythm_on_vs_{other}"] = pairs[0]
+                _show(f"prefill beside a load that comes and goes, on / {other}", pairs)
+    if "base" in names:
+        for key in [k for k in runs if k.startswith("on_") and not k.startswith("on_two")]:
+            if "rhythm" in key:
+                continue
+            base_key = "base_" + key[3:]
+            if base_key in runs:
+                pairs = _ratio(runs[key], runs[base_key])
+                results[f"{key[3:]}_on_vs_base"] = pairs[0]
+                _show(f"{key[3:]}, on / base", pairs)
     if "clients" in only:
         for name in ("on", "off"):
             pairs = _ratio(runs[f"{name}_clients8_busy1"], runs[f"{name}_clients8_busy0"])

@@ -27,7 +27,10 @@ The count is the smallest of three things:
    a count the next burst punishes. A batch (a prompt's step, decided once) that the latest
    interval holds down still gets every thread when no other thread is runnable at that
    moment (``/proc/loadavg``): the interval only says the others were busy some time in it,
-   and a request sent right after another program's answer comes after its burst.
+   and a request sent right after another program's answer comes after its burst. A
+   request's first batch gets them too when the others' load has ended once in the last two
+   seconds (it comes and goes, as another server's answers do): what is still runnable then
+   is most often that burst's end (an OpenMP worker spinning ~10 ms before it sleeps).
 3. **What runs fastest**: where the first two leave room, an online tuner compares the time
    per token at the current count against one fewer (or one more, when it had chosen fewer
    than allowed) in short trials whose steps alternate between the two counts, and keeps the
@@ -107,6 +110,20 @@ llama-server and a second daemon answering in turn before each of the daemon's r
 OpenMP workers, the hand-over's own threads) and the count was down to this thread alone
 within 1-5 ms in 13 of 14 rounds: at most ~5 ms spent, where the batch on one thread
 instead of two costs tens."""
+_RHYTHM_S = 2.0
+_RHYTHM_BUSY = 0.5
+_RHYTHM_QUIET = 0.25
+_RHYTHM_GAP_S = 0.05
+"""A load that comes and goes: within the last :data:`_RHYTHM_S` seconds, an interval where
+others needed at least :data:`_RHYTHM_BUSY` of a core was followed by one where they needed
+less than :data:`_RHYTHM_QUIET` (their load ended once already). A request's first batch,
+after the engine idled at least :data:`_RHYTHM_GAP_S`, that such a load holds down gets every
+thread even when the looks still see something runnable: what runs then is most often the
+end of the burst (another server's OpenMP workers spin ~10 ms after its answer, longer than
+the looks wait), which costs a two-thread batch a few ms, where one thread costs it tens. A
+load that runs on (one busy process, a build) never shows the quiet interval after a busy one
+and keeps the looks' verdict; one that came back costs one batch (a quarter second's worth of
+prompt at one thread) on two threads beside it."""
 _HELD_BATCH_S = 0.25
 """While other processes hold the batch count down, a batch holds about this many seconds of
 prompt tokens (by the pace measured at that count), so that the count is decided again soon
@@ -263,6 +280,8 @@ class Governor:
         self._next_sample = 0.0
         self._last_sample = 0.0
         self._last_step = 0.0
+        self._step_end = 0.0
+        """When the latest step ended (its observation)."""
         self.others: float | None = None
         self._cpu_cap: dict[Kind, int] = dict.fromkeys(KINDS, self.max_threads)
         self._cap_why = ""
@@ -276,6 +295,8 @@ class Governor:
         self._quick_backoff = _QUICK_BACKOFF_S[0]
         self._quick_after = 0.0
         """No quick raise before this (on the injectable clock)."""
+        self._rhythm: list[tuple[float, float]] = []
+        """(end, what others needed) of the latest intervals, :data:`_RHYTHM_S` of them."""
         self._batch_pace: dict[int, float] = {}
         """Seconds per prompt token of the latest batch step at each count."""
         self._binding: dict[Kind, str] = dict.fromkeys(KINDS, "max")
@@ -306,6 +327,7 @@ class Governor:
 
     def observe(self, kind: Kind, threads: int, tokens: int, seconds: float) -> None:
         """One decode of ``tokens`` tokens took ``seconds`` with ``threads`` threads."""
+        self._step_end = self._clock()
         if self.fixed or tokens <= 0 or seconds <= 0:
             return
         self._thread_seconds += threads * seconds
@@ -344,6 +366,7 @@ class Governor:
         if self.fixed:
             return self.max_threads
         now = self._clock()
+        after_idle = now - self._step_end >= _RHYTHM_GAP_S
         self._last_step = now
         # A batch is long and decided once: it gets a fresh reading (see batch_tokens); while
         # others hold the count down, so does every step a tenth of a second on, so that the
@@ -354,10 +377,16 @@ class Governor:
         if now >= self._next_sample or (fresh and now - self._last_sample >= _QUICK_S):
             self._sample(now)
         cap = self.cap(kind)
-        if kind == "batch" and cap < min(self.max_threads, self.budget) and self._alone_now():
-            # The readings say others were busy in the last interval, but none is runnable
-            # now: their burst is over (a request sent right after another program's, or
-            # another server's, answer). A batch is decided once, so it gets every thread.
+        # The readings say others were busy in the last interval, but none is runnable now:
+        # their burst is over (a request sent right after another program's, or another
+        # server's, answer). A batch is decided once, so it gets every thread. So does a
+        # request's first batch beside a load that comes and goes (see _RHYTHM_S), without
+        # the looks' wait: what still runs is most likely its burst's end.
+        if (
+            kind == "batch"
+            and cap < min(self.max_threads, self.budget)
+            and ((after_idle and self._comes_and_goes()) or self._alone_now())
+        ):
             cap = min(self.max_threads, self.budget)
         tuner = self._tuners[kind]
         count = min(tuner.preferred, cap)
@@ -384,6 +413,17 @@ class Governor:
             if runnable is None:
                 return False
             if runnable <= 1:
+                return True
+        return False
+
+    def _comes_and_goes(self) -> bool:
+        """Whether the others' load ended at least once in the last :data:`_RHYTHM_S`: a busy
+        interval followed by a quiet one (the latest, which holds the count down, aside)."""
+        busy_seen = False
+        for _, others in self._rhythm[:-1]:
+            if others >= _RHYTHM_BUSY:
+                busy_seen = True
+            elif busy_seen and others < _RHYTHM_QUIET:
                 return True
         return False
 
@@ -542,6 +582,10 @@ class Governor:
         if latest is None or window is None:
             return
         self.others = window
+        rhythm = self._rhythm
+        rhythm.append((reading.at, latest))
+        while reading.at - rhythm[0][0] > _RHYTHM_S:
+            del rhythm[0]
         span = readings[-1].at - readings[0].at
         latest_span = readings[-1].at - readings[-2].at
         for kind in KINDS:

@@ -375,3 +375,40 @@ def test_no_runnable_count_leaves_the_readings_alone() -> None:
     machine.advance(0.2, 0)
     machine.others = 0.0
     assert step(gov, machine, IDLE, kind="batch", tokens=8) == 1
+
+
+def test_a_first_batch_beside_a_load_that_comes_and_goes_gets_every_thread() -> None:
+    # Something is always runnable at the looks (another server's OpenMP worker spinning after
+    # its answer, or a load that is still on): only the load's rhythm tells them apart.
+    def served_in_turn(last_burst: float) -> Governor:
+        """Another server answers, then ours, then the other again (its load ended once)."""
+        machine = Machine()
+        gov = governor(machine, runnable=lambda: 3)
+        run_for(gov, machine, 1.0, IDLE)
+        machine.others = 2.0
+        idle(gov, machine, 0.3)
+        machine.others = 0.0
+        run_for(gov, machine, 0.3, IDLE)
+        machine.others = 2.0
+        idle(gov, machine, last_burst)
+        machine.others = 0.0
+        gov.machine = machine  # type: ignore[attr-defined]
+        return gov
+
+    gov = served_in_turn(0.2)
+    machine = gov.machine  # type: ignore[attr-defined]
+    assert gov.cap("batch") == 1  # the latest reading holds the count down...
+    assert step(gov, machine, IDLE, kind="batch", tokens=8) == 2  # ...but the load comes and goes
+    # The prompt's next batch, with no idle gap before it, keeps the looks' verdict: a load
+    # that came back costs at most one batch.
+    machine.others = 2.0
+    assert step(gov, machine, IDLE, kind="batch", tokens=8) == 1
+
+    # A load that started and runs on (quiet, then busy) and one that never stopped.
+    for before in (0.0, 1.0):
+        machine = Machine(others=before)
+        gov = governor(machine, runnable=lambda: 3)
+        run_for(gov, machine, 1.0, IDLE if before == 0 else BUSY)
+        machine.others = 1.0
+        idle(gov, machine, 2.5)
+        assert step(gov, machine, IDLE, kind="batch", tokens=8) == 1, before
