@@ -431,6 +431,16 @@ async def test_tui_models_screen_offers_the_import(
     other.model("tuitiny:latest", [other.blob(tiny_gguf.read_bytes(), MEDIA_MODEL)])
     cli.ok("list")  # the daemon runs
     app = LocalLLMApp(cli.settings.replace(ollama_models=other.root), autostart=False)
+    # Every message shown, kept here: a notification leaves app._notifications once its
+    # timeout passes, which a loaded machine can outlast.
+    told: list[str] = []
+    notify = app.notify
+
+    def recording_notify(message: str, **kwargs: Any) -> None:
+        told.append(str(message))
+        notify(message, **kwargs)
+
+    app.notify = recording_notify  # type: ignore[method-assign]
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.connection == "connected", "connection")
         await pilot.press("f3")
@@ -439,7 +449,7 @@ async def test_tui_models_screen_offers_the_import(
         )
         await wait_for(pilot, lambda: screen.ollama_offer is not None, "the Ollama offer")
         assert [m.label for m in screen.ollama_offer[1]] == ["tuitiny:latest"]
-        assert any("press i to import" in n.message for n in app._notifications)
+        assert any("press i to import" in message for message in told)
         assert screen.check_action("import_ollama", ()) is True
 
         await pilot.press("i")
