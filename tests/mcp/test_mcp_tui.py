@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from mcp_support import Reply, ScriptedModel, toolbox_entry, write_config
-from test_tui_support import screen_text, wait_for
+from test_tui_support import notices, screen_text, wait_for
 from textual.widgets import SelectionList
 
 from localllm.client import AsyncClient
@@ -236,16 +236,7 @@ async def test_a_model_that_cannot_call_tools_is_said_at_once(
     scripted.capabilities = ["completion"]
     scripted.script = [Reply("Hello.")]
     app = make_app(scripted, tmp_path)
-    # Every message shown, kept here: a notification leaves app._notifications once its
-    # timeout passes, which a slow machine's answer can outlast.
-    told: list[str] = []
-    notify = app.notify
-
-    def recording_notify(message: str, **kwargs: Any) -> None:
-        told.append(str(message))
-        notify(message, **kwargs)
-
-    app.notify = recording_notify  # type: ignore[method-assign]
+    told = notices(app)
     async with app.run_test(size=(100, 40)) as pilot:
         screen = await ready(pilot, app)
         await ask(pilot, screen, "Hi")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from lora_support import write_lora_gguf
 from test_cli_support import CliHome, cli_home
-from test_tui_support import wait_for
+from test_tui_support import notices, wait_for
 
 from localllm._exceptions import OperationCancelledError
 from localllm.settings import Settings
@@ -431,16 +431,7 @@ async def test_tui_models_screen_offers_the_import(
     other.model("tuitiny:latest", [other.blob(tiny_gguf.read_bytes(), MEDIA_MODEL)])
     cli.ok("list")  # the daemon runs
     app = LocalLLMApp(cli.settings.replace(ollama_models=other.root), autostart=False)
-    # Every message shown, kept here: a notification leaves app._notifications once its
-    # timeout passes, which a loaded machine can outlast.
-    told: list[str] = []
-    notify = app.notify
-
-    def recording_notify(message: str, **kwargs: Any) -> None:
-        told.append(str(message))
-        notify(message, **kwargs)
-
-    app.notify = recording_notify  # type: ignore[method-assign]
+    told = notices(app)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_for(pilot, lambda: app.connection == "connected", "connection")
         await pilot.press("f3")

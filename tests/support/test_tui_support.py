@@ -15,7 +15,7 @@ from textual.pilot import Pilot
 from localllm.client import AsyncClient
 from localllm.tui.app import LocalLLMApp
 
-__all__ = ["make_app", "screen_text", "wait_for"]
+__all__ = ["make_app", "notices", "screen_text", "wait_for"]
 
 T = TypeVar("T")
 
@@ -30,6 +30,21 @@ def make_app(daemon: Daemon, data: Path, **kwargs: Any) -> LocalLLMApp:
         home=data, ollama_models=data / "no-ollama", mcp_config=data / "mcp.json"
     )
     return LocalLLMApp(settings, client=AsyncClient(daemon.settings), **kwargs)
+
+
+def notices(app: App[Any]) -> list[str]:
+    """Every message ``app`` is told to show from now on (``app.notify``), kept here: a
+    notification leaves ``app._notifications`` once its timeout passes, which a loaded
+    machine can outlast before the test reads it."""
+    told: list[str] = []
+    notify = app.notify
+
+    def recording_notify(message: str, **kwargs: Any) -> None:
+        told.append(str(message))
+        notify(message, **kwargs)
+
+    app.notify = recording_notify  # type: ignore[method-assign]
+    return told
 
 
 async def wait_for(
