@@ -126,6 +126,17 @@ async def runner_process(config: RunnerConfig) -> AsyncIterator[RunnerClient]:
             await process.stop()
 
 
+def store_copy(home: str | Path, model: Path) -> Path:
+    """The daemon's own copy of ``model`` in its store under ``home`` (the starter is imported
+    before the daemon answers), for a peer server to read the same file, so that how two
+    copies sit in memory cannot enter a comparison (in one process, the same 8-token step on
+    the installed file and on a fresh copy, 40 interleaved pairs, read ~3 % apart with the
+    order swapped; on one file twice, equal); ``model`` itself where the store holds none."""
+    size = model.stat().st_size
+    blobs = Path(home).rglob("sha256-*")
+    return next((p for p in blobs if p.is_file() and p.stat().st_size == size), model)
+
+
 def model_parser(
     doc: str | None, *, threads: int, threads_help: str, tokens: int, repeat: int
 ) -> argparse.ArgumentParser:

@@ -2,8 +2,9 @@
 
 One client sends the same short streamed chat (``/v1/chat/completions``, greedy, ``--tokens``
 tokens, the starter SmolLM2-135M) to a warm daemon and, with ``--peer PATH`` (a
-``llama-server`` binary), to llama-server with the same threads, slots and context, one
-server then the other, the order alternating, ``--pairs`` times after a warm-up. Printed:
+``llama-server`` binary), to llama-server with the same threads, slots and context, reading
+the daemon's own copy of the model file, one server then the other, the order alternating,
+``--pairs`` times after a warm-up. Printed:
 
 * the client's TTFT (request sent → first content) per server: median, range, and the
   per-pair ratio daemon / llama-server (mean, median, range);
@@ -56,7 +57,7 @@ import time
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, start_daemon, stop, wait_http
+from _daemon import daemon_env, free_port, start_daemon, stop, store_copy, wait_http
 
 from localllm.starter import starter_gguf_path
 
@@ -197,6 +198,10 @@ def main() -> int:
             env, url = daemon_env(base_home, **settings)
             servers["base"] = (start_daemon(env, args.base), url, "smollm2:135m")
         if args.peer:
+            # llama-server reads the daemon's own copy of the model (see store_copy)
+            process, daemon_url, _ = servers["daemon"]
+            wait_http(daemon_url, process, timeout=180)
+            model = store_copy(home, model)
             port = free_port()
             command = [
                 args.peer,

@@ -10,7 +10,8 @@ on both servers, the same threads, slots and context:
 
   - ``--peer llama-server PATH``: llama.cpp's own server (``PATH`` is a ``llama-server``
     binary, e.g. built from the llama.cpp vendored in llama-cpp-python), with ``-np SLOTS``,
-    ``-t/-tb THREADS`` and ``-c SLOTS*CTX`` (its context is split among the slots);
+    ``-t/-tb THREADS`` and ``-c SLOTS*CTX`` (its context is split among the slots), reading
+    the daemon's own copy of the model file (the peers do);
   - ``--peer llama-cpp-python`` (the default): ``python -m llama_cpp.server`` (extra
     ``server``; ``pip install "localllm[bench]"``) with ``--interrupt_requests False``, since
     its default cuts off a running stream when another request arrives;
@@ -79,7 +80,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, spare_ready, start_daemon, stop, wait_http
+from _daemon import (
+    daemon_env,
+    free_port,
+    spare_ready,
+    start_daemon,
+    stop,
+    store_copy,
+    wait_http,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from localllm.bench import OpenAIDriver, Sample, percentile, run_level
@@ -651,11 +660,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="localllm-bench-") as home:
         try:
             servers.append(start_daemon_server(args, home))
-            peer = start_peer_server(args, model)
+            servers[0].ready(args.slots)
+            # the peer reads the daemon's own copy of the model (see store_copy)
+            peer = start_peer_server(args, store_copy(home, model))
             if peer is not None:
                 servers.append(peer)
-            for server in servers:
-                server.ready(args.slots)
+                peer.ready(args.slots)
             for repetition in range(args.repeat):
                 for index, clients in enumerate(levels):
                     order = servers if (repetition + index) % 2 == 0 else servers[::-1]
