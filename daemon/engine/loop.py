@@ -205,6 +205,7 @@ class Engine:
         with self._accepting_lock:
             if self._accepting:
                 self._inbox.put((kind, payload))
+                self.model.interrupt.set()
                 return
         if refuse is not None:
             refuse()
@@ -311,6 +312,8 @@ class Engine:
                     and not self.embeddings
                     and not any(slot.busy for slot in self.slots)
                 )
+                if idle:
+                    self.model.interrupt.clear()  # what is sent from now on stops idle work
                 if (
                     idle
                     and self._inbox.empty()  # a request already sent goes first

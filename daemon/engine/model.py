@@ -22,6 +22,7 @@ from ..devices.backends import has_local_gpu
 from ..devices.cpu import decide, default_threads
 from ..runner.protocol import RunnerConfig
 from . import tokencache
+from .interrupt import DecodeInterrupt
 from .params import ModelLoadError, set_fields
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ _LOG_DEBUG, _LOG_CONT = 1, 5
 _log_state: dict[str, object] = {}
 # Lists collecting log lines for tap_llama_log.
 _log_taps: list[list[str]] = []
+# (thread id, lines) while hold_llama_log runs: that thread's lines wait there.
+_log_holds: list[tuple[int, list[str]]] = []
 
 
 def route_llama_log(stream: IO[str], debug: bool = False) -> None:
@@ -84,11 +87,18 @@ def route_llama_log(stream: IO[str], debug: bool = False) -> None:
             tap.append(text.decode("utf-8", errors="replace"))
         if effective == _LOG_DEBUG and not debug:
             return
+        if _log_holds and _log_holds[-1][0] == threading.get_ident():
+            _log_holds[-1][1].append(text.decode("utf-8", errors="replace"))
+            return
+        write(text.decode("utf-8", errors="replace"))
+
+    def write(text: str) -> None:
         with lock:
-            stream.write(text.decode("utf-8", errors="replace"))
+            stream.write(text)
             stream.flush()
 
     _log_state["callback"] = callback
+    _log_state["write"] = write
     llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
 
 
@@ -194,6 +204,28 @@ def tap_llama_log() -> Iterator[list[str]]:
         yield lines
     finally:
         _log_taps.remove(lines)
+
+
+@contextlib.contextmanager
+def hold_llama_log() -> Iterator[list[str]]:
+    """Hold back what llama.cpp logs from this thread while the block runs; the caller
+    passes the lines on with :func:`release_llama_log` or drops them (an idle decode stopped
+    for a request logs a failed graph, which is no failure)."""
+    lines: list[str] = []
+    hold = (threading.get_ident(), lines)
+    _log_holds.append(hold)
+    try:
+        yield lines
+    finally:
+        _log_holds.remove(hold)
+
+
+def release_llama_log(lines: list[str]) -> None:
+    """Write lines held by :func:`hold_llama_log` to the runner's log after all."""
+    write = _log_state.get("write")
+    if callable(write):
+        for line in lines:
+            write(line)
 
 
 class Batch:
@@ -302,6 +334,8 @@ class LlamaModel:
         # serves instead).
         self.scratch_seq: int | None = config.n_slots if self.unified_kv else None
         """The sequence for measurements, when there is one."""
+        self.interrupt = DecodeInterrupt()
+        """Raised when work arrives: stops a :meth:`decode_unless_interrupted` under way."""
         params = context_params(config, n_ctx, n_seq, self.n_threads, unified=self.unified_kv)
         n_batch = batch_size(config)
         set_fields(params, n_batch=n_batch, n_ubatch=n_batch)
@@ -529,6 +563,16 @@ class LlamaModel:
         On an asynchronous backend (a GPU) it returns once the work is queued: reading the
         logits waits for it, and so does :meth:`synchronize`."""
         return int(llama_cpp.llama_decode(self.ctx, self.batch.raw))
+
+    def decode_unless_interrupted(self) -> int:
+        """:meth:`decode` for work that may wait (measurements while idle): 2 when
+        :attr:`interrupt` was raised before or during it (a request arrived), the batch's
+        cells then removed again; a decode that cannot be stopped here runs to its end."""
+        with hold_llama_log() as held:
+            status = self.interrupt.decode(self.ctx, self.batch.raw)
+        if status != 2:
+            release_llama_log(held)
+        return status
 
     def synchronize(self) -> None:
         """Wait until the device has finished this context's decodes (a clock read after a

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from ..engine.model import LlamaModel
 from ..engine.slots import Slot, SlotState
@@ -60,6 +60,8 @@ class Speculation:
         """The decode cost of n tokens, learnt from the engine's decodes."""
         self._measured = False
         self._pieces: Iterator[None] | None = None
+        self.interrupted = 0
+        """Measuring decodes stopped because a request arrived (each is measured again)."""
 
     def measure(self) -> None:
         """Measure what drafting costs now, all at once (see :meth:`measure_piece`)."""
@@ -81,7 +83,7 @@ class Speculation:
         if self.num_draft <= 0:
             return
         if self.fixed_cost is None and not self._measured:
-            yield from self._cost_pieces()
+            yield from self._cost_pieces(self.model.decode_unless_interrupted)
         if self.draft is not None:
             self.draft.measure()
             yield None
@@ -246,35 +248,42 @@ class Speculation:
 
     def _measure_costs(self) -> None:
         """Decode 1, 2, 4 and 8 tokens on a scratch sequence, twice each after a warm-up,
-        and seed the learnt costs with the fastest of each."""
-        for _ in self._cost_pieces():
+        and seed the learnt costs with the fastest of each (at once, inside a step)."""
+        for _ in self._cost_pieces(self.model.decode):
             pass
 
-    def _cost_pieces(self) -> Iterator[None]:
+    def _cost_pieces(self, decode: Callable[[], int]) -> Iterator[None]:
         """:meth:`_measure_costs` a decode at a time (the scratch sequence is chosen again
-        for each: requests may have taken slots in between)."""
+        for each: requests may have taken slots in between). A decode that ``decode`` stops
+        (status 2: a request arrived while idle) is measured again at the next piece."""
         if self._scratch() is None:
             return
         self._measured = True
         model, batch = self.model, self.model.batch
         points = [n for n in _COST_POINTS if n <= batch.capacity]
         seconds: dict[int, float] = {}
-        for n in [1, *points, *points]:  # the first decode warms up
+        todo = [1, *points, *points]  # the first decode warms up
+        while todo:
             place = self._scratch()
             if place is None:
                 break
             scratch, start = place
+            n = todo[0]
             batch.clear()
             for position in range(start, start + n):
                 batch.add(max(model.bos_id, 0), position, scratch, True)
             started = time.perf_counter()
-            status = model.decode()
+            status = decode()
             elapsed = time.perf_counter() - started
             model.seq_remove(scratch, start)
-            if status != 0:
-                break
-            seconds[n] = min(seconds.get(n, elapsed), elapsed)
             batch.clear()
+            if status == 2:
+                self.interrupted += 1
+            elif status != 0:
+                break
+            else:
+                todo.pop(0)
+                seconds[n] = min(seconds.get(n, elapsed), elapsed)
             yield None
         batch.clear()
         for n, elapsed in seconds.items():

@@ -7,6 +7,7 @@ exactly those of plain decoding.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import pytest
 from speculative_runs import JOBS, Run, options
 from tiny_gguf import write_tiny_gguf
 
+from localllm.daemon.engine.jobs import GenerationJob
 from localllm.daemon.engine.loop import Engine
-from localllm.daemon.engine.model import LlamaModel
+from localllm.daemon.engine.model import LlamaModel, route_llama_log
 from localllm.daemon.runner.protocol import (
     RunnerConfig,
 )
@@ -243,6 +245,7 @@ def test_the_cost_measurement_comes_a_decode_at_a_time(model: LlamaModel) -> Non
     for seq in sequences:  # the shared model: empty, as a model just loaded is
         model.seq_remove(seq, 0)
     speculation = Engine(model, num_draft=6).speculation
+    model.interrupt.clear()  # as the idle engine does before it takes a piece
     pieces = 0
     while speculation.measure_piece():
         pieces += 1
@@ -297,3 +300,67 @@ def test_the_cost_measurement_keeps_the_prefix_a_lone_slot_caches(
         assert llama.seq_pos_max(slot.seq_id) == len(prefix) - 1  # the prefix, nothing after
     finally:
         llama.close()
+
+
+def _fill_scratch(model: LlamaModel, tokens: int) -> int:
+    """A batch of ``tokens`` on the model's scratch sequence; returns the sequence."""
+    assert model.scratch_seq is not None
+    model.seq_remove(model.scratch_seq, 0)
+    model.batch.clear()
+    for position in range(tokens):
+        model.batch.add(max(model.bos_id, 0), position, model.scratch_seq, True)
+    return model.scratch_seq
+
+
+def test_an_idle_decode_stops_when_work_arrives_and_others_do_not(model: LlamaModel) -> None:
+    # The engine raises the model's interrupt when anything is sent to it; a measuring
+    # decode under way then stops at llama.cpp's next graph node (its abort callback), with
+    # its cells removed, instead of holding the request for the whole decode.
+    assert model.interrupt.available  # libc's strlen serves as the GIL-free callback
+    runner_log = io.StringIO()
+    route_llama_log(runner_log, debug=True)
+    scratch = _fill_scratch(model, 8)
+    model.interrupt.set()
+    assert model.decode_unless_interrupted() == 2
+    assert model.seq_pos_max(scratch) < 0  # nothing of the stopped batch stays
+    # llama.cpp's "failed to compute graph" for it is no failure: kept out of the log
+    assert runner_log.getvalue() == ""
+    model.interrupt.clear()
+    scratch = _fill_scratch(model, 8)
+    assert model.decode_unless_interrupted() == 0
+    assert model.seq_pos_max(scratch) == 7
+    assert "set_abort_callback" in runner_log.getvalue()  # a decode's own lines still go
+    # a plain decode (a request's step) never listens to the flag
+    model.interrupt.set()
+    scratch = _fill_scratch(model, 8)
+    try:
+        assert model.decode() == 0
+        assert model.seq_pos_max(scratch) == 7
+    finally:
+        model.interrupt.clear()
+        model.seq_remove(scratch, 0)
+        model.batch.clear()
+
+
+def test_a_measuring_decode_stopped_by_a_request_is_measured_again(model: LlamaModel) -> None:
+    sequences = range(model.n_slots + (model.scratch_seq is not None))
+    for seq in sequences:
+        model.seq_remove(seq, 0)
+    engine = Engine(model, num_draft=6)
+    speculation = engine.speculation
+    model.interrupt.clear()  # as the idle engine does before it takes a piece
+    assert speculation.measure_piece()  # the warm-up decode
+    arrives = GenerationJob(id="arrives", prompt=[1], options=options(), grammar=None, emit=print)
+    engine.submit(arrives)
+    assert model.interrupt.is_set  # what is sent to the engine raises it
+    assert speculation.measure_piece()  # stopped: it does not count
+    assert speculation.interrupted == 1 and not speculation.costs.ready
+    model.interrupt.clear()  # as the idle engine does before its next piece
+    pieces = 2
+    while speculation.measure_piece():
+        pieces += 1
+        assert pieces <= 10
+    # the stopped decode came again: a warm-up, then 1, 2, 4 and 8 tokens twice each
+    assert pieces == 10 and speculation.interrupted == 1
+    assert speculation.costs.ready and speculation.costs.curve().relative[1] == 1.0
+    assert all(model.seq_pos_max(seq) < 0 for seq in sequences)
