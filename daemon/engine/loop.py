@@ -317,6 +317,7 @@ class Engine:
                 if (
                     idle
                     and self._inbox.empty()  # a request already sent goes first
+                    and not self.model.interrupt.expected  # or one being prepared
                     and (self.speculation.measure_piece() or self.model.prepare_pieces_step())
                 ):
                     # What drafting costs, measured a decode at a time while nothing waits:

@@ -321,6 +321,7 @@ async def _serve(args: argparse.Namespace) -> int:
     if args.ready_fd is not None:
         os.write(args.ready_fd, b"ready\n")
         os.close(args.ready_fd)
+    loop.call_soon(server.warm_up)  # once the daemon is told, off the load's time
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

@@ -11,7 +11,7 @@ from runner_harness import loaded_model
 from localllm.daemon.engine.model import LlamaModel
 from localllm.daemon.engine.text import TextStream
 from localllm.daemon.runner.protocol import GenerationRequest, SamplingOptions
-from localllm.daemon.runner.server import PromptError, prepare, prepare_prompt
+from localllm.daemon.runner.server import PromptError, RunnerServer, prepare, prepare_prompt
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +106,18 @@ def test_a_templates_compile_is_timed_apart_within_its_render(model: LlamaModel)
     again = prepare(model, request, template)
     assert again.compile_ms == 0 and again.template_ms > 0
     assert again.tokens == first.tokens
+
+
+def test_a_runner_warms_its_template_up_before_the_first_request(
+    model: LlamaModel, tmp_path: Path
+) -> None:
+    # After a load the runner prepares a chat once, off any request's way: the first
+    # message then neither compiles the template nor goes to a thread as a never-rendered one.
+    server = RunnerServer(model, None, tmp_path / "runner.sock")  # type: ignore[arg-type]
+    server.default_template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}#warm"
+    assert not server._renders.quick(server.default_template)
+    server.warm_up()
+    assert server._renders.quick(server.default_template)
+    request = GenerationRequest(id="w", messages=[{"role": "user", "content": "hello"}])
+    first = prepare(model, request, server.default_template)
+    assert first.compile_ms == 0 and first.tokens

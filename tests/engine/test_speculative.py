@@ -330,6 +330,10 @@ def test_an_idle_decode_stops_when_work_arrives_and_others_do_not(model: LlamaMo
     assert model.decode_unless_interrupted() == 0
     assert model.seq_pos_max(scratch) == 7
     assert "set_abort_callback" in runner_log.getvalue()  # a decode's own lines still go
+    # a request being prepared raises it too, and keeps the engine's idle work off meanwhile
+    with model.interrupt.expecting():
+        assert model.interrupt.is_set and model.interrupt.expected
+    assert not model.interrupt.expected
     # a plain decode (a request's step) never listens to the flag
     model.interrupt.set()
     scratch = _fill_scratch(model, 8)
