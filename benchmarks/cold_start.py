@@ -14,14 +14,16 @@ llama-server: from the start of its process to its first content. Each daemon al
 load time (``localllm_model_load_seconds``).
 
 Printed per round and at the end: the medians and ranges (ms) per server, the per-round ratios
-on / off and on / llama-server (mean, median, range), and one JSON line. ``--runner-pairs N``
+on / off and on / llama-server (mean, median, range), and one JSON line. ``--base PYTHON``
+adds a third daemon (spare runner on) started by another interpreter, one whose ``localllm``
+is the code before a change, and the ratios on / base. ``--runner-pairs N``
 first measures a runner's start alone (``RunnerProcess.start`` to a connected client, in this
 process: no HTTP, no prefill) on the spare and fresh, N interleaved pairs.
 
 Usage::
 
     python benchmarks/cold_start.py [--rounds 8] [--threads N] [--slots 8] [--ctx 2048]
-        [--llama-server PATH] [--keep]
+        [--llama-server PATH] [--base PYTHON] [--keep]
         [--runner-pairs N]
 """
 
@@ -160,6 +162,9 @@ def main() -> int:
     parser.add_argument("--llama-server", help="a llama-server binary to compare with")
     parser.add_argument("--keep", action="store_true", help="keep the daemons' homes (logs)")
     parser.add_argument(
+        "--base", help="a Python whose localllm is the code to compare with (a third daemon)"
+    )
+    parser.add_argument(
         "--runner-pairs", type=int, default=0, help="first, N pairs of a runner's start alone"
     )
     args = parser.parse_args()
@@ -183,21 +188,27 @@ def main() -> int:
         print(json.dumps(summary))
         return 0
     daemons: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
-    results: dict[str, list[dict[str, float]]] = {"on": [], "off": [], "llama-server": []}
+    results: dict[str, list[dict[str, float]]] = {
+        "on": [],
+        "off": [],
+        "base": [],
+        "llama-server": [],
+    }
     scratch = tempfile.mkdtemp(prefix="localllm-cold-")
     print(f"homes under {scratch}", flush=True)
     try:
         try:
-            for name in ("on", "off"):
+            for name in ("on", "off", *(["base"] if args.base else [])):
                 env, url = daemon_env(
                     Path(scratch) / name,
                     num_parallel=args.slots,
                     num_threads=args.threads,
                     context_length=args.ctx,
-                    spare_runner=name,
+                    spare_runner="off" if name == "off" else "on",
                     speed_probe="off",
                 )
-                daemons[name] = (start_daemon(env), url)
+                python = args.base if name == "base" else None
+                daemons[name] = (start_daemon(env, python), url)
             for process, url in daemons.values():
                 wait_http(url, process, timeout=180)
                 body = {"model": MODEL, "from": "smollm2:135m", "stream": False}
@@ -214,7 +225,7 @@ def main() -> int:
                     "--port", str(port), "-np", str(args.slots), "-t", str(args.threads),
                     "-tb", str(args.threads), "-c", str(args.ctx * args.slots), "--no-webui",
                 ]  # fmt: skip
-            sides = ["on", "off", *(["llama-server"] if peer else [])]
+            sides = [*daemons, *(["llama-server"] if peer else [])]
             for index in range(args.rounds):
                 order = sides[index % len(sides) :] + sides[: index % len(sides)]
                 if (index // len(sides)) % 2:
@@ -227,7 +238,7 @@ def main() -> int:
                         results[side].append(_peer_cold(peer, peer_url, question))
                     else:
                         url = daemons[side][1]
-                        results[side].append(_daemon_cold(url, side == "on", question))
+                        results[side].append(_daemon_cold(url, side != "off", question))
                 line = ", ".join(
                     f"{side} {results[side][-1]['ms']:.0f} ms"
                     + (
@@ -259,6 +270,10 @@ def main() -> int:
     ratios = {
         "on_vs_off": [a["ms"] / b["ms"] for a, b in zip(results["on"], results["off"], strict=True)]
     }
+    if args.base:
+        ratios["on_vs_base"] = [
+            a["ms"] / b["ms"] for a, b in zip(results["on"], results["base"], strict=True)
+        ]
     if peer:
         for side in ("on", "off"):
             ratios[f"{side}_vs_llama_server"] = [

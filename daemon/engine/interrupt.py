@@ -17,11 +17,9 @@ backend that never asks, a GPU's) a decode runs to its end, as before.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import sys
-from collections.abc import Iterator
 
 import llama_cpp
 
@@ -41,6 +39,20 @@ def _strlen_address() -> int | None:
     return address or None
 
 
+class _Expecting:
+    """:meth:`DecodeInterrupt.expecting`'s block (one object, reused: it is on every
+    request's way; entered and left on the runner's event loop only, so no lock)."""
+
+    def __init__(self, interrupt: DecodeInterrupt) -> None:
+        self._interrupt = interrupt
+
+    def __enter__(self) -> None:
+        self._interrupt._arriving(1)
+
+    def __exit__(self, *exc: object) -> None:
+        self._interrupt._arriving(-1)
+
+
 class DecodeInterrupt:
     """A flag another thread sets to stop a decode run under it (see the module's text).
 
@@ -52,23 +64,23 @@ class DecodeInterrupt:
         address = _strlen_address()
         self._callback = None if address is None else llama_cpp.ggml_abort_callback(address)
         self._on_the_way = 0
+        self._expecting = _Expecting(self)
 
     @property
     def expected(self) -> bool:
         """Whether requests are on their way to the engine (see :meth:`expecting`)."""
         return self._on_the_way > 0
 
-    @contextlib.contextmanager
-    def expecting(self) -> Iterator[None]:
-        """A request is on its way while the block runs (the runner prepares its prompt):
-        raise the flag, and let the engine start no idle work meanwhile, whose Python would
-        take the GIL from the preparation, 5 ms a time (one thread's calls, so no lock)."""
-        self._on_the_way += 1
-        self.set()
-        try:
-            yield
-        finally:
-            self._on_the_way -= 1
+    def _arriving(self, count: int) -> None:
+        self._on_the_way += count
+        if count > 0:
+            self.set()
+
+    def expecting(self) -> _Expecting:
+        """A request is on its way while the block it opens runs (the runner prepares its
+        prompt): the flag is raised, and the engine starts no idle work meanwhile, whose
+        Python would take the GIL from the preparation, 5 ms a time."""
+        return self._expecting
 
     @property
     def available(self) -> bool:
