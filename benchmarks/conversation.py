@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 import httpx
-from _daemon import stop
+from _daemon import stop, store_copy
 from serve import Server, start_daemon_server, start_peer_server
 
 from localllm.bench import BenchResult, Point, Sample, Workload, summarize
@@ -163,13 +163,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="localllm-conversation-") as home:
         try:
             servers.append(start_daemon_server(args, home, prefill_ahead=args.prefill_ahead))
-            peer = start_peer_server(args, model)
+            servers[0].ready(args.slots)
+            # the peer reads the daemon's own copy of the model (see store_copy)
+            peer = start_peer_server(args, store_copy(home, model))
             if peer is not None:
                 servers.append(peer)
             if args.base:
                 # Named "daemon" while it gets ready: the daemon's setup (the benchmark model).
                 servers.append(start_daemon_server(args, os.path.join(home, "base"), args.base))
-            for server in servers:
+            for server in servers[1:]:  # the daemon is ready already
                 server.ready(args.slots)
             if args.base:
                 servers[-1].name = "base"
