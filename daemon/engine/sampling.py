@@ -87,6 +87,14 @@ def logits_at(
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index), shape=(n_vocab,))
 
 
+def prepare_logits_view(n_vocab: int) -> None:
+    """Make the ctypes types :func:`logits_at` views a row of ``n_vocab`` logits through, ahead
+    of a first sample: numpy's ``as_array`` makes them at its first call in a process (1.5 ms
+    of a fresh runner's first token)."""
+    row = (ctypes.c_float * n_vocab)()
+    np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+
+
 def token_logprobs(
     logits: np.ndarray, token: int, top: int
 ) -> tuple[float, list[tuple[int, float]]]:

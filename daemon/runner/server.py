@@ -23,7 +23,7 @@ from ..engine.jobs import EmbeddingJob, GenerationJob
 from ..engine.loop import Engine
 from ..engine.model import LlamaModel
 from ..engine.reasoning import ReasoningBudget, grammar_after
-from ..engine.sampling import GrammarError, check_sampling, grammar_for
+from ..engine.sampling import GrammarError, check_sampling, grammar_for, prepare_logits_view
 from ..engine.scoring import PromptScore
 from ..engine.slots import common_prefix_length
 from ..engine.text import unicode_problem
@@ -543,7 +543,8 @@ class RunnerServer:
         waits (after the runner said it is ready): a template's first use compiles it (8 ms
         for SmolLM2's), and one never rendered sends its first request's prompt to a thread
         of its own, so the first message after a load paid both. What it prepares is
-        dropped."""
+        dropped. Likewise the view of the logits a first sample reads."""
+        prepare_logits_view(self.model.n_vocab)
         template = self.default_template
         if template is None:
             return
