@@ -70,8 +70,8 @@ _LOG_DEBUG, _LOG_CONT = 1, 5
 _log_state: dict[str, object] = {}
 # Lists collecting log lines for tap_llama_log.
 _log_taps: list[list[str]] = []
-# (thread id, lines) while hold_llama_log runs: that thread's lines wait there.
-_log_holds: list[tuple[int, list[str]]] = []
+# Lines held back per thread while hold_llama_log runs there.
+_log_holds: dict[int, list[str]] = {}
 
 
 def route_llama_log(stream: IO[str], debug: bool = False) -> None:
@@ -87,8 +87,9 @@ def route_llama_log(stream: IO[str], debug: bool = False) -> None:
             tap.append(text.decode("utf-8", errors="replace"))
         if effective == _LOG_DEBUG and not debug:
             return
-        if _log_holds and _log_holds[-1][0] == threading.get_ident():
-            _log_holds[-1][1].append(text.decode("utf-8", errors="replace"))
+        held = _log_holds.get(threading.get_ident())
+        if held is not None:
+            held.append(text.decode("utf-8", errors="replace"))
             return
         write(text.decode("utf-8", errors="replace"))
 
@@ -212,12 +213,12 @@ def hold_llama_log() -> Iterator[list[str]]:
     passes the lines on with :func:`release_llama_log` or drops them (an idle decode stopped
     for a request logs a failed graph, which is no failure)."""
     lines: list[str] = []
-    hold = (threading.get_ident(), lines)
-    _log_holds.append(hold)
+    thread = threading.get_ident()
+    _log_holds[thread] = lines
     try:
         yield lines
     finally:
-        _log_holds.remove(hold)
+        del _log_holds[thread]
 
 
 def release_llama_log(lines: list[str]) -> None:
