@@ -117,6 +117,8 @@ class DraftModel:
         self.name = target.config.draft_name or Path(path).name
         """What reports and errors call it."""
         self.model = LlamaModel(config)
+        # What stops the target's idle decodes (a request arriving) stops the draft's too.
+        self.model.interrupt = target.interrupt
         reason = vocabulary_mismatch(target, self.model)
         if reason is not None:
             self.model.close()
@@ -156,37 +158,46 @@ class DraftModel:
         """Free the draft's context and model."""
         self.model.close()
 
-    def measure(self) -> None:
+    def measure(self) -> bool:
         """Seed :attr:`seconds_per_token` with a one-token decode (the fastest of a few), so
         that a draft model too slow to ever pay is known before any request pays for its
-        catching up on a whole prompt."""
+        catching up on a whole prompt, and :attr:`catch_up_seconds_per_token` with a batch.
+        The engine takes it while idle, under its interrupt (shared with the target model):
+        False when a request arrived and stopped it (taken again at the next idle moment),
+        True once done."""
         if self.seconds_per_token is not None or any(self.seen):
-            return
+            return True
         model, batch = self.model, self.model.batch
         runs = []
         for _ in range(3):
             batch.clear()
             batch.add(max(model.bos_id, 0), 0, 0, True)
             started = time.perf_counter()
-            status = model.decode()
-            runs.append(time.perf_counter() - started)
+            status = model.decode_unless_interrupted()
+            elapsed = time.perf_counter() - started
             model.seq_remove(0, 0)
+            batch.clear()
+            if status == 2:
+                return False
             if status != 0:
                 break
-        batch.clear()
-        if len(runs) == 3:
-            self.seconds_per_token = min(runs[1:])  # the first warms up
+            runs.append(elapsed)
         # A catch-up's pace: one batch of the probe's size.
         tokens = min(_MEASURED_CATCH_UP, batch.capacity)
         for position in range(tokens):
             batch.add(max(model.bos_id, 0), position, 0, position == tokens - 1)
         started = time.perf_counter()
-        status = model.decode()
+        status = model.decode_unless_interrupted()
         elapsed = time.perf_counter() - started
         model.seq_remove(0, 0)
         batch.clear()
+        if status == 2:
+            return False
         if status == 0:
             self.catch_up_seconds_per_token = elapsed / tokens
+        if len(runs) == 3:
+            self.seconds_per_token = min(runs[1:])  # the first warms up
+        return True
 
     def rollback(self, seq_id: int, tokens: list[int]) -> None:
         """The target sequence now holds ``tokens``: drop draft cells beyond their common

@@ -85,7 +85,8 @@ class Speculation:
         if self.fixed_cost is None and not self._measured:
             yield from self._cost_pieces(self.model.decode_unless_interrupted)
         if self.draft is not None:
-            self.draft.measure()
+            while not self.draft.measure():
+                yield None  # stopped by a request: again at the next idle moment
             yield None
 
     def plan(self, decoding: list[Slot], prefill_tokens: int) -> int:

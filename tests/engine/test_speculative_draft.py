@@ -398,10 +398,30 @@ def test_a_probes_cost_counts_the_tokens_its_draft_sequence_must_catch_up_on(
     drafts: dict[str, DraftModel],
 ) -> None:
     draft = drafts["same"]
-    draft.measure()
+    draft.model.interrupt.clear()  # as the idle engine does before it measures
+    assert draft.measure()
     assert draft.seconds_per_token is not None and draft.catch_up_seconds_per_token is not None
     seen = len(draft.seen[0])
     # Behind by 100 tokens costs more than behind by none, by the measured catch-up pace.
     near, far = draft.catch_up_cost(0, seen), draft.catch_up_cost(0, seen + 100)
     assert near == pytest.approx(draft.seconds_per_token)
     assert far == pytest.approx(near + 100 * draft.catch_up_seconds_per_token)
+
+
+def test_a_request_stops_the_draft_models_measurement_too(
+    model: LlamaModel, files: dict[str, Path]
+) -> None:
+    # The draft model's decodes listen to the target's interrupt: a request that arrives
+    # while the engine measures the draft model stops it, and it is taken again later.
+    draft = DraftModel(model, str(files["same"]))
+    try:
+        assert draft.model.interrupt is model.interrupt
+        model.interrupt.set()
+        assert not draft.measure()
+        assert draft.seconds_per_token is None and draft.catch_up_seconds_per_token is None
+        assert draft.model.seq_pos_max(0) < 0  # nothing of the stopped decode stays
+        model.interrupt.clear()
+        assert draft.measure()
+        assert draft.seconds_per_token is not None and draft.catch_up_seconds_per_token is not None
+    finally:
+        draft.close()
