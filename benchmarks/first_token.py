@@ -26,6 +26,11 @@ the same in every round) before the question: the next message of a long convers
 each server receives, renders and tokenizes the whole history again and finds most of it in
 its cache.
 
+``--gap SECONDS`` leaves the machine quiet that long after every answer, before the next
+server's request: without it each request follows the other server's answer at once, while
+that server's OpenMP workers still spin (libgomp spins some ms before it sleeps, on every
+core they ran on); a person's next message comes seconds later.
+
 ``--fresh`` sends every request on a new connection (as ``curl`` and ``benchmarks/serve.py``
 do: its load generator opens a client per level), so the TCP handshake and the server's
 setup of a connection count in the TTFT; without it each server keeps one connection alive.
@@ -47,7 +52,7 @@ Usage::
 
     python benchmarks/first_token.py [--peer PATH [--peer-arg=ARG]...] [--base PYTHON]
         [--pairs 24] [--tokens 8] [--threads N] [--slots 8] [--ctx 2048] [--vary] [--fresh]
-        [--history TURNS] [--after-load SECONDS] [--setting NAME=VALUE]...
+        [--history TURNS] [--gap SECONDS] [--after-load SECONDS] [--setting NAME=VALUE]...
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ from _daemon import (
 from localllm.starter import starter_gguf_path
 
 QUESTION = "Tell me a long story about a lighthouse keeper named Keeper0."
+# Seconds of quiet after the warm-up rounds (see main).
+_SETTLE_S = 3.0
 
 
 def _history(turns: int) -> list[dict[str, str]]:
@@ -178,6 +185,9 @@ def main() -> int:
     parser.add_argument("--vary", action="store_true", help="a question of its own per round")
     parser.add_argument("--fresh", action="store_true", help="a new connection per request")
     parser.add_argument(
+        "--gap", type=float, default=0.0, metavar="SECONDS", help="quiet after every answer"
+    )
+    parser.add_argument(
         "--history", type=int, default=0, help="earlier exchanges before the question"
     )
     parser.add_argument(
@@ -247,6 +257,11 @@ def main() -> int:
             clients = {name: httpx.Client(timeout=300) for name in names}
             try:
                 for index in range(args.pairs + 3):  # three warm-up rounds
+                    if index == 3 and not args.after_load:
+                        # A daemon's once-per-load idle work (the speculation's cost
+                        # measurement, the prompt pieces) ends before the measured rounds:
+                        # run beside them, it slowed whichever server's request met it.
+                        time.sleep(_SETTLE_S)
                     # each server first in turn, the rotation reversed every other cycle: none
                     # always goes first, nor always right after the same one
                     turn, cycle = index % len(names), index // len(names)
@@ -279,6 +294,7 @@ def main() -> int:
                             )
                         if index >= 3:
                             rows[name].append(answer)
+                        time.sleep(args.gap)  # a person's next message comes after a while
             finally:
                 for client in clients.values():
                     client.close()
