@@ -47,10 +47,11 @@ class _Expecting:
         self._interrupt = interrupt
 
     def __enter__(self) -> None:
-        self._interrupt._arriving(1)
+        self._interrupt._on_the_way += 1
+        self._interrupt.set()
 
     def __exit__(self, *exc: object) -> None:
-        self._interrupt._arriving(-1)
+        self._interrupt._on_the_way -= 1
 
 
 class DecodeInterrupt:
@@ -70,11 +71,6 @@ class DecodeInterrupt:
     def expected(self) -> bool:
         """Whether requests are on their way to the engine (see :meth:`expecting`)."""
         return self._on_the_way > 0
-
-    def _arriving(self, count: int) -> None:
-        self._on_the_way += count
-        if count > 0:
-            self.set()
 
     def expecting(self) -> _Expecting:
         """A request is on its way while the block it opens runs (the runner prepares its
