@@ -31,6 +31,8 @@ __all__ = [
     "runner_process",
     "start_daemon",
     "stop",
+    "unload_model",
+    "until",
     "wait_http",
 ]
 
@@ -100,18 +102,22 @@ def spare_ready(url: str, runners: list[int]) -> bool:
     return bool(state and state["ready"] and state["pid"] not in runners)
 
 
-def reload_model(url: str, model: str, timeout: float = 120) -> None:
-    """Unload ``model`` from the daemon at ``url`` and load it again: returns once it is
-    loaded, its old runner gone and the daemon's spare runner (if it keeps one) ready, so
-    that neither's work runs beside what is measured next."""
-    import httpx
+def until(what: str, condition: Any, timeout: float = 60) -> float:
+    """Poll ``condition()`` every 20 ms until it is true; the seconds it took (an error once
+    ``timeout`` has passed)."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return time.monotonic() - started
 
-    def until(what: str, condition: Any) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out waiting for {what} at {url}")
-            time.sleep(0.02)
+
+def unload_model(url: str, model: str, *, spare: bool, timeout: float = 60) -> float:
+    """Unload ``model`` from the daemon at ``url``: returns once it is unloaded and its runner
+    has exited (saving its prefixes, freeing memory: not the next load's work), and with
+    ``spare`` once the daemon's spare runner is ready; the seconds the spare took."""
+    import httpx
 
     def loaded() -> list[dict[str, Any]]:
         return httpx.get(f"{url}/api/ps", timeout=30).json()["models"]
@@ -120,10 +126,19 @@ def reload_model(url: str, model: str, timeout: float = 120) -> None:
     httpx.post(
         f"{url}/api/generate", json={"model": model, "keep_alive": 0}, timeout=timeout
     ).raise_for_status()
-    until("the unload", lambda: not loaded())
+    until("the unload", lambda: not loaded(), timeout)
     until("the old runner's exit", lambda: not any(os.path.exists(f"/proc/{p}") for p in pids))
-    if httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner"):
-        until("the spare runner", lambda: spare_ready(url, pids))
+    return until("the spare runner", lambda: spare_ready(url, pids), timeout) if spare else 0.0
+
+
+def reload_model(url: str, model: str, timeout: float = 120) -> None:
+    """Unload ``model`` from the daemon at ``url`` and load it again (:func:`unload_model`,
+    the spare waited for if the daemon keeps one), so that neither's work runs beside what
+    is measured next; returns once it is loaded."""
+    import httpx
+
+    spare = bool(httpx.get(f"{url}/api/stats", timeout=30).json().get("spare_runner"))
+    unload_model(url, model, spare=spare, timeout=timeout)
     httpx.post(f"{url}/api/generate", json={"model": model}, timeout=timeout).raise_for_status()
 
 
