@@ -295,6 +295,10 @@ def main() -> int:
                         if index >= 3:
                             rows[name].append(answer)
                         time.sleep(args.gap)  # a person's next message comes after a while
+                        if args.after_load:
+                            # what the model just loaded still does while idle must not run
+                            # beside the next daemon's load and question
+                            time.sleep(_SETTLE_S)
             finally:
                 for client in clients.values():
                     client.close()
