@@ -12,12 +12,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..lora.adapterset import NO_ADAPTERS, AdapterSet
-from ..runner.protocol import Event, SamplingOptions
+from ..runner.protocol import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    GenerationResult,
+    SamplingOptions,
+    Timings,
+    TokenEvent,
+)
 from .reasoning import ReasoningBudget
 from .scoring import PromptScore
 from .vision import ImageEmbeddings
 
-__all__ = ["EmbeddingJob", "Emit", "GenerationJob"]
+__all__ = [
+    "EmbeddingJob",
+    "Emit",
+    "GenerationJob",
+    "done_event",
+    "joined_tokens",
+    "stopped_error",
+]
 
 Emit = Callable[[Event], None]
 """Where a job's events go (called on the engine thread)."""
@@ -81,3 +96,32 @@ class EmbeddingJob:
     """Score each input with the rank head (a reranker) instead of embedding it."""
     adapters: AdapterSet = NO_ADAPTERS
     """The LoRA adapters it embeds with."""
+
+
+def stopped_error(job_id: str) -> ErrorEvent:
+    """The error a job gets when the engine has stopped (or stops before running it)."""
+    return ErrorEvent(id=job_id, message="the engine has stopped", code="internal")
+
+
+def done_event(
+    job_id: str, text: str, reason: str, timings: Timings, error: str | None = None
+) -> DoneEvent:
+    """A job's final event: its text, why it ended, its timings (and error)."""
+    return DoneEvent(
+        id=job_id,
+        result=GenerationResult(
+            id=job_id,
+            text=text,
+            done_reason=reason,
+            timings=timings,
+            error=error,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def joined_tokens(first: TokenEvent, then: TokenEvent) -> TokenEvent:
+    """One event for two consecutive pieces of a generation's text."""
+    logprobs = first.logprobs
+    if then.logprobs is not None:
+        logprobs = then.logprobs if logprobs is None else logprobs + then.logprobs
+    return TokenEvent(first.id, first.text + then.text, logprobs)

@@ -42,14 +42,13 @@ from typing import Any
 
 from ..devices.faults import DeviceFault, decode_failure, injected_fault
 from ..devices.governor import Governor, Kind, ThreadChange
+from ..devices.spread import WorkerSpread
 from ..kv.prefixcache import PrefixCache
 from ..kv.tiers import MIN_SAVED_TOKENS, PrefixTiers
 from ..lora.adapters import Adapters, StepGroups
 from ..runner.protocol import (
-    DoneEvent,
     ErrorEvent,
     Event,
-    GenerationResult,
     SlotStats,
     Stats,
     Timings,
@@ -63,7 +62,7 @@ from .admission import AdmissionOrder
 from .ahead import Ahead
 from .batching import BatchPlan, fill_batch, plan_batch
 from .embedding import embed_step
-from .jobs import EmbeddingJob, Emit, GenerationJob
+from .jobs import EmbeddingJob, Emit, GenerationJob, done_event, joined_tokens, stopped_error
 from .keptlogits import KeptLogits
 from .model import LlamaModel
 from .sampling import GrammarError, Sampler, logits_at, token_logprobs
@@ -143,6 +142,8 @@ class Engine:
         )
         """Decides each step's CPU thread count (see :mod:`.governor`)."""
         self.governor.on_change = self._threads_changed
+        self.spread = WorkerSpread()
+        """Keeps llama.cpp's workers off this thread's CPU in a prompt's step."""
         self.prefix_cache = prefix_cache
         """Host-RAM and disk tiers for idle prefixes (None: idle cells are simply dropped)."""
         self.slots = [Slot(i) for i in range(model.n_slots)]
@@ -212,7 +213,7 @@ class Engine:
 
     def submit(self, job: GenerationJob) -> None:
         """Queue a generation; it starts as soon as a slot is free."""
-        self._put("generate", job, lambda: job.emit(_stopped_error(job.id)))
+        self._put("generate", job, lambda: job.emit(stopped_error(job.id)))
 
     def cancel(self, job_id: str) -> None:
         """Cancel a waiting or running generation; it ends with done_reason ``cancel``."""
@@ -220,7 +221,7 @@ class Engine:
 
     def embed(self, job: EmbeddingJob) -> None:
         """Queue an embedding job (run between generation steps)."""
-        self._put("embed", job, lambda: job.emit(_stopped_error(job.id)))
+        self._put("embed", job, lambda: job.emit(stopped_error(job.id)))
 
     def call(self, work: Callable[[], None], refuse: Callable[[], None]) -> None:
         """Run ``work`` on the engine thread between steps (loading LoRA adapters: llama.cpp's
@@ -397,7 +398,7 @@ class Engine:
                     queued_ms=(now - job.arrived) * 1000, total_ms=(now - job.arrived) * 1000
                 )
                 timings.prompt_tokens = len(job.prompt)
-                job.emit(_done(job.id, "", "cancel", timings))
+                job.emit(done_event(job.id, "", "cancel", timings))
                 return
         for slot in self.slots:
             if slot.job is not None and slot.job.id == job_id:
@@ -597,7 +598,9 @@ class Engine:
             started = time.perf_counter()
             status = self._faults.before_decode() if self._faults else None
             if status is None:
-                status = self.model.decode()
+                # a prompt's step after a pause wakes sleeping workers: not onto this CPU
+                with self.spread.apart(threads if kind == "batch" else 1):
+                    status = self.model.decode()
                 self.model.synchronize()  # the device's work is in the timings too
             elapsed = time.perf_counter() - started
             self.time.decode += elapsed
@@ -654,7 +657,7 @@ class Engine:
         events = held.setdefault(emit, [])
         last = events[-1] if events else None
         if isinstance(event, TokenEvent) and isinstance(last, TokenEvent) and last.id == event.id:
-            events[-1] = _joined(last, event)
+            events[-1] = joined_tokens(last, event)
         else:
             events.append(event)
 
@@ -910,7 +913,7 @@ class Engine:
         slot.logprobs = []  # tokens of a stop string that was cut leave no text, nor logprobs
         if tail:
             self._emit(job.emit, TokenEvent(id=job.id, text=tail, logprobs=logprobs))
-        done = _done(job.id, full_text, reason, timings, error)
+        done = done_event(job.id, full_text, reason, timings, error)
         done.result.stop_sequence = text.stopped_by if text is not None else None
         if job.return_context:
             done.result.context = job.prompt + slot.output
@@ -947,7 +950,7 @@ class Engine:
             elif kind == "embed":
                 self.embeddings.append(payload)
         for embedding in self.embeddings:
-            embedding.emit(_stopped_error(embedding.id))
+            embedding.emit(stopped_error(embedding.id))
         self.embeddings.clear()
         reason = "error" if self.crashed else "cancel"
         error = None
@@ -958,7 +961,7 @@ class Engine:
             if held is not None:
                 self._finish(held, reason, error)  # with what it has generated
                 continue
-            job.emit(_done(job.id, "", reason, Timings(prompt_tokens=len(job.prompt)), error))
+            job.emit(done_event(job.id, "", reason, Timings(prompt_tokens=len(job.prompt)), error))
         self.waiting.clear()
         for slot in self.slots:
             if (job := slot.job) is not None:
@@ -969,31 +972,4 @@ class Engine:
                     # still gets its final event, so the request ends.
                     log.exception("could not end request %s cleanly", job.id)
                     slot.job, slot.state = None, SlotState.IDLE
-                    job.emit(_done(job.id, "", "error", Timings(), error or "engine stopped"))
-
-
-def _stopped_error(job_id: str) -> ErrorEvent:
-    return ErrorEvent(id=job_id, message="the engine has stopped", code="internal")
-
-
-def _done(
-    job_id: str, text: str, reason: str, timings: Timings, error: str | None = None
-) -> DoneEvent:
-    return DoneEvent(
-        id=job_id,
-        result=GenerationResult(
-            id=job_id,
-            text=text,
-            done_reason=reason,
-            timings=timings,
-            error=error,  # type: ignore[arg-type]
-        ),
-    )
-
-
-def _joined(first: TokenEvent, then: TokenEvent) -> TokenEvent:
-    """One event for two consecutive pieces of a generation's text."""
-    logprobs = first.logprobs
-    if then.logprobs is not None:
-        logprobs = then.logprobs if logprobs is None else logprobs + then.logprobs
-    return TokenEvent(first.id, first.text + then.text, logprobs)
+                    job.emit(done_event(job.id, "", "error", Timings(), error or "engine stopped"))
