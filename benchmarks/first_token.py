@@ -12,7 +12,10 @@ the daemon's own copy of the model file, one server then the other, the order al
   and the final chunk's split of the engine's share (``usage.timings.first_token_ms``);
 * llama-server's own ``timings`` of the same requests (``prompt_ms``, ``prompt_n``,
   ``cache_n``): its prefill, comparable with the daemon's ``prefill``;
-* each server's decode step after the first token (median ms per step, its own timings);
+* each server's decode step after the first token (median ms per step, its own timings),
+  and as the client saw it (the time from the first content to the last, per token after the
+  first): the servers' own timings divide differently (llama-server counts the first token),
+  the client's view is one measure for both, compared per pair;
 * the client's TTFT less each server's prefill (what the server adds around the engine's step,
   which a loaded machine moves far less than the step itself), and its per-pair difference.
 
@@ -29,7 +32,11 @@ its cache.
 ``--gap SECONDS`` leaves the machine quiet that long after every answer, before the next
 server's request: without it each request follows the other server's answer at once, while
 that server's OpenMP workers still spin (libgomp spins some ms before it sleeps, on every
-core they ran on); a person's next message comes seconds later.
+core they ran on); a person's next message comes seconds later. The daemon's CPU governor
+also counts the other server's answer as another program's load: within the last half second
+or so of one it decodes with fewer threads (see ``daemon/devices/governor.py``), so with two
+threads on two cores and a gap under ~1 s the client's decode step compares the governor's
+caution, not the engines; ``--gap 1.5`` leaves that out.
 
 ``--fresh`` sends every request on a new connection (as ``curl`` and ``benchmarks/serve.py``
 do: its load generator opens a client per level), so the TCP handshake and the server's
@@ -134,21 +141,28 @@ def _ask_once(
     }
     started = time.perf_counter()
     ttft = None
+    last_content = 0.0
     last: dict[str, Any] = {}
     text: list[str] = []
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         header = response.headers.get("server-timing", "")
         for line in response.iter_lines():
-            if ttft is None and line.startswith("data:") and '"content"' in line:
-                ttft = (time.perf_counter() - started) * 1000
+            if line.startswith("data:") and '"content"' in line:
+                last_content = (time.perf_counter() - started) * 1000
+                if ttft is None:
+                    ttft = last_content
             if line.startswith("data: {"):
                 last = json.loads(line[6:])
                 for choice in last.get("choices") or ():
                     text.append((choice.get("delta") or {}).get("content") or "")
     if ttft is None:
         raise RuntimeError(f"{url} streamed no content")
-    return {"ttft": ttft, "header": header, "last": last, "text": "".join(text)}
+    tokens_out = (last.get("usage") or {}).get("completion_tokens") or 0
+    # Each server's own decode timings are measured differently (llama-server divides by
+    # every token, the first included); the client's view of the steps is one measure for both.
+    step = (last_content - ttft) / (tokens_out - 1) if tokens_out > 1 else None
+    return {"ttft": ttft, "header": header, "last": last, "text": "".join(text), "step": step}
 
 
 def _phases(header: str) -> dict[str, float]:
@@ -338,9 +352,22 @@ def main() -> int:
                 a["last"].get("timings", {}).get("predicted_per_token_ms", 0.0) for a in answers
             ]
             print(f"  decode:         {statistics.median(steps):.2f} ms per step (median)")
+        client_steps = [a["step"] for a in answers if a["step"] is not None]
+        if client_steps:
+            print(f"  client decode:  {statistics.median(client_steps):.2f} ms per step (median)")
     for one, other in (("daemon", "llama-server"), ("base", "llama-server"), ("daemon", "base")):
         if one in rows and other in rows:
             _ratios(one, other, rows[one], rows[other])
+            steps = [
+                a["step"] / b["step"]
+                for a, b in zip(rows[one], rows[other], strict=True)
+                if a["step"] and b["step"]
+            ]
+            if steps:
+                print(
+                    f"  client decode step per pair: geometric mean "
+                    f"{statistics.geometric_mean(steps):.3f}, median {statistics.median(steps):.3f}"
+                )
     # The prefill step moves by milliseconds with the machine's load; what each server adds
     # around it (HTTP, parsing, the hand-over, the way back) is what a change to the daemon's
     # own path moves.
@@ -369,6 +396,7 @@ def main() -> int:
                 name: {
                     "ttft_ms": [round(a["ttft"], 3) for a in answers],
                     "beside_prefill_ms": [round(v, 3) for v in beside[name]],
+                    "step_ms": [a["step"] and round(a["step"], 3) for a in answers],
                 }
                 for name, answers in rows.items()
             }
