@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -51,11 +50,11 @@ def native_threads() -> list[int]:
 
 def _current_cpu_reader() -> Callable[[], int] | None:
     """libc's ``sched_getcpu`` (the CPU the calling thread runs on), or None without one."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
-        getcpu = libc.sched_getcpu
-    except (OSError, AttributeError):
+        # the process's own symbols, libc's among them (``find_library`` would run ldconfig
+        # at every model load)
+        getcpu = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError, TypeError):  # TypeError: no CDLL(None) on Windows
         return None
     getcpu.restype = ctypes.c_int
     getcpu.argtypes = []
