@@ -89,7 +89,13 @@ def test_llama_cpps_workers_are_moved_for_a_prompts_step_and_given_back(tmp_path
         again.run([("second", "The keeper counted the ships again", options(num_predict=4))])
         assert again.engine.spread.moved >= 1  # the prompt's step moved them ...
         allowed = os.sched_getaffinity(0)
-        for worker in workers:  # ... and gave every CPU back after it
-            assert os.sched_getaffinity(worker) == allowed
+        checked = 0
+        for worker in native_threads():  # ... and gave every CPU back after it
+            try:
+                assert os.sched_getaffinity(worker) == allowed
+            except ProcessLookupError:  # a native thread of another library that just ended
+                continue
+            checked += 1
+        assert checked
     finally:
         model.close()
