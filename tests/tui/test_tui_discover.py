@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes.helpers import TinyModels
@@ -13,6 +14,7 @@ from fakes.hf_hub import FakeHub
 from speed_support import seed_calibration
 from test_daemon_support import Daemon, running_daemon
 from test_tui_support import make_app, screen_text, wait_for
+from textual.app import App
 from textual.widgets import DataTable, Input
 
 from localllm.tui.screens.discover import DiscoverScreen, fit_badge
@@ -72,12 +74,14 @@ async def test_search_look_and_pull_from_the_discover_view(daemon: Daemon, tmp_p
         await pilot.press("enter")
         results = view.query_one("#discover-results", DataTable)
         await wait_for(pilot, lambda: results.row_count == 1, "the search results")
-        assert "tester/tiny-GGUF" in screen_text(app) and "77" in screen_text(app)
+        # the table has its row before the screen is drawn again
+        text = await wait_for(pilot, lambda: _showing(app, "tester/tiny-GGUF"), "the result")
+        assert "77" in text
 
         await pilot.press("enter")  # the highlighted result's quantizations
         quants = view.query_one("#discover-quants", DataTable)
         await wait_for(pilot, lambda: quants.row_count == 2, "the quantizations")
-        text = screen_text(app)
+        text = await wait_for(pilot, lambda: _showing(app, "○ CPU"), "the quantizations drawn")
         assert "○ CPU" in text and "tok/s" in text and "1×" in text
         labels = [str(quants.get_row_at(i)[0]) for i in range(quants.row_count)]
         quants.move_cursor(row=labels.index("Q8_0"))
@@ -115,3 +119,9 @@ async def test_hub_errors_show_in_the_status_line(
             await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen), "back")
     finally:
         hub.api_failure = None
+
+
+def _showing(app: App[Any], wanted: str) -> str:
+    """The screen's text once it shows ``wanted``, else empty (for :func:`wait_for`)."""
+    text = screen_text(app)
+    return text if wanted in text else ""
