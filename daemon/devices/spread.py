@@ -82,14 +82,14 @@ class WorkerSpread:
         """For the block (one decode with ``threads`` threads, called on the engine thread):
         the native threads run anywhere the engine thread may but on its current CPU; after
         it, on the engine thread's CPUs again. Nothing is done for one thread or one CPU."""
-        moved = self._move(threads) if threads > 1 and self.available else None
+        moved = self._move() if threads > 1 and self.available else None
         try:
             yield
         finally:
             if moved:
                 self._give_back(moved)
 
-    def _move(self, threads: int) -> list[int] | None:
+    def _move(self) -> list[int] | None:
         assert self._current_cpu is not None
         allowed = os.sched_getaffinity(0)
         cpu = self._current_cpu()
